@@ -1,0 +1,9 @@
+//! Archer's own logic, free of I/O: platforms, namespace policy, the placement decision and its patch.
+
+pub mod patch;
+pub mod placement;
+pub mod platform;
+pub mod policy;
+
+#[cfg(test)]
+mod placement_tests;

@@ -1,0 +1,185 @@
+//! Platforms (os/arch[/variant]) and the intersection over a pod's images.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
+/// One platform an image can run on, normalised the way the container runtime matches them:
+/// `aarch64` is `arm64`, `arm64/v8` is plain `arm64`, `x86_64` is `amd64`. Other variants are kept,
+/// so `arm/v7` never matches `arm64`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Platform {
+    pub os: String,
+    pub architecture: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid platform {0:?}: expected os/arch[/variant]")]
+pub struct PlatformParseError(pub String);
+
+impl Platform {
+    pub fn new(os: &str, architecture: &str, variant: Option<&str>) -> Self {
+        let os = os.trim().to_ascii_lowercase();
+        let mut architecture = architecture.trim().to_ascii_lowercase();
+        let mut variant = variant
+            .map(|v| v.trim().to_ascii_lowercase())
+            .filter(|v| !v.is_empty());
+        match architecture.as_str() {
+            "aarch64" => architecture = "arm64".into(),
+            "x86_64" | "x86-64" => architecture = "amd64".into(),
+            "armhf" => {
+                architecture = "arm".into();
+                variant.get_or_insert_with(|| "v7".into());
+            }
+            "armel" => {
+                architecture = "arm".into();
+                variant.get_or_insert_with(|| "v6".into());
+            }
+            _ => {}
+        }
+        if architecture == "arm64" && variant.as_deref() == Some("v8") {
+            variant = None;
+        }
+        Self { os, architecture, variant }
+    }
+
+    /// Attestation manifests and other non-runnable entries of an index.
+    pub fn is_unknown(&self) -> bool {
+        self.os == "unknown" || self.architecture == "unknown" || self.os.is_empty() || self.architecture.is_empty()
+    }
+}
+
+impl fmt::Display for Platform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.variant {
+            Some(v) => write!(f, "{}/{}/{}", self.os, self.architecture, v),
+            None => write!(f, "{}/{}", self.os, self.architecture),
+        }
+    }
+}
+
+impl FromStr for Platform {
+    type Err = PlatformParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parts: Vec<&str> = s.trim().split('/').collect();
+        let ok = |p: &&str| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+        match parts.as_slice() {
+            [os, arch] if ok(os) && ok(arch) => Ok(Platform::new(os, arch, None)),
+            [os, arch, variant] if ok(os) && ok(arch) && ok(variant) => Ok(Platform::new(os, arch, Some(variant))),
+            _ => Err(PlatformParseError(s.to_string())),
+        }
+    }
+}
+
+/// A sorted set of platforms.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlatformSet(pub BTreeSet<Platform>);
+
+impl PlatformSet {
+    pub fn from_iter<I: IntoIterator<Item = Platform>>(it: I) -> Self {
+        Self(it.into_iter().filter(|p| !p.is_unknown()).collect())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn intersect(&self, other: &PlatformSet) -> PlatformSet {
+        PlatformSet(self.0.intersection(&other.0).cloned().collect())
+    }
+
+    /// Intersection over all sets; `None` when there are no sets at all.
+    pub fn intersect_all<'a, I: IntoIterator<Item = &'a PlatformSet>>(sets: I) -> Option<PlatformSet> {
+        let mut iter = sets.into_iter();
+        let first = iter.next()?.clone();
+        Some(iter.fold(first, |acc, s| acc.intersect(s)))
+    }
+
+    /// Values of `kubernetes.io/arch` this set can run on.
+    pub fn architectures(&self) -> BTreeSet<String> {
+        self.0.iter().map(|p| p.architecture.clone()).collect()
+    }
+
+    /// Values of `kubernetes.io/os` this set can run on.
+    pub fn operating_systems(&self) -> BTreeSet<String> {
+        self.0.iter().map(|p| p.os.clone()).collect()
+    }
+
+    /// Architectures runnable under one operating system.
+    pub fn architectures_for_os(&self, os: &str) -> BTreeSet<String> {
+        self.0.iter().filter(|p| p.os == os).map(|p| p.architecture.clone()).collect()
+    }
+
+    /// Keep only the platforms whose architecture passes `keep`.
+    pub fn retain_architectures(&self, keep: impl Fn(&str) -> bool) -> PlatformSet {
+        PlatformSet(self.0.iter().filter(|p| keep(&p.architecture)).cloned().collect())
+    }
+
+    /// The annotation form: `linux/amd64,linux/arm64`, sorted.
+    pub fn to_annotation(&self) -> String {
+        self.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+    }
+
+    pub fn parse_annotation(value: &str) -> Result<PlatformSet, PlatformParseError> {
+        let mut set = BTreeSet::new();
+        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            set.insert(part.parse::<Platform>()?);
+        }
+        Ok(PlatformSet(set))
+    }
+}
+
+impl fmt::Display for PlatformSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_annotation())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(s: &str) -> PlatformSet {
+        PlatformSet::parse_annotation(s).expect("valid")
+    }
+
+    #[test]
+    fn normalises_aliases_but_keeps_arm_variants() {
+        assert_eq!(Platform::new("linux", "aarch64", None).to_string(), "linux/arm64");
+        assert_eq!(Platform::new("linux", "arm64", Some("v8")).to_string(), "linux/arm64");
+        assert_eq!(Platform::new("Linux", "x86_64", None).to_string(), "linux/amd64");
+        assert_eq!(Platform::new("linux", "arm", Some("v7")).to_string(), "linux/arm/v7");
+        assert_ne!(Platform::new("linux", "arm", Some("v7")), Platform::new("linux", "arm64", None));
+    }
+
+    #[test]
+    fn intersection_over_containers() {
+        let a = set("linux/amd64,linux/arm64,linux/s390x");
+        let b = set("linux/arm64,linux/amd64");
+        let c = set("linux/arm64,linux/arm/v7");
+        let all = PlatformSet::intersect_all([&a, &b, &c]).expect("non-empty input");
+        assert_eq!(all.to_annotation(), "linux/arm64");
+        let none = PlatformSet::intersect_all([&set("linux/amd64"), &set("linux/arm64")]).expect("input");
+        assert!(none.is_empty());
+        assert!(PlatformSet::intersect_all(std::iter::empty()).is_none());
+    }
+
+    #[test]
+    fn annotation_round_trip_is_sorted() {
+        let s = set("linux/arm64, linux/amd64 ,windows/amd64");
+        assert_eq!(s.to_annotation(), "linux/amd64,linux/arm64,windows/amd64");
+        assert_eq!(set(&s.to_annotation()), s);
+        assert!(PlatformSet::parse_annotation("linux").is_err());
+        assert!(PlatformSet::parse_annotation("linux/amd64/v2/x").is_err());
+        assert!(PlatformSet::parse_annotation("linux/am d64").is_err());
+    }
+
+    #[test]
+    fn unknown_entries_are_dropped() {
+        let s = PlatformSet::from_iter([Platform::new("unknown", "unknown", None), Platform::new("linux", "amd64", None)]);
+        assert_eq!(s.to_annotation(), "linux/amd64");
+        assert_eq!(s.architectures().into_iter().collect::<Vec<_>>(), vec!["amd64"]);
+    }
+}

@@ -1,0 +1,4 @@
+//! Archer: image-aware placement for mixed amd64/arm64 Kubernetes clusters.
+#![forbid(unsafe_code)]
+
+pub mod core;
