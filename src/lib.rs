@@ -2,3 +2,5 @@
 #![forbid(unsafe_code)]
 
 pub mod core;
+pub mod metrics;
+pub mod registry;

@@ -1,0 +1,69 @@
+//! Prometheus metrics: one registry, one struct of families handed to each component.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+pub type Labels = Vec<(&'static str, String)>;
+
+pub struct Metrics {
+    registry: Registry,
+    /// Admission reviews answered, by outcome (enforced, observed, denied, skipped, invalid, ...).
+    pub admissions: Family<Labels, Counter>,
+    pub admission_seconds: Histogram,
+    /// Image lookups by result: hit, miss, error.
+    pub image_lookups: Family<Labels, Counter>,
+    /// Failed image inspections by reason (timeout, not_found, forbidden_address, ...).
+    pub inspection_failures: Family<Labels, Counter>,
+    /// Requests refused before a decision, by reason (bad_json, body_too_large, ...).
+    pub bad_requests: Family<Labels, Counter>,
+    /// Serving-certificate reloads by result (ok, error).
+    pub cert_reloads: Family<Labels, Counter>,
+    /// Namespace annotations that could not be used.
+    pub policy_warnings: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut root = Registry::with_prefix("archer");
+        let admissions = Family::<Labels, Counter>::default();
+        let admission_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        let image_lookups = Family::<Labels, Counter>::default();
+        let inspection_failures = Family::<Labels, Counter>::default();
+        let bad_requests = Family::<Labels, Counter>::default();
+        let cert_reloads = Family::<Labels, Counter>::default();
+        let policy_warnings = Counter::default();
+        root.register("admission_reviews", "Admission reviews answered, by outcome", admissions.clone());
+        root.register("admission_duration_seconds", "Time to answer an admission review", admission_seconds.clone());
+        root.register("image_lookups", "Image platform lookups, by cache result", image_lookups.clone());
+        root.register("image_inspection_failures", "Images that could not be inspected, by reason", inspection_failures.clone());
+        root.register("bad_requests", "Requests refused before a decision, by reason", bad_requests.clone());
+        root.register("tls_certificate_reloads", "Serving certificate reloads, by result", cert_reloads.clone());
+        root.register("policy_annotation_errors", "Namespace policy annotations that could not be used", policy_warnings.clone());
+        Self { registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings }
+    }
+
+    /// Register more families (the extender and provisioner add theirs).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+pub fn label(key: &'static str, value: impl Into<String>) -> Labels {
+    vec![(key, value.into())]
+}

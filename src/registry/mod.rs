@@ -1,0 +1,16 @@
+//! The registry client: image references, the distribution protocol, credentials, the address
+//! guard, and the cache in front of them.
+
+pub mod client;
+pub mod credentials;
+pub mod error;
+pub mod guard;
+pub mod inspector;
+pub mod reference;
+
+pub use client::{ClientSettings, Inspection, RegistryClient};
+pub use credentials::{Credential, Keyring};
+pub use error::RegistryError;
+pub use guard::AddressGuard;
+pub use inspector::{CacheSettings, Inspector};
+pub use reference::ImageRef;
