@@ -1,6 +1,11 @@
 //! Archer: image-aware placement for mixed amd64/arm64 Kubernetes clusters.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
+pub mod config;
 pub mod core;
 pub mod metrics;
 pub mod registry;
+pub mod server;
+pub mod webhook;
+pub mod cli;

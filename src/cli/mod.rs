@@ -1,0 +1,132 @@
+//! The command line: one file per subcommand.
+
+mod certs;
+mod inspect;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::Config;
+
+#[derive(Parser, Debug)]
+#[command(name = "archer", version, about = "Image-aware placement for mixed amd64/arm64 Kubernetes clusters")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format.
+    #[arg(long, global = true, env = "ARCHER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing-subscriber syntax), e.g. `info,archer=debug`.
+    #[arg(long, global = true, env = "ARCHER_LOG", default_value = "info")]
+    pub log: String,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve the admission webhook (HTTPS) and the admin endpoints (HTTP).
+    Serve(serve::ServeArgs),
+    /// Print each image's digest and platforms, through the webhook's own lookup path.
+    Inspect(inspect::InspectArgs),
+    /// Write a development CA and serving certificate.
+    Certs(certs::CertsArgs),
+}
+
+/// Registry flags shared by every subcommand that reads images.
+#[derive(Args, Debug, Clone, Default)]
+pub struct RegistryArgs {
+    /// Optional YAML config file (flags override it).
+    #[arg(long, env = "ARCHER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// A registry reached over plain HTTP and exempt from the address guard (repeatable).
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]", env = "ARCHER_INSECURE_REGISTRIES", value_delimiter = ',')]
+    pub insecure_registries: Vec<String>,
+    /// A docker config.json with registry credentials.
+    #[arg(long, env = "ARCHER_DOCKER_CONFIG")]
+    pub docker_config: Option<PathBuf>,
+}
+
+impl RegistryArgs {
+    /// The config file (or defaults) with these flags applied.
+    pub fn load(&self) -> anyhow::Result<Config> {
+        let Self { config, insecure_registries, docker_config } = self;
+        let mut cfg = match config {
+            Some(p) => Config::load(p)?,
+            None => Config::default(),
+        };
+        for r in insecure_registries {
+            if !cfg.registry.insecure.contains(r) {
+                cfg.registry.insecure.push(r.clone());
+            }
+        }
+        if let Some(d) = docker_config {
+            cfg.registry.docker_config = Some(d.clone());
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+fn init_tracing(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+pub fn main(cli: Cli) -> ExitCode {
+    let Cli { command, log_format, log } = cli;
+    init_tracing(log_format, &log);
+    if rustls::crypto::ring::default_provider().install_default().is_err() {
+        eprintln!("error: a rustls crypto provider was already installed");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match command {
+            Command::Serve(a) => serve::run(a).await,
+            Command::Inspect(a) => inspect::run(a).await,
+            Command::Certs(a) => certs::run(a),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Build the shared registry lookup path from a config.
+pub fn inspector(cfg: &Config, metrics: std::sync::Arc<crate::metrics::Metrics>) -> anyhow::Result<crate::registry::Inspector> {
+    let client = crate::registry::RegistryClient::new(cfg.client_settings()?).map_err(anyhow::Error::msg)?;
+    Ok(crate::registry::Inspector::new(client, &cfg.cache_settings(), metrics))
+}
+
+/// Credentials from the configured docker config file, if any.
+pub fn base_keyring(cfg: &Config) -> anyhow::Result<crate::registry::Keyring> {
+    match &cfg.registry.docker_config {
+        Some(p) => {
+            let bytes = std::fs::read(p).map_err(|e| anyhow::anyhow!("reading docker config {}: {e}", p.display()))?;
+            Ok(crate::registry::Keyring::parse(&bytes).map_err(|e| anyhow::anyhow!("docker config {}: {e}", p.display()))?)
+        }
+        None => Ok(crate::registry::Keyring::default()),
+    }
+}

@@ -1,0 +1,166 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::routing::get;
+use clap::Args;
+
+use super::RegistryArgs;
+use crate::cluster::ClusterView;
+use crate::metrics::Metrics;
+use crate::server::{self, admin, tls::CertStore};
+use crate::webhook::{self, Webhook};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// HTTPS listen address for /mutate (default 0.0.0.0:8443).
+    #[arg(long, env = "ARCHER_LISTEN")]
+    pub listen: Option<String>,
+    /// Plain-HTTP listen address for /healthz, /readyz, /metrics (default 0.0.0.0:8080).
+    #[arg(long, env = "ARCHER_ADMIN_LISTEN")]
+    pub admin_listen: Option<String>,
+    /// PEM serving certificate (chain); re-read when it changes on disk.
+    #[arg(long, env = "ARCHER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the serving certificate.
+    #[arg(long, env = "ARCHER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Kubeconfig to use; without it, in-cluster credentials or the default kubeconfig are tried,
+    /// and with none of those Archer runs standalone on the cluster defaults.
+    #[arg(long, env = "ARCHER_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Archer's own namespace (never mutated).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+async fn connect(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Option<kube::Client>> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::info!(reason = %e, "no cluster configured: running standalone on the cluster defaults");
+                return Ok(None);
+            }
+        },
+    };
+    Ok(Some(kube::Client::try_from(config).context("building the Kubernetes client")?))
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig, namespace } = args;
+    let mut cfg = registry.load()?;
+    if let Some(l) = listen {
+        cfg.listen = l;
+    }
+    if let Some(l) = admin_listen {
+        cfg.admin_listen = l;
+    }
+    if let Some(ns) = namespace {
+        cfg.namespace = ns;
+    }
+    let cert = tls_cert.or(cfg.tls_cert.clone()).context("--tls-cert is required (or tlsCert in the config file)")?;
+    let key = tls_key.or(cfg.tls_key.clone()).context("--tls-key is required (or tlsKey in the config file)")?;
+
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(admin::Health::default());
+    health.set_not_ready("starting");
+    let store = CertStore::load(&cert, &key)?;
+    let inspector = super::inspector(&cfg, metrics.clone())?;
+
+    let (cluster, watch) = match connect(kubeconfig.as_ref()).await? {
+        Some(client) => {
+            let (view, watch) = ClusterView::start(client);
+            (Some(view), Some(watch))
+        }
+        None => (None, None),
+    };
+    let hook = Arc::new(Webhook {
+        defaults: cfg.defaults.clone(),
+        excluded_namespaces: cfg.excluded(),
+        settings: cfg.placement_settings(),
+        inspector,
+        cluster: cluster.clone(),
+        base_keyring: super::base_keyring(&cfg)?,
+        metrics: metrics.clone(),
+        max_body_bytes: cfg.webhook.max_body_bytes,
+    });
+    let router = webhook::router(hook).route("/healthz", get(|| async { "ok" }));
+
+    let (https_listener, https_addr) = server::bind(&cfg.listen).await?;
+    let (admin_listener, admin_addr) = server::bind(&cfg.admin_listen).await?;
+    tracing::info!(%https_addr, %admin_addr, standalone = cluster.is_none(), "serving");
+
+    let (trigger, shutdown) = server::shutdown_channel();
+    let grace = Duration::from_secs(cfg.shutdown_grace_seconds);
+    let mut https = tokio::spawn(server::serve_https(https_listener, store.server_config(), router, shutdown.clone(), grace));
+    let admin_router = admin::router(health.clone(), metrics.clone());
+    let admin_stop = shutdown.clone();
+    let mut admin_server = tokio::spawn(async move { axum::serve(admin_listener, admin_router).with_graceful_shutdown(admin_stop.wait()).await });
+    let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.clone()));
+
+    // Ready once the namespace cache has synced (at once when standalone).
+    let ready_health = health.clone();
+    let ready = tokio::spawn(async move {
+        if let Some(view) = &cluster {
+            view.wait_ready().await;
+        }
+        ready_health.set_ready();
+        tracing::info!("ready");
+    });
+    // The namespace watch runs for the life of the process; if it ever ends, so does Archer.
+    let mut watch = tokio::spawn(async move {
+        match watch {
+            Some(w) => w.await,
+            None => std::future::pending().await,
+        }
+    });
+
+    let outcome = tokio::select! {
+        _ = terminate_signal() => {
+            tracing::info!("shutdown signal received; draining");
+            Ok(ExitCode::SUCCESS)
+        }
+        r = &mut https => Err(anyhow::anyhow!("HTTPS server stopped unexpectedly: {r:?}")),
+        r = &mut admin_server => Err(anyhow::anyhow!("admin server stopped unexpectedly: {r:?}")),
+        r = &mut watch => Err(anyhow::anyhow!("namespace watch stopped unexpectedly: {r:?}")),
+    };
+    health.set_not_ready("shutting down");
+    trigger.trigger();
+    ready.abort();
+    reload.abort();
+    watch.abort();
+    let _ = tokio::time::timeout(grace + Duration::from_secs(1), async {
+        let _ = (&mut https).await;
+        let _ = (&mut admin_server).await;
+    })
+    .await;
+    tracing::info!("stopped");
+    outcome
+}
+
+async fn terminate_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops Archer");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

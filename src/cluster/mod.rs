@@ -1,0 +1,131 @@
+//! What Archer reads from the cluster: a watch-backed Namespace cache (no API call per
+//! admission) and image pull secrets from the pod's own namespace.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use moka::future::Cache;
+
+use crate::registry::Keyring;
+
+const SECRET_TTL: Duration = Duration::from_secs(60);
+
+#[derive(Clone)]
+pub struct ClusterView {
+    client: Client,
+    namespaces: Store<Namespace>,
+    secrets: Cache<(String, String), Option<Arc<Keyring>>>,
+    service_accounts: Cache<(String, String), Vec<String>>,
+}
+
+impl ClusterView {
+    /// Start the Namespace watch; the returned future drives it and must be polled for the life
+    /// of the process (it retries with back-off when the API server goes away).
+    pub fn start(client: Client) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+        let (store, writer) = reflector::store();
+        let api: Api<Namespace> = Api::all(client.clone());
+        let stream = watcher(api, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .reflect(writer)
+            .applied_objects()
+            .for_each(|ev| async move {
+                if let Err(e) = ev {
+                    tracing::warn!(error = %e, "namespace watch error; retrying");
+                }
+            });
+        let view = Self {
+            client,
+            namespaces: store,
+            secrets: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
+            service_accounts: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
+        };
+        (view, stream)
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Wait until the Namespace cache has its first full list.
+    pub async fn wait_ready(&self) {
+        let _ = self.namespaces.wait_until_ready().await;
+    }
+
+    pub fn namespace_annotations(&self, name: &str) -> Option<BTreeMap<String, String>> {
+        let ns = self.namespaces.get(&ObjectRef::new(name))?;
+        Some(ns.metadata.annotations.clone().unwrap_or_default())
+    }
+
+    /// Credentials from the pod's `imagePullSecrets` and its service account's, read only from
+    /// the pod's own namespace. Unreadable secrets are skipped with a log line (the kubelet
+    /// does the same); the lookup then goes on anonymously.
+    #[tracing::instrument(skip_all, fields(namespace = %namespace))]
+    pub async fn pull_keyring(&self, namespace: &str, pod: &Pod) -> Keyring {
+        let spec = pod.spec.as_ref();
+        let mut names: Vec<String> = spec
+            .and_then(|s| s.image_pull_secrets.as_ref())
+            .map(|l| l.iter().map(|r| r.name.clone()).collect())
+            .unwrap_or_default();
+        let sa = spec.and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into());
+        names.extend(self.service_account_secrets(namespace, &sa).await);
+        let mut ring = Keyring::default();
+        for name in names.iter().filter(|n| !n.is_empty()) {
+            if let Some(k) = self.secret_keyring(namespace, name).await {
+                ring.extend((*k).clone());
+            }
+        }
+        ring
+    }
+
+    async fn service_account_secrets(&self, namespace: &str, name: &str) -> Vec<String> {
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let key = (namespace.to_string(), name.to_string());
+        self.service_accounts
+            .get_with(key, async move {
+                match api.get_opt(name).await {
+                    Ok(Some(sa)) => sa.image_pull_secrets.unwrap_or_default().into_iter().map(|r| r.name).collect(),
+                    Ok(None) => Vec::new(),
+                    Err(e) => {
+                        tracing::warn!(service_account = name, error = %e, "cannot read service account");
+                        Vec::new()
+                    }
+                }
+            })
+            .await
+    }
+
+    async fn secret_keyring(&self, namespace: &str, name: &str) -> Option<Arc<Keyring>> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let key = (namespace.to_string(), name.to_string());
+        self.secrets
+            .get_with(key, async move {
+                let secret = match api.get_opt(name).await {
+                    Ok(Some(s)) => s,
+                    Ok(None) => {
+                        tracing::warn!(secret = name, "image pull secret not found");
+                        return None;
+                    }
+                    Err(e) => {
+                        tracing::warn!(secret = name, error = %e, "cannot read image pull secret");
+                        return None;
+                    }
+                };
+                let data = secret.data.unwrap_or_default();
+                let bytes = data.get(".dockerconfigjson").or_else(|| data.get(".dockercfg"))?;
+                match Keyring::parse(&bytes.0) {
+                    Ok(k) => Some(Arc::new(k)),
+                    Err(e) => {
+                        tracing::warn!(secret = name, error = %e, "image pull secret is not a docker config");
+                        None
+                    }
+                }
+            })
+            .await
+    }
+}

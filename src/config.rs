@@ -1,0 +1,231 @@
+//! The optional YAML config file. Every field has a default; command-line flags (and their
+//! environment variables) override the file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::placement::{ArchitectureTaint, PlacementSettings};
+use crate::core::policy::PolicyDefaults;
+use crate::registry::{AddressGuard, CacheSettings, ClientSettings};
+
+pub const DEFAULT_NAMESPACE: &str = "archer-system";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct Config {
+    pub listen: String,
+    pub admin_listen: String,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// How often the certificate files are re-read (a Secret volume's symlink swap included).
+    pub tls_reload_interval_seconds: u64,
+    /// Archer's own namespace, never mutated.
+    pub namespace: String,
+    /// Cluster-wide policy; namespace annotations override it.
+    pub defaults: PolicyDefaults,
+    /// Namespaces left alone besides Archer's own.
+    pub excluded_namespaces: Vec<String>,
+    pub architecture_taints: Vec<ArchitectureTaint>,
+    /// Weight (1-100) of the preferred node-affinity term added toward the preferred architecture.
+    pub preferred_weight: i32,
+    pub registry: RegistryConfig,
+    pub webhook: WebhookConfig,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    pub shutdown_grace_seconds: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8443".into(),
+            admin_listen: "0.0.0.0:8080".into(),
+            tls_cert: None,
+            tls_key: None,
+            tls_reload_interval_seconds: 10,
+            namespace: DEFAULT_NAMESPACE.into(),
+            defaults: PolicyDefaults::default(),
+            excluded_namespaces: vec!["kube-system".into()],
+            architecture_taints: vec![ArchitectureTaint::arm64_default()],
+            preferred_weight: 50,
+            registry: RegistryConfig::default(),
+            webhook: WebhookConfig::default(),
+            shutdown_grace_seconds: 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// `host[:port]` registries reached over plain HTTP (and exempt from the address guard).
+    pub insecure: Vec<String>,
+    /// registry -> mirrors tried first, e.g. `docker.io: [mirror.example.com]`.
+    pub mirrors: BTreeMap<String, Vec<String>>,
+    /// CIDRs, IPs or registry hosts never contacted.
+    pub deny: Vec<String>,
+    /// When set, only these registries are contacted.
+    pub allow: Vec<String>,
+    /// Bound on one image lookup, in seconds.
+    pub timeout_seconds: f64,
+    pub tag_cache_ttl_seconds: u64,
+    pub cache_capacity: u64,
+    pub max_manifest_bytes: usize,
+    /// A mounted docker `config.json` with credentials for every namespace.
+    pub docker_config: Option<PathBuf>,
+    /// Extra PEM CA bundle trusted for registries.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            insecure: Vec::new(),
+            mirrors: BTreeMap::new(),
+            deny: Vec::new(),
+            allow: Vec::new(),
+            timeout_seconds: 3.0,
+            tag_cache_ttl_seconds: 300,
+            cache_capacity: 10_000,
+            max_manifest_bytes: 8 * 1024 * 1024,
+            docker_config: None,
+            ca_file: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Largest AdmissionReview body accepted (at least 8 MiB).
+    pub max_body_bytes: usize,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self { max_body_bytes: 16 * 1024 * 1024 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {source}")]
+    Parse { path: PathBuf, source: serde_yaml::Error },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let cfg: Config = serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.webhook.max_body_bytes < 8 * 1024 * 1024 {
+            return Err(ConfigError::Invalid("webhook.maxBodyBytes must be at least 8 MiB (8388608)".into()));
+        }
+        if !(self.registry.timeout_seconds > 0.0 && self.registry.timeout_seconds <= 30.0) {
+            return Err(ConfigError::Invalid("registry.timeoutSeconds must be in (0, 30]".into()));
+        }
+        if !(1..=100).contains(&self.preferred_weight) {
+            return Err(ConfigError::Invalid("preferredWeight must be 1..100".into()));
+        }
+        self.address_guard()?;
+        Ok(())
+    }
+
+    pub fn address_guard(&self) -> Result<AddressGuard, ConfigError> {
+        AddressGuard::new(&self.registry.deny, &self.registry.allow, &self.registry.insecure).map_err(ConfigError::Invalid)
+    }
+
+    pub fn client_settings(&self) -> Result<ClientSettings, ConfigError> {
+        let extra_ca_pem = match &self.registry.ca_file {
+            Some(p) => Some(std::fs::read(p).map_err(|source| ConfigError::Read { path: p.clone(), source })?),
+            None => None,
+        };
+        let mirrors = self
+            .registry
+            .mirrors
+            .iter()
+            .map(|(k, v)| (crate::registry::reference::normalise_registry(k).unwrap_or_else(|| k.clone()), v.clone()))
+            .collect();
+        Ok(ClientSettings {
+            guard: std::sync::Arc::new(self.address_guard()?),
+            mirrors,
+            max_body_bytes: self.registry.max_manifest_bytes,
+            connect_timeout: Duration::from_secs_f64(self.registry.timeout_seconds.min(2.0)),
+            extra_ca_pem,
+        })
+    }
+
+    pub fn cache_settings(&self) -> CacheSettings {
+        CacheSettings {
+            capacity: self.registry.cache_capacity,
+            tag_ttl: Duration::from_secs(self.registry.tag_cache_ttl_seconds),
+            lookup_timeout: Duration::from_secs_f64(self.registry.timeout_seconds),
+        }
+    }
+
+    pub fn placement_settings(&self) -> PlacementSettings {
+        PlacementSettings { architecture_taints: self.architecture_taints.clone(), preferred_weight: self.preferred_weight }
+    }
+
+    /// Namespaces never mutated: the configured ones plus Archer's own.
+    pub fn excluded(&self) -> std::collections::BTreeSet<String> {
+        self.excluded_namespaces.iter().cloned().chain([self.namespace.clone()]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_config_file_parses() {
+        let cfg: Config = serde_yaml::from_str(
+            r#"
+listen: 127.0.0.1:9443
+defaults:
+  mode: observe
+  prefer: [amd64]
+  onInspectionFailure: fail-closed
+  fallbackArchitecture: amd64
+excludedNamespaces: [kube-system, monitoring]
+architectureTaints:
+  - {key: kubernetes.io/arch, value: arm64, effect: NoSchedule}
+  - {architecture: s390x, key: z, effect: NoExecute}
+registry:
+  insecure: ["127.0.0.1:5000"]
+  mirrors: {docker.io: [mirror.example.com]}
+  deny: [10.0.0.0/8]
+  timeoutSeconds: 1.5
+webhook:
+  maxBodyBytes: 33554432
+"#,
+        )
+        .expect("config");
+        cfg.validate().expect("valid");
+        assert_eq!(cfg.listen, "127.0.0.1:9443");
+        assert_eq!(cfg.admin_listen, "0.0.0.0:8080");
+        assert_eq!(cfg.architecture_taints[1].applies_to(), Some("s390x"));
+        assert!(cfg.excluded().contains("archer-system") && cfg.excluded().contains("monitoring"));
+        assert_eq!(cfg.cache_settings().lookup_timeout, Duration::from_millis(1500));
+        assert!(cfg.client_settings().expect("client").guard.is_insecure("127.0.0.1:5000"));
+    }
+
+    #[test]
+    fn bad_configs_are_rejected_with_reasons() {
+        assert!(serde_yaml::from_str::<Config>("lisen: x").is_err(), "unknown keys are errors");
+        let small = Config { webhook: WebhookConfig { max_body_bytes: 1024 }, ..Default::default() };
+        assert!(small.validate().is_err());
+        let bad_deny = Config { registry: RegistryConfig { deny: vec!["no way".into()], ..Default::default() }, ..Default::default() };
+        assert!(bad_deny.validate().is_err());
+    }
+}

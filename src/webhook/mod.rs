@@ -1,0 +1,199 @@
+//! `POST /mutate`: decode the AdmissionReview, inspect the pod's images, call the core decision,
+//! encode the answer. Every well-formed review gets HTTP 200 with allowed/denied; malformed input
+//! gets HTTP 400 with a JSON error. Never a 500, never a panic.
+
+mod review;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::admission::{AdmissionResponse, Operation};
+use serde_json::json;
+use tracing::{field::Empty, Instrument};
+
+use crate::cluster::ClusterView;
+use crate::core::placement::{self, ImageFinding, PlacementSettings};
+use crate::core::policy::{self, Mode, PolicyDefaults};
+use crate::metrics::{label, Metrics};
+use crate::registry::{Inspector, Keyring};
+pub use review::{decode, ReviewError};
+
+pub struct Webhook {
+    pub defaults: PolicyDefaults,
+    pub excluded_namespaces: BTreeSet<String>,
+    pub settings: PlacementSettings,
+    pub inspector: Inspector,
+    /// `None` in standalone mode: cluster defaults for every namespace, no pull secrets.
+    pub cluster: Option<ClusterView>,
+    /// Credentials from a mounted docker config, for every namespace.
+    pub base_keyring: Keyring,
+    pub metrics: Arc<Metrics>,
+    pub max_body_bytes: usize,
+}
+
+pub fn router(webhook: Arc<Webhook>) -> Router {
+    Router::new().route("/mutate", post(mutate)).with_state(webhook)
+}
+
+/// A JSON error body with HTTP 400, counted by reason.
+pub fn bad_request(metrics: &Metrics, reason: &'static str, message: String) -> Response {
+    metrics.bad_requests.get_or_create(&label("reason", reason)).inc();
+    tracing::warn!(reason, %message, "bad request");
+    (StatusCode::BAD_REQUEST, Json(json!({"error": message, "reason": reason}))).into_response()
+}
+
+/// Read a request body up to `max` bytes.
+pub async fn read_body(req: Request<Body>, max: usize) -> Result<bytes::Bytes, (&'static str, String)> {
+    let limited = http_body_util::Limited::new(req.into_body(), max);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(("body_too_large", format!("request body exceeds the {max}-byte limit"))),
+        Err(e) => Err(("body_unreadable", format!("reading the request body: {e}"))),
+    }
+}
+
+async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
+    let started = Instant::now();
+    let body = match read_body(req, w.max_body_bytes).await {
+        Ok(b) => b,
+        Err((reason, msg)) => return bad_request(&w.metrics, reason, msg),
+    };
+    let request = match decode(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(&w.metrics, e.reason(), e.to_string()),
+    };
+    let span = tracing::info_span!(
+        "admission",
+        uid = %request.uid,
+        namespace = request.namespace.as_deref().unwrap_or(""),
+        pod = Empty,
+        operation = ?request.operation,
+        dry_run = request.dry_run,
+        outcome = Empty,
+        allowed = Empty,
+    );
+    let response = async {
+        let response = review_pod(&w, &request).await;
+        tracing::Span::current().record("allowed", response.allowed);
+        response
+    }
+    .instrument(span.clone())
+    .await;
+    w.metrics.admission_seconds.observe(started.elapsed().as_secs_f64());
+    span.in_scope(|| tracing::info!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
+    Json(response.into_review()).into_response()
+}
+
+fn count(w: &Webhook, outcome: &str) {
+    w.metrics.admissions.get_or_create(&label("outcome", outcome)).inc();
+    tracing::Span::current().record("outcome", outcome);
+}
+
+async fn review_pod(w: &Webhook, req: &review::Request) -> AdmissionResponse {
+    let allow = AdmissionResponse::from(req);
+    let is_pod = req.kind.group.is_empty() && req.kind.version == "v1" && req.kind.kind == "Pod";
+    if !is_pod || req.operation != Operation::Create || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
+        count(w, "skipped");
+        return allow;
+    }
+    let namespace = req.namespace.clone().unwrap_or_default();
+    if w.excluded_namespaces.contains(&namespace) {
+        count(w, "excluded");
+        return allow;
+    }
+    let pod: Pod = match req.object.as_ref().map(|o| serde_json::to_value(o).and_then(serde_json::from_value::<Pod>)) {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => {
+            count(w, "undecodable");
+            return with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]);
+        }
+        None => {
+            count(w, "undecodable");
+            return with_warnings(allow, vec!["archer got no pod object and left it unchanged".into()]);
+        }
+    };
+    let name = pod.metadata.name.clone().or_else(|| pod.metadata.generate_name.clone()).unwrap_or_default();
+    tracing::Span::current().record("pod", name.as_str());
+    if pod.metadata.labels.as_ref().and_then(|l| l.get(policy::IGNORE_LABEL)).is_some_and(|v| v == "true") {
+        count(w, "excluded");
+        return allow;
+    }
+
+    let annotations: BTreeMap<String, String> = match &w.cluster {
+        Some(c) => c.namespace_annotations(&namespace).unwrap_or_default(),
+        None => BTreeMap::new(),
+    };
+    let (policy, policy_warnings) = policy::resolve(&w.defaults, &annotations);
+    if !policy_warnings.is_empty() {
+        w.metrics.policy_warnings.inc_by(policy_warnings.len() as u64);
+    }
+    if policy.mode == Mode::Off {
+        count(w, "off");
+        return allow;
+    }
+
+    let images = placement::pod_images(&pod);
+    let mut keyring = w.base_keyring.clone();
+    if let Some(c) = &w.cluster {
+        let mut ring = c.pull_keyring(&namespace, &pod).await;
+        ring.extend(keyring);
+        keyring = ring;
+    }
+    let results = w.inspector.inspect_all(&images, &keyring).await;
+    let findings: Vec<ImageFinding> = images
+        .iter()
+        .zip(results)
+        .map(|(image, r)| ImageFinding { image: image.clone(), platforms: r.map(|i| i.platforms.clone()).map_err(|e| e.to_string()) })
+        .collect();
+    let decision = placement::decide(&pod, &policy, &findings, &w.settings);
+    let mut warnings: Vec<String> = policy_warnings.iter().map(ToString::to_string).collect();
+    warnings.extend(decision.warnings.iter().cloned());
+
+    if let Some(message) = decision.denied {
+        count(w, "denied");
+        tracing::info!(reason = decision.outcome.as_str(), %message, "pod denied");
+        let mut resp = allow.deny(&message);
+        resp.result.code = 403;
+        resp.result.reason = "Forbidden".into();
+        return with_warnings(resp, warnings);
+    }
+    count(w, decision.outcome.as_str());
+    let mut resp = with_warnings(allow, warnings);
+    if let Some(p) = &decision.platforms {
+        resp.audit_annotations.insert("platforms".into(), p.to_annotation());
+    }
+    resp.audit_annotations.insert("decision".into(), decision.outcome.as_str().into());
+    if decision.patch.is_empty() {
+        return resp;
+    }
+    match resp.clone().with_patch(json_patch::Patch(decision.patch)) {
+        Ok(r) => r,
+        Err(e) => {
+            // Serialising a patch of plain JSON values cannot fail; if it ever does, admit unchanged.
+            tracing::error!(error = %e, "could not encode the patch");
+            with_warnings(resp, vec!["archer could not encode its patch; pod left unchanged".into()])
+        }
+    }
+}
+
+/// Warnings go back to the client (kubectl prints them); keep each within the API's 256 chars.
+fn with_warnings(mut resp: AdmissionResponse, warnings: Vec<String>) -> AdmissionResponse {
+    if warnings.is_empty() {
+        return resp;
+    }
+    let clipped = warnings
+        .into_iter()
+        .map(|w| if w.len() > 250 { format!("{}…", &w[..w.floor_char_boundary(249)]) } else { w })
+        .collect();
+    resp.warnings = Some(clipped);
+    resp
+}
