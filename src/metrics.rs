@@ -23,6 +23,8 @@ pub struct Metrics {
     pub cert_reloads: Family<Labels, Counter>,
     /// Namespace annotations that could not be used.
     pub policy_warnings: Counter,
+    /// HTTP requests sent to registries (manifests, blobs, tokens, retries included).
+    pub registry_requests: Counter,
 }
 
 impl Default for Metrics {
@@ -41,6 +43,7 @@ impl Metrics {
         let bad_requests = Family::<Labels, Counter>::default();
         let cert_reloads = Family::<Labels, Counter>::default();
         let policy_warnings = Counter::default();
+        let registry_requests = Counter::default();
         root.register("admission_reviews", "Admission reviews answered, by outcome", admissions.clone());
         root.register("admission_duration_seconds", "Time to answer an admission review", admission_seconds.clone());
         root.register("image_lookups", "Image platform lookups, by cache result", image_lookups.clone());
@@ -48,7 +51,8 @@ impl Metrics {
         root.register("bad_requests", "Requests refused before a decision, by reason", bad_requests.clone());
         root.register("tls_certificate_reloads", "Serving certificate reloads, by result", cert_reloads.clone());
         root.register("policy_annotation_errors", "Namespace policy annotations that could not be used", policy_warnings.clone());
-        Self { registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings }
+        root.register("registry_requests", "HTTP requests sent to registries", registry_requests.clone());
+        Self { registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests }
     }
 
     /// Register more families (the extender and provisioner add theirs).

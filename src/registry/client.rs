@@ -73,6 +73,7 @@ fn ser_platforms<S: serde::Serializer>(p: &PlatformSet, s: S) -> Result<S::Ok, S
 pub struct RegistryClient {
     http: reqwest::Client,
     settings: Arc<ClientSettings>,
+    requests: prometheus_client::metrics::counter::Counter,
 }
 
 impl RegistryClient {
@@ -107,7 +108,13 @@ impl RegistryClient {
             }
         }
         let http = builder.build().map_err(|e| format!("building the registry HTTP client: {e}"))?;
-        Ok(Self { http, settings: Arc::new(settings) })
+        Ok(Self { http, settings: Arc::new(settings), requests: Default::default() })
+    }
+
+    /// Count every HTTP request this client sends in `counter`.
+    pub fn count_requests_in(mut self, counter: prometheus_client::metrics::counter::Counter) -> Self {
+        self.requests = counter;
+        self
     }
 
     pub fn settings(&self) -> &ClientSettings {
@@ -291,6 +298,7 @@ impl Repo<'_> {
             if let Some(a) = &self.auth {
                 req = req.header(AUTHORIZATION, a);
             }
+            self.client.requests.inc();
             let resp = req.send().await.map_err(|e| transport_error(&e, &url))?;
             match resp.status() {
                 s if s.is_success() => {
@@ -346,6 +354,7 @@ impl Repo<'_> {
                 if let Some(c) = self.cred {
                     req = req.basic_auth(&c.username, Some(&c.password));
                 }
+                self.client.requests.inc();
                 let resp = req.send().await.map_err(|e| transport_error(&e, &url))?;
                 if !resp.status().is_success() {
                     return Err(RegistryError::Unauthorized { status: resp.status().as_u16(), hint: " from the token service".into() });

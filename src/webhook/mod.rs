@@ -16,7 +16,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::admission::{AdmissionResponse, Operation};
+use kube::core::admission::Operation;
 use serde_json::json;
 use tracing::{field::Empty, Instrument};
 
@@ -25,7 +25,7 @@ use crate::core::placement::{self, ImageFinding, PlacementSettings};
 use crate::core::policy::{self, Mode, PolicyDefaults};
 use crate::metrics::{label, Metrics};
 use crate::registry::{Inspector, Keyring};
-pub use review::{decode, ReviewError};
+pub use review::{decode, Answer, ReviewError};
 
 pub struct Webhook {
     pub defaults: PolicyDefaults,
@@ -90,7 +90,7 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
     .await;
     w.metrics.admission_seconds.observe(started.elapsed().as_secs_f64());
     span.in_scope(|| tracing::info!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
-    Json(response.into_review()).into_response()
+    Json(response.to_review()).into_response()
 }
 
 fn count(w: &Webhook, outcome: &str) {
@@ -98,8 +98,8 @@ fn count(w: &Webhook, outcome: &str) {
     tracing::Span::current().record("outcome", outcome);
 }
 
-async fn review_pod(w: &Webhook, req: &review::Request) -> AdmissionResponse {
-    let allow = AdmissionResponse::from(req);
+async fn review_pod(w: &Webhook, req: &review::Request) -> Answer {
+    let allow = Answer::allow(&req.uid);
     let is_pod = req.kind.group.is_empty() && req.kind.version == "v1" && req.kind.kind == "Pod";
     if !is_pod || req.operation != Operation::Create || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
         count(w, "skipped");
@@ -161,10 +161,7 @@ async fn review_pod(w: &Webhook, req: &review::Request) -> AdmissionResponse {
     if let Some(message) = decision.denied {
         count(w, "denied");
         tracing::info!(reason = decision.outcome.as_str(), %message, "pod denied");
-        let mut resp = allow.deny(&message);
-        resp.result.code = 403;
-        resp.result.reason = "Forbidden".into();
-        return with_warnings(resp, warnings);
+        return with_warnings(allow.deny(&message), warnings);
     }
     count(w, decision.outcome.as_str());
     let mut resp = with_warnings(allow, warnings);
@@ -172,21 +169,14 @@ async fn review_pod(w: &Webhook, req: &review::Request) -> AdmissionResponse {
         resp.audit_annotations.insert("platforms".into(), p.to_annotation());
     }
     resp.audit_annotations.insert("decision".into(), decision.outcome.as_str().into());
-    if decision.patch.is_empty() {
-        return resp;
+    if !decision.patch.is_empty() {
+        resp.patch = Some(json_patch::Patch(decision.patch));
     }
-    match resp.clone().with_patch(json_patch::Patch(decision.patch)) {
-        Ok(r) => r,
-        Err(e) => {
-            // Serialising a patch of plain JSON values cannot fail; if it ever does, admit unchanged.
-            tracing::error!(error = %e, "could not encode the patch");
-            with_warnings(resp, vec!["archer could not encode its patch; pod left unchanged".into()])
-        }
-    }
+    resp
 }
 
 /// Warnings go back to the client (kubectl prints them); keep each within the API's 256 chars.
-fn with_warnings(mut resp: AdmissionResponse, warnings: Vec<String>) -> AdmissionResponse {
+fn with_warnings(mut resp: Answer, warnings: Vec<String>) -> Answer {
     if warnings.is_empty() {
         return resp;
     }
@@ -194,6 +184,6 @@ fn with_warnings(mut resp: AdmissionResponse, warnings: Vec<String>) -> Admissio
         .into_iter()
         .map(|w| if w.len() > 250 { format!("{}…", &w[..w.floor_char_boundary(249)]) } else { w })
         .collect();
-    resp.warnings = Some(clipped);
+    resp.warnings.extend::<Vec<String>>(clipped);
     resp
 }

@@ -48,3 +48,49 @@ pub fn decode(body: &[u8]) -> Result<Request, ReviewError> {
     }
     Ok(request)
 }
+
+/// The answer to one review. Serialised by hand rather than with kube's `AdmissionResponse`,
+/// which writes `patch` as an array of numbers: the API's wire form is a base64 string.
+#[derive(Debug, Clone, Default)]
+pub struct Answer {
+    pub uid: String,
+    pub allowed: bool,
+    /// HTTP-style code and message for denials.
+    pub status: Option<(u16, String, String)>,
+    pub patch: Option<json_patch::Patch>,
+    pub warnings: Vec<String>,
+    pub audit_annotations: std::collections::BTreeMap<String, String>,
+}
+
+impl Answer {
+    pub fn allow(uid: &str) -> Self {
+        Self { uid: uid.to_string(), allowed: true, ..Default::default() }
+    }
+
+    pub fn deny(mut self, message: &str) -> Self {
+        self.allowed = false;
+        self.status = Some((403, "Forbidden".into(), message.to_string()));
+        self.patch = None;
+        self
+    }
+
+    pub fn to_review(&self) -> serde_json::Value {
+        use base64::Engine;
+        let mut response = serde_json::json!({"uid": self.uid, "allowed": self.allowed});
+        if let Some((code, reason, message)) = &self.status {
+            response["status"] = serde_json::json!({"status": "Failure", "code": code, "reason": reason, "message": message});
+        }
+        if let Some(p) = &self.patch {
+            let bytes = serde_json::to_vec(p).unwrap_or_default();
+            response["patchType"] = "JSONPatch".into();
+            response["patch"] = base64::engine::general_purpose::STANDARD.encode(bytes).into();
+        }
+        if !self.warnings.is_empty() {
+            response["warnings"] = serde_json::json!(self.warnings);
+        }
+        if !self.audit_annotations.is_empty() {
+            response["auditAnnotations"] = serde_json::json!(self.audit_annotations);
+        }
+        serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+    }
+}

@@ -1,0 +1,397 @@
+//! Shared test fixtures: a real registry (Debian's `docker-registry`, the CNCF distribution
+//! server) on 127.0.0.1 with images pushed through its HTTP API, and a real `archer serve`.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+pub fn registry_binary() -> PathBuf {
+    let p = std::env::var_os("ARCHER_TEST_REGISTRY").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/bin/docker-registry"));
+    assert!(p.exists(), "the real registry server is needed: apt-get install docker-registry (or set ARCHER_TEST_REGISTRY)");
+    p
+}
+
+pub fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// A running distribution registry; killed on drop.
+pub struct Registry {
+    pub host: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+    creds: Option<(String, String)>,
+    http: reqwest::Client,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Pushed {
+    pub digest: String,
+    pub size: usize,
+    pub media_type: String,
+}
+
+impl Registry {
+    pub async fn start() -> Registry {
+        Self::start_with(None).await
+    }
+
+    /// Start a registry that requires basic auth (htpasswd) for everything.
+    pub async fn start_with_auth(user: &str, pass: &str) -> Registry {
+        Self::start_with(Some((user.to_string(), pass.to_string()))).await
+    }
+
+    async fn start_with(creds: Option<(String, String)>) -> Registry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog: {{disabled: true}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.path().join("data").display()
+        );
+        if let Some((u, p)) = &creds {
+            let hash = bcrypt::hash(p, 4).expect("bcrypt");
+            std::fs::write(dir.path().join("htpasswd"), format!("{u}:{hash}\n")).expect("htpasswd");
+            config.push_str(&format!("auth:\n  htpasswd:\n    realm: archer-test\n    path: {}\n", dir.path().join("htpasswd").display()));
+        }
+        let cfg_path = dir.path().join("config.yml");
+        std::fs::write(&cfg_path, config).expect("config");
+        let log = std::fs::File::create(dir.path().join("registry.log")).expect("log");
+        let child = Command::new(registry_binary())
+            .arg("serve")
+            .arg(&cfg_path)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start docker-registry");
+        let reg = Registry { host: format!("127.0.0.1:{port}"), child, _dir: dir, creds, http: reqwest::Client::new() };
+        for _ in 0..200 {
+            if let Ok(r) = reg.http.get(format!("http://{}/v2/", reg.host)).send().await {
+                if r.status().is_success() || r.status().as_u16() == 401 {
+                    return reg;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("registry did not come up on {}", reg.host);
+    }
+
+    fn auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.creds {
+            Some((u, p)) => req.basic_auth(u, Some(p)),
+            None => req,
+        }
+    }
+
+    pub async fn push_blob(&self, repo: &str, bytes: &[u8]) -> Pushed {
+        let digest = sha256(bytes);
+        let start = self.auth(self.http.post(format!("http://{}/v2/{repo}/blobs/uploads/", self.host))).send().await.expect("start upload");
+        assert_eq!(start.status().as_u16(), 202, "blob upload start: {:?}", start.text().await);
+        let location = start.headers().get("location").and_then(|l| l.to_str().ok()).expect("location").to_string();
+        let mut url = if location.starts_with("http") { location } else { format!("http://{}{location}", self.host) };
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str(&format!("digest={digest}"));
+        let put = self.auth(self.http.put(url)).header("content-type", "application/octet-stream").body(bytes.to_vec()).send().await.expect("put blob");
+        assert_eq!(put.status().as_u16(), 201, "blob put: {:?}", put.text().await);
+        Pushed { digest, size: bytes.len(), media_type: "application/octet-stream".into() }
+    }
+
+    pub async fn push_manifest(&self, repo: &str, reference: &str, media_type: &str, body: &[u8]) -> Pushed {
+        let put = self
+            .auth(self.http.put(format!("http://{}/v2/{repo}/manifests/{reference}", self.host)))
+            .header("content-type", media_type)
+            .body(body.to_vec())
+            .send()
+            .await
+            .expect("put manifest");
+        assert_eq!(put.status().as_u16(), 201, "manifest put {repo}:{reference}: {:?}", put.text().await);
+        Pushed { digest: sha256(body), size: body.len(), media_type: media_type.into() }
+    }
+
+    /// Push a runnable single-platform image; its platform is only in the config blob.
+    pub async fn push_image(&self, repo: &str, tag: &str, platform: &str, oci: bool) -> Pushed {
+        let parts: Vec<&str> = platform.split('/').collect();
+        let mut config = json!({"architecture": parts[1], "os": parts[0], "rootfs": {"type": "layers", "diff_ids": []}, "config": {}});
+        if let Some(v) = parts.get(2) {
+            config["variant"] = json!(v);
+        }
+        self.push_image_with_config(repo, tag, &serde_json::to_vec(&config).expect("json"), oci).await
+    }
+
+    pub async fn push_image_with_config(&self, repo: &str, tag: &str, config: &[u8], oci: bool) -> Pushed {
+        let config_blob = self.push_blob(repo, config).await;
+        let layer = self.push_blob(repo, format!("layer of {repo}:{tag} {}", hex::encode(Sha256::digest(config))).as_bytes()).await;
+        let (mt, config_mt, layer_mt) = if oci {
+            (OCI_MANIFEST, "application/vnd.oci.image.config.v1+json", "application/vnd.oci.image.layer.v1.tar+gzip")
+        } else {
+            (DOCKER_MANIFEST, "application/vnd.docker.container.image.v1+json", "application/vnd.docker.image.rootfs.diff.tar.gzip")
+        };
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": mt,
+            "config": {"mediaType": config_mt, "digest": config_blob.digest, "size": config_blob.size},
+            "layers": [{"mediaType": layer_mt, "digest": layer.digest, "size": layer.size}]
+        });
+        self.push_manifest(repo, tag, mt, &serde_json::to_vec(&manifest).expect("json")).await
+    }
+
+    /// Push one image per platform, then an index (OCI) or manifest list (Docker) over them.
+    /// `attestations` adds BuildKit-style attestation manifests (`unknown/unknown`).
+    pub async fn push_index(&self, repo: &str, tag: &str, platforms: &[&str], oci: bool, attestations: bool) -> Pushed {
+        let mut entries = Vec::new();
+        for (i, p) in platforms.iter().enumerate() {
+            let child = self.push_image(repo, &format!("{tag}-part{i}"), p, oci).await;
+            let parts: Vec<&str> = p.split('/').collect();
+            let mut platform = json!({"os": parts[0], "architecture": parts[1]});
+            if let Some(v) = parts.get(2) {
+                platform["variant"] = json!(v);
+            }
+            entries.push(json!({"mediaType": child.media_type, "digest": child.digest, "size": child.size, "platform": platform}));
+            if attestations {
+                let att = self.push_image_with_config(repo, &format!("{tag}-att{i}"), br#"{"architecture":"unknown","os":"unknown","rootfs":{"type":"layers","diff_ids":[]}}"#, true).await;
+                entries.push(json!({
+                    "mediaType": att.media_type, "digest": att.digest, "size": att.size,
+                    "platform": {"os": "unknown", "architecture": "unknown"},
+                    "annotations": {"vnd.docker.reference.type": "attestation-manifest", "vnd.docker.reference.digest": child.digest}
+                }));
+            }
+        }
+        let mt = if oci { OCI_INDEX } else { DOCKER_LIST };
+        let index = json!({"schemaVersion": 2, "mediaType": mt, "manifests": entries});
+        self.push_manifest(repo, tag, mt, &serde_json::to_vec(&index).expect("json")).await
+    }
+
+    pub fn image(&self, repo_tag: &str) -> String {
+        format!("{}/{repo_tag}", self.host)
+    }
+}
+
+/// Dev certificates written by the real `archer certs` command.
+pub fn make_certs(dir: &Path) -> PathBuf {
+    let out = Command::new(env!("CARGO_BIN_EXE_archer"))
+        .args(["certs", "--out"])
+        .arg(dir)
+        .args(["--dns", "localhost", "--ip", "127.0.0.1"])
+        .output()
+        .expect("archer certs");
+    assert!(out.status.success(), "archer certs failed: {}", String::from_utf8_lossy(&out.stderr));
+    dir.to_path_buf()
+}
+
+/// A running `archer serve`; killed on drop.
+pub struct Archer {
+    pub https: String,
+    pub admin: String,
+    pub certs: PathBuf,
+    child: Child,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+    client: reqwest::Client,
+}
+
+impl Drop for Archer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Archer {
+    /// Start `archer serve` standalone with `config_yaml` (may be empty) and extra flags.
+    pub async fn start(config_yaml: &str, extra: &[&str]) -> Archer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let certs = make_certs(&dir.path().join("certs"));
+        Self::start_with_certs(dir, certs, config_yaml, extra).await
+    }
+
+    pub async fn start_with_certs(dir: tempfile::TempDir, certs: PathBuf, config_yaml: &str, extra: &[&str]) -> Archer {
+        let config = dir.path().join("config.yaml");
+        std::fs::write(&config, config_yaml).expect("config");
+        let log = dir.path().join("archer.log");
+        let (hp, ap) = (free_port(), free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_archer"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", &format!("127.0.0.1:{hp}"), "--admin-listen", &format!("127.0.0.1:{ap}")])
+            .arg("--tls-cert")
+            .arg(certs.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(certs.join("tls.key"))
+            .args(extra)
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("ARCHER_LOG", "info,archer=debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start archer serve");
+        let ca = std::fs::read(certs.join("ca.crt")).expect("ca");
+        let client = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).expect("ca pem"))
+            .build()
+            .expect("client");
+        let archer = Archer { https: format!("https://127.0.0.1:{hp}"), admin: format!("http://127.0.0.1:{ap}"), certs, child, log, _dir: dir, client };
+        for _ in 0..400 {
+            if let Ok(r) = reqwest::get(format!("{}/readyz", archer.admin)).await {
+                if r.status().is_success() {
+                    return archer;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("archer did not become ready; log:\n{}", archer.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// POST a raw body to /mutate: (status, JSON body).
+    pub async fn post_raw(&self, body: Vec<u8>) -> (u16, Value) {
+        let r = self.client.post(format!("{}/mutate", self.https)).header("content-type", "application/json").body(body).send().await.expect("post");
+        let status = r.status().as_u16();
+        let text = r.text().await.expect("body");
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("response is not JSON ({e}): {text}")))
+    }
+
+    /// Send a pod CREATE review; returns the response and the pod with the patch applied.
+    pub async fn admit(&self, pod: &Value) -> (Value, Value) {
+        self.admit_review(review("CREATE", pod)).await
+    }
+
+    pub async fn admit_review(&self, review: Value) -> (Value, Value) {
+        let uid = review["request"]["uid"].clone();
+        let pod = review["request"]["object"].clone();
+        let (status, body) = self.post_raw(serde_json::to_vec(&review).expect("json")).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(body["kind"], "AdmissionReview");
+        let response = body["response"].clone();
+        assert_eq!(response["uid"], uid, "the uid must be echoed");
+        let mut patched = pod;
+        if let Some(p) = response["patch"].as_str() {
+            assert_eq!(response["patchType"], "JSONPatch");
+            let bytes = base64::engine::general_purpose::STANDARD.decode(p).expect("patch is base64");
+            let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("patch is a JSON patch");
+            json_patch::patch(&mut patched, &patch).expect("patch applies");
+        }
+        (response, patched)
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.admin)).await.expect("metrics").text().await.expect("text")
+    }
+
+    /// The value of one sample line (`name{labels}`), 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.trim().parse::<f64>().ok()))
+            .unwrap_or(0.0)
+    }
+}
+
+static UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A real-shaped AdmissionReview for a pod.
+pub fn review(operation: &str, pod: &Value) -> Value {
+    let n = UID.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("7a3c2b1e-0000-4000-8000-{n:012}"),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod["metadata"]["name"].clone(),
+            "namespace": pod["metadata"]["namespace"].clone(),
+            "operation": operation,
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller", "uid": "1", "groups": ["system:serviceaccounts"]},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    })
+}
+
+/// A pod as the API server hands it to admission (defaults filled in).
+pub fn pod(name: &str, images: &[&str]) -> Value {
+    let containers: Vec<Value> = images
+        .iter()
+        .enumerate()
+        .map(|(i, img)| json!({"name": format!("c{i}"), "image": img, "imagePullPolicy": "IfNotPresent", "resources": {}, "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "labels": {"app": name}},
+        "spec": {
+            "containers": containers,
+            "restartPolicy": "Always",
+            "dnsPolicy": "ClusterFirst",
+            "schedulerName": "default-scheduler",
+            "serviceAccountName": "default",
+            "securityContext": {},
+            "terminationGracePeriodSeconds": 30,
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+            ]
+        },
+        "status": {}
+    })
+}
+
+pub fn required_terms(pod: &Value) -> Value {
+    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"].clone()
+}
+
+pub fn arch_values(pod: &Value) -> Vec<Vec<String>> {
+    required_terms(pod)
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|t| {
+            t["matchExpressions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .filter(|e| e["key"] == "kubernetes.io/arch")
+                .flat_map(|e| e["values"].as_array().cloned().unwrap_or_default())
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .collect()
+}

@@ -1,0 +1,208 @@
+//! `archer serve` over real HTTPS, with real AdmissionReview bodies, against a real registry.
+
+mod common;
+
+use base64::Engine;
+use common::*;
+use serde_json::json;
+
+struct Fixture {
+    reg: Registry,
+    archer: Archer,
+}
+
+/// A registry holding every kind of image the webhook must understand, and Archer in front of it.
+async fn fixture(config: &str) -> Fixture {
+    let reg = Registry::start().await;
+    reg.push_index("multi/oci", "1.0", &["linux/amd64", "linux/arm64"], true, false).await;
+    reg.push_index("multi/docker", "2.0", &["linux/arm/v7", "linux/s390x"], false, false).await;
+    reg.push_image("single/oci-arm64", "1", "linux/arm64", true).await;
+    reg.push_image("single/docker-amd64", "1", "linux/amd64", false).await;
+    reg.push_index("multi/attested", "1", &["linux/amd64", "linux/arm64"], true, true).await;
+    reg.push_index("multi/windows", "1", &["linux/amd64", "windows/amd64"], true, false).await;
+    let config = format!("registry:\n  insecure: [\"{}\"]\n{config}", reg.host);
+    let archer = Archer::start(&config, &[]).await;
+    Fixture { reg, archer }
+}
+
+#[tokio::test]
+async fn oci_index_multi_arch_pod_is_patched_toward_arm64() {
+    let f = fixture("").await;
+    let image = f.reg.image("multi/oci:1.0");
+    let (resp, patched) = f.archer.admit(&pod("web", &[&image])).await;
+    assert_eq!(resp["allowed"], true);
+    assert_eq!(arch_values(&patched), vec![vec!["amd64", "arm64"]]);
+    assert_eq!(
+        patched["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]["matchExpressions"][0]["values"],
+        json!(["arm64"])
+    );
+    let tolerations = patched["spec"]["tolerations"].as_array().expect("tolerations");
+    assert_eq!(tolerations.len(), 3, "the two defaults plus the arm64 taint toleration");
+    assert_eq!(tolerations[2], json!({"key": "kubernetes.io/arch", "operator": "Equal", "value": "arm64", "effect": "NoSchedule"}));
+    assert_eq!(patched["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,linux/arm64");
+    assert_eq!(patched["metadata"]["annotations"]["archer.dev/decision"], "enforced");
+    assert_eq!(resp["auditAnnotations"]["decision"], "enforced");
+
+    // Reinvocation on our own output changes nothing.
+    let (resp2, twice) = f.archer.admit(&patched).await;
+    assert!(resp2.get("patch").is_none(), "{resp2}");
+    assert_eq!(twice, patched);
+}
+
+#[tokio::test]
+async fn docker_list_keeps_variants_and_single_arch_images_read_the_config_blob() {
+    let f = fixture("").await;
+    let (_, p) = f.archer.admit(&pod("a", &[&f.reg.image("multi/docker:2.0")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/arm/v7,linux/s390x");
+    assert_eq!(arch_values(&p), vec![vec!["arm", "s390x"]], "arm/v7 is arm, never arm64");
+
+    let (_, p) = f.archer.admit(&pod("b", &[&f.reg.image("single/oci-arm64:1")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/arm64");
+    assert_eq!(arch_values(&p), vec![vec!["arm64"]]);
+    assert!(p["spec"]["tolerations"].as_array().is_some_and(|t| t.iter().any(|t| t["value"] == "arm64")));
+
+    let (_, p) = f.archer.admit(&pod("c", &[&f.reg.image("single/docker-amd64:1")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64");
+    assert_eq!(arch_values(&p), vec![vec!["amd64"]]);
+    assert!(!p["spec"]["tolerations"].as_array().is_some_and(|t| t.iter().any(|t| t["value"] == "arm64")), "no arm64 toleration for an amd64-only pod");
+}
+
+#[tokio::test]
+async fn attestations_are_skipped_windows_gets_its_own_term_and_containers_intersect() {
+    let f = fixture("").await;
+    let (_, p) = f.archer.admit(&pod("att", &[&f.reg.image("multi/attested:1")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,linux/arm64");
+
+    let (_, p) = f.archer.admit(&pod("win", &[&f.reg.image("multi/windows:1")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,windows/amd64");
+    let terms = required_terms(&p);
+    assert_eq!(terms.as_array().map(Vec::len), Some(2));
+    assert_eq!(terms[1]["matchExpressions"][1], json!({"key": "kubernetes.io/os", "operator": "In", "values": ["windows"]}));
+
+    // An init container that is amd64-only narrows a multi-arch app to amd64.
+    let mut two = pod("mixed", &[&f.reg.image("multi/oci:1.0")]);
+    two["spec"]["initContainers"] = json!([{"name": "init", "image": f.reg.image("single/docker-amd64:1")}]);
+    let (_, p) = f.archer.admit(&two).await;
+    assert_eq!(arch_values(&p), vec![vec!["amd64"]]);
+}
+
+#[tokio::test]
+async fn digest_references_are_resolved_and_verified() {
+    let f = fixture("").await;
+    let pushed = f.reg.push_index("pinned/app", "v3", &["linux/amd64", "linux/arm64"], true, false).await;
+    let image = format!("{}:v3@{}", f.reg.image("pinned/app"), pushed.digest);
+    let (_, p) = f.archer.admit(&pod("pinned", &[&image])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,linux/arm64");
+
+    // `archer inspect` goes the same way and reports the digest.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer"))
+        .args(["inspect", "--insecure-registry", &f.reg.host, "--output", "json", &f.reg.image("pinned/app:v3"), &f.reg.image("single/oci-arm64:1")])
+        .output()
+        .expect("archer inspect");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(doc[0]["digest"], json!(pushed.digest));
+    assert_eq!(doc[0]["mediaType"], json!(OCI_INDEX));
+    assert_eq!(doc[0]["platforms"], json!(["linux/amd64", "linux/arm64"]));
+    assert_eq!(doc[1]["platforms"], json!(["linux/arm64"]));
+    assert_eq!(doc[1]["mediaType"], json!(OCI_MANIFEST));
+
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_archer"))
+        .args(["inspect", "--insecure-registry", &f.reg.host, &f.reg.image("multi/docker:2.0")])
+        .output()
+        .expect("archer inspect");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("platforms: linux/arm/v7, linux/s390x"), "{text}");
+}
+
+#[tokio::test]
+async fn tag_lookups_are_cached_and_concurrent_lookups_coalesce() {
+    let f = fixture("").await;
+    f.reg.push_index("hot/app", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    let image = f.reg.image("hot/app:1");
+    let misses_before = f.archer.metric("archer_image_lookups_total{result=\"miss\"}").await;
+    let requests_before = f.archer.metric("archer_registry_requests_total").await;
+    let pods: Vec<_> = (0..16).map(|i| pod(&format!("hot-{i}"), &[&image])).collect();
+    let answers = futures::future::join_all(pods.iter().map(|p| f.archer.admit(p))).await;
+    for (_, p) in &answers {
+        assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,linux/arm64");
+    }
+    let requests = f.archer.metric("archer_registry_requests_total").await - requests_before;
+    assert_eq!(requests, 1.0, "16 concurrent admissions of one tag make one manifest request");
+    // Later lookups are cache hits.
+    let hits_before = f.archer.metric("archer_image_lookups_total{result=\"hit\"}").await;
+    f.archer.admit(&pod("hot-later", &[&image])).await;
+    assert_eq!(f.archer.metric("archer_image_lookups_total{result=\"hit\"}").await - hits_before, 1.0);
+    assert!(f.archer.metric("archer_image_lookups_total{result=\"miss\"}").await > misses_before);
+}
+
+#[tokio::test]
+async fn private_repository_needs_credentials() {
+    let reg = Registry::start_with_auth("puller", "s3cret-pass").await;
+    reg.push_index("private/app", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    let image = reg.image("private/app:1");
+
+    // Without credentials: admitted unchanged (fail-open) with a warning and an annotation.
+    let plain = Archer::start(&format!("registry:\n  insecure: [\"{}\"]\n", reg.host), &[]).await;
+    let (resp, p) = plain.admit(&pod("anon", &[&image])).await;
+    assert_eq!(resp["allowed"], true);
+    assert!(resp["warnings"][0].as_str().is_some_and(|w| w.contains("denied access")), "{resp}");
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/decision"], "inspection-failed");
+    assert!(p["spec"].get("affinity").is_none());
+    assert_eq!(plain.metric("archer_image_inspection_failures_total{reason=\"unauthorized\"}").await, 1.0);
+
+    // With a mounted docker config: inspected.
+    let dir = tempfile::tempdir().expect("tmp");
+    let auth = base64::engine::general_purpose::STANDARD.encode("puller:s3cret-pass");
+    let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, json!({"auths": {reg.host.clone(): {"auth": auth}}}).to_string()).expect("write");
+    let authed = Archer::start(&format!("registry:\n  insecure: [\"{}\"]\n", reg.host), &["--docker-config", cfg.to_str().expect("utf8")]).await;
+    let (_, p) = authed.admit(&pod("authed", &[&image])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,linux/arm64");
+}
+
+#[tokio::test]
+async fn non_pods_updates_subresources_and_dry_run() {
+    let f = fixture("").await;
+    let image = f.reg.image("multi/oci:1.0");
+    let p = pod("x", &[&image]);
+
+    let (resp, _) = f.archer.admit_review(review("UPDATE", &p)).await;
+    assert_eq!(resp["allowed"], true);
+    assert!(resp.get("patch").is_none());
+
+    let mut sub = review("CREATE", &p);
+    sub["request"]["subResource"] = json!("binding");
+    let (resp, _) = f.archer.admit_review(sub).await;
+    assert!(resp.get("patch").is_none());
+
+    let mut cm = review("CREATE", &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "shop"}}));
+    cm["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "ConfigMap"});
+    let (resp, _) = f.archer.admit_review(cm).await;
+    assert_eq!(resp["allowed"], true);
+    assert!(resp.get("patch").is_none());
+
+    let mut dry = review("CREATE", &p);
+    dry["request"]["dryRun"] = json!(true);
+    let (resp, patched) = f.archer.admit_review(dry).await;
+    assert!(resp.get("patch").is_some(), "dry run gets the same answer");
+    assert_eq!(arch_values(&patched), vec![vec!["amd64", "arm64"]]);
+
+    // Opted-out pods and excluded namespaces are left alone.
+    let mut ignored = p.clone();
+    ignored["metadata"]["labels"]["archer.dev/ignore"] = json!("true");
+    let (resp, _) = f.archer.admit(&ignored).await;
+    assert!(resp.get("patch").is_none());
+    let mut system = p.clone();
+    system["metadata"]["namespace"] = json!("kube-system");
+    let (resp, _) = f.archer.admit(&system).await;
+    assert!(resp.get("patch").is_none());
+}
+
+#[tokio::test]
+async fn cluster_defaults_from_the_config_file_apply_in_standalone_mode() {
+    let f = fixture("defaults:\n  mode: observe\n  prefer: [amd64, arm64]\n").await;
+    let (_, p) = f.archer.admit(&pod("obs", &[&f.reg.image("multi/oci:1.0")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/decision"], "observed");
+    assert!(p["spec"].get("affinity").is_none());
+}
