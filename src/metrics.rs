@@ -23,7 +23,7 @@ pub struct Metrics {
     pub cert_reloads: Family<Labels, Counter>,
     /// Namespace annotations that could not be used.
     pub policy_warnings: Counter,
-    /// HTTP requests sent to registries (manifests, blobs, tokens, retries included).
+    /// Registry HTTP exchanges that got a response (manifests, blobs, tokens, retries included).
     pub registry_requests: Counter,
 }
 
@@ -51,7 +51,7 @@ impl Metrics {
         root.register("bad_requests", "Requests refused before a decision, by reason", bad_requests.clone());
         root.register("tls_certificate_reloads", "Serving certificate reloads, by result", cert_reloads.clone());
         root.register("policy_annotation_errors", "Namespace policy annotations that could not be used", policy_warnings.clone());
-        root.register("registry_requests", "HTTP requests sent to registries", registry_requests.clone());
+        root.register("registry_requests", "Registry HTTP requests answered (manifests, blobs, tokens)", registry_requests.clone());
         Self { registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests }
     }
 

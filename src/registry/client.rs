@@ -298,8 +298,8 @@ impl Repo<'_> {
             if let Some(a) = &self.auth {
                 req = req.header(AUTHORIZATION, a);
             }
-            self.client.requests.inc();
             let resp = req.send().await.map_err(|e| transport_error(&e, &url))?;
+            self.client.requests.inc();
             match resp.status() {
                 s if s.is_success() => {
                     let headers = resp.headers().clone();
@@ -354,8 +354,8 @@ impl Repo<'_> {
                 if let Some(c) = self.cred {
                     req = req.basic_auth(&c.username, Some(&c.password));
                 }
-                self.client.requests.inc();
                 let resp = req.send().await.map_err(|e| transport_error(&e, &url))?;
+                self.client.requests.inc();
                 if !resp.status().is_success() {
                     return Err(RegistryError::Unauthorized { status: resp.status().as_u16(), hint: " from the token service".into() });
                 }

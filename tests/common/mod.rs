@@ -97,6 +97,23 @@ impl Registry {
         panic!("registry did not come up on {}", reg.host);
     }
 
+    /// Freeze the registry process (SIGSTOP): connections are accepted by the kernel but never
+    /// answered, a slow registry made from the real one.
+    pub fn pause(&self) {
+        let ok = Command::new("kill").args(["-STOP", &self.child.id().to_string()]).status().map(|s| s.success()).unwrap_or(false);
+        assert!(ok, "could not pause the registry");
+    }
+
+    pub fn resume(&self) {
+        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+    }
+
+    pub fn stop(&mut self) {
+        self.resume();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     fn auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.creds {
             Some((u, p)) => req.basic_auth(u, Some(p)),
@@ -262,6 +279,10 @@ impl Archer {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!("archer did not become ready; log:\n{}", archer.log_text());
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn log_text(&self) -> String {
