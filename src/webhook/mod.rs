@@ -16,7 +16,6 @@ use axum::routing::post;
 use axum::{Json, Router};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::admission::Operation;
 use serde_json::json;
 use tracing::{field::Empty, Instrument};
 
@@ -76,8 +75,8 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
         uid = %request.uid,
         namespace = request.namespace.as_deref().unwrap_or(""),
         pod = Empty,
-        operation = ?request.operation,
-        dry_run = request.dry_run,
+        operation = %request.operation,
+        dry_run = request.dry_run.unwrap_or(false),
         outcome = Empty,
         allowed = Empty,
     );
@@ -98,10 +97,10 @@ fn count(w: &Webhook, outcome: &str) {
     tracing::Span::current().record("outcome", outcome);
 }
 
-async fn review_pod(w: &Webhook, req: &review::Request) -> Answer {
+async fn review_pod(w: &Webhook, req: &review::Request<'_>) -> Answer {
     let allow = Answer::allow(&req.uid);
     let is_pod = req.kind.group.is_empty() && req.kind.version == "v1" && req.kind.kind == "Pod";
-    if !is_pod || req.operation != Operation::Create || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
+    if !is_pod || req.operation != "CREATE" || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
         count(w, "skipped");
         return allow;
     }
@@ -110,7 +109,7 @@ async fn review_pod(w: &Webhook, req: &review::Request) -> Answer {
         count(w, "excluded");
         return allow;
     }
-    let pod: Pod = match req.object.as_ref().map(|o| serde_json::to_value(o).and_then(serde_json::from_value::<Pod>)) {
+    let pod: Pod = match req.object.map(|o| serde_json::from_str::<Pod>(o.get())) {
         Some(Ok(p)) => p,
         Some(Err(e)) => {
             count(w, "undecodable");

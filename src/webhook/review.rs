@@ -1,9 +1,46 @@
 //! Decoding an AdmissionReview body, with a precise error for each way it can be wrong.
+//!
+//! The review is parsed once; the object stays raw JSON until the handler knows it is a pod,
+//! and is then decoded straight into a typed Pod (no intermediate `Value` tree).
 
-use kube::core::admission::{AdmissionRequest, AdmissionReview};
-use kube::core::DynamicObject;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 
-pub type Request = AdmissionRequest<DynamicObject>;
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn<'a> {
+    api_version: String,
+    kind: String,
+    #[serde(borrow, default)]
+    request: Option<Request<'a>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct GroupVersionKind {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub kind: String,
+}
+
+/// The parts of an `admission.k8s.io/v1` AdmissionRequest Archer uses.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request<'a> {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: String,
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+    #[serde(borrow, default)]
+    pub object: Option<&'a RawValue>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
@@ -31,18 +68,29 @@ impl ReviewError {
     }
 }
 
-pub fn decode(body: &[u8]) -> Result<Request, ReviewError> {
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(ReviewError::BadJson)?;
-    let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or_default();
-    let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
+fn check_version(api_version: &str, kind: &str) -> Result<(), ReviewError> {
     if api_version != "admission.k8s.io/v1" || kind != "AdmissionReview" {
         return Err(ReviewError::WrongVersion { api_version: api_version.into(), kind: kind.into() });
     }
-    if value.get("request").is_none_or(|r| r.is_null()) {
-        return Err(ReviewError::NoRequest);
-    }
-    let review: AdmissionReview<DynamicObject> = serde_json::from_value(value).map_err(ReviewError::BadShape)?;
-    let request: Request = review.try_into().map_err(|_| ReviewError::NoRequest)?;
+    Ok(())
+}
+
+pub fn decode(body: &[u8]) -> Result<Request<'_>, ReviewError> {
+    let review: ReviewIn<'_> = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(shape_error) => {
+            // Only on the error path: say precisely what is wrong.
+            let value: serde_json::Value = serde_json::from_slice(body).map_err(ReviewError::BadJson)?;
+            let field = |k: &str| value.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+            check_version(&field("apiVersion"), &field("kind"))?;
+            if value.get("request").is_none_or(|r| r.is_null()) {
+                return Err(ReviewError::NoRequest);
+            }
+            return Err(ReviewError::BadShape(shape_error));
+        }
+    };
+    check_version(&review.api_version, &review.kind)?;
+    let request = review.request.ok_or(ReviewError::NoRequest)?;
     if request.uid.is_empty() {
         return Err(ReviewError::NoUid);
     }
