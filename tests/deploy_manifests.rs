@@ -1,0 +1,93 @@
+//! The manifests in deploy/ decode into the real Kubernetes API types and say what the docs say.
+
+use std::path::Path;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use serde::Deserialize;
+
+fn docs(file: &str) -> Vec<serde_yaml::Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text).map(|d| serde_yaml::Value::deserialize(d).expect("yaml")).collect()
+}
+
+fn one<T: serde::de::DeserializeOwned>(file: &str, kind: &str) -> T {
+    let doc = docs(file).into_iter().find(|d| d["kind"].as_str() == Some(kind)).unwrap_or_else(|| panic!("{file} has no {kind}"));
+    serde_yaml::from_value(doc).unwrap_or_else(|e| panic!("{file} {kind}: {e}"))
+}
+
+#[test]
+fn kustomization_lists_every_manifest() {
+    let k = &docs("kustomization.yaml")[0];
+    let listed: Vec<&str> = k["resources"].as_sequence().expect("resources").iter().filter_map(|r| r.as_str()).collect();
+    for f in ["namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "configmap.yaml", "deployment.yaml", "pdb.yaml", "service.yaml", "mutatingwebhook.yaml"] {
+        assert!(listed.contains(&f), "{f} missing from kustomization");
+        assert!(!docs(f).is_empty());
+    }
+}
+
+#[test]
+fn webhook_configuration_is_safe_by_default() {
+    let m: MutatingWebhookConfiguration = one("mutatingwebhook.yaml", "MutatingWebhookConfiguration");
+    let w = &m.webhooks.expect("webhooks")[0];
+    assert_eq!(w.side_effects, "None");
+    assert_eq!(w.failure_policy.as_deref(), Some("Ignore"));
+    assert_eq!(w.reinvocation_policy.as_deref(), Some("IfNeeded"));
+    assert!(w.timeout_seconds.is_some_and(|t| (1..=10).contains(&t)));
+    assert_eq!(w.admission_review_versions, vec!["v1"]);
+    let svc = w.client_config.service.as_ref().expect("service");
+    assert_eq!(svc.path.as_deref(), Some("/mutate"));
+    let rule = &w.rules.as_ref().expect("rules")[0];
+    assert_eq!(rule.operations.as_deref(), Some(&["CREATE".to_string()][..]));
+    assert_eq!(rule.resources.as_deref(), Some(&["pods".to_string()][..]));
+    let exprs = w.namespace_selector.as_ref().and_then(|s| s.match_expressions.clone()).expect("namespaceSelector");
+    assert!(exprs.iter().any(|e| e.key == "kubernetes.io/metadata.name" && e.values.as_ref().is_some_and(|v| v.contains(&"archer-system".to_string()))));
+    assert!(exprs.iter().any(|e| e.key == "archer.dev/ignore" && e.operator == "NotIn"));
+}
+
+#[test]
+fn deployment_is_hardened_and_highly_available() {
+    let d: Deployment = one("deployment.yaml", "Deployment");
+    let spec = d.spec.expect("spec");
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.expect("pod spec");
+    assert_eq!(pod.security_context.as_ref().and_then(|s| s.run_as_non_root), Some(true));
+    let c = &pod.containers[0];
+    let sc = c.security_context.as_ref().expect("container securityContext");
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert!(c.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref()).is_some_and(|h| h.path.as_deref() == Some("/readyz")));
+    assert!(c.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref()).is_some_and(|h| h.path.as_deref() == Some("/healthz")));
+    let res = c.resources.as_ref().expect("resources");
+    assert!(res.requests.is_some() && res.limits.is_some());
+    let args = c.args.clone().unwrap_or_default();
+    assert!(args.iter().any(|a| a.starts_with("--tls-cert=")) && args.iter().any(|a| a.starts_with("--config=")));
+
+    let pdb: PodDisruptionBudget = one("pdb.yaml", "PodDisruptionBudget");
+    assert!(pdb.spec.and_then(|s| s.min_available).is_some());
+    let _: Service = one("service.yaml", "Service");
+    let _: Namespace = one("namespace.yaml", "Namespace");
+}
+
+#[test]
+fn rbac_grants_only_reads() {
+    let role: ClusterRole = one("rbac.yaml", "ClusterRole");
+    for rule in role.rules.expect("rules") {
+        for verb in &rule.verbs {
+            assert!(["get", "list", "watch"].contains(&verb.as_str()), "unexpected verb {verb}");
+        }
+    }
+}
+
+#[test]
+fn shipped_config_is_a_valid_archer_config() {
+    let cm: ConfigMap = one("configmap.yaml", "ConfigMap");
+    let text = cm.data.expect("data").get("config.yaml").cloned().expect("config.yaml");
+    let cfg: archer::config::Config = serde_yaml::from_str(&text).expect("archer config");
+    cfg.validate().expect("valid");
+    assert_eq!(cfg.defaults, archer::core::policy::PolicyDefaults::default(), "the shipped defaults are the documented defaults");
+}
