@@ -206,3 +206,49 @@ async fn cluster_defaults_from_the_config_file_apply_in_standalone_mode() {
     assert_eq!(p["metadata"]["annotations"]["archer.dev/decision"], "observed");
     assert!(p["spec"].get("affinity").is_none());
 }
+
+#[tokio::test]
+async fn bearer_token_flow_anonymous_and_with_credentials() {
+    // Images are pushed through an open registry; a second real registry serves the same storage
+    // behind token auth.
+    let open = Registry::start().await;
+    open.push_index("public/app", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    open.push_image("private/app", "1", "linux/arm64", true).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = common::token::TokenService::start(dir.path(), "private/", "puller", "pw").await;
+    let guarded = Registry::serve_storage(&open.storage, &tokens.auth_yaml).await;
+    // The token realm is on 127.0.0.1 too, so it is listed as insecure like the registry.
+    let realm_host = tokens.realm.trim_start_matches("http://").trim_end_matches("/token").to_string();
+    let config = format!("registry:\n  insecure: [\"{}\", \"{}\"]\n", guarded.host, realm_host);
+
+    let archer = Archer::start(&config, &[]).await;
+    let (_, p) = archer.admit(&pod("pub", &[&guarded.image("public/app:1")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,linux/arm64");
+    let (_, p) = archer.admit(&pod("priv", &[&guarded.image("private/app:1")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/decision"], "inspection-failed", "{p}");
+    {
+        let seen = tokens.seen.lock().expect("lock");
+        assert!(seen.iter().any(|(scope, basic)| scope == "repository:public/app:pull" && !basic), "{seen:?}");
+    }
+
+    let cfg_dir = tempfile::tempdir().expect("tmp");
+    let cfg = cfg_dir.path().join("config.json");
+    let auth = base64::engine::general_purpose::STANDARD.encode("puller:pw");
+    std::fs::write(&cfg, json!({"auths": {guarded.host.clone(): {"auth": auth}}}).to_string()).expect("write");
+    let authed = Archer::start(&config, &["--docker-config", cfg.to_str().expect("utf8")]).await;
+    let (_, p) = authed.admit(&pod("priv", &[&guarded.image("private/app:1")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/arm64");
+    let seen = tokens.seen.lock().expect("lock");
+    assert!(seen.iter().any(|(scope, basic)| scope == "repository:private/app:pull" && *basic), "credentials go to the token service: {seen:?}");
+}
+
+#[tokio::test]
+async fn mirrors_are_tried_before_the_registry() {
+    let mirror = Registry::start().await;
+    mirror.push_index("team/app", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    // The origin does not exist; the mirror answers for it.
+    let config = format!("registry:\n  insecure: [\"{0}\"]\n  mirrors:\n    registry.invalid: [\"{0}\"]\n  timeoutSeconds: 2\n", mirror.host);
+    let archer = Archer::start(&config, &[]).await;
+    let (_, p) = archer.admit(&pod("mirrored", &["registry.invalid/team/app:1"])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,linux/arm64", "{p}");
+}

@@ -2,6 +2,8 @@
 //! server) on 127.0.0.1 with images pushed through its HTTP API, and a real `archer serve`.
 #![allow(dead_code)]
 
+pub mod token;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -34,6 +36,8 @@ pub fn sha256(bytes: &[u8]) -> String {
 pub struct Registry {
     pub host: String,
     child: Child,
+    /// Where the registry keeps its blobs and manifests (another registry may serve the same).
+    pub storage: PathBuf,
     _dir: tempfile::TempDir,
     creds: Option<(String, String)>,
     http: reqwest::Client,
@@ -65,16 +69,28 @@ impl Registry {
 
     async fn start_with(creds: Option<(String, String)>) -> Registry {
         let dir = tempfile::tempdir().expect("tempdir");
+        let auth = creds.as_ref().map(|(u, p)| {
+            let hash = bcrypt::hash(p, 4).expect("bcrypt");
+            std::fs::write(dir.path().join("htpasswd"), format!("{u}:{hash}\n")).expect("htpasswd");
+            format!("auth:\n  htpasswd:\n    realm: archer-test\n    path: {}\n", dir.path().join("htpasswd").display())
+        });
+        let storage = dir.path().join("data");
+        Self::spawn(dir, storage, auth.unwrap_or_default(), creds).await
+    }
+
+    /// Serve an existing storage directory with the given `auth:` section (e.g. token auth).
+    pub async fn serve_storage(storage: &Path, auth_yaml: &str) -> Registry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::spawn(dir, storage.to_path_buf(), auth_yaml.to_string(), None).await
+    }
+
+    async fn spawn(dir: tempfile::TempDir, storage: PathBuf, auth_yaml: String, creds: Option<(String, String)>) -> Registry {
         let port = free_port();
         let mut config = format!(
             "version: 0.1\nlog:\n  level: error\n  accesslog: {{disabled: true}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            dir.path().join("data").display()
+            storage.display()
         );
-        if let Some((u, p)) = &creds {
-            let hash = bcrypt::hash(p, 4).expect("bcrypt");
-            std::fs::write(dir.path().join("htpasswd"), format!("{u}:{hash}\n")).expect("htpasswd");
-            config.push_str(&format!("auth:\n  htpasswd:\n    realm: archer-test\n    path: {}\n", dir.path().join("htpasswd").display()));
-        }
+        config.push_str(&auth_yaml);
         let cfg_path = dir.path().join("config.yml");
         std::fs::write(&cfg_path, config).expect("config");
         let log = std::fs::File::create(dir.path().join("registry.log")).expect("log");
@@ -85,7 +101,7 @@ impl Registry {
             .stderr(log)
             .spawn()
             .expect("start docker-registry");
-        let reg = Registry { host: format!("127.0.0.1:{port}"), child, _dir: dir, creds, http: reqwest::Client::new() };
+        let reg = Registry { host: format!("127.0.0.1:{port}"), child, storage, _dir: dir, creds, http: reqwest::Client::new() };
         for _ in 0..200 {
             if let Ok(r) = reg.http.get(format!("http://{}/v2/", reg.host)).send().await {
                 if r.status().is_success() || r.status().as_u16() == 401 {
