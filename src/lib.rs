@@ -1,6 +1,7 @@
 //! Archer: image-aware placement for mixed amd64/arm64 Kubernetes clusters.
 #![forbid(unsafe_code)]
 
+pub mod catalog;
 pub mod cluster;
 pub mod config;
 pub mod core;

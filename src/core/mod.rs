@@ -4,6 +4,8 @@ pub mod patch;
 pub mod placement;
 pub mod platform;
 pub mod policy;
+pub mod quantity;
+pub mod resources;
 
 #[cfg(test)]
 mod placement_tests;
