@@ -33,6 +33,9 @@ pub struct Config {
     pub preferred_weight: i32,
     pub registry: RegistryConfig,
     pub webhook: WebhookConfig,
+    pub extender: ExtenderConfig,
+    /// A user catalog file (YAML or CSV) on top of the embedded price catalog.
+    pub catalog: Option<PathBuf>,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace_seconds: u64,
 }
@@ -52,6 +55,8 @@ impl Default for Config {
             preferred_weight: 50,
             registry: RegistryConfig::default(),
             webhook: WebhookConfig::default(),
+            extender: ExtenderConfig::default(),
+            catalog: None,
             shutdown_grace_seconds: 20,
         }
     }
@@ -109,6 +114,25 @@ impl Default for WebhookConfig {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct ExtenderConfig {
+    /// Optional plain-HTTP listener for a co-located kube-scheduler; must be a loopback address.
+    pub listen: Option<String>,
+    /// Bound on inspecting the images of a pod without an `archer.dev/platforms` annotation.
+    pub inspection_timeout_seconds: f64,
+    /// Fraction of cost taken off the namespace's most preferred architecture (near-ties go to it).
+    pub preference_bonus: f64,
+    /// Largest ExtenderArgs body accepted (5,000 full Node objects are tens of MiB).
+    pub max_body_bytes: usize,
+}
+
+impl Default for ExtenderConfig {
+    fn default() -> Self {
+        Self { listen: None, inspection_timeout_seconds: 2.0, preference_bonus: 0.05, max_body_bytes: 256 * 1024 * 1024 }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading config file {path}: {source}")]
@@ -136,6 +160,18 @@ impl Config {
         }
         if !(1..=100).contains(&self.preferred_weight) {
             return Err(ConfigError::Invalid("preferredWeight must be 1..100".into()));
+        }
+        if !(self.extender.inspection_timeout_seconds > 0.0 && self.extender.inspection_timeout_seconds <= 30.0) {
+            return Err(ConfigError::Invalid("extender.inspectionTimeoutSeconds must be in (0, 30]".into()));
+        }
+        if !(0.0..0.5).contains(&self.extender.preference_bonus) {
+            return Err(ConfigError::Invalid("extender.preferenceBonus must be in [0, 0.5)".into()));
+        }
+        if let Some(l) = &self.extender.listen {
+            let addr: std::net::SocketAddr = l.parse().map_err(|_| ConfigError::Invalid(format!("extender.listen {l:?} is not an address:port")))?;
+            if !addr.ip().is_loopback() {
+                return Err(ConfigError::Invalid("extender.listen serves plain HTTP and must be a loopback address".into()));
+            }
         }
         self.address_guard()?;
         Ok(())

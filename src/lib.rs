@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod cluster;
 pub mod config;
 pub mod core;
+pub mod extender;
 pub mod metrics;
 pub mod registry;
 pub mod server;

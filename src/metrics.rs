@@ -23,6 +23,14 @@ pub struct Metrics {
     pub cert_reloads: Family<Labels, Counter>,
     /// Namespace annotations that could not be used.
     pub policy_warnings: Counter,
+    /// Scheduler extender calls by verb (filter, prioritize) and result (ok, error).
+    pub extender_requests: Family<Labels, Counter>,
+    pub extender_filter_seconds: Histogram,
+    pub extender_prioritize_seconds: Histogram,
+    /// Nodes the filter removed because the pod's images cannot run there.
+    pub extender_filtered_nodes: Counter,
+    /// Nodes scored neutrally because their price is unknown.
+    pub extender_unknown_price_nodes: Counter,
     /// Registry HTTP exchanges that got a response (manifests, blobs, tokens, retries included).
     pub registry_requests: Counter,
 }
@@ -44,6 +52,16 @@ impl Metrics {
         let cert_reloads = Family::<Labels, Counter>::default();
         let policy_warnings = Counter::default();
         let registry_requests = Counter::default();
+        let extender_requests = Family::<Labels, Counter>::default();
+        let extender_filter_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let extender_prioritize_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let extender_filtered_nodes = Counter::default();
+        let extender_unknown_price_nodes = Counter::default();
+        root.register("extender_requests", "Scheduler extender calls, by verb and result", extender_requests.clone());
+        root.register("extender_filter_duration_seconds", "Time to answer a filter call", extender_filter_seconds.clone());
+        root.register("extender_prioritize_duration_seconds", "Time to answer a prioritize call", extender_prioritize_seconds.clone());
+        root.register("extender_filtered_nodes", "Nodes filtered out because the pod's images cannot run there", extender_filtered_nodes.clone());
+        root.register("extender_unknown_price_nodes", "Nodes scored neutrally because their price is unknown", extender_unknown_price_nodes.clone());
         root.register("admission_reviews", "Admission reviews answered, by outcome", admissions.clone());
         root.register("admission_duration_seconds", "Time to answer an admission review", admission_seconds.clone());
         root.register("image_lookups", "Image platform lookups, by cache result", image_lookups.clone());
@@ -52,7 +70,7 @@ impl Metrics {
         root.register("tls_certificate_reloads", "Serving certificate reloads, by result", cert_reloads.clone());
         root.register("policy_annotation_errors", "Namespace policy annotations that could not be used", policy_warnings.clone());
         root.register("registry_requests", "Registry HTTP requests answered (manifests, blobs, tokens)", registry_requests.clone());
-        Self { registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests }
+        Self { registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes }
     }
 
     /// Register more families (the extender and provisioner add theirs).
@@ -70,4 +88,8 @@ impl Metrics {
 
 pub fn label(key: &'static str, value: impl Into<String>) -> Labels {
     vec![(key, value.into())]
+}
+
+pub fn labels2(k1: &'static str, v1: impl Into<String>, k2: &'static str, v2: impl Into<String>) -> Labels {
+    vec![(k1, v1.into()), (k2, v2.into())]
 }

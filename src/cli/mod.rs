@@ -2,6 +2,7 @@
 
 mod certs;
 mod inspect;
+mod prices;
 mod serve;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Write a development CA and serving certificate.
     Certs(certs::CertsArgs),
+    /// List the instance types and prices the catalog knows.
+    Prices(prices::PricesArgs),
 }
 
 /// Registry flags shared by every subcommand that reads images.
@@ -103,6 +106,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Serve(a) => serve::run(a).await,
             Command::Inspect(a) => inspect::run(a).await,
             Command::Certs(a) => certs::run(a),
+            Command::Prices(a) => prices::run(a),
         }
     });
     match result {

@@ -9,6 +9,7 @@ use clap::Args;
 
 use super::RegistryArgs;
 use crate::cluster::ClusterView;
+use crate::extender::{self, Extender};
 use crate::metrics::Metrics;
 use crate::server::{self, admin, tls::CertStore};
 use crate::webhook::{self, Webhook};
@@ -36,6 +37,12 @@ pub struct ServeArgs {
     /// Archer's own namespace (never mutated).
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: Option<String>,
+    /// A user price catalog (YAML or CSV) on top of the embedded one.
+    #[arg(long, env = "ARCHER_CATALOG")]
+    pub catalog: Option<PathBuf>,
+    /// Also serve /scheduler/* over plain HTTP on this loopback address (co-located scheduler).
+    #[arg(long, env = "ARCHER_EXTENDER_LISTEN")]
+    pub extender_listen: Option<String>,
 }
 
 async fn connect(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Option<kube::Client>> {
@@ -58,8 +65,15 @@ async fn connect(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Option<kube::Cl
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig, namespace } = args;
+    let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig, namespace, catalog, extender_listen } = args;
     let mut cfg = registry.load()?;
+    if let Some(c) = catalog {
+        cfg.catalog = Some(c);
+    }
+    if let Some(l) = extender_listen {
+        cfg.extender.listen = Some(l);
+    }
+    cfg.validate()?;
     if let Some(l) = listen {
         cfg.listen = l;
     }
@@ -85,18 +99,37 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         None => (None, None),
     };
+    let base_keyring = super::base_keyring(&cfg)?;
     let hook = Arc::new(Webhook {
         defaults: cfg.defaults.clone(),
         excluded_namespaces: cfg.excluded(),
         settings: cfg.placement_settings(),
-        inspector,
+        inspector: inspector.clone(),
         cluster: cluster.clone(),
-        base_keyring: super::base_keyring(&cfg)?,
+        base_keyring: base_keyring.clone(),
         metrics: metrics.clone(),
         max_body_bytes: cfg.webhook.max_body_bytes,
     });
-    let router = webhook::router(hook).route("/healthz", get(|| async { "ok" }));
+    let catalog = Arc::new(crate::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
+    let ext = Arc::new(Extender {
+        catalog,
+        inspector,
+        nodes: cluster.as_ref().map(|c| c.nodes()),
+        cluster: cluster.clone(),
+        defaults: cfg.defaults.clone(),
+        base_keyring,
+        metrics: metrics.clone(),
+        inspection_timeout: Duration::from_secs_f64(cfg.extender.inspection_timeout_seconds),
+        preference_bonus: cfg.extender.preference_bonus,
+        max_body_bytes: cfg.extender.max_body_bytes,
+    });
+    let extender_router = extender::router(ext);
+    let router = webhook::router(hook).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));
 
+    let extender_http = match &cfg.extender.listen {
+        Some(addr) => Some(server::bind(addr).await?),
+        None => None,
+    };
     let (https_listener, https_addr) = server::bind(&cfg.listen).await?;
     let (admin_listener, admin_addr) = server::bind(&cfg.admin_listen).await?;
     tracing::info!(%https_addr, %admin_addr, standalone = cluster.is_none(), "serving");
@@ -107,6 +140,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let admin_router = admin::router(health.clone(), metrics.clone());
     let admin_stop = shutdown.clone();
     let mut admin_server = tokio::spawn(async move { axum::serve(admin_listener, admin_router).with_graceful_shutdown(admin_stop.wait()).await });
+    let extender_stop = shutdown.clone();
+    let mut extender_server = tokio::spawn(async move {
+        match extender_http {
+            Some((listener, addr)) => {
+                tracing::info!(%addr, "serving /scheduler/* over plain HTTP on loopback");
+                axum::serve(listener, extender_router).with_graceful_shutdown(extender_stop.wait()).await
+            }
+            None => {
+                extender_stop.wait().await;
+                Ok(())
+            }
+        }
+    });
     let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.clone()));
 
     // Ready once the namespace cache has synced (at once when standalone).
@@ -133,6 +179,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         r = &mut https => Err(anyhow::anyhow!("HTTPS server stopped unexpectedly: {r:?}")),
         r = &mut admin_server => Err(anyhow::anyhow!("admin server stopped unexpectedly: {r:?}")),
+        r = &mut extender_server => Err(anyhow::anyhow!("extender HTTP server stopped unexpectedly: {r:?}")),
         r = &mut watch => Err(anyhow::anyhow!("namespace watch stopped unexpectedly: {r:?}")),
     };
     health.set_not_ready("shutting down");
@@ -143,6 +190,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let _ = tokio::time::timeout(grace + Duration::from_secs(1), async {
         let _ = (&mut https).await;
         let _ = (&mut admin_server).await;
+        let _ = (&mut extender_server).await;
     })
     .await;
     tracing::info!("stopped");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, ServiceAccount};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -16,45 +16,65 @@ use crate::registry::Keyring;
 
 const SECRET_TTL: Duration = Duration::from_secs(60);
 
+/// A watch-backed cache of every object of kind `K`, and the future that keeps it current.
+fn reflect<K>(client: &Client, what: &'static str) -> (Store<K>, impl std::future::Future<Output = ()> + Send + 'static)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let api: Api<K> = Api::all(client.clone());
+    let stream = watcher(api, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .for_each(move |ev| async move {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, kind = what, "watch error; retrying");
+            }
+        });
+    (store, stream)
+}
+
 #[derive(Clone)]
 pub struct ClusterView {
     client: Client,
     namespaces: Store<Namespace>,
+    nodes: Store<Node>,
     secrets: Cache<(String, String), Option<Arc<Keyring>>>,
     service_accounts: Cache<(String, String), Vec<String>>,
 }
 
 impl ClusterView {
-    /// Start the Namespace watch; the returned future drives it and must be polled for the life
-    /// of the process (it retries with back-off when the API server goes away).
+    /// Start the Namespace and Node watches; the returned future drives them and must be polled
+    /// for the life of the process (they retry with back-off when the API server goes away).
     pub fn start(client: Client) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
-        let (store, writer) = reflector::store();
-        let api: Api<Namespace> = Api::all(client.clone());
-        let stream = watcher(api, watcher::Config::default().any_semantic())
-            .default_backoff()
-            .reflect(writer)
-            .applied_objects()
-            .for_each(|ev| async move {
-                if let Err(e) = ev {
-                    tracing::warn!(error = %e, "namespace watch error; retrying");
-                }
-            });
+        let (namespaces, ns_stream) = reflect::<Namespace>(&client, "namespace");
+        let (nodes, node_stream) = reflect::<Node>(&client, "node");
         let view = Self {
             client,
-            namespaces: store,
+            namespaces,
+            nodes,
             secrets: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
             service_accounts: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
         };
-        (view, stream)
+        (view, async move {
+            futures::future::join(ns_stream, node_stream).await;
+        })
+    }
+
+    /// The watch-backed Node cache.
+    pub fn nodes(&self) -> Store<Node> {
+        self.nodes.clone()
     }
 
     pub fn client(&self) -> &Client {
         &self.client
     }
 
-    /// Wait until the Namespace cache has its first full list.
+    /// Wait until the Namespace and Node caches have their first full lists.
     pub async fn wait_ready(&self) {
         let _ = self.namespaces.wait_until_ready().await;
+        let _ = self.nodes.wait_until_ready().await;
     }
 
     pub fn namespace_annotations(&self, name: &str) -> Option<BTreeMap<String, String>> {

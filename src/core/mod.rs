@@ -1,11 +1,13 @@
 //! Archer's own logic, free of I/O: platforms, namespace policy, the placement decision and its patch.
 
+pub mod labels;
 pub mod patch;
 pub mod placement;
 pub mod platform;
 pub mod policy;
 pub mod quantity;
 pub mod resources;
+pub mod scoring;
 
 #[cfg(test)]
 mod placement_tests;

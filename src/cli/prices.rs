@@ -1,0 +1,70 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::inspect::Output;
+use crate::catalog::{CapacityType, Catalog};
+
+#[derive(Args, Debug)]
+pub struct PricesArgs {
+    /// Only this architecture (amd64, arm64).
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Only this instance family (m7g, c6i, ...).
+    #[arg(long)]
+    pub family: Option<String>,
+    /// Region for prices (default: the catalog's default region, us-east-1).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// A user catalog file (YAML or CSV) on top of the embedded one.
+    #[arg(long, env = "ARCHER_CATALOG")]
+    pub catalog: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+pub fn run(args: PricesArgs) -> anyhow::Result<ExitCode> {
+    let PricesArgs { arch, family, region, catalog, output } = args;
+    let c = Catalog::with_user_file(catalog.as_deref())?;
+    let region = region.unwrap_or_else(|| c.default_region.clone());
+    let mut rows: Vec<_> = c
+        .types()
+        .iter()
+        .filter(|t| arch.as_deref().is_none_or(|a| a == t.arch))
+        .filter(|t| family.as_deref().is_none_or(|f| f == t.family))
+        .map(|t| {
+            let od = c.price_of(t, Some(&region), CapacityType::OnDemand);
+            let spot = c.price_of(t, Some(&region), CapacityType::Spot);
+            (t.clone(), od, spot)
+        })
+        .collect();
+    rows.sort_by(|a, b| a.1.unwrap_or(f64::INFINITY).total_cmp(&b.1.unwrap_or(f64::INFINITY)).then_with(|| a.0.name.cmp(&b.0.name)));
+    match output {
+        Output::Json => {
+            let docs: Vec<_> = rows
+                .iter()
+                .map(|(t, od, spot)| serde_json::json!({
+                    "instanceType": t.name, "provider": t.provider, "arch": t.arch, "os": t.os, "family": t.family,
+                    "vcpu": t.vcpu, "memoryMib": t.memory_mib, "allocatableCpu": t.allocatable_cpu,
+                    "allocatableMemory": t.allocatable_memory, "maxPods": t.max_pods, "region": region,
+                    "onDemandPerHour": od, "spotPerHour": spot,
+                }))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&docs)?);
+        }
+        Output::Text => {
+            println!("{:<20} {:<6} {:>5} {:>9} {:>10} {:>11} {:>5} {:>10} {:>10} {:>10}", "TYPE", "ARCH", "VCPU", "MEM(MiB)", "ALLOC CPU", "ALLOC MEM", "PODS", "ON-DEMAND", "SPOT(est)", "$/vCPU-h");
+            let fmt = |p: &Option<f64>| p.map_or("-".to_string(), |p| format!("{p:.4}"));
+            for (t, od, spot) in &rows {
+                let per_cpu = od.map_or("-".to_string(), |p| format!("{:.4}", p / f64::from(t.vcpu.max(1))));
+                println!(
+                    "{:<20} {:<6} {:>5} {:>9} {:>10} {:>11} {:>5} {:>10} {:>10} {:>10}",
+                    t.name, t.arch, t.vcpu, t.memory_mib, t.allocatable_cpu, t.allocatable_memory, t.max_pods, fmt(od), fmt(spot), per_cpu
+                );
+            }
+            eprintln!("{} instance types, region {region}", rows.len());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

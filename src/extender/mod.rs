@@ -1,0 +1,276 @@
+//! `POST /scheduler/filter` and `POST /scheduler/prioritize`: kube-scheduler's extender calls.
+//! Filter drops nodes whose architecture/OS the pod's images cannot run (the safety net for pods
+//! the webhook never saw); prioritize scores nodes by what the pod costs there.
+//! One job each: nothing the default scheduler already checks (resources, taints) is re-checked.
+
+pub mod wire;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::catalog::Catalog;
+use crate::cluster::ClusterView;
+use crate::core::labels;
+use crate::core::placement::{pod_images, PLATFORMS_ANNOTATION};
+use crate::core::platform::PlatformSet;
+use crate::core::policy::{self, PolicyDefaults};
+use crate::core::resources::{pod_requests, Resources};
+use crate::core::scoring::{self, Candidate};
+use crate::metrics::{labels2, Metrics};
+use crate::registry::{Inspector, Keyring};
+use crate::webhook::read_body;
+use wire::{parse_args, FilterResult, HostPriority, NodeListOut, Nodes};
+
+pub struct Extender {
+    pub catalog: Arc<Catalog>,
+    pub inspector: Inspector,
+    pub cluster: Option<ClusterView>,
+    /// The watch-backed Node cache for `nodeCacheCapable: true` (NodeNames) calls.
+    pub nodes: Option<Store<Node>>,
+    pub defaults: PolicyDefaults,
+    pub base_keyring: Keyring,
+    pub metrics: Arc<Metrics>,
+    /// Bound on inspecting images of a pod that carries no `archer.dev/platforms` annotation.
+    pub inspection_timeout: Duration,
+    /// Fraction of cost taken off the namespace's most preferred architecture.
+    pub preference_bonus: f64,
+    pub max_body_bytes: usize,
+}
+
+pub fn router(extender: Arc<Extender>) -> Router {
+    Router::new()
+        .route("/scheduler/filter", post(filter))
+        .route("/scheduler/prioritize", post(prioritize))
+        .with_state(extender)
+}
+
+/// What a node offers the decision, from either a full Node object or the Node cache.
+#[derive(Debug, Clone)]
+pub struct NodeFacts {
+    pub name: String,
+    pub arch: Option<String>,
+    pub os: Option<String>,
+    pub price: Option<f64>,
+    pub allocatable: Resources,
+}
+
+impl NodeFacts {
+    fn build(name: String, label: &dyn Fn(&str) -> Option<String>, price_annotation: Option<&str>, allocatable: Resources, catalog: &Catalog) -> Self {
+        NodeFacts { arch: label(labels::ARCH), os: label(labels::OS), price: catalog.node_price(label, price_annotation), allocatable, name }
+    }
+
+    pub fn from_lite(n: &wire::NodeLite<'_>, catalog: &Catalog) -> Self {
+        let labels = n.metadata.labels.as_ref();
+        let label = |k: &str| labels.and_then(|l| l.get(k)).map(|v| v.to_string());
+        let annotation = n.metadata.annotations.as_ref().and_then(|a| a.get(labels::PRICE_ANNOTATION)).map(|v| v.as_ref());
+        let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
+        let q = |k: &str, f: fn(&str) -> Option<i64>| alloc.and_then(|a| a.get(k)).and_then(|v| f(v)).unwrap_or(0);
+        let allocatable = Resources::new(q("cpu", crate::core::quantity::cpu_millis), q("memory", crate::core::quantity::value), q("pods", crate::core::quantity::value));
+        Self::build(n.metadata.name.to_string(), &label, annotation, allocatable, catalog)
+    }
+
+    pub fn from_node(n: &Node, catalog: &Catalog) -> Self {
+        let labels = n.metadata.labels.as_ref();
+        let label = |k: &str| labels.and_then(|l| l.get(k)).cloned();
+        let annotation = n.metadata.annotations.as_ref().and_then(|a| a.get(labels::PRICE_ANNOTATION)).map(String::as_str);
+        let allocatable = Resources::from_map(n.status.as_ref().and_then(|s| s.allocatable.as_ref()));
+        Self::build(n.metadata.name.clone().unwrap_or_default(), &label, annotation, allocatable, catalog)
+    }
+}
+
+/// The platforms a pod's images run on, and per image when they were inspected here.
+enum PodPlatforms {
+    Known { all: PlatformSet, per_image: Vec<(String, PlatformSet)> },
+    Unknown(String),
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn filter_error(metrics: &Metrics, reason: &str, message: String) -> Response {
+    metrics.extender_requests.get_or_create(&labels2("verb", "filter", "result", reason)).inc();
+    tracing::warn!(verb = "filter", reason, %message, "extender call with bad input");
+    let r = FilterResult { error: message, ..Default::default() };
+    json_response(StatusCode::OK, serde_json::to_vec(&r).unwrap_or_default())
+}
+
+impl Extender {
+    fn policy_for(&self, pod: &Pod) -> policy::Policy {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let annotations = self.cluster.as_ref().and_then(|c| c.namespace_annotations(ns)).unwrap_or_default();
+        policy::resolve(&self.defaults, &annotations).0
+    }
+
+    async fn pod_platforms(&self, pod: &Pod) -> PodPlatforms {
+        if let Some(a) = pod.metadata.annotations.as_ref().and_then(|a| a.get(PLATFORMS_ANNOTATION)) {
+            match PlatformSet::parse_annotation(a) {
+                Ok(all) if !all.is_empty() => return PodPlatforms::Known { all, per_image: Vec::new() },
+                _ => tracing::debug!(annotation = %a, "unusable platforms annotation; inspecting the images"),
+            }
+        }
+        let images = pod_images(pod);
+        if images.is_empty() {
+            return PodPlatforms::Unknown("the pod names no images".into());
+        }
+        let mut keyring = self.base_keyring.clone();
+        if let Some(c) = &self.cluster {
+            let mut ring = c.pull_keyring(pod.metadata.namespace.as_deref().unwrap_or("default"), pod).await;
+            ring.extend(keyring);
+            keyring = ring;
+        }
+        let results = match tokio::time::timeout(self.inspection_timeout, self.inspector.inspect_all(&images, &keyring)).await {
+            Ok(r) => r,
+            Err(_) => return PodPlatforms::Unknown(format!("image inspection exceeded {:?}", self.inspection_timeout)),
+        };
+        let mut per_image = Vec::new();
+        for (image, r) in images.into_iter().zip(results) {
+            match r {
+                Ok(found) => per_image.push((image, found.platforms.clone())),
+                Err(e) => return PodPlatforms::Unknown(format!("image {image}: {e}")),
+            }
+        }
+        let all = PlatformSet::intersect_all(per_image.iter().map(|(_, p)| p)).unwrap_or_default();
+        PodPlatforms::Known { all, per_image }
+    }
+}
+
+/// Why `node` cannot run the pod, or `None` when it can (or its architecture is unknown).
+fn unrunnable_reason(node: &NodeFacts, all: &PlatformSet, per_image: &[(String, PlatformSet)]) -> Option<String> {
+    let arch = node.arch.as_deref()?;
+    let os = node.os.as_deref().unwrap_or("linux");
+    let runs = |set: &PlatformSet| set.0.iter().any(|p| p.architecture == arch && p.os == os);
+    if runs(all) {
+        return None;
+    }
+    let culprits: Vec<String> = per_image.iter().filter(|(_, p)| !runs(p)).map(|(i, p)| format!("image {i} supports {p}")).collect();
+    let why = if culprits.is_empty() { format!("the pod's images support {all} ({PLATFORMS_ANNOTATION})") } else { culprits.join("; ") };
+    Some(format!("{why}; node is {os}/{arch}"))
+}
+
+#[tracing::instrument(skip_all, fields(pod = tracing::field::Empty, namespace = tracing::field::Empty, nodes = tracing::field::Empty))]
+async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response {
+    let started = Instant::now();
+    let body = match read_body(req, x.max_body_bytes).await {
+        Ok(b) => b,
+        Err((reason, msg)) => return filter_error(&x.metrics, reason, msg),
+    };
+    let args = match parse_args(&body) {
+        Ok(a) => a,
+        Err(e) => return filter_error(&x.metrics, e.reason(), e.to_string()),
+    };
+    let span = tracing::Span::current();
+    span.record("pod", args.pod.metadata.name.as_deref().unwrap_or(""));
+    span.record("namespace", args.pod.metadata.namespace.as_deref().unwrap_or(""));
+    let platforms = x.pod_platforms(&args.pod).await;
+    let mut result = FilterResult::default();
+    let (all, per_image) = match &platforms {
+        PodPlatforms::Known { all, per_image } => (Some(all), per_image.as_slice()),
+        PodPlatforms::Unknown(why) => {
+            tracing::info!(reason = %why, "pod platforms unknown; keeping every node");
+            (None, &[][..])
+        }
+    };
+    let mut removed = 0u64;
+    match args.nodes {
+        Nodes::Full(nodes) => {
+            span.record("nodes", nodes.len());
+            let mut keep = Vec::with_capacity(nodes.len());
+            for n in &nodes {
+                let facts = NodeFacts::from_lite(&n.lite, &x.catalog);
+                match all.and_then(|a| unrunnable_reason(&facts, a, per_image)) {
+                    Some(why) => {
+                        removed += 1;
+                        result.failed_and_unresolvable.insert(facts.name, why);
+                    }
+                    None => keep.push(n.raw),
+                }
+            }
+            result.nodes = Some(NodeListOut::new(keep));
+        }
+        Nodes::Names(names) => {
+            span.record("nodes", names.len());
+            let mut keep = Vec::with_capacity(names.len());
+            for name in names {
+                let Some(node) = x.nodes.as_ref().and_then(|s| s.get(&ObjectRef::new(&name))) else {
+                    result.failed_nodes.insert(name, "node not found in Archer's node cache".into());
+                    continue;
+                };
+                let facts = NodeFacts::from_node(&node, &x.catalog);
+                match all.and_then(|a| unrunnable_reason(&facts, a, per_image)) {
+                    Some(why) => {
+                        removed += 1;
+                        result.failed_and_unresolvable.insert(name, why);
+                    }
+                    None => keep.push(name),
+                }
+            }
+            result.node_names = Some(keep);
+        }
+    }
+    x.metrics.extender_filtered_nodes.inc_by(removed);
+    x.metrics.extender_requests.get_or_create(&labels2("verb", "filter", "result", "ok")).inc();
+    x.metrics.extender_filter_seconds.observe(started.elapsed().as_secs_f64());
+    tracing::debug!(removed, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "filter answered");
+    json_response(StatusCode::OK, serde_json::to_vec(&result).unwrap_or_default())
+}
+
+#[tracing::instrument(skip_all, fields(pod = tracing::field::Empty, namespace = tracing::field::Empty, nodes = tracing::field::Empty))]
+async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response {
+    let started = Instant::now();
+    // HostPriorityList has no error field: bad input is answered with an empty list (every node
+    // neutral), counted and logged, so scheduling never stalls on Archer.
+    let empty = || json_response(StatusCode::OK, b"[]".to_vec());
+    let body = match read_body(req, x.max_body_bytes).await {
+        Ok(b) => b,
+        Err((reason, msg)) => {
+            x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", reason)).inc();
+            tracing::warn!(reason, %msg, "prioritize call with bad input");
+            return empty();
+        }
+    };
+    let args = match parse_args(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", e.reason())).inc();
+            tracing::warn!(reason = e.reason(), error = %e, "prioritize call with bad input");
+            return empty();
+        }
+    };
+    let span = tracing::Span::current();
+    span.record("pod", args.pod.metadata.name.as_deref().unwrap_or(""));
+    span.record("namespace", args.pod.metadata.namespace.as_deref().unwrap_or(""));
+    let facts: Vec<NodeFacts> = match &args.nodes {
+        Nodes::Full(nodes) => nodes.iter().map(|n| NodeFacts::from_lite(&n.lite, &x.catalog)).collect(),
+        Nodes::Names(names) => names
+            .iter()
+            .map(|name| match x.nodes.as_ref().and_then(|s| s.get(&ObjectRef::new(name))) {
+                Some(node) => NodeFacts::from_node(&node, &x.catalog),
+                None => NodeFacts { name: name.clone(), arch: None, os: None, price: None, allocatable: Resources::default() },
+            })
+            .collect(),
+    };
+    span.record("nodes", facts.len());
+    let unknown = facts.iter().filter(|f| f.price.is_none()).count() as u64;
+    x.metrics.extender_unknown_price_nodes.inc_by(unknown);
+    let policy = x.policy_for(&args.pod);
+    let request = pod_requests(&args.pod, true);
+    let candidates: Vec<Candidate> = facts
+        .into_iter()
+        .map(|f| Candidate { name: f.name, arch: f.arch, price: f.price, allocatable: f.allocatable })
+        .collect();
+    let scores = scoring::score(request, &candidates, &policy, x.preference_bonus);
+    let list: Vec<HostPriority> = candidates.into_iter().zip(scores).map(|(c, score)| HostPriority { host: c.name, score }).collect();
+    x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", "ok")).inc();
+    x.metrics.extender_prioritize_seconds.observe(started.elapsed().as_secs_f64());
+    json_response(StatusCode::OK, serde_json::to_vec(&list).unwrap_or_default())
+}

@@ -1,0 +1,190 @@
+//! The scheduler extender wire format (k8s.io/kube-scheduler/extender/v1). Its Go structs carry
+//! no json tags, so the keys are the Go field names; Go's decoder matches keys in any letter case,
+//! so Archer accepts any case on input and answers with the exact Go names.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    #[error("body is not a JSON object: {0}")]
+    BadJson(serde_json::Error),
+    #[error("ExtenderArgs has no Pod")]
+    NoPod,
+    #[error("ExtenderArgs.Pod is not a v1 Pod: {0}")]
+    BadPod(serde_json::Error),
+    #[error("ExtenderArgs has neither Nodes nor NodeNames")]
+    NoNodes,
+    #[error("ExtenderArgs.Nodes is not a v1 NodeList: {0}")]
+    BadNodes(serde_json::Error),
+    #[error("ExtenderArgs.NodeNames is not a list of names: {0}")]
+    BadNodeNames(serde_json::Error),
+}
+
+impl ArgsError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ArgsError::BadJson(_) => "bad_json",
+            ArgsError::NoPod => "no_pod",
+            ArgsError::BadPod(_) => "bad_pod",
+            ArgsError::NoNodes => "no_nodes",
+            ArgsError::BadNodes(_) => "bad_nodes",
+            ArgsError::BadNodeNames(_) => "bad_node_names",
+        }
+    }
+}
+
+/// The few fields of a Node the extender needs, borrowed from the request body.
+#[derive(Debug, Deserialize)]
+pub struct NodeLite<'a> {
+    #[serde(borrow)]
+    pub metadata: MetaLite<'a>,
+    #[serde(borrow, default)]
+    pub status: Option<StatusLite<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MetaLite<'a> {
+    #[serde(borrow, default)]
+    pub name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub labels: Option<HashMap<Cow<'a, str>, Cow<'a, str>>>,
+    #[serde(borrow, default)]
+    pub annotations: Option<HashMap<Cow<'a, str>, Cow<'a, str>>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StatusLite<'a> {
+    #[serde(borrow, default)]
+    pub allocatable: Option<HashMap<Cow<'a, str>, Cow<'a, str>>>,
+}
+
+#[derive(Deserialize)]
+struct NodeListIn<'a> {
+    #[serde(borrow, default)]
+    items: Vec<&'a RawValue>,
+}
+
+/// One node of the request: its raw JSON (echoed back verbatim) and the parsed facts.
+pub struct NodeIn<'a> {
+    pub raw: &'a RawValue,
+    pub lite: NodeLite<'a>,
+}
+
+pub enum Nodes<'a> {
+    /// nodeCacheCapable: false.
+    Full(Vec<NodeIn<'a>>),
+    /// nodeCacheCapable: true.
+    Names(Vec<String>),
+}
+
+pub struct Args<'a> {
+    pub pod: Pod,
+    pub nodes: Nodes<'a>,
+}
+
+pub fn parse_args(body: &[u8]) -> Result<Args<'_>, ArgsError> {
+    let top: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_slice(body).map_err(ArgsError::BadJson)?;
+    let field = |name: &str| top.iter().find(|(k, v)| k.eq_ignore_ascii_case(name) && v.get() != "null").map(|(_, v)| *v);
+    let pod_raw = field("Pod").ok_or(ArgsError::NoPod)?;
+    let pod: Pod = serde_json::from_str(pod_raw.get()).map_err(ArgsError::BadPod)?;
+    let nodes = if let Some(raw) = field("Nodes") {
+        let list: NodeListIn<'_> = serde_json::from_str(raw.get()).map_err(ArgsError::BadNodes)?;
+        let mut nodes = Vec::with_capacity(list.items.len());
+        for item in list.items {
+            let lite: NodeLite<'_> = serde_json::from_str(item.get()).map_err(ArgsError::BadNodes)?;
+            nodes.push(NodeIn { raw: item, lite });
+        }
+        Nodes::Full(nodes)
+    } else if let Some(raw) = field("NodeNames") {
+        Nodes::Names(serde_json::from_str(raw.get()).map_err(ArgsError::BadNodeNames)?)
+    } else {
+        return Err(ArgsError::NoNodes);
+    };
+    Ok(Args { pod, nodes })
+}
+
+/// `ExtenderFilterResult`, with the Go field names.
+#[derive(Debug, Serialize, Default)]
+pub struct FilterResult<'a> {
+    #[serde(rename = "Nodes")]
+    pub nodes: Option<NodeListOut<'a>>,
+    #[serde(rename = "NodeNames")]
+    pub node_names: Option<Vec<String>>,
+    #[serde(rename = "FailedNodes")]
+    pub failed_nodes: BTreeMap<String, String>,
+    #[serde(rename = "FailedAndUnresolvableNodes")]
+    pub failed_and_unresolvable: BTreeMap<String, String>,
+    #[serde(rename = "Error")]
+    pub error: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeListOut<'a> {
+    #[serde(rename = "apiVersion")]
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    pub items: Vec<&'a RawValue>,
+}
+
+impl<'a> NodeListOut<'a> {
+    pub fn new(items: Vec<&'a RawValue>) -> Self {
+        Self { api_version: "v1", kind: "NodeList", metadata: Default::default(), items }
+    }
+}
+
+/// `HostPriority`, with the Go field names.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostPriority {
+    #[serde(rename = "Host")]
+    pub host: String,
+    #[serde(rename = "Score")]
+    pub score: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_match_in_any_case_and_null_means_absent() {
+        let body = br#"{"pod": {"metadata": {"name": "p"}}, "NODES": null, "nodenames": ["a", "b"]}"#;
+        let args = parse_args(body).expect("args");
+        assert_eq!(args.pod.metadata.name.as_deref(), Some("p"));
+        assert!(matches!(args.nodes, Nodes::Names(ref n) if n == &["a", "b"]));
+        let body = br#"{"Pod": {"metadata": {"name": "p"}}, "Nodes": {"items": [{"metadata": {"name": "n1", "labels": {"kubernetes.io/arch": "arm64"}}, "status": {"allocatable": {"cpu": "2"}}}]}}"#;
+        let args = parse_args(body).expect("args");
+        let Nodes::Full(nodes) = args.nodes else { panic!("full nodes expected") };
+        assert_eq!(nodes[0].lite.metadata.name, "n1");
+        assert!(nodes[0].raw.get().starts_with("{\"metadata\""));
+    }
+
+    #[test]
+    fn bad_args_have_reasons() {
+        for (body, reason) in [
+            (&b"nope"[..], "bad_json"),
+            (br#"{"Nodes": {"items": []}}"#, "no_pod"),
+            (br#"{"Pod": {"metadata": {"name": "p"}}}"#, "no_nodes"),
+            (br#"{"Pod": {"spec": {"containers": 5}}, "NodeNames": []}"#, "bad_pod"),
+            (br#"{"Pod": {}, "NodeNames": [1, 2]}"#, "bad_node_names"),
+            (br#"{"Pod": {}, "Nodes": {"items": [{"metadata": 7}]}}"#, "bad_nodes"),
+        ] {
+            let err = parse_args(body).err().unwrap_or_else(|| panic!("{} should fail", String::from_utf8_lossy(body)));
+            assert_eq!(err.reason(), reason, "{err}");
+        }
+    }
+
+    #[test]
+    fn results_use_go_field_names() {
+        let r = FilterResult { node_names: Some(vec!["a".into()]), ..Default::default() };
+        let v = serde_json::to_value(&r).expect("json");
+        assert_eq!(v, serde_json::json!({"Nodes": null, "NodeNames": ["a"], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}));
+        let h = serde_json::to_value(HostPriority { host: "n".into(), score: 7 }).expect("json");
+        assert_eq!(h, serde_json::json!({"Host": "n", "Score": 7}));
+    }
+}
