@@ -432,3 +432,82 @@ pub fn arch_values(pod: &Value) -> Vec<Vec<String>> {
         })
         .collect()
 }
+
+/// A realistic Node object for an instance type of the embedded catalog.
+pub fn node_json(name: &str, instance_type: &str, zone: &str, capacity_type: &str) -> Value {
+    let catalog = archer::catalog::Catalog::embedded().expect("catalog");
+    let t = catalog.get(instance_type).unwrap_or_else(|| panic!("{instance_type} not in the catalog"));
+    let mut taints = vec![];
+    if t.arch == "arm64" {
+        taints.push(json!({"key": "kubernetes.io/arch", "value": "arm64", "effect": "NoSchedule"}));
+    }
+    json!({
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "uid": format!("00000000-0000-4000-8000-{:012x}", name.len() * 7919 + name.bytes().map(u64::from).sum::<u64>() as usize),
+            "resourceVersion": "12345",
+            "creationTimestamp": "2026-11-22T10:00:00Z",
+            "labels": {
+                "kubernetes.io/arch": t.arch, "kubernetes.io/os": "linux", "kubernetes.io/hostname": name,
+                "beta.kubernetes.io/arch": t.arch, "beta.kubernetes.io/os": "linux",
+                "node.kubernetes.io/instance-type": instance_type,
+                "topology.kubernetes.io/region": "us-east-1", "topology.kubernetes.io/zone": zone,
+                "karpenter.sh/capacity-type": capacity_type, "karpenter.sh/nodepool": "default",
+                "karpenter.k8s.aws/instance-family": t.family, "karpenter.k8s.aws/instance-cpu": t.vcpu.to_string()
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "volumes.kubernetes.io/controller-managed-attach-detach": "true"}
+        },
+        "spec": {"providerID": format!("aws:///{zone}/i-{name}"), "taints": taints},
+        "status": {
+            "capacity": {"cpu": t.vcpu.to_string(), "memory": format!("{}Mi", t.memory_mib), "pods": t.max_pods.to_string(), "ephemeral-storage": "20959212Ki"},
+            "allocatable": {"cpu": t.allocatable_cpu, "memory": t.allocatable_memory, "pods": t.max_pods.to_string(), "ephemeral-storage": "18242267924"},
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False", "lastHeartbeatTime": "2026-11-22T10:05:00Z", "lastTransitionTime": "2026-11-22T10:00:00Z", "reason": "KubeletHasSufficientMemory", "message": "kubelet has sufficient memory available"},
+                {"type": "DiskPressure", "status": "False", "lastHeartbeatTime": "2026-11-22T10:05:00Z", "lastTransitionTime": "2026-11-22T10:00:00Z", "reason": "KubeletHasNoDiskPressure", "message": "kubelet has no disk pressure"},
+                {"type": "PIDPressure", "status": "False", "lastHeartbeatTime": "2026-11-22T10:05:00Z", "lastTransitionTime": "2026-11-22T10:00:00Z", "reason": "KubeletHasSufficientPID", "message": "kubelet has sufficient PID available"},
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-11-22T10:05:00Z", "lastTransitionTime": "2026-11-22T10:00:30Z", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+            ],
+            "addresses": [{"type": "InternalIP", "address": "10.0.12.34"}, {"type": "Hostname", "address": name}],
+            "nodeInfo": {"machineID": "ec2abc", "systemUUID": "ec2abc", "bootID": "b1", "kernelVersion": "6.1.112-124.190.amzn2023", "osImage": "Amazon Linux 2023.6.20241010", "containerRuntimeVersion": "containerd://1.7.22", "kubeletVersion": "v1.34.4", "kubeProxyVersion": "v1.34.4", "operatingSystem": "linux", "architecture": t.arch},
+            "images": [
+                {"names": ["public.ecr.aws/eks/aws-load-balancer-controller@sha256:1a2b"], "sizeBytes": 67000000},
+                {"names": ["registry.k8s.io/kube-proxy@sha256:3c4d"], "sizeBytes": 30000000}
+            ]
+        }
+    })
+}
+
+/// ExtenderArgs with full Node objects (nodeCacheCapable: false).
+pub fn extender_args_full(pod: &Value, nodes: &[Value]) -> Value {
+    json!({"Pod": pod, "Nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": nodes}, "NodeNames": null})
+}
+
+/// ExtenderArgs with node names only (nodeCacheCapable: true).
+pub fn extender_args_names(pod: &Value, names: &[&str]) -> Value {
+    json!({"Pod": pod, "Nodes": null, "NodeNames": names})
+}
+
+pub fn with_requests(mut pod: Value, cpu: &str, memory: &str) -> Value {
+    if let Some(cs) = pod["spec"]["containers"].as_array_mut() {
+        for c in cs {
+            c["resources"] = json!({"requests": {"cpu": cpu, "memory": memory}});
+        }
+    }
+    pod
+}
+
+pub fn with_annotation(mut pod: Value, key: &str, value: &str) -> Value {
+    pod["metadata"]["annotations"] = json!({key: value});
+    pod
+}
+
+impl Archer {
+    pub async fn post_json(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = self.client.post(format!("{}{path}", self.https)).json(body).send().await.expect("post");
+        let status = r.status().as_u16();
+        let text = r.text().await.expect("body");
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
+    }
+}

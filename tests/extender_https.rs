@@ -1,0 +1,186 @@
+//! The scheduler extender over real HTTPS with real-shaped ExtenderArgs: full Node objects through
+//! the `archer serve` binary, and NodeNames against the watch-backed Node cache type.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn scores(v: &Value) -> BTreeMap<String, i64> {
+    v.as_array()
+        .expect("HostPriorityList")
+        .iter()
+        .map(|h| (h["Host"].as_str().expect("Host").to_string(), h["Score"].as_i64().expect("Score")))
+        .collect()
+}
+
+fn workshop_nodes() -> Vec<Value> {
+    ["m6g.large", "m7g.large", "t4g.large", "m6i.large", "t3a.large", "c6i.large"]
+        .iter()
+        .map(|t| node_json(&format!("ip-{}", t.replace('.', "-")), t, "us-east-1a", "on-demand"))
+        .collect()
+}
+
+#[tokio::test]
+async fn filter_drops_nodes_the_images_cannot_run_with_reasons() {
+    let reg = Registry::start().await;
+    reg.push_image("only/amd64", "1", "linux/amd64", true).await;
+    let archer = Archer::start(&format!("registry:\n  insecure: [\"{}\"]\n", reg.host), &[]).await;
+    let nodes = workshop_nodes();
+
+    // A pod the webhook never saw: the extender inspects its image itself.
+    let p = pod("legacy", &[&reg.image("only/amd64:1")]);
+    let (status, r) = archer.post_json("/scheduler/filter", &extender_args_full(&p, &nodes)).await;
+    assert_eq!(status, 200);
+    assert_eq!(r["Error"], "");
+    let kept: Vec<&str> = r["Nodes"]["items"].as_array().expect("items").iter().filter_map(|n| n["metadata"]["name"].as_str()).collect();
+    assert_eq!(kept, vec!["ip-m6i-large", "ip-t3a-large", "ip-c6i-large"]);
+    let failed = r["FailedAndUnresolvableNodes"].as_object().expect("failed");
+    assert_eq!(failed.len(), 3);
+    let why = failed["ip-m7g-large"].as_str().expect("reason");
+    assert!(why.contains(&reg.image("only/amd64:1")) && why.contains("linux/amd64") && why.contains("linux/arm64"), "{why}");
+    // Kept nodes are echoed back whole.
+    assert_eq!(r["Nodes"]["items"][0], nodes[3]);
+
+    // With the webhook's annotation, no registry call is needed.
+    let before = archer.metric("archer_registry_requests_total").await;
+    let annotated = with_annotation(pod("web", &["unreachable.invalid/x:1"]), "archer.dev/platforms", "linux/arm64");
+    let (_, r) = archer.post_json("/scheduler/filter", &extender_args_full(&annotated, &nodes)).await;
+    let kept: Vec<&str> = r["Nodes"]["items"].as_array().expect("items").iter().filter_map(|n| n["metadata"]["name"].as_str()).collect();
+    assert_eq!(kept, vec!["ip-m6g-large", "ip-m7g-large", "ip-t4g-large"]);
+    assert!(r["FailedAndUnresolvableNodes"]["ip-m6i-large"].as_str().is_some_and(|w| w.contains("archer.dev/platforms")));
+    assert_eq!(archer.metric("archer_registry_requests_total").await, before);
+
+    // Images that cannot be inspected: every node is kept.
+    let (_, r) = archer.post_json("/scheduler/filter", &extender_args_full(&pod("x", &[&reg.image("missing/image:1")]), &nodes)).await;
+    assert_eq!(r["Nodes"]["items"].as_array().map(Vec::len), Some(6));
+    assert_eq!(r["FailedAndUnresolvableNodes"], json!({}));
+}
+
+#[tokio::test]
+async fn prioritize_ranks_by_cost_per_pod_arm64_first() {
+    let archer = Archer::start("", &[]).await;
+    let p = with_requests(pod("web", &["x"]), "500m", "512Mi");
+    let (status, r) = archer.post_json("/scheduler/prioritize", &extender_args_full(&p, &workshop_nodes())).await;
+    assert_eq!(status, 200);
+    let s = scores(&r);
+    // Cost per pod = price x max(cpu share, memory share); all six have 1930m allocatable and CPU
+    // dominates, so the order is the price order: t4g 0.0672, t3a 0.0752, m6g 0.0770,
+    // m7g 0.0816, c6i 0.0850, m6i 0.0960 (us-east-1 on-demand).
+    assert_eq!(s["ip-t4g-large"], 10);
+    assert_eq!(s["ip-m6i-large"], 0);
+    assert!(s["ip-m6g-large"] > s["ip-m6i-large"] && s["ip-m7g-large"] > s["ip-c6i-large"], "{s:?}");
+    assert!(s["ip-t4g-large"] >= s["ip-t3a-large"] && s["ip-t3a-large"] >= s["ip-m6g-large"], "{s:?}");
+    assert_eq!(r.as_array().map(Vec::len), Some(6));
+}
+
+#[tokio::test]
+async fn spot_beats_on_demand_and_unknown_prices_stay_neutral() {
+    let archer = Archer::start("", &[]).await;
+    let nodes = vec![
+        node_json("od", "m7g.large", "us-east-1a", "on-demand"),
+        node_json("spot", "m7g.large", "us-east-1b", "spot"),
+        node_json("dear", "m6i.xlarge", "us-east-1a", "on-demand"),
+        {
+            let mut n = node_json("mystery", "m7g.large", "us-east-1a", "on-demand");
+            n["metadata"]["labels"]["node.kubernetes.io/instance-type"] = json!("x9z.huge");
+            n
+        },
+        {
+            let mut n = node_json("priced", "m6i.large", "us-east-1a", "on-demand");
+            n["metadata"]["annotations"]["archer.dev/price-per-hour"] = json!("0.001");
+            n
+        },
+    ];
+    let p = with_requests(pod("web", &["x"]), "250m", "256Mi");
+    let (_, r) = archer.post_json("/scheduler/prioritize", &extender_args_full(&p, &nodes)).await;
+    let s = scores(&r);
+    assert!(s["spot"] > s["od"], "{s:?}");
+    assert_eq!(s["priced"], 10, "an explicit price annotation wins: {s:?}");
+    assert_eq!(s["mystery"], 5, "unknown instance types are neutral: {s:?}");
+    assert_eq!(s["dear"], 0);
+    assert!(archer.metric("archer_extender_unknown_price_nodes_total").await >= 1.0);
+}
+
+#[tokio::test]
+async fn bad_input_gets_an_error_not_a_crash() {
+    let archer = Archer::start("", &[]).await;
+    for body in [json!("not an object"), json!({"Nodes": {"items": []}}), json!({"Pod": {"metadata": {"name": "p"}}}), json!({"Pod": {"spec": {"containers": 3}}, "NodeNames": []})] {
+        let (status, r) = archer.post_json("/scheduler/filter", &body).await;
+        assert_eq!(status, 200);
+        assert!(r["Error"].as_str().is_some_and(|e| !e.is_empty()), "{r}");
+        let (status, r) = archer.post_json("/scheduler/prioritize", &body).await;
+        assert_eq!(status, 200);
+        assert_eq!(r, json!([]));
+    }
+    let raw = archer.client().post(format!("{}/scheduler/filter", archer.https)).body("{{{").send().await.expect("post");
+    assert_eq!(raw.status().as_u16(), 200);
+    // Lower-case keys are accepted, as Go's decoder does.
+    let (_, r) = archer.post_json("/scheduler/filter", &json!({"pod": with_annotation(pod("p", &["x"]), "archer.dev/platforms", "linux/amd64"), "nodes": {"items": [node_json("a", "m7g.large", "us-east-1a", "spot")]}})).await;
+    assert_eq!(r["FailedAndUnresolvableNodes"].as_object().map(|m| m.len()), Some(1));
+    // In standalone mode there is no node cache: names are reported, not a crash.
+    let (_, r) = archer.post_json("/scheduler/filter", &extender_args_names(&pod("p", &["x"]), &["n1"])).await;
+    assert!(r["FailedNodes"]["n1"].as_str().is_some_and(|w| w.contains("not found")), "{r}");
+}
+
+/// NodeNames mode: the extender answers from the Node cache (kube-runtime's reflector Store,
+/// filled here by its writer), served over real HTTPS by the same server code.
+#[tokio::test]
+async fn node_names_mode_uses_the_node_cache() {
+    use archer::extender::{self, Extender};
+    use k8s_openapi::api::core::v1::Node;
+    use kube::runtime::{reflector, watcher};
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (store, mut writer) = reflector::store::<Node>();
+    for (name, t, cap) in [("arm-od", "m7g.large", "on-demand"), ("arm-spot", "m7g.large", "spot"), ("x86", "m6i.large", "on-demand")] {
+        let node: Node = serde_json::from_value(node_json(name, t, "us-east-1a", cap)).expect("node");
+        writer.apply_watcher_event(&watcher::Event::Apply(node));
+    }
+    let metrics = Arc::new(archer::metrics::Metrics::new());
+    let cfg = archer::config::Config::default();
+    let client = archer::registry::RegistryClient::new(cfg.client_settings().expect("settings")).expect("client");
+    let ext = Arc::new(Extender {
+        catalog: Arc::new(archer::catalog::Catalog::embedded().expect("catalog")),
+        inspector: archer::registry::Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
+        cluster: None,
+        nodes: Some(store),
+        defaults: cfg.defaults.clone(),
+        base_keyring: Default::default(),
+        metrics,
+        inspection_timeout: std::time::Duration::from_secs(1),
+        preference_bonus: 0.05,
+        max_body_bytes: 1 << 20,
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    let certs = make_certs(dir.path());
+    let tls = archer::server::tls::CertStore::load(&certs.join("tls.crt"), &certs.join("tls.key")).expect("certs");
+    let (listener, addr) = archer::server::bind("127.0.0.1:0").await.expect("bind");
+    let (_stop, shutdown) = archer::server::shutdown_channel();
+    tokio::spawn(archer::server::serve_https(listener, tls.server_config(), extender::router(ext), shutdown, std::time::Duration::from_secs(1)));
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(certs.join("ca.crt")).expect("ca")).expect("pem"))
+        .build()
+        .expect("client");
+    let post = |path: &'static str, body: Value| {
+        let client = client.clone();
+        async move { client.post(format!("https://127.0.0.1:{}{path}", addr.port())).json(&body).send().await.expect("post").json::<Value>().await.expect("json") }
+    };
+
+    let amd = with_annotation(with_requests(pod("p", &["x"]), "500m", "512Mi"), "archer.dev/platforms", "linux/amd64");
+    let r = post("/scheduler/filter", extender_args_names(&amd, &["arm-od", "arm-spot", "x86", "gone"])).await;
+    assert_eq!(r["NodeNames"], json!(["x86"]));
+    assert_eq!(r["Nodes"], Value::Null);
+    assert!(r["FailedAndUnresolvableNodes"]["arm-od"].as_str().is_some_and(|w| w.contains("linux/arm64")));
+    assert!(r["FailedNodes"]["gone"].is_string());
+
+    let multi = with_annotation(with_requests(pod("p", &["x"]), "500m", "512Mi"), "archer.dev/platforms", "linux/amd64,linux/arm64");
+    let r = post("/scheduler/prioritize", extender_args_names(&multi, &["arm-od", "arm-spot", "x86"])).await;
+    let s = scores(&r);
+    assert_eq!(s["arm-spot"], 10);
+    assert_eq!(s["x86"], 0);
+    assert!(s["arm-od"] > s["x86"]);
+}
