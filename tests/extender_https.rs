@@ -154,6 +154,7 @@ async fn node_names_mode_uses_the_node_cache() {
         inspection_timeout: std::time::Duration::from_secs(1),
         preference_bonus: 0.05,
         max_body_bytes: 1 << 20,
+        facts: Default::default(),
     });
     let dir = tempfile::tempdir().expect("tmp");
     let certs = make_certs(dir.path());

@@ -122,6 +122,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         inspection_timeout: Duration::from_secs_f64(cfg.extender.inspection_timeout_seconds),
         preference_bonus: cfg.extender.preference_bonus,
         max_body_bytes: cfg.extender.max_body_bytes,
+        facts: Default::default(),
     });
     let extender_router = extender::router(ext);
     let router = webhook::router(hook).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));

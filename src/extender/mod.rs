@@ -44,6 +44,51 @@ pub struct Extender {
     /// Fraction of cost taken off the namespace's most preferred architecture.
     pub preference_bonus: f64,
     pub max_body_bytes: usize,
+    /// Facts derived from cached Nodes, by name, valid for the resourceVersion they came from.
+    pub facts: FactsCache,
+}
+
+/// Per-node facts computed once per Node version, so a NodeNames call over thousands of nodes
+/// is a lookup per name rather than a label walk and catalog lookup per name.
+#[derive(Default)]
+pub struct FactsCache(std::sync::RwLock<std::collections::HashMap<String, (String, Arc<NodeFacts>)>>);
+
+impl FactsCache {
+    /// Facts for each name (None: not in the node cache), computing what is missing or stale.
+    fn lookup(&self, names: &[String], store: Option<&Store<Node>>, catalog: &Catalog) -> Vec<Option<Arc<NodeFacts>>> {
+        let Some(store) = store else { return vec![None; names.len()] };
+        let mut out = Vec::with_capacity(names.len());
+        let mut fresh = Vec::new();
+        {
+            let cache = self.0.read().unwrap_or_else(|p| p.into_inner());
+            for name in names {
+                let Some(node) = store.get(&ObjectRef::new(name)) else {
+                    out.push(None);
+                    continue;
+                };
+                let rv = node.metadata.resource_version.as_deref().unwrap_or("");
+                match cache.get(name) {
+                    Some((cached_rv, facts)) if cached_rv == rv && !rv.is_empty() => out.push(Some(facts.clone())),
+                    _ => {
+                        let facts = Arc::new(NodeFacts::from_node(&node, catalog));
+                        fresh.push((name.clone(), rv.to_string(), facts.clone()));
+                        out.push(Some(facts));
+                    }
+                }
+            }
+        }
+        if !fresh.is_empty() {
+            let mut cache = self.0.write().unwrap_or_else(|p| p.into_inner());
+            // Forget deleted nodes now and then: never more than twice the live node count.
+            if cache.len() > 2 * store.state().len().max(1000) {
+                cache.clear();
+            }
+            for (name, rv, facts) in fresh {
+                cache.insert(name, (rv, facts));
+            }
+        }
+        out
+    }
 }
 
 pub fn router(extender: Arc<Extender>) -> Router {
@@ -70,11 +115,15 @@ impl NodeFacts {
 
     pub fn from_lite(n: &wire::NodeLite<'_>, catalog: &Catalog) -> Self {
         let labels = n.metadata.labels.as_ref();
-        let label = |k: &str| labels.and_then(|l| l.get(k)).map(|v| v.to_string());
-        let annotation = n.metadata.annotations.as_ref().and_then(|a| a.get(labels::PRICE_ANNOTATION)).map(|v| v.as_ref());
+        let label = |k: &str| labels.and_then(|l| l.get(k)).map(str::to_string);
+        let annotation = n.metadata.annotations.as_ref().and_then(|a| a.price.as_deref());
         let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
-        let q = |k: &str, f: fn(&str) -> Option<i64>| alloc.and_then(|a| a.get(k)).and_then(|v| f(v)).unwrap_or(0);
-        let allocatable = Resources::new(q("cpu", crate::core::quantity::cpu_millis), q("memory", crate::core::quantity::value), q("pods", crate::core::quantity::value));
+        let q = |v: Option<&str>, f: fn(&str) -> Option<i64>| v.and_then(f).unwrap_or(0);
+        let allocatable = Resources::new(
+            q(alloc.and_then(|a| a.cpu.as_deref()), crate::core::quantity::cpu_millis),
+            q(alloc.and_then(|a| a.memory.as_deref()), crate::core::quantity::value),
+            q(alloc.and_then(|a| a.pods.as_deref()), crate::core::quantity::value),
+        );
         Self::build(n.metadata.name.to_string(), &label, annotation, allocatable, catalog)
     }
 
@@ -200,12 +249,12 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
         Nodes::Names(names) => {
             span.record("nodes", names.len());
             let mut keep = Vec::with_capacity(names.len());
-            for name in names {
-                let Some(node) = x.nodes.as_ref().and_then(|s| s.get(&ObjectRef::new(&name))) else {
+            let facts = x.facts.lookup(&names, x.nodes.as_ref(), &x.catalog);
+            for (name, facts) in names.into_iter().zip(facts) {
+                let Some(facts) = facts else {
                     result.failed_nodes.insert(name, "node not found in Archer's node cache".into());
                     continue;
                 };
-                let facts = NodeFacts::from_node(&node, &x.catalog);
                 match all.and_then(|a| unrunnable_reason(&facts, a, per_image)) {
                     Some(why) => {
                         removed += 1;
@@ -251,10 +300,13 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     span.record("namespace", args.pod.metadata.namespace.as_deref().unwrap_or(""));
     let facts: Vec<NodeFacts> = match &args.nodes {
         Nodes::Full(nodes) => nodes.iter().map(|n| NodeFacts::from_lite(&n.lite, &x.catalog)).collect(),
-        Nodes::Names(names) => names
-            .iter()
-            .map(|name| match x.nodes.as_ref().and_then(|s| s.get(&ObjectRef::new(name))) {
-                Some(node) => NodeFacts::from_node(&node, &x.catalog),
+        Nodes::Names(names) => x
+            .facts
+            .lookup(names, x.nodes.as_ref(), &x.catalog)
+            .into_iter()
+            .zip(names)
+            .map(|(f, name)| match f {
+                Some(f) => (*f).clone(),
                 None => NodeFacts { name: name.clone(), arch: None, os: None, price: None, allocatable: Resources::default() },
             })
             .collect(),

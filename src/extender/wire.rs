@@ -52,15 +52,70 @@ pub struct MetaLite<'a> {
     #[serde(borrow, default)]
     pub name: Cow<'a, str>,
     #[serde(borrow, default)]
-    pub labels: Option<HashMap<Cow<'a, str>, Cow<'a, str>>>,
+    pub labels: Option<LabelsLite<'a>>,
     #[serde(borrow, default)]
-    pub annotations: Option<HashMap<Cow<'a, str>, Cow<'a, str>>>,
+    pub annotations: Option<AnnotationsLite<'a>>,
+}
+
+/// Only the labels the extender reads; serde skips the rest without allocating.
+#[derive(Debug, Deserialize, Default)]
+pub struct LabelsLite<'a> {
+    #[serde(borrow, default, rename = "kubernetes.io/arch")]
+    pub arch: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "kubernetes.io/os")]
+    pub os: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "node.kubernetes.io/instance-type")]
+    pub instance_type: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "beta.kubernetes.io/instance-type")]
+    pub instance_type_beta: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "topology.kubernetes.io/region")]
+    pub region: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "failure-domain.beta.kubernetes.io/region")]
+    pub region_beta: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "karpenter.sh/capacity-type")]
+    pub karpenter_capacity_type: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "archer.dev/capacity-type")]
+    pub capacity_type: Option<Cow<'a, str>>,
+}
+
+impl LabelsLite<'_> {
+    pub fn get(&self, key: &str) -> Option<&str> {
+        use crate::core::labels as l;
+        let v = match key {
+            l::ARCH => &self.arch,
+            l::OS => &self.os,
+            l::INSTANCE_TYPE => &self.instance_type,
+            l::INSTANCE_TYPE_BETA => &self.instance_type_beta,
+            l::REGION => &self.region,
+            l::REGION_BETA => &self.region_beta,
+            l::KARPENTER_CAPACITY_TYPE => &self.karpenter_capacity_type,
+            l::CAPACITY_TYPE => &self.capacity_type,
+            _ => return None,
+        };
+        v.as_deref()
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct AnnotationsLite<'a> {
+    #[serde(borrow, default, rename = "archer.dev/price-per-hour")]
+    pub price: Option<Cow<'a, str>>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct StatusLite<'a> {
     #[serde(borrow, default)]
-    pub allocatable: Option<HashMap<Cow<'a, str>, Cow<'a, str>>>,
+    pub allocatable: Option<AllocatableLite<'a>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct AllocatableLite<'a> {
+    #[serde(borrow, default)]
+    pub cpu: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub memory: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub pods: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]

@@ -435,7 +435,8 @@ pub fn arch_values(pod: &Value) -> Vec<Vec<String>> {
 
 /// A realistic Node object for an instance type of the embedded catalog.
 pub fn node_json(name: &str, instance_type: &str, zone: &str, capacity_type: &str) -> Value {
-    let catalog = archer::catalog::Catalog::embedded().expect("catalog");
+    static CATALOG: std::sync::OnceLock<archer::catalog::Catalog> = std::sync::OnceLock::new();
+    let catalog = CATALOG.get_or_init(|| archer::catalog::Catalog::embedded().expect("catalog"));
     let t = catalog.get(instance_type).unwrap_or_else(|| panic!("{instance_type} not in the catalog"));
     let mut taints = vec![];
     if t.arch == "arm64" {
