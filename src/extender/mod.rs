@@ -28,7 +28,7 @@ use crate::core::scoring::{self, Candidate};
 use crate::metrics::{labels2, Metrics};
 use crate::registry::{Inspector, Keyring};
 use crate::webhook::read_body;
-use wire::{parse_args, FilterResult, HostPriority, NodeListOut, Nodes};
+use wire::{parse_args, FilterResult, HostPriority, Nodes};
 
 pub struct Extender {
     pub catalog: Arc<Catalog>,
@@ -142,6 +142,15 @@ enum PodPlatforms {
     Unknown(String),
 }
 
+/// Run CPU-heavy work (parsing tens of MiB) without starving other tasks on this worker,
+/// where the runtime allows it.
+fn cpu_bound<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
@@ -150,7 +159,7 @@ fn filter_error(metrics: &Metrics, reason: &str, message: String) -> Response {
     metrics.extender_requests.get_or_create(&labels2("verb", "filter", "result", reason)).inc();
     tracing::warn!(verb = "filter", reason, %message, "extender call with bad input");
     let r = FilterResult { error: message, ..Default::default() };
-    json_response(StatusCode::OK, serde_json::to_vec(&r).unwrap_or_default())
+    json_response(StatusCode::OK, r.to_json())
 }
 
 impl Extender {
@@ -213,7 +222,7 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
         Ok(b) => b,
         Err((reason, msg)) => return filter_error(&x.metrics, reason, msg),
     };
-    let args = match parse_args(&body) {
+    let args = match cpu_bound(|| parse_args(&body)) {
         Ok(a) => a,
         Err(e) => return filter_error(&x.metrics, e.reason(), e.to_string()),
     };
@@ -244,7 +253,7 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
                     None => keep.push(n.raw),
                 }
             }
-            result.nodes = Some(NodeListOut::new(keep));
+            result.nodes = Some(keep);
         }
         Nodes::Names(names) => {
             span.record("nodes", names.len());
@@ -270,7 +279,7 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
     x.metrics.extender_requests.get_or_create(&labels2("verb", "filter", "result", "ok")).inc();
     x.metrics.extender_filter_seconds.observe(started.elapsed().as_secs_f64());
     tracing::debug!(removed, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "filter answered");
-    json_response(StatusCode::OK, serde_json::to_vec(&result).unwrap_or_default())
+    json_response(StatusCode::OK, result.to_json())
 }
 
 #[tracing::instrument(skip_all, fields(pod = tracing::field::Empty, namespace = tracing::field::Empty, nodes = tracing::field::Empty))]
@@ -287,7 +296,7 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
             return empty();
         }
     };
-    let args = match parse_args(&body) {
+    let args = match cpu_bound(|| parse_args(&body)) {
         Ok(a) => a,
         Err(e) => {
             x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", e.reason())).inc();

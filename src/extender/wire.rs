@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 #[derive(Debug, thiserror::Error)]
 pub enum ArgsError {
     #[error("body is not a JSON object: {0}")]
-    BadJson(serde_json::Error),
+    BadJson(String),
     #[error("ExtenderArgs has no Pod")]
     NoPod,
     #[error("ExtenderArgs.Pod is not a v1 Pod: {0}")]
@@ -20,9 +20,9 @@ pub enum ArgsError {
     #[error("ExtenderArgs has neither Nodes nor NodeNames")]
     NoNodes,
     #[error("ExtenderArgs.Nodes is not a v1 NodeList: {0}")]
-    BadNodes(serde_json::Error),
+    BadNodes(String),
     #[error("ExtenderArgs.NodeNames is not a list of names: {0}")]
-    BadNodeNames(serde_json::Error),
+    BadNodeNames(String),
 }
 
 impl ArgsError {
@@ -126,7 +126,7 @@ struct NodeListIn<'a> {
 
 /// One node of the request: its raw JSON (echoed back verbatim) and the parsed facts.
 pub struct NodeIn<'a> {
-    pub raw: &'a RawValue,
+    pub raw: &'a str,
     pub lite: NodeLite<'a>,
 }
 
@@ -142,54 +142,91 @@ pub struct Args<'a> {
     pub nodes: Nodes<'a>,
 }
 
+/// Parse ExtenderArgs. The node list of a `nodeCacheCapable: false` call is tens of MiB: each
+/// node is kept as its raw text (to echo back) plus the handful of fields Archer reads, and the
+/// per-node parse runs on all cores for large lists.
 pub fn parse_args(body: &[u8]) -> Result<Args<'_>, ArgsError> {
-    let top: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_slice(body).map_err(ArgsError::BadJson)?;
+    let top: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_slice(body).map_err(|e| ArgsError::BadJson(e.to_string()))?;
     let field = |name: &str| top.iter().find(|(k, v)| k.eq_ignore_ascii_case(name) && v.get() != "null").map(|(_, v)| *v);
     let pod_raw = field("Pod").ok_or(ArgsError::NoPod)?;
     let pod: Pod = serde_json::from_str(pod_raw.get()).map_err(ArgsError::BadPod)?;
     let nodes = if let Some(raw) = field("Nodes") {
-        let list: NodeListIn<'_> = serde_json::from_str(raw.get()).map_err(ArgsError::BadNodes)?;
-        let mut nodes = Vec::with_capacity(list.items.len());
-        for item in list.items {
-            let lite: NodeLite<'_> = serde_json::from_str(item.get()).map_err(ArgsError::BadNodes)?;
-            nodes.push(NodeIn { raw: item, lite });
-        }
-        Nodes::Full(nodes)
+        let list: NodeListIn<'_> = serde_json::from_str(raw.get()).map_err(|e| ArgsError::BadNodes(e.to_string()))?;
+        Nodes::Full(parse_nodes(&list.items)?)
     } else if let Some(raw) = field("NodeNames") {
-        Nodes::Names(serde_json::from_str(raw.get()).map_err(ArgsError::BadNodeNames)?)
+        Nodes::Names(serde_json::from_str(raw.get()).map_err(|e| ArgsError::BadNodeNames(e.to_string()))?)
     } else {
         return Err(ArgsError::NoNodes);
     };
     Ok(Args { pod, nodes })
 }
 
-/// `ExtenderFilterResult`, with the Go field names.
-#[derive(Debug, Serialize, Default)]
+const PARALLEL_PARSE_MIN: usize = 512;
+
+fn parse_nodes<'a>(items: &[&'a RawValue]) -> Result<Vec<NodeIn<'a>>, ArgsError> {
+    let one = |item: &&'a RawValue| -> Result<NodeIn<'a>, ArgsError> {
+        let raw: &'a str = item.get();
+        let lite: NodeLite<'a> = serde_json::from_str(raw).map_err(|e| ArgsError::BadNodes(e.to_string()))?;
+        Ok(NodeIn { raw, lite })
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    if items.len() < PARALLEL_PARSE_MIN || threads < 2 {
+        return items.iter().map(one).collect();
+    }
+    let chunk = items.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items.chunks(chunk).map(|c| scope.spawn(move || c.iter().map(one).collect::<Result<Vec<_>, _>>())).collect();
+        let mut out = Vec::with_capacity(items.len());
+        for h in handles {
+            out.extend(h.join().map_err(|_| ArgsError::BadNodes("node parser thread panicked".into()))??);
+        }
+        Ok(out)
+    })
+}
+
+/// `ExtenderFilterResult`, with the Go field names. Kept nodes of a full-Node call are the raw
+/// text of the request's items, written back verbatim (no re-parse, no re-encode).
+#[derive(Debug, Default)]
 pub struct FilterResult<'a> {
-    #[serde(rename = "Nodes")]
-    pub nodes: Option<NodeListOut<'a>>,
-    #[serde(rename = "NodeNames")]
+    pub nodes: Option<Vec<&'a str>>,
     pub node_names: Option<Vec<String>>,
-    #[serde(rename = "FailedNodes")]
     pub failed_nodes: BTreeMap<String, String>,
-    #[serde(rename = "FailedAndUnresolvableNodes")]
     pub failed_and_unresolvable: BTreeMap<String, String>,
-    #[serde(rename = "Error")]
     pub error: String,
 }
 
-#[derive(Debug, Serialize)]
-pub struct NodeListOut<'a> {
-    #[serde(rename = "apiVersion")]
-    pub api_version: &'static str,
-    pub kind: &'static str,
-    pub metadata: serde_json::Map<String, serde_json::Value>,
-    pub items: Vec<&'a RawValue>,
+/// JSON of plain data (strings, lists, string maps): cannot fail for these types.
+fn plain_json<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_else(|_| b"null".to_vec())
 }
 
-impl<'a> NodeListOut<'a> {
-    pub fn new(items: Vec<&'a RawValue>) -> Self {
-        Self { api_version: "v1", kind: "NodeList", metadata: Default::default(), items }
+impl FilterResult<'_> {
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.nodes.as_ref().map_or(256, |n| n.iter().map(|s| s.len() + 1).sum::<usize>() + 256));
+        out.extend_from_slice(b"{\"Nodes\":");
+        match &self.nodes {
+            None => out.extend_from_slice(b"null"),
+            Some(items) => {
+                out.extend_from_slice(br#"{"apiVersion":"v1","kind":"NodeList","metadata":{},"items":["#);
+                for (i, raw) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(raw.as_bytes());
+                }
+                out.extend_from_slice(b"]}");
+            }
+        }
+        out.extend_from_slice(b",\"NodeNames\":");
+        out.extend(plain_json(&self.node_names));
+        out.extend_from_slice(b",\"FailedNodes\":");
+        out.extend(plain_json(&self.failed_nodes));
+        out.extend_from_slice(b",\"FailedAndUnresolvableNodes\":");
+        out.extend(plain_json(&self.failed_and_unresolvable));
+        out.extend_from_slice(b",\"Error\":");
+        out.extend(plain_json(&self.error));
+        out.push(b'}');
+        out
     }
 }
 
@@ -216,7 +253,7 @@ mod tests {
         let args = parse_args(body).expect("args");
         let Nodes::Full(nodes) = args.nodes else { panic!("full nodes expected") };
         assert_eq!(nodes[0].lite.metadata.name, "n1");
-        assert!(nodes[0].raw.get().starts_with("{\"metadata\""));
+        assert!(nodes[0].raw.starts_with("{\"metadata\""));
     }
 
     #[test]
@@ -237,8 +274,15 @@ mod tests {
     #[test]
     fn results_use_go_field_names() {
         let r = FilterResult { node_names: Some(vec!["a".into()]), ..Default::default() };
-        let v = serde_json::to_value(&r).expect("json");
+        let v: serde_json::Value = serde_json::from_slice(&r.to_json()).expect("json");
         assert_eq!(v, serde_json::json!({"Nodes": null, "NodeNames": ["a"], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}));
+        let mut failed = BTreeMap::new();
+        failed.insert("n2".to_string(), "why \"quoted\"".to_string());
+        let r = FilterResult { nodes: Some(vec![r#"{"metadata":{"name":"n1"}}"#, r#"{"metadata":{"name":"n3"}}"#]), failed_and_unresolvable: failed, ..Default::default() };
+        let v: serde_json::Value = serde_json::from_slice(&r.to_json()).expect("json");
+        assert_eq!(v["Nodes"]["items"][1]["metadata"]["name"], "n3");
+        assert_eq!(v["Nodes"]["kind"], "NodeList");
+        assert_eq!(v["FailedAndUnresolvableNodes"]["n2"], "why \"quoted\"");
         let h = serde_json::to_value(HostPriority { host: "n".into(), score: 7 }).expect("json");
         assert_eq!(h, serde_json::json!({"Host": "n", "Score": 7}));
     }
