@@ -91,3 +91,36 @@ fn shipped_config_is_a_valid_archer_config() {
     cfg.validate().expect("valid");
     assert_eq!(cfg.defaults, archer::core::policy::PolicyDefaults::default(), "the shipped defaults are the documented defaults");
 }
+
+fn extender_of(cfg: &serde_yaml::Value) -> serde_yaml::Value {
+    assert_eq!(cfg["apiVersion"].as_str(), Some("kubescheduler.config.k8s.io/v1"));
+    assert_eq!(cfg["kind"].as_str(), Some("KubeSchedulerConfiguration"));
+    cfg["extenders"][0].clone()
+}
+
+fn check_extender(e: &serde_yaml::Value) {
+    assert!(e["urlPrefix"].as_str().is_some_and(|u| u.starts_with("https://") && u.ends_with("/scheduler")));
+    assert_eq!(e["filterVerb"].as_str(), Some("filter"));
+    assert_eq!(e["prioritizeVerb"].as_str(), Some("prioritize"));
+    assert_eq!(e["enableHTTPS"].as_bool(), Some(true));
+    assert!(e["tlsConfig"]["caFile"].as_str().is_some());
+    assert_eq!(e["nodeCacheCapable"].as_bool(), Some(true));
+    assert_eq!(e["ignorable"].as_bool(), Some(true));
+    assert!(e["weight"].as_i64().is_some_and(|w| w > 0));
+    assert!(e["httpTimeout"].as_str().is_some());
+}
+
+#[test]
+fn scheduler_configurations_register_the_extender_both_ways() {
+    let default = &docs("scheduler/kube-scheduler-config.yaml")[0];
+    check_extender(&extender_of(default));
+    assert_eq!(default["profiles"][0]["schedulerName"].as_str(), Some("default-scheduler"));
+
+    let cm: ConfigMap = one("scheduler/second-scheduler.yaml", "ConfigMap");
+    let text = cm.data.expect("data").get("config.yaml").cloned().expect("config.yaml");
+    let second: serde_yaml::Value = serde_yaml::from_str(&text).expect("yaml");
+    check_extender(&extender_of(&second));
+    assert_eq!(second["profiles"][0]["schedulerName"].as_str(), Some("archer-scheduler"));
+    let d: Deployment = one("scheduler/second-scheduler.yaml", "Deployment");
+    assert!(d.spec.and_then(|s| s.template.spec).is_some_and(|p| p.containers[0].command.clone().unwrap_or_default().iter().any(|c| c.starts_with("--config="))));
+}
