@@ -1,0 +1,292 @@
+//! A real control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler (with Archer as its extender), kwok (playing the kubelets), Archer itself, and
+//! the local registry. Binaries come from `tests/e2e/build-components` (ARCHER_E2E_BIN).
+//! Everything is stopped on drop; logs stay in ARCHER_E2E_LOGS (default target/e2e-logs/<test>).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use kube::Client;
+use serde_json::json;
+
+use crate::common::{free_port, make_certs, Registry};
+
+pub const TOKEN: &str = "archer-e2e-admin-token";
+
+pub struct Proc {
+    /// Which component (for reports).
+    pub name: &'static str,
+    child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Cluster {
+    pub logs: PathBuf,
+    pub dir: tempfile::TempDir,
+    pub kubeconfig: PathBuf,
+    /// The API server URL (for reports and raw calls).
+    pub apiserver: String,
+    pub registry: Registry,
+    pub archer_port: u16,
+    pub archer_admin: u16,
+    pub certs: PathBuf,
+    bin: PathBuf,
+    insecure: Vec<String>,
+    archer: Option<Proc>,
+    // dropped in reverse order of start: scheduler, kwok, controller-manager, apiserver, etcd
+    procs: Vec<Proc>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.archer.take();
+        while let Some(p) = self.procs.pop() {
+            drop(p);
+        }
+        eprintln!("e2e component logs: {}", self.logs.display());
+    }
+}
+
+fn bin_dir() -> PathBuf {
+    let dir = std::env::var_os("ARCHER_E2E_BIN").map(PathBuf::from).expect("ARCHER_E2E_BIN: run tests/e2e/run (it builds the components)");
+    for b in ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"] {
+        assert!(dir.join(b).exists(), "{b} missing in {}", dir.display());
+    }
+    dir
+}
+
+fn spawn(name: &'static str, logs: &Path, mut cmd: Command) -> Proc {
+    let log = std::fs::File::create(logs.join(format!("{name}.log"))).expect("log file");
+    let err = log.try_clone().expect("log clone");
+    let child = cmd.stdout(Stdio::from(log)).stderr(Stdio::from(err)).spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
+    Proc { name, child }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn tcp_open(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+impl Cluster {
+    pub async fn start(test: &str) -> Cluster {
+        Self::start_with(test, &[]).await
+    }
+
+    /// Start with extra registries Archer reaches over plain HTTP (e.g. a private one).
+    pub async fn start_with(test: &str, extra_insecure: &[&str]) -> Cluster {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let bin = bin_dir();
+        let root = std::env::var_os("ARCHER_E2E_LOGS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs"));
+        let logs = root.join(test);
+        let _ = std::fs::remove_dir_all(&logs);
+        std::fs::create_dir_all(&logs).expect("logs dir");
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+
+        // Service-account signing key (ECDSA), static admin token.
+        let sa = rcgen::KeyPair::generate().expect("sa key");
+        std::fs::write(d.join("sa.key"), sa.serialize_pem()).expect("sa.key");
+        std::fs::write(d.join("sa.pub"), sa.public_key_pem()).expect("sa.pub");
+        std::fs::write(d.join("tokens.csv"), format!("{TOKEN},admin,admin-uid,system:masters\n")).expect("tokens");
+
+        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
+        let mut procs = Vec::new();
+        let mut etcd = Command::new(bin.join("etcd"));
+        etcd.args([
+            "--data-dir",
+            &d.join("etcd").display().to_string(),
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{etcd_port}"),
+            "--advertise-client-urls",
+            &format!("http://127.0.0.1:{etcd_port}"),
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+            "--initial-cluster",
+            &format!("default=http://127.0.0.1:{peer_port}"),
+            "--unsafe-no-fsync",
+            "--quota-backend-bytes",
+            "1073741824",
+        ]);
+        procs.push(spawn("etcd", &logs, etcd));
+        wait_for("etcd", Duration::from_secs(30), || tcp_open(etcd_port)).await;
+
+        let mut api = Command::new(bin.join("kube-apiserver"));
+        api.args([
+            &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            &format!("--secure-port={api_port}"),
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            &format!("--cert-dir={}", d.join("apiserver").display()),
+            &format!("--token-auth-file={}", d.join("tokens.csv").display()),
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            &format!("--service-account-key-file={}", d.join("sa.pub").display()),
+            &format!("--service-account-signing-key-file={}", d.join("sa.key").display()),
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--allow-privileged=true",
+            "--enable-priority-and-fairness=false",
+            "--watch-cache=true",
+        ]);
+        procs.push(spawn("kube-apiserver", &logs, api));
+        let kubeconfig = d.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: https://127.0.0.1:{api_port}\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {TOKEN}\ncontexts:\n- name: e2e\n  context: {{cluster: e2e, user: admin}}\ncurrent-context: e2e\n"
+            ),
+        )
+        .expect("kubeconfig");
+        let apiserver = format!("https://127.0.0.1:{api_port}");
+        let http = reqwest::Client::builder().danger_accept_invalid_certs(true).build().expect("client");
+        let start = Instant::now();
+        loop {
+            let ready = http.get(format!("{apiserver}/readyz")).bearer_auth(TOKEN).send().await.map(|r| r.status().is_success()).unwrap_or(false);
+            if ready {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(90), "kube-apiserver did not become ready; see {}", logs.display());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+
+        let mut kcm = Command::new(bin.join("kube-controller-manager"));
+        kcm.args([
+            &format!("--kubeconfig={}", kubeconfig.display()),
+            &format!("--service-account-private-key-file={}", d.join("sa.key").display()),
+            "--use-service-account-credentials=false",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            &format!("--secure-port={}", free_port()),
+            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-route,-service-lb-controller,-persistentvolume-binder,-attachdetach",
+            "--concurrent-deployment-syncs=10",
+            "--concurrent-replicaset-syncs=10",
+        ]);
+        procs.push(spawn("kube-controller-manager", &logs, kcm));
+
+        let mut kwok = Command::new(bin.join("kwok"));
+        kwok.args([
+            &format!("--kubeconfig={}", kubeconfig.display()),
+            "--manage-nodes-with-label-selector=type=kwok",
+            "--node-lease-duration-seconds=40",
+            "--cidr=10.244.0.1/16",
+            "--node-ip=10.0.0.10",
+            &format!("--node-port={}", free_port()),
+            &format!("--server-address=127.0.0.1:{}", free_port()),
+        ]);
+        kwok.env("HOME", d);
+        procs.push(spawn("kwok", &logs, kwok));
+
+        let registry = Registry::start().await;
+        let certs = make_certs(&d.join("archer-certs"));
+        let (archer_port, archer_admin) = (free_port(), free_port());
+        let insecure: Vec<String> = std::iter::once(registry.host.clone()).chain(extra_insecure.iter().map(|s| s.to_string())).collect();
+        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure };
+        cluster.start_archer().await;
+        cluster.start_scheduler().await;
+        cluster
+    }
+
+    pub async fn client(&self) -> Client {
+        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+        Client::try_from(cfg).expect("client")
+    }
+
+    pub async fn start_archer(&mut self) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_archer"));
+        cmd.arg("serve")
+            .args(["--listen", &format!("127.0.0.1:{}", self.archer_port), "--admin-listen", &format!("127.0.0.1:{}", self.archer_admin)])
+            .arg("--tls-cert")
+            .arg(self.certs.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(self.certs.join("tls.key"))
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--insecure-registry", &self.insecure.join(",")])
+            .env("ARCHER_LOG", "info,archer=debug");
+        self.archer = Some(spawn("archer", &self.logs, cmd));
+        let admin = self.archer_admin;
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{admin}/readyz")).await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "archer did not become ready; see {}", self.logs.display());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// One sample of Archer's metrics (0 when absent).
+    pub async fn archer_metric(&self, sample: &str) -> f64 {
+        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", self.archer_admin)).await.expect("metrics").text().await.expect("text");
+        text.lines().find_map(|l| l.strip_prefix(sample).and_then(|r| r.trim().parse().ok())).unwrap_or(0.0)
+    }
+
+    pub fn stop_archer(&mut self) {
+        self.archer.take();
+    }
+
+    async fn start_scheduler(&mut self) {
+        let port = self.archer_port;
+        let cfg = format!(
+            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\nleaderElection:\n  leaderElect: false\nprofiles:\n- schedulerName: default-scheduler\nextenders:\n- urlPrefix: https://127.0.0.1:{port}/scheduler\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 3\n  enableHTTPS: true\n  tlsConfig:\n    caFile: {}\n  httpTimeout: 5s\n  nodeCacheCapable: true\n  ignorable: true\n",
+            self.kubeconfig.display(),
+            self.certs.join("ca.crt").display()
+        );
+        let path = self.dir.path().join("scheduler.yaml");
+        std::fs::write(&path, cfg).expect("scheduler config");
+        let mut cmd = Command::new(self.bin.join("kube-scheduler"));
+        cmd.args([&format!("--config={}", path.display()), "--bind-address=127.0.0.1", &format!("--secure-port={}", free_port()), "--v=2"]);
+        self.procs.push(spawn("kube-scheduler", &self.logs, cmd));
+    }
+
+    /// Register Archer's webhook with the API server (URL form, caBundle for 127.0.0.1).
+    pub async fn register_webhook(&self, port: u16) {
+        let ca = std::fs::read(self.certs.join("ca.crt")).expect("ca");
+        let bundle = base64::engine::general_purpose::STANDARD.encode(ca);
+        let mwc: k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration = serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "archer"},
+            "webhooks": [{
+                "name": "pods.archer.dev",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Ignore",
+                "timeoutSeconds": 5,
+                "reinvocationPolicy": "IfNeeded",
+                "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate"), "caBundle": bundle},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"}],
+                "namespaceSelector": {"matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "archer-system"]},
+                    {"key": "archer.dev/ignore", "operator": "NotIn", "values": ["true"]}
+                ]}
+            }]
+        }))
+        .expect("mwc");
+        let api: kube::Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> = kube::Api::all(self.client().await);
+        let _ = api.delete("archer", &Default::default()).await;
+        api.create(&Default::default(), &mwc).await.expect("create webhook configuration");
+    }
+}
