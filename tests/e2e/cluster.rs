@@ -48,10 +48,12 @@ pub struct Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.archer.take();
+        let mut stopped = Vec::new();
         while let Some(p) = self.procs.pop() {
+            stopped.push(p.name);
             drop(p);
         }
-        eprintln!("e2e component logs: {}", self.logs.display());
+        eprintln!("e2e: stopped {} (API server was {}); component logs: {}", stopped.join(", "), self.apiserver, self.logs.display());
     }
 }
 
