@@ -189,3 +189,42 @@ async fn node_names_mode_uses_the_node_cache() {
     assert_eq!(s["x86"], 0);
     assert!(s["arm-od"] > s["x86"]);
 }
+
+#[tokio::test]
+async fn plain_http_extender_listener_on_loopback() {
+    let port = free_port();
+    let archer = Archer::start("", &["--extender-listen", &format!("127.0.0.1:{port}")]).await;
+    let p = with_annotation(pod("p", &["x"]), "archer.dev/platforms", "linux/arm64");
+    let body = extender_args_full(&p, &[node_json("a", "m6i.large", "us-east-1a", "on-demand"), node_json("b", "m7g.large", "us-east-1a", "on-demand")]);
+    let r: Value = reqwest::Client::new().post(format!("http://127.0.0.1:{port}/scheduler/filter")).json(&body).send().await.expect("post").json().await.expect("json");
+    assert_eq!(r["Nodes"]["items"].as_array().map(Vec::len), Some(1));
+    assert!(r["FailedAndUnresolvableNodes"]["a"].is_string());
+    // /mutate is not on the plain listener.
+    let m = reqwest::Client::new().post(format!("http://127.0.0.1:{port}/mutate")).body("{}").send().await.expect("post");
+    assert_eq!(m.status().as_u16(), 404);
+    drop(archer);
+    // Only loopback addresses are accepted for plain HTTP.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer"))
+        .args(["serve", "--tls-cert", "/nonexistent", "--tls-key", "/nonexistent", "--extender-listen", "0.0.0.0:9999"])
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn prices_lists_the_catalog() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer")).args(["prices", "--arch", "arm64", "--family", "m7g", "--output", "json"]).output().expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rows = rows.as_array().expect("list");
+    assert!(rows.iter().all(|r| r["arch"] == "arm64" && r["family"] == "m7g"));
+    assert_eq!(rows[0]["instanceType"], "m7g.medium", "cheapest first");
+    let large = rows.iter().find(|r| r["instanceType"] == "m7g.large").expect("m7g.large");
+    assert_eq!(large["onDemandPerHour"], json!(0.0816));
+    assert_eq!(large["maxPods"], json!(29));
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_archer")).args(["prices", "--family", "t4g"]).output().expect("run");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.lines().next().is_some_and(|h| h.contains("ON-DEMAND")) && text.contains("t4g.large"), "{text}");
+}

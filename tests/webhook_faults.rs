@@ -222,3 +222,17 @@ async fn sigterm_drains_and_exits_cleanly() {
 fn archer_pid(a: &Archer) -> u32 {
     a.pid()
 }
+
+#[tokio::test]
+async fn oversized_manifests_and_configs_are_refused() {
+    let reg = Registry::start().await;
+    // A config blob over the 8 MiB cap (the registry itself accepts it).
+    let mut big = br#"{"architecture":"arm64","os":"linux","padding":""#.to_vec();
+    big.extend(std::iter::repeat_n(b'x', 9 * 1024 * 1024));
+    big.extend_from_slice(br#""}"#);
+    reg.push_image_with_config("huge/config", "1", &big, true).await;
+    let archer = Archer::start(&insecure(&[&reg.host], ""), &[]).await;
+    let (_, p) = archer.admit(&pod("huge", &[&reg.image("huge/config:1")])).await;
+    assert!(p["metadata"]["annotations"]["archer.dev/inspection-error"].as_str().is_some_and(|e| e.contains("8388608-byte limit")), "{p}");
+    assert_eq!(archer.metric("archer_image_inspection_failures_total{reason=\"too_large\"}").await, 1.0);
+}
