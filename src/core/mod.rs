@@ -6,6 +6,7 @@ pub mod placement;
 pub mod platform;
 pub mod policy;
 pub mod quantity;
+pub mod requirements;
 pub mod resources;
 pub mod scoring;
 
