@@ -4,10 +4,8 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use archer::extender::{self, Extender};
 use common::*;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{reflector, watcher};
@@ -30,7 +28,6 @@ async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let types = ["m7g.large", "m6g.xlarge", "t4g.large", "c6g.2xlarge", "m6i.large", "t3a.xlarge", "c6i.2xlarge", "r7g.large"];
     let zones = ["us-east-1a", "us-east-1b", "us-east-1c"];
     let nodes: Vec<serde_json::Value> = (0..NODES)
@@ -41,32 +38,7 @@ async fn main() {
     for n in &nodes {
         writer.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value::<Node>(n.clone()).expect("node")));
     }
-    let metrics = Arc::new(archer::metrics::Metrics::new());
-    let cfg = archer::config::Config::default();
-    let client = archer::registry::RegistryClient::new(cfg.client_settings().expect("settings")).expect("client");
-    let ext = Arc::new(Extender {
-        catalog: Arc::new(archer::catalog::Catalog::embedded().expect("catalog")),
-        inspector: archer::registry::Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
-        cluster: None,
-        nodes: Some(store),
-        defaults: cfg.defaults.clone(),
-        base_keyring: Default::default(),
-        metrics,
-        inspection_timeout: Duration::from_secs(1),
-        preference_bonus: 0.05,
-        max_body_bytes: cfg.extender.max_body_bytes,
-        facts: Default::default(),
-    });
-    let dir = tempfile::tempdir().expect("tmp");
-    let certs = make_certs(dir.path());
-    let tls = archer::server::tls::CertStore::load(&certs.join("tls.crt"), &certs.join("tls.key")).expect("certs");
-    let (listener, addr) = archer::server::bind("127.0.0.1:0").await.expect("bind");
-    let (_stop, shutdown) = archer::server::shutdown_channel();
-    tokio::spawn(archer::server::serve_https(listener, tls.server_config(), extender::router(ext), shutdown, Duration::from_secs(1)));
-    let http = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(certs.join("ca.crt")).expect("ca")).expect("pem"))
-        .build()
-        .expect("client");
+    let (port, http, _certs) = serve_extender_in_process(store).await;
 
     // A multi-arch pod (the webhook's annotation) whose filter keeps every node, the worst case.
     let p = with_annotation(with_requests(pod("web", &["x"]), "500m", "512Mi"), "archer.dev/platforms", "linux/amd64,linux/arm64");
@@ -84,7 +56,7 @@ async fn main() {
             continue;
         }
         for verb in ["filter", "prioritize"] {
-            let url = format!("https://127.0.0.1:{}/scheduler/{verb}", addr.port());
+            let url = format!("https://127.0.0.1:{port}/scheduler/{verb}");
             let mut lat = Vec::new();
             for round in 0..ROUNDS + 5 {
                 let t = Instant::now();

@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use common::*;
 use serde_json::{json, Value};
@@ -134,45 +133,18 @@ async fn bad_input_gets_an_error_not_a_crash() {
 /// filled here by its writer), served over real HTTPS by the same server code.
 #[tokio::test]
 async fn node_names_mode_uses_the_node_cache() {
-    use archer::extender::{self, Extender};
     use k8s_openapi::api::core::v1::Node;
     use kube::runtime::{reflector, watcher};
 
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let (store, mut writer) = reflector::store::<Node>();
     for (name, t, cap) in [("arm-od", "m7g.large", "on-demand"), ("arm-spot", "m7g.large", "spot"), ("x86", "m6i.large", "on-demand")] {
         let node: Node = serde_json::from_value(node_json(name, t, "us-east-1a", cap)).expect("node");
         writer.apply_watcher_event(&watcher::Event::Apply(node));
     }
-    let metrics = Arc::new(archer::metrics::Metrics::new());
-    let cfg = archer::config::Config::default();
-    let client = archer::registry::RegistryClient::new(cfg.client_settings().expect("settings")).expect("client");
-    let ext = Arc::new(Extender {
-        catalog: Arc::new(archer::catalog::Catalog::embedded().expect("catalog")),
-        inspector: archer::registry::Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
-        cluster: None,
-        nodes: Some(store),
-        defaults: cfg.defaults.clone(),
-        base_keyring: Default::default(),
-        metrics,
-        inspection_timeout: std::time::Duration::from_secs(1),
-        preference_bonus: 0.05,
-        max_body_bytes: 1 << 20,
-        facts: Default::default(),
-    });
-    let dir = tempfile::tempdir().expect("tmp");
-    let certs = make_certs(dir.path());
-    let tls = archer::server::tls::CertStore::load(&certs.join("tls.crt"), &certs.join("tls.key")).expect("certs");
-    let (listener, addr) = archer::server::bind("127.0.0.1:0").await.expect("bind");
-    let (_stop, shutdown) = archer::server::shutdown_channel();
-    tokio::spawn(archer::server::serve_https(listener, tls.server_config(), extender::router(ext), shutdown, std::time::Duration::from_secs(1)));
-    let client = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(certs.join("ca.crt")).expect("ca")).expect("pem"))
-        .build()
-        .expect("client");
+    let (port, client, _certs) = serve_extender_in_process(store).await;
     let post = |path: &'static str, body: Value| {
         let client = client.clone();
-        async move { client.post(format!("https://127.0.0.1:{}{path}", addr.port())).json(&body).send().await.expect("post").json::<Value>().await.expect("json") }
+        async move { client.post(format!("https://127.0.0.1:{port}{path}")).json(&body).send().await.expect("post").json::<Value>().await.expect("json") }
     };
 
     let amd = with_annotation(with_requests(pod("p", &["x"]), "500m", "512Mi"), "archer.dev/platforms", "linux/amd64");

@@ -512,3 +512,40 @@ impl Archer {
         (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
     }
 }
+
+/// The extender (standalone defaults, the embedded catalog) over real HTTPS in this process,
+/// answering NodeNames calls from `nodes` (kube-runtime's reflector Store type). Returns the
+/// port, a client trusting its CA, and the guard that keeps the certificates alive.
+pub async fn serve_extender_in_process(nodes: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>) -> (u16, reqwest::Client, tempfile::TempDir) {
+    use std::sync::Arc;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let metrics = Arc::new(archer::metrics::Metrics::new());
+    let cfg = archer::config::Config::default();
+    let client = archer::registry::RegistryClient::new(cfg.client_settings().expect("settings")).expect("client");
+    let ext = Arc::new(archer::extender::Extender {
+        catalog: Arc::new(archer::catalog::Catalog::embedded().expect("catalog")),
+        inspector: archer::registry::Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
+        cluster: None,
+        nodes: Some(nodes),
+        defaults: cfg.defaults.clone(),
+        base_keyring: Default::default(),
+        metrics,
+        inspection_timeout: Duration::from_secs(1),
+        preference_bonus: cfg.extender.preference_bonus,
+        max_body_bytes: cfg.extender.max_body_bytes,
+        facts: Default::default(),
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    let certs = make_certs(dir.path());
+    let tls = archer::server::tls::CertStore::load(&certs.join("tls.crt"), &certs.join("tls.key")).expect("certs");
+    let (listener, addr) = archer::server::bind("127.0.0.1:0").await.expect("bind");
+    let (stop, shutdown) = archer::server::shutdown_channel();
+    // The server lives as long as the test process; the trigger is leaked on purpose.
+    std::mem::forget(stop);
+    tokio::spawn(archer::server::serve_https(listener, tls.server_config(), archer::extender::router(ext), shutdown, Duration::from_secs(1)));
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(certs.join("ca.crt")).expect("ca")).expect("pem"))
+        .build()
+        .expect("client");
+    (addr.port(), http, dir)
+}
