@@ -1,6 +1,7 @@
 //! Archer's own logic, free of I/O: platforms, namespace policy, the placement decision and its patch.
 
 pub mod labels;
+pub mod packer;
 pub mod patch;
 pub mod placement;
 pub mod platform;

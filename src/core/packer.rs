@@ -1,0 +1,336 @@
+//! The bin-packer: pending pods -> the cheapest set of new nodes (pool, instance type, zone,
+//! capacity type) that runs them, after filling free room on existing and in-flight nodes.
+//!
+//! Pods with identical requests and constraints form a class and are packed arithmetically, so
+//! thousands of replicas cost as little as one. For each node to open, every compatible offering
+//! is tried and the one with the lowest price per unit of work packed wins, where a pod's work is
+//! its lower-bound cost (the cheapest price per unit of its scarcer resource on any compatible
+//! offering): this is the quantity the plan's cost ratio is measured against.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::platform::PlatformSet;
+use super::requirements::Requirements;
+use super::resources::Resources;
+use crate::catalog::{CapacityType, InstanceType};
+
+/// A pod waiting for capacity.
+#[derive(Debug, Clone)]
+pub struct PendingPod {
+    /// `namespace/name`.
+    pub id: String,
+    pub requests: Resources,
+    /// Alternatives (required node-affinity terms, each ANDed with the nodeSelector); empty: any node.
+    pub terms: Vec<Requirements>,
+    /// `(key, value, effect)` taints the pod tolerates, as a predicate input.
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    /// Platforms its images run on; `None`: unknown, assumed to run anywhere.
+    pub platforms: Option<PlatformSet>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Taint {
+    pub key: String,
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+/// A NodePool, reduced to what packing needs.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    pub name: String,
+    pub weight: i32,
+    pub requirements: Requirements,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    /// Remaining room under the pool's limits (cpu millicores, memory bytes, nodes as pods field).
+    pub limit_cpu_millis: Option<i64>,
+    pub limit_memory_bytes: Option<i64>,
+    pub limit_nodes: Option<i64>,
+}
+
+/// One way to buy a node: an instance type in a zone as a capacity type, at a price.
+#[derive(Debug, Clone)]
+pub struct Offering {
+    pub instance: Arc<InstanceType>,
+    pub zone: String,
+    pub capacity: CapacityType,
+    pub price: f64,
+}
+
+impl Offering {
+    /// The labels a node from this offering in `pool` would carry.
+    pub fn labels(&self, pool: &Pool) -> BTreeMap<String, String> {
+        use super::labels as l;
+        let t = &self.instance;
+        let mut m = pool.labels.clone();
+        for (k, v) in [
+            (l::ARCH, t.arch.clone()),
+            (l::OS, t.os.clone()),
+            (l::INSTANCE_TYPE, t.name.clone()),
+            (l::ZONE, self.zone.clone()),
+            (l::KARPENTER_CAPACITY_TYPE, self.capacity.as_str().to_string()),
+            (l::CAPACITY_TYPE, self.capacity.as_str().to_string()),
+            ("karpenter.sh/nodepool", pool.name.clone()),
+            ("archer.dev/nodepool", pool.name.clone()),
+            ("karpenter.k8s.aws/instance-family", t.family.clone()),
+            ("karpenter.k8s.aws/instance-category", t.category.clone()),
+            ("karpenter.k8s.aws/instance-generation", t.generation.to_string()),
+            ("karpenter.k8s.aws/instance-cpu", t.vcpu.to_string()),
+            ("karpenter.k8s.aws/instance-memory", t.memory_mib.to_string()),
+            ("archer.dev/instance-family", t.family.clone()),
+        ] {
+            m.insert(k.to_string(), v);
+        }
+        m
+    }
+}
+
+/// An existing (or in-flight) node with free room.
+#[derive(Debug, Clone)]
+pub struct ExistingNode {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub free: Resources,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedNode {
+    pub name: String,
+    pub pool: String,
+    pub instance_type: String,
+    pub arch: String,
+    pub zone: String,
+    pub capacity_type: String,
+    pub price_per_hour: f64,
+    pub pods: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Unschedulable {
+    pub pod: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    pub nodes: Vec<PlannedNode>,
+    /// Pods placed on existing or in-flight nodes: pod -> node.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub existing: BTreeMap<String, String>,
+    pub unschedulable: Vec<Unschedulable>,
+    pub total_price_per_hour: f64,
+    /// Sum over placed pods of their lower-bound cost (for the cost-quality ratio).
+    #[serde(skip)]
+    pub lower_bound_per_hour: f64,
+}
+
+fn tolerates_all(pod: &PendingPod, taints: &[Taint]) -> bool {
+    taints.iter().filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute").all(|t| {
+        pod.tolerations.iter().any(|tol| super::patch::tolerates(tol, &t.key, t.value.as_deref().unwrap_or(""), &t.effect))
+    })
+}
+
+fn labels_fit(pod: &PendingPod, labels: &BTreeMap<String, String>) -> Result<(), String> {
+    if !pod.terms.is_empty() && !pod.terms.iter().any(|t| t.matches_map(labels)) {
+        return Err("node selector / required affinity".into());
+    }
+    if let Some(p) = &pod.platforms {
+        let arch = labels.get(super::labels::ARCH).map(String::as_str).unwrap_or("");
+        let os = labels.get(super::labels::OS).map(String::as_str).unwrap_or("linux");
+        if !p.0.iter().any(|pl| pl.architecture == arch && pl.os == os) {
+            return Err(format!("images support {p}, not {os}/{arch}"));
+        }
+    }
+    Ok(())
+}
+
+/// Pods that share requests and constraints.
+struct Class {
+    pods: Vec<String>,
+    requests: Resources,
+    /// Compatible (pool index, offering index) pairs.
+    offerings: Vec<(usize, usize)>,
+    /// Lower-bound cost of one pod of this class.
+    lower_bound: f64,
+}
+
+fn signature(p: &PendingPod) -> String {
+    format!("{:?}|{:?}|{:?}|{:?}", p.requests, p.terms, p.tolerations, p.platforms.as_ref().map(|s| s.to_annotation()))
+}
+
+/// Pack `pods` onto `existing` nodes first, then onto new nodes from `pools` x `offerings`.
+/// `pools` are tried by weight (highest first); a pod uses the highest-weight pool that has any
+/// compatible offering.
+pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existing: &[ExistingNode]) -> Plan {
+    let mut plan = Plan::default();
+    let mut existing: Vec<ExistingNode> = existing.to_vec();
+    let mut remaining: Vec<&PendingPod> = Vec::new();
+    // Existing nodes: first fit, largest pods first.
+    let mut order: Vec<&PendingPod> = pods.iter().collect();
+    order.sort_by(|a, b| b.requests.cmp(&a.requests).then_with(|| a.id.cmp(&b.id)));
+    for pod in order {
+        let fit = existing.iter_mut().find(|n| pod.requests.fits(n.free) && tolerates_all(pod, &n.taints) && labels_fit(pod, &n.labels).is_ok());
+        match fit {
+            Some(n) => {
+                n.free = n.free.sub(pod.requests);
+                plan.existing.insert(pod.id.clone(), n.name.clone());
+            }
+            None => remaining.push(pod),
+        }
+    }
+
+    // Pools by weight, and per pool the labels of each offering.
+    let mut pool_order: Vec<usize> = (0..pools.len()).collect();
+    pool_order.sort_by(|&a, &b| pools[b].weight.cmp(&pools[a].weight).then_with(|| pools[a].name.cmp(&pools[b].name)));
+    let pool_offerings: Vec<Vec<(usize, BTreeMap<String, String>)>> = pools
+        .iter()
+        .map(|pool| {
+            offerings
+                .iter()
+                .enumerate()
+                .filter_map(|(i, o)| {
+                    let labels = o.labels(pool);
+                    pool.requirements.matches_map(&labels).then_some((i, labels))
+                })
+                .collect()
+        })
+        .collect();
+
+    // Classes of identical pods, with their compatible offerings.
+    let mut classes: BTreeMap<String, Class> = BTreeMap::new();
+    for pod in remaining {
+        let sig = signature(pod);
+        if let Some(c) = classes.get_mut(&sig) {
+            c.pods.push(pod.id.clone());
+            continue;
+        }
+        let mut compatible = Vec::new();
+        let mut why = String::from("no NodePool");
+        for &pi in &pool_order {
+            let pool = &pools[pi];
+            if !tolerates_all(pod, &pool.taints) {
+                why = format!("does not tolerate the taints of pool {}", pool.name);
+                continue;
+            }
+            let fits: Vec<(usize, usize)> = pool_offerings[pi]
+                .iter()
+                .filter(|(oi, labels)| {
+                    let o = &offerings[*oi];
+                    let ok = labels_fit(pod, labels);
+                    if let Err(e) = &ok {
+                        why = format!("pool {}: {e}", pool.name);
+                    }
+                    ok.is_ok() && pod.requests.fits(o.instance.allocatable)
+                })
+                .map(|(oi, _)| (pi, *oi))
+                .collect();
+            if !fits.is_empty() {
+                compatible = fits;
+                break;
+            }
+            if why.starts_with("no NodePool") || why.starts_with("does not tolerate") {
+                why = format!("pool {}: no instance type fits the pod's requests and constraints", pool.name);
+            }
+        }
+        if compatible.is_empty() {
+            plan.unschedulable.push(Unschedulable { pod: pod.id.clone(), reason: why });
+            continue;
+        }
+        let lower_bound = compatible
+            .iter()
+            .map(|&(_, oi)| offerings[oi].price * pod.requests.dominant_share(offerings[oi].instance.allocatable))
+            .fold(f64::INFINITY, f64::min);
+        classes.insert(sig, Class { pods: vec![pod.id.clone()], requests: pod.requests, offerings: compatible, lower_bound });
+    }
+
+    // Per pool: nodes opened so far against its limits.
+    let mut used: Vec<(i64, i64, i64)> = vec![(0, 0, 0); pools.len()];
+    let mut classes: Vec<Class> = classes.into_values().collect();
+    // Biggest pods first.
+    classes.sort_by(|a, b| b.requests.cmp(&a.requests));
+    let mut counter = 0usize;
+    for ci in 0..classes.len() {
+        while !classes[ci].pods.is_empty() {
+            // Choose the offering with the lowest price per unit of packed lower-bound work, filling
+            // the node with this class, then with smaller compatible classes (first fit).
+            let mut best: Option<(f64, usize, usize, Vec<(usize, usize)>)> = None;
+            for &(pi, oi) in &classes[ci].offerings {
+                let pool = &pools[pi];
+                let o = &offerings[oi];
+                let a = o.instance.allocatable;
+                let (cpu_used, mem_used, nodes_used) = used[pi];
+                if pool.limit_nodes.is_some_and(|l| nodes_used + 1 > l)
+                    || pool.limit_cpu_millis.is_some_and(|l| cpu_used + i64::from(o.instance.vcpu) * 1000 > l)
+                    || pool.limit_memory_bytes.is_some_and(|l| mem_used + o.instance.memory_mib as i64 * 1024 * 1024 > l)
+                {
+                    continue;
+                }
+                let mut free = a;
+                let mut take = Vec::new();
+                let mut work = 0.0;
+                for (cj, c) in classes.iter().enumerate().skip(ci) {
+                    if c.pods.is_empty() || (cj != ci && !c.offerings.contains(&(pi, oi))) {
+                        continue;
+                    }
+                    let r = c.requests;
+                    let by = |f: i64, need: i64| if need <= 0 { i64::MAX } else { f / need };
+                    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(c.pods.len() as i64);
+                    if n <= 0 {
+                        continue;
+                    }
+                    free = free.sub(Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n));
+                    take.push((cj, n as usize));
+                    work += c.lower_bound * n as f64;
+                }
+                if take.first().is_none_or(|&(cj, _)| cj != ci) || work <= 0.0 {
+                    continue;
+                }
+                let score = o.price / work;
+                let better = match &best {
+                    None => true,
+                    Some((s, bp, bo, _)) => score < *s - 1e-12 || ((score - *s).abs() <= 1e-12 && (o.price, pi, oi) < (offerings[*bo].price, *bp, *bo)),
+                };
+                if better {
+                    best = Some((score, pi, oi, take));
+                }
+            }
+            let Some((_, pi, oi, take)) = best else {
+                let reason = format!("pool limits reached ({})", classes[ci].offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or(""));
+                for p in classes[ci].pods.drain(..) {
+                    plan.unschedulable.push(Unschedulable { pod: p, reason: reason.clone() });
+                }
+                break;
+            };
+            let o = &offerings[oi];
+            counter += 1;
+            let mut node = PlannedNode {
+                name: format!("{}-{}", pools[pi].name, counter),
+                pool: pools[pi].name.clone(),
+                instance_type: o.instance.name.clone(),
+                arch: o.instance.arch.clone(),
+                zone: o.zone.clone(),
+                capacity_type: o.capacity.as_str().to_string(),
+                price_per_hour: o.price,
+                pods: Vec::new(),
+            };
+            for (cj, n) in take {
+                plan.lower_bound_per_hour += classes[cj].lower_bound * n as f64;
+                node.pods.extend(classes[cj].pods.drain(..n));
+            }
+            used[pi].0 += i64::from(o.instance.vcpu) * 1000;
+            used[pi].1 += o.instance.memory_mib as i64 * 1024 * 1024;
+            used[pi].2 += 1;
+            plan.total_price_per_hour += o.price;
+            plan.nodes.push(node);
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests;
