@@ -7,6 +7,7 @@ pub mod config;
 pub mod core;
 pub mod extender;
 pub mod metrics;
+pub mod provisioner;
 pub mod registry;
 pub mod server;
 pub mod webhook;

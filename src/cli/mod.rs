@@ -4,6 +4,7 @@ mod certs;
 mod inspect;
 mod prices;
 mod serve;
+mod simulate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +42,8 @@ pub enum Command {
     Certs(certs::CertsArgs),
     /// List the instance types and prices the catalog knows.
     Prices(prices::PricesArgs),
+    /// Plan nodes for a scenario offline: the provisioner's deciding code, no cluster.
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Registry flags shared by every subcommand that reads images.
@@ -107,6 +110,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Inspect(a) => inspect::run(a).await,
             Command::Certs(a) => certs::run(a),
             Command::Prices(a) => prices::run(a),
+            Command::Simulate(a) => simulate::run(a).await,
         }
     });
     match result {

@@ -1,0 +1,155 @@
+//! NodePool, `archer.dev/v1alpha1`: the schema of Karpenter v1's NodePool, so a pool is ported by
+//! changing its apiVersion.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{CapacityType, Catalog};
+use crate::core::labels;
+use crate::core::packer::{Offering, Pool, Taint};
+use crate::core::quantity;
+use crate::core::requirements::{RequirementError, Requirements};
+
+pub const API_VERSION: &str = "archer.dev/v1alpha1";
+pub const KARPENTER_API_VERSION: &str = "karpenter.sh/v1";
+/// Zones assumed when neither the pool nor the scenario names any.
+pub const DEFAULT_ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePool {
+    #[serde(default)]
+    pub metadata: Meta,
+    #[serde(default)]
+    pub spec: NodePoolSpec,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Meta {
+    #[serde(default)]
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolSpec {
+    #[serde(default)]
+    pub template: Template,
+    #[serde(default)]
+    pub disruption: Option<serde_json::Value>,
+    #[serde(default)]
+    pub limits: BTreeMap<String, String>,
+    #[serde(default)]
+    pub weight: Option<i32>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Template {
+    #[serde(default)]
+    pub metadata: TemplateMeta,
+    #[serde(default)]
+    pub spec: TemplateSpec,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TemplateMeta {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateSpec {
+    #[serde(default)]
+    pub taints: Vec<TaintDoc>,
+    #[serde(default)]
+    pub startup_taints: Vec<TaintDoc>,
+    #[serde(default)]
+    pub requirements: Vec<RequirementDoc>,
+    #[serde(default)]
+    pub expire_after: Option<String>,
+    #[serde(default)]
+    pub node_class_ref: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TaintDoc {
+    pub key: String,
+    #[serde(default)]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RequirementDoc {
+    pub key: String,
+    pub operator: String,
+    #[serde(default)]
+    pub values: Vec<String>,
+    #[serde(default)]
+    pub min_values: Option<u32>,
+}
+
+impl NodePool {
+    /// The default pool when a scenario names none: any architecture, Linux, on-demand.
+    pub fn default_pool() -> Self {
+        NodePool { metadata: Meta { name: "default".into() }, ..Default::default() }
+    }
+
+    pub fn requirements(&self) -> Result<Requirements, RequirementError> {
+        let mut r = Requirements::new();
+        for q in &self.spec.template.spec.requirements {
+            r.add(&q.key, &q.operator, &q.values)?;
+        }
+        // Karpenter's defaults: Linux, on-demand unless the pool says otherwise.
+        if r.get(labels::OS).is_none() {
+            r.add(labels::OS, "In", &["linux".into()])?;
+        }
+        if r.get(labels::KARPENTER_CAPACITY_TYPE).is_none() {
+            r.add(labels::KARPENTER_CAPACITY_TYPE, "In", &[CapacityType::OnDemand.as_str().into()])?;
+        }
+        Ok(r)
+    }
+
+    /// The packer's view of this pool.
+    pub fn to_pool(&self) -> Result<Pool, RequirementError> {
+        let limits = &self.spec.limits;
+        Ok(Pool {
+            name: self.metadata.name.clone(),
+            weight: self.spec.weight.unwrap_or(0),
+            requirements: self.requirements()?,
+            labels: self.spec.template.metadata.labels.clone(),
+            taints: self.spec.template.spec.taints.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() }).collect(),
+            limit_cpu_millis: limits.get("cpu").and_then(|q| quantity::cpu_millis(q)),
+            limit_memory_bytes: limits.get("memory").and_then(|q| quantity::value(q)),
+            limit_nodes: limits.get("nodes").and_then(|q| quantity::value(q)),
+        })
+    }
+
+    /// Zones this pool may launch in.
+    pub fn zones(&self) -> Vec<String> {
+        let r = self.requirements().ok();
+        match r.as_ref().and_then(|r| r.get(labels::ZONE)).and_then(|z| z.values()) {
+            Some(v) => v.into_iter().map(String::from).collect(),
+            None => DEFAULT_ZONES.iter().map(|z| z.to_string()).collect(),
+        }
+    }
+}
+
+/// Every priced (instance type, zone, capacity type) of the catalog in `zones`.
+pub fn offerings(catalog: &Catalog, zones: &[String]) -> Vec<Offering> {
+    let mut out = Vec::new();
+    for t in catalog.types() {
+        for cap in [CapacityType::OnDemand, CapacityType::Spot] {
+            let Some(price) = catalog.price_of(t, None, cap) else { continue };
+            for z in zones {
+                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: cap, price });
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,143 @@
+//! A scenario: ordinary Kubernetes YAML (Deployments with replicas, Pods, NodePools, existing
+//! Nodes), turned into the packer's inputs.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde::Deserialize;
+
+use super::nodepool::{NodePool, API_VERSION, KARPENTER_API_VERSION};
+use crate::core::packer::{ExistingNode, PendingPod, Taint};
+use crate::core::placement::{pod_images, PLATFORMS_ANNOTATION};
+use crate::core::platform::PlatformSet;
+use crate::core::requirements::Requirements;
+use crate::core::resources::{pod_requests, Resources};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("document {index}: {message}")]
+    Document { index: usize, message: String },
+}
+
+/// A pod to place, with what the packer needs and where its platforms come from.
+#[derive(Debug, Clone)]
+pub struct ScenarioPod {
+    pub id: String,
+    pub pod: Pod,
+}
+
+#[derive(Debug, Default)]
+pub struct Scenario {
+    pub pods: Vec<ScenarioPod>,
+    pub pools: Vec<NodePool>,
+    pub nodes: Vec<Node>,
+    /// Kinds that were ignored, for the report.
+    pub ignored: Vec<String>,
+}
+
+impl Scenario {
+    pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+        let mut s = Scenario::default();
+        for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let err = |message: String| ScenarioError::Document { index, message };
+            let value = serde_yaml::Value::deserialize(doc).map_err(|e| err(e.to_string()))?;
+            if value.is_null() {
+                continue;
+            }
+            let json: serde_json::Value = serde_json::to_value(&value).map_err(|e| err(e.to_string()))?;
+            let kind = json.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
+            let api = json.get("apiVersion").and_then(|k| k.as_str()).unwrap_or_default().to_string();
+            match (kind.as_str(), api.as_str()) {
+                ("Deployment", _) => {
+                    let d: Deployment = serde_json::from_value(json).map_err(|e| err(format!("Deployment: {e}")))?;
+                    let name = d.metadata.name.clone().unwrap_or_default();
+                    let ns = d.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+                    let spec = d.spec.ok_or_else(|| err(format!("Deployment {name} has no spec")))?;
+                    let replicas = spec.replicas.unwrap_or(1).max(0);
+                    for i in 0..replicas {
+                        let mut meta = spec.template.metadata.clone().unwrap_or_default();
+                        meta.name = Some(format!("{name}-{i}"));
+                        meta.namespace = Some(ns.clone());
+                        let pod = Pod { metadata: meta, spec: spec.template.spec.clone(), status: None };
+                        s.pods.push(ScenarioPod { id: format!("{ns}/{name}-{i}"), pod });
+                    }
+                }
+                ("Pod", _) => {
+                    let p: Pod = serde_json::from_value(json).map_err(|e| err(format!("Pod: {e}")))?;
+                    let ns = p.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+                    let id = format!("{ns}/{}", p.metadata.name.clone().unwrap_or_default());
+                    if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none() {
+                        s.pods.push(ScenarioPod { id, pod: p });
+                    }
+                }
+                ("NodePool", API_VERSION | KARPENTER_API_VERSION) => {
+                    s.pools.push(serde_json::from_value(json).map_err(|e| err(format!("NodePool: {e}")))?);
+                }
+                ("Node", _) => s.nodes.push(serde_json::from_value(json).map_err(|e| err(format!("Node: {e}")))?),
+                (k, a) => s.ignored.push(format!("{a} {k}")),
+            }
+        }
+        if s.pools.is_empty() {
+            s.pools.push(NodePool::default_pool());
+        }
+        Ok(s)
+    }
+
+    pub fn existing_nodes(&self) -> Vec<ExistingNode> {
+        self.nodes
+            .iter()
+            .map(|n| ExistingNode {
+                name: n.metadata.name.clone().unwrap_or_default(),
+                labels: n.metadata.labels.clone().unwrap_or_default(),
+                taints: n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .map(|t| t.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() }).collect())
+                    .unwrap_or_default(),
+                free: Resources::from_map(n.status.as_ref().and_then(|s| s.allocatable.as_ref())),
+            })
+            .collect()
+    }
+}
+
+/// The platforms recorded on the pod (the webhook's annotation), if any.
+pub fn annotated_platforms(pod: &Pod) -> Option<PlatformSet> {
+    let a = pod.metadata.annotations.as_ref()?.get(PLATFORMS_ANNOTATION)?;
+    PlatformSet::parse_annotation(a).ok().filter(|p| !p.is_empty())
+}
+
+/// The packer's view of a pod, with `platforms` decided by the caller.
+pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPod {
+    let spec = p.pod.spec.as_ref();
+    let selector = spec.and_then(|s| s.node_selector.clone()).unwrap_or_default();
+    let base = Requirements::from_node_selector(&selector);
+    let terms: Vec<Requirements> = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .map(|r| r.node_selector_terms.iter().filter_map(|t| Requirements::from_term(t).ok()).map(|t| t.intersect(&base)).collect())
+        .filter(|t: &Vec<Requirements>| !t.is_empty())
+        .unwrap_or_else(|| if selector.is_empty() { Vec::new() } else { vec![base] });
+    PendingPod {
+        id: p.id.clone(),
+        requests: pod_requests(&p.pod, false),
+        terms,
+        tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
+        platforms,
+    }
+}
+
+/// Images of all scenario pods, deduplicated, for one inspection pass.
+pub fn all_images(pods: &[ScenarioPod]) -> Vec<String> {
+    let mut seen = BTreeMap::new();
+    for p in pods {
+        if annotated_platforms(&p.pod).is_none() {
+            for i in pod_images(&p.pod) {
+                seen.insert(i, ());
+            }
+        }
+    }
+    seen.into_keys().collect()
+}
