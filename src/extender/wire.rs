@@ -146,6 +146,59 @@ pub struct Args<'a> {
 /// node is kept as its raw text (to echo back) plus the handful of fields Archer reads, and the
 /// per-node parse runs on all cores for large lists.
 pub fn parse_args(body: &[u8]) -> Result<Args<'_>, ArgsError> {
+    // One pass over the body: the node list's items are split out as it is read.
+    let Ok(top) = serde_json::from_slice::<TopIn<'_>>(body) else {
+        return parse_args_slowly(body);
+    };
+    let pod_raw = top.pod.ok_or(ArgsError::NoPod)?;
+    let pod: Pod = serde_json::from_str(pod_raw.get()).map_err(ArgsError::BadPod)?;
+    let nodes = if let Some(list) = top.nodes {
+        Nodes::Full(parse_nodes(&list.items)?)
+    } else if let Some(raw) = top.node_names {
+        Nodes::Names(serde_json::from_str(raw.get()).map_err(|e| ArgsError::BadNodeNames(e.to_string()))?)
+    } else {
+        return Err(ArgsError::NoNodes);
+    };
+    Ok(Args { pod, nodes })
+}
+
+/// The top level of ExtenderArgs, keys matched in any letter case, `null` meaning absent.
+struct TopIn<'a> {
+    pod: Option<&'a RawValue>,
+    nodes: Option<NodeListIn<'a>>,
+    node_names: Option<&'a RawValue>,
+}
+
+impl<'de> Deserialize<'de> for TopIn<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = TopIn<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("ExtenderArgs")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut top = TopIn { pod: None, nodes: None, node_names: None };
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    if key.eq_ignore_ascii_case("pod") {
+                        top.pod = Some(map.next_value::<&'de RawValue>()?).filter(|r| r.get() != "null");
+                    } else if key.eq_ignore_ascii_case("nodes") {
+                        top.nodes = map.next_value::<Option<NodeListIn<'de>>>()?;
+                    } else if key.eq_ignore_ascii_case("nodenames") {
+                        top.node_names = Some(map.next_value::<&'de RawValue>()?).filter(|r| r.get() != "null");
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(top)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The error path: say precisely which part of the body is wrong.
+fn parse_args_slowly(body: &[u8]) -> Result<Args<'_>, ArgsError> {
     let top: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_slice(body).map_err(|e| ArgsError::BadJson(e.to_string()))?;
     let field = |name: &str| top.iter().find(|(k, v)| k.eq_ignore_ascii_case(name) && v.get() != "null").map(|(_, v)| *v);
     let pod_raw = field("Pod").ok_or(ArgsError::NoPod)?;
