@@ -97,7 +97,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             let platforms = annotated_platforms(&p.pod).or_else(|| {
                 let images = crate::core::placement::pod_images(&p.pod);
                 let sets: Option<Vec<&PlatformSet>> = images.iter().map(|i| found.get(i)).collect();
-                sets.and_then(|s| PlatformSet::intersect_all(s))
+                sets.and_then(PlatformSet::intersect_all)
             });
             if platforms.is_none() {
                 assumed += 1;

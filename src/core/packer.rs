@@ -177,7 +177,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
         let fit = existing.iter_mut().find(|n| pod.requests.fits(n.free) && tolerates_all(pod, &n.taints) && labels_fit(pod, &n.labels).is_ok());
         match fit {
             Some(n) => {
-                n.free = n.free.sub(pod.requests);
+                n.free = n.free - pod.requests;
                 plan.existing.insert(pod.id.clone(), n.name.clone());
             }
             None => remaining.push(pod),
@@ -252,13 +252,15 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
     let mut used: Vec<(i64, i64, i64)> = vec![(0, 0, 0); pools.len()];
     let mut classes: Vec<Class> = classes.into_values().collect();
     // Biggest pods first.
-    classes.sort_by(|a, b| b.requests.cmp(&a.requests));
+    classes.sort_by_key(|c| std::cmp::Reverse(c.requests));
     let mut counter = 0usize;
     for ci in 0..classes.len() {
         while !classes[ci].pods.is_empty() {
             // Choose the offering with the lowest price per unit of packed lower-bound work, filling
             // the node with this class, then with smaller compatible classes (first fit).
-            let mut best: Option<(f64, usize, usize, Vec<(usize, usize)>)> = None;
+            // (price per unit of work, pool, offering, (class, count) packed)
+            type Choice = (f64, usize, usize, Vec<(usize, usize)>);
+            let mut best: Option<Choice> = None;
             for &(pi, oi) in &classes[ci].offerings {
                 let pool = &pools[pi];
                 let o = &offerings[oi];
@@ -283,7 +285,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                     if n <= 0 {
                         continue;
                     }
-                    free = free.sub(Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n));
+                    free = free - Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n);
                     take.push((cj, n as usize));
                     work += c.lower_bound * n as f64;
                 }

@@ -84,7 +84,7 @@ fn amd64_only_pod_gets_no_arm_toleration_and_no_preference() {
     // existing annotations are kept, ours added beside them (the key's '/' escaped in the pointer)
     assert_eq!(out["metadata"]["annotations"]["team"], "a");
     assert_eq!(out["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64");
-    assert!(d.patch.iter().any(|op| op.path().to_string() == "/metadata/annotations/archer.dev~1platforms"));
+    assert!(d.patch.iter().any(|op| op.path().as_str() == "/metadata/annotations/archer.dev~1platforms"));
 }
 
 #[test]

@@ -77,11 +77,14 @@ impl FromStr for Platform {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PlatformSet(pub BTreeSet<Platform>);
 
-impl PlatformSet {
-    pub fn from_iter<I: IntoIterator<Item = Platform>>(it: I) -> Self {
+/// Collecting skips unknown (attestation) entries.
+impl FromIterator<Platform> for PlatformSet {
+    fn from_iter<I: IntoIterator<Item = Platform>>(it: I) -> Self {
         Self(it.into_iter().filter(|p| !p.is_unknown()).collect())
     }
+}
 
+impl PlatformSet {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

@@ -43,7 +43,7 @@ pub enum RequirementError {
 }
 
 /// What one key may be: the intersection of every requirement on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyConstraint {
     /// `Some(set)`: only these values; `None`: any value not excluded.
     allowed: Option<BTreeSet<String>>,
@@ -52,12 +52,6 @@ pub struct KeyConstraint {
     exists: Option<bool>,
     greater_than: Option<i64>,
     less_than: Option<i64>,
-}
-
-impl Default for KeyConstraint {
-    fn default() -> Self {
-        Self { allowed: None, excluded: BTreeSet::new(), exists: None, greater_than: None, less_than: None }
-    }
 }
 
 impl KeyConstraint {

@@ -29,14 +29,6 @@ impl Resources {
         Resources { cpu_millis: get("cpu", quantity::cpu_millis), memory_bytes: get("memory", quantity::value), pods: get("pods", quantity::value) }
     }
 
-    pub fn add(self, o: Resources) -> Resources {
-        Resources { cpu_millis: self.cpu_millis + o.cpu_millis, memory_bytes: self.memory_bytes + o.memory_bytes, pods: self.pods + o.pods }
-    }
-
-    pub fn sub(self, o: Resources) -> Resources {
-        Resources { cpu_millis: self.cpu_millis - o.cpu_millis, memory_bytes: self.memory_bytes - o.memory_bytes, pods: self.pods - o.pods }
-    }
-
     pub fn max(self, o: Resources) -> Resources {
         Resources { cpu_millis: self.cpu_millis.max(o.cpu_millis), memory_bytes: self.memory_bytes.max(o.memory_bytes), pods: self.pods.max(o.pods) }
     }
@@ -51,6 +43,20 @@ impl Resources {
         let cpu = if of.cpu_millis > 0 { self.cpu_millis as f64 / of.cpu_millis as f64 } else { f64::INFINITY };
         let mem = if of.memory_bytes > 0 { self.memory_bytes as f64 / of.memory_bytes as f64 } else { f64::INFINITY };
         cpu.max(mem)
+    }
+}
+
+impl std::ops::Add for Resources {
+    type Output = Resources;
+    fn add(self, o: Resources) -> Resources {
+        Resources { cpu_millis: self.cpu_millis + o.cpu_millis, memory_bytes: self.memory_bytes + o.memory_bytes, pods: self.pods + o.pods }
+    }
+}
+
+impl std::ops::Sub for Resources {
+    type Output = Resources;
+    fn sub(self, o: Resources) -> Resources {
+        Resources { cpu_millis: self.cpu_millis - o.cpu_millis, memory_bytes: self.memory_bytes - o.memory_bytes, pods: self.pods - o.pods }
     }
 }
 
@@ -77,14 +83,14 @@ pub fn pod_requests(pod: &Pod, non_zero: bool) -> Resources {
     for c in spec.init_containers.iter().flatten() {
         let r = container_requests(c, non_zero);
         if c.restart_policy.as_deref() == Some("Always") {
-            sidecars = sidecars.add(r);
+            sidecars = sidecars + r;
         } else {
-            init_peak = init_peak.max(sidecars.add(r));
+            init_peak = init_peak.max(sidecars + r);
         }
     }
-    let regular = spec.containers.iter().fold(Resources::default(), |acc, c| acc.add(container_requests(c, non_zero))).add(sidecars);
+    let regular = spec.containers.iter().fold(Resources::default(), |acc, c| acc + container_requests(c, non_zero)) + sidecars;
     let overhead = Resources::from_map(spec.overhead.as_ref());
-    Resources { pods: 1, ..regular.max(init_peak).add(Resources { pods: 0, ..overhead }) }
+    Resources { pods: 1, ..regular.max(init_peak) + Resources { pods: 0, ..overhead } }
 }
 
 #[cfg(test)]

@@ -45,11 +45,11 @@ async fn node(client: &Client, name: &str, instance_type: &str, zone: &str, capa
     let mut n = node_json(name, instance_type, zone, capacity);
     n["metadata"]["labels"]["type"] = json!("kwok");
     n["metadata"]["annotations"]["kwok.x-k8s.io/node"] = json!("fake");
-    n["metadata"].as_object_mut().map(|m| {
-        m.remove("uid");
-        m.remove("resourceVersion");
-        m.remove("creationTimestamp");
-    });
+    if let Some(m) = n["metadata"].as_object_mut() {
+        for k in ["uid", "resourceVersion", "creationTimestamp"] {
+            m.remove(k);
+        }
+    }
     let node: Node = serde_json::from_value(n).expect("node");
     Api::<Node>::all(client.clone()).create(&PostParams::default(), &node).await.expect("create node");
 }
