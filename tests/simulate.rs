@@ -93,3 +93,18 @@ fn bad_scenarios_are_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("document 0"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn daemonsets_take_room_on_every_node_they_run_on() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let deploy = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: w}\nspec:\n  replicas: 4\n  selector: {matchLabels: {app: w}}\n  template:\n    metadata: {labels: {app: w}, annotations: {archer.dev/platforms: linux/arm64}}\n    spec:\n      nodeSelector: {node.kubernetes.io/instance-type: m6g.large}\n      containers: [{name: a, image: x, resources: {requests: {cpu: 900m, memory: 256Mi}}}]\n";
+    let ds = |selector: &str| format!("---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{name: agent}}\nspec:\n  selector: {{matchLabels: {{app: agent}}}}\n  template:\n    metadata: {{labels: {{app: agent}}}}\n    spec:\n      nodeSelector: {{{selector}}}\n      containers: [{{name: a, image: y, resources: {{requests: {{cpu: 200m, memory: 128Mi}}}}}}]\n");
+    let run = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        simulate(&["--scenario", path.to_str().expect("utf8"), "--offline"])["nodes"].as_array().map(Vec::len).unwrap_or(0)
+    };
+    assert_eq!(run("none.yaml", deploy.to_string()), 2, "two 900m pods per 1930m node");
+    assert_eq!(run("ds.yaml", format!("{deploy}{}", ds("kubernetes.io/os: linux"))), 4, "a 200m agent leaves room for one");
+    assert_eq!(run("elsewhere.yaml", format!("{deploy}{}", ds("kubernetes.io/arch: s390x"))), 2, "an agent for other nodes takes nothing here");
+}

@@ -109,7 +109,11 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         notes.push(format!("{assumed} pod(s) with unknown image platforms were assumed to run on any architecture"));
     }
 
-    let pools: Vec<Pool> = s.pools.iter().map(|p| p.to_pool()).collect::<Result<_, _>>()?;
+    let mut pools: Vec<Pool> = s.pools.iter().map(|p| p.to_pool()).collect::<Result<_, _>>()?;
+    let daemons = s.daemon_loads();
+    for p in &mut pools {
+        p.daemons = daemons.clone();
+    }
     let mut zones: Vec<String> = s.pools.iter().flat_map(|p| p.zones()).collect();
     zones.sort();
     zones.dedup();

@@ -48,6 +48,34 @@ pub struct Pool {
     pub limit_cpu_millis: Option<i64>,
     pub limit_memory_bytes: Option<i64>,
     pub limit_nodes: Option<i64>,
+    /// DaemonSets that would run on this pool's nodes (those whose selector the node matches
+    /// and that tolerate the pool's taints take room on it).
+    pub daemons: Vec<DaemonLoad>,
+}
+
+/// One DaemonSet's pod, as it weighs on every node it runs on.
+#[derive(Debug, Clone)]
+pub struct DaemonLoad {
+    pub selector: Requirements,
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    pub requests: Resources,
+}
+
+impl Pool {
+    /// Room left for workload pods on a node with these labels and allocatable.
+    pub fn room(&self, labels: &BTreeMap<String, String>, allocatable: Resources) -> Resources {
+        let overhead = self
+            .daemons
+            .iter()
+            .filter(|d| {
+                d.selector.matches_map(labels)
+                    && self.taints.iter().filter(|t| t.effect != "PreferNoSchedule").all(|t| {
+                        d.tolerations.iter().any(|tol| super::patch::tolerates(tol, &t.key, t.value.as_deref().unwrap_or(""), &t.effect))
+                    })
+            })
+            .fold(Resources::default(), |acc, d| acc + d.requests);
+        allocatable - overhead
+    }
 }
 
 /// One way to buy a node: an instance type in a zone as a capacity type, at a price.
@@ -200,6 +228,13 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 .collect()
         })
         .collect();
+    // Room for workload pods per (pool, offering), after the DaemonSets that run there.
+    let room: std::collections::HashMap<(usize, usize), Resources> = pool_offerings
+        .iter()
+        .enumerate()
+        .flat_map(|(pi, list)| list.iter().map(move |(oi, labels)| ((pi, *oi), pools[pi].room(labels, offerings[*oi].instance.allocatable))))
+        .collect();
+    let room_of = |pi: usize, oi: usize| room.get(&(pi, oi)).copied().unwrap_or_default();
 
     // Classes of identical pods, with their compatible offerings.
     let mut classes: BTreeMap<String, Class> = BTreeMap::new();
@@ -220,12 +255,11 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             let fits: Vec<(usize, usize)> = pool_offerings[pi]
                 .iter()
                 .filter(|(oi, labels)| {
-                    let o = &offerings[*oi];
                     let ok = labels_fit(pod, labels);
                     if let Err(e) = &ok {
                         why = format!("pool {}: {e}", pool.name);
                     }
-                    ok.is_ok() && pod.requests.fits(o.instance.allocatable)
+                    ok.is_ok() && pod.requests.fits(room_of(pi, *oi))
                 })
                 .map(|(oi, _)| (pi, *oi))
                 .collect();
@@ -243,7 +277,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
         }
         let lower_bound = compatible
             .iter()
-            .map(|&(_, oi)| offerings[oi].price * pod.requests.dominant_share(offerings[oi].instance.allocatable))
+            .map(|&(pi, oi)| offerings[oi].price * pod.requests.dominant_share(room_of(pi, oi)))
             .fold(f64::INFINITY, f64::min);
         classes.insert(sig, Class { pods: vec![pod.id.clone()], requests: pod.requests, offerings: compatible, lower_bound });
     }
@@ -264,7 +298,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             for &(pi, oi) in &classes[ci].offerings {
                 let pool = &pools[pi];
                 let o = &offerings[oi];
-                let a = o.instance.allocatable;
+                let a = room_of(pi, oi);
                 let (cpu_used, mem_used, nodes_used) = used[pi];
                 if pool.limit_nodes.is_some_and(|l| nodes_used + 1 > l)
                     || pool.limit_cpu_millis.is_some_and(|l| cpu_used + i64::from(o.instance.vcpu) * 1000 > l)

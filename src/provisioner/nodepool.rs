@@ -127,6 +127,7 @@ impl NodePool {
             limit_cpu_millis: limits.get("cpu").and_then(|q| quantity::cpu_millis(q)),
             limit_memory_bytes: limits.get("memory").and_then(|q| quantity::value(q)),
             limit_nodes: limits.get("nodes").and_then(|q| quantity::value(q)),
+            daemons: Vec::new(),
         })
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Deserialize;
 
@@ -32,6 +32,8 @@ pub struct Scenario {
     pub pods: Vec<ScenarioPod>,
     pub pools: Vec<NodePool>,
     pub nodes: Vec<Node>,
+    /// Pod templates of DaemonSets: their requests are taken on every new node they would run on.
+    pub daemonsets: Vec<Pod>,
     /// Kinds that were ignored, for the report.
     pub ignored: Vec<String>,
 }
@@ -74,6 +76,11 @@ impl Scenario {
                 ("NodePool", API_VERSION | KARPENTER_API_VERSION) => {
                     s.pools.push(serde_json::from_value(json).map_err(|e| err(format!("NodePool: {e}")))?);
                 }
+                ("DaemonSet", _) => {
+                    let d: DaemonSet = serde_json::from_value(json).map_err(|e| err(format!("DaemonSet: {e}")))?;
+                    let t = d.spec.map(|s| s.template).unwrap_or_default();
+                    s.daemonsets.push(Pod { metadata: t.metadata.unwrap_or_default(), spec: t.spec, status: None });
+                }
                 ("Node", _) => s.nodes.push(serde_json::from_value(json).map_err(|e| err(format!("Node: {e}")))?),
                 (k, a) => s.ignored.push(format!("{a} {k}")),
             }
@@ -82,6 +89,21 @@ impl Scenario {
             s.pools.push(NodePool::default_pool());
         }
         Ok(s)
+    }
+
+    /// The DaemonSets' pods as loads on new nodes.
+    pub fn daemon_loads(&self) -> Vec<crate::core::packer::DaemonLoad> {
+        self.daemonsets
+            .iter()
+            .map(|d| {
+                let spec = d.spec.as_ref();
+                crate::core::packer::DaemonLoad {
+                    selector: Requirements::from_node_selector(&spec.and_then(|s| s.node_selector.clone()).unwrap_or_default()),
+                    tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
+                    requests: Resources { pods: 1, ..pod_requests(d, false) },
+                }
+            })
+            .collect()
     }
 
     pub fn existing_nodes(&self) -> Vec<ExistingNode> {

@@ -18,7 +18,17 @@ fn catalog_offerings(zones: &[&str], caps: &[CapacityType]) -> Vec<Offering> {
 }
 
 fn pool(name: &str) -> Pool {
-    Pool { name: name.into(), weight: 0, requirements: Requirements::new(), labels: BTreeMap::new(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None }
+    Pool {
+        name: name.into(),
+        weight: 0,
+        requirements: Requirements::new(),
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
+        limit_cpu_millis: None,
+        limit_memory_bytes: None,
+        limit_nodes: None,
+        daemons: Vec::new(),
+    }
 }
 
 fn pods(prefix: &str, n: usize, cpu: i64, mem_mib: i64, platforms: &str) -> Vec<PendingPod> {
@@ -131,4 +141,15 @@ fn spot_is_chosen_when_allowed_and_cheaper() {
     od_only.requirements = Requirements::new().with("karpenter.sh/capacity-type", "on-demand");
     let plan = pack(&pods("web", 8, 500, 512, "linux/amd64,linux/arm64"), &[od_only], &offerings, &[]);
     assert!(plan.nodes.iter().all(|n| n.capacity_type == "on-demand"));
+}
+
+#[test]
+fn daemonset_overhead_shrinks_every_node() {
+    // 4 pods of 900m fit two to a 1930m node without overhead, one to a node with 200m taken.
+    let mut only = pool("m6g");
+    only.requirements = Requirements::new().with("node.kubernetes.io/instance-type", "m6g.large");
+    let p = pods("w", 4, 900, 256, "linux/arm64");
+    assert_eq!(pack(&p, &[only.clone()], &on_demand(), &[]).nodes.len(), 2);
+    only.daemons = vec![DaemonLoad { selector: Requirements::new(), tolerations: Vec::new(), requests: Resources::new(200, 128 * MIB, 1) }];
+    assert_eq!(pack(&p, &[only], &on_demand(), &[]).nodes.len(), 4);
 }
