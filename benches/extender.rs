@@ -23,6 +23,15 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// (sum, count) of one histogram, read from the metrics text (the handler's own time, body read
+/// included, TLS and the client excluded).
+fn histogram_sum_count(metrics: &archer::metrics::Metrics, h: &prometheus_client::metrics::histogram::Histogram) -> (f64, u64) {
+    let name = if std::ptr::eq(h, &metrics.extender_filter_seconds) { "archer_extender_filter_duration_seconds" } else { "archer_extender_prioritize_duration_seconds" };
+    let text = metrics.encode();
+    let get = |suffix: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{name}_{suffix} "))).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0);
+    (get("sum"), get("count") as u64)
+}
+
 #[tokio::main]
 async fn main() {
     if std::env::args().any(|a| a == "--list") {
@@ -38,7 +47,7 @@ async fn main() {
     for n in &nodes {
         writer.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value::<Node>(n.clone()).expect("node")));
     }
-    let (port, http, _certs) = serve_extender_in_process(store).await;
+    let (port, http, _certs, metrics) = serve_extender_with_metrics(store).await;
 
     // A multi-arch pod (the webhook's annotation) whose filter keeps every node, the worst case.
     let p = with_annotation(with_requests(pod("web", &["x"]), "500m", "512Mi"), "archer.dev/platforms", "linux/amd64,linux/arm64");
@@ -48,7 +57,7 @@ async fn main() {
         ("full Nodes", serde_json::to_vec(&extender_args_full(&p, &nodes)).expect("json")),
     ];
     println!("archer extender benchmark: {NODES} nodes, {ROUNDS} rounds, HTTPS, one call at a time");
-    println!("{:<12} {:<12} {:>10} {:>10} {:>10}", "mode", "verb", "body", "p50", "p99");
+    println!("{:<12} {:<12} {:>10} {:>10} {:>10} {:>14}", "mode", "verb", "body", "p50", "p99", "server mean");
     // ARCHER_BENCH_MODE=names|full runs one mode only (for profiling).
     let only = std::env::var("ARCHER_BENCH_MODE").ok();
     for (mode, body) in &bodies {
@@ -58,7 +67,12 @@ async fn main() {
         for verb in ["filter", "prioritize"] {
             let url = format!("https://127.0.0.1:{port}/scheduler/{verb}");
             let mut lat = Vec::new();
+            let histogram = if verb == "filter" { &metrics.extender_filter_seconds } else { &metrics.extender_prioritize_seconds };
+            let mut before = (0.0, 0u64);
             for round in 0..ROUNDS + 5 {
+                if round == 5 {
+                    before = histogram_sum_count(&metrics, histogram);
+                }
                 let t = Instant::now();
                 let r = http.post(&url).header("content-type", "application/json").body(body.clone()).send().await.expect("post");
                 assert!(r.status().is_success());
@@ -70,7 +84,9 @@ async fn main() {
                     assert!(bytes.len() > 2, "{verb} answered");
                 }
             }
-            println!("{mode:<12} {verb:<12} {:>8.1}MB {:>10.2?} {:>10.2?}", body.len() as f64 / 1e6, pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+            let after = histogram_sum_count(&metrics, histogram);
+            let server_mean = Duration::from_secs_f64((after.0 - before.0) / (after.1 - before.1).max(1) as f64);
+            println!("{mode:<12} {verb:<12} {:>8.1}MB {:>10.2?} {:>10.2?} {:>14.2?}", body.len() as f64 / 1e6, pct(&mut lat, 0.5), pct(&mut lat, 0.99), server_mean);
         }
     }
     // Parsing share for full Node objects: the same parse the handler does, alone.

@@ -517,9 +517,18 @@ impl Archer {
 /// answering NodeNames calls from `nodes` (kube-runtime's reflector Store type). Returns the
 /// port, a client trusting its CA, and the guard that keeps the certificates alive.
 pub async fn serve_extender_in_process(nodes: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>) -> (u16, reqwest::Client, tempfile::TempDir) {
+    let (port, http, dir, _) = serve_extender_with_metrics(nodes).await;
+    (port, http, dir)
+}
+
+/// As [`serve_extender_in_process`], also returning the server's metrics.
+pub async fn serve_extender_with_metrics(
+    nodes: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
+) -> (u16, reqwest::Client, tempfile::TempDir, std::sync::Arc<archer::metrics::Metrics>) {
     use std::sync::Arc;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let metrics = Arc::new(archer::metrics::Metrics::new());
+    let server_metrics = metrics.clone();
     let cfg = archer::config::Config::default();
     let client = archer::registry::RegistryClient::new(cfg.client_settings().expect("settings")).expect("client");
     let ext = Arc::new(archer::extender::Extender {
@@ -547,5 +556,5 @@ pub async fn serve_extender_in_process(nodes: kube::runtime::reflector::Store<k8
         .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(certs.join("ca.crt")).expect("ca")).expect("pem"))
         .build()
         .expect("client");
-    (addr.port(), http, dir)
+    (addr.port(), http, dir, server_metrics)
 }
