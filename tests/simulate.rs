@@ -41,6 +41,12 @@ fn inflate_workshop_plan() {
 #[test]
 fn team_pool_taints_and_labels() {
     let plan = simulate(&["--scenario", &example("team1.yaml"), "--offline"]);
+    // The team's Deployment spreads over its pool's two zones (maxSkew 1).
+    let mut zones = std::collections::BTreeMap::new();
+    for n in plan["nodes"].as_array().expect("nodes").iter().filter(|n| n["pool"] == "team1") {
+        *zones.entry(n["zone"].as_str().unwrap_or("").to_string()).or_insert(0) += n["pods"].as_array().map(Vec::len).unwrap_or(0);
+    }
+    assert_eq!(zones.into_values().collect::<Vec<_>>(), vec![2, 2], "4 replicas, 2 per zone");
     for n in plan["nodes"].as_array().expect("nodes") {
         let team = n["pods"].as_array().expect("pods").iter().any(|p| p.as_str().is_some_and(|p| p.starts_with("team1/")));
         let other = n["pods"].as_array().expect("pods").iter().any(|p| p.as_str().is_some_and(|p| p.starts_with("default/other-team")));

@@ -27,6 +27,11 @@ pub struct PendingPod {
     pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
     /// Platforms its images run on; `None`: unknown, assumed to run anywhere.
     pub platforms: Option<PlatformSet>,
+    /// Spread the pod's group evenly over the zones it may use (topology spread on the zone key).
+    pub zone_spread: bool,
+    /// At most this many pods of its group on one node (hostname spread, or anti-affinity to its
+    /// own replicas = 1).
+    pub per_node_max: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -185,10 +190,47 @@ struct Class {
     offerings: Vec<(usize, usize)>,
     /// Lower-bound cost of one pod of this class.
     lower_bound: f64,
+    zone_spread: bool,
+    per_node_max: Option<usize>,
 }
 
 fn signature(p: &PendingPod) -> String {
-    format!("{:?}|{:?}|{:?}|{:?}", p.requests, p.terms, p.tolerations, p.platforms.as_ref().map(|s| s.to_annotation()))
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{}|{:?}",
+        p.requests,
+        p.terms,
+        p.tolerations,
+        p.platforms.as_ref().map(|s| s.to_annotation()),
+        p.zone_spread,
+        p.per_node_max
+    )
+}
+
+/// Split zone-spread classes into one class per zone, pods dealt round-robin so the counts per
+/// zone differ by at most one.
+fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) -> Vec<Class> {
+    let mut out = Vec::new();
+    for c in classes {
+        let zones: std::collections::BTreeSet<&str> = c.offerings.iter().map(|&(_, oi)| offerings[oi].zone.as_str()).collect();
+        if !c.zone_spread || zones.len() < 2 {
+            out.push(c);
+            continue;
+        }
+        let zones: Vec<&str> = zones.into_iter().collect();
+        let mut parts: Vec<Vec<String>> = vec![Vec::new(); zones.len()];
+        for (i, p) in c.pods.into_iter().enumerate() {
+            parts[i % zones.len()].push(p);
+        }
+        for (zone, pods) in zones.iter().zip(parts) {
+            if pods.is_empty() {
+                continue;
+            }
+            let offs: Vec<(usize, usize)> = c.offerings.iter().copied().filter(|&(_, oi)| offerings[oi].zone == *zone).collect();
+            let lower_bound = offs.iter().map(|&(pi, oi)| offerings[oi].price * c.requests.dominant_share(room(pi, oi))).fold(f64::INFINITY, f64::min);
+            out.push(Class { pods, requests: c.requests, offerings: offs, lower_bound, zone_spread: true, per_node_max: c.per_node_max });
+        }
+    }
+    out
 }
 
 /// Pack `pods` onto `existing` nodes first, then onto new nodes from `pools` x `offerings`.
@@ -279,12 +321,15 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             .iter()
             .map(|&(pi, oi)| offerings[oi].price * pod.requests.dominant_share(room_of(pi, oi)))
             .fold(f64::INFINITY, f64::min);
-        classes.insert(sig, Class { pods: vec![pod.id.clone()], requests: pod.requests, offerings: compatible, lower_bound });
+        classes.insert(
+            sig,
+            Class { pods: vec![pod.id.clone()], requests: pod.requests, offerings: compatible, lower_bound, zone_spread: pod.zone_spread, per_node_max: pod.per_node_max },
+        );
     }
 
     // Per pool: nodes opened so far against its limits.
     let mut used: Vec<(i64, i64, i64)> = vec![(0, 0, 0); pools.len()];
-    let mut classes: Vec<Class> = classes.into_values().collect();
+    let mut classes: Vec<Class> = spread_over_zones(classes.into_values().collect(), offerings, &room_of);
     // Biggest pods first.
     classes.sort_by_key(|c| std::cmp::Reverse(c.requests));
     let mut counter = 0usize;
@@ -315,7 +360,8 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                     }
                     let r = c.requests;
                     let by = |f: i64, need: i64| if need <= 0 { i64::MAX } else { f / need };
-                    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(c.pods.len() as i64);
+                    let cap = c.per_node_max.map_or(i64::MAX, |m| m as i64);
+                    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(c.pods.len() as i64).min(cap);
                     if n <= 0 {
                         continue;
                     }

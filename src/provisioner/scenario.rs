@@ -142,12 +142,41 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
         .map(|r| r.node_selector_terms.iter().filter_map(|t| Requirements::from_term(t).ok()).map(|t| t.intersect(&base)).collect())
         .filter(|t: &Vec<Requirements>| !t.is_empty())
         .unwrap_or_else(|| if selector.is_empty() { Vec::new() } else { vec![base] });
+    // Topology spread and anti-affinity on the pod's own group (its replicas).
+    let own = p.pod.metadata.labels.clone().unwrap_or_default();
+    let selects_own = |sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>| {
+        sel.and_then(|s| s.match_labels.as_ref()).is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| own.get(k) == Some(v)))
+    };
+    let mut zone_spread = false;
+    let mut per_node_max: Option<usize> = None;
+    for c in spec.and_then(|s| s.topology_spread_constraints.as_ref()).into_iter().flatten() {
+        if !selects_own(c.label_selector.as_ref()) {
+            continue;
+        }
+        match c.topology_key.as_str() {
+            crate::core::labels::ZONE => zone_spread = true,
+            crate::core::labels::HOSTNAME if c.when_unsatisfiable == "DoNotSchedule" => {
+                let m = usize::try_from(c.max_skew.max(1)).unwrap_or(1);
+                per_node_max = Some(per_node_max.map_or(m, |x| x.min(m)));
+            }
+            _ => {}
+        }
+    }
+    let anti = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+    if anti.is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref()))) {
+        per_node_max = Some(1);
+    }
     PendingPod {
         id: p.id.clone(),
         requests: pod_requests(&p.pod, false),
         terms,
         tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
         platforms,
+        zone_spread,
+        per_node_max,
     }
 }
 

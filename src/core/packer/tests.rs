@@ -39,6 +39,8 @@ fn pods(prefix: &str, n: usize, cpu: i64, mem_mib: i64, platforms: &str) -> Vec<
             terms: Vec::new(),
             tolerations: Vec::new(),
             platforms: Some(PlatformSet::parse_annotation(platforms).expect("platforms")),
+            zone_spread: false,
+            per_node_max: None,
         })
         .collect()
 }
@@ -152,4 +154,29 @@ fn daemonset_overhead_shrinks_every_node() {
     assert_eq!(pack(&p, &[only.clone()], &on_demand(), &[]).nodes.len(), 2);
     only.daemons = vec![DaemonLoad { selector: Requirements::new(), tolerations: Vec::new(), requests: Resources::new(200, 128 * MIB, 1) }];
     assert_eq!(pack(&p, &[only], &on_demand(), &[]).nodes.len(), 4);
+}
+
+#[test]
+fn zone_spread_and_per_node_caps() {
+    let offerings = catalog_offerings(&["us-east-1a", "us-east-1b", "us-east-1c"], &[CapacityType::OnDemand]);
+    let mut p = pods("spread", 7, 250, 256, "linux/amd64,linux/arm64");
+    for x in &mut p {
+        x.zone_spread = true;
+    }
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    let mut per_zone = BTreeMap::new();
+    for n in &plan.nodes {
+        *per_zone.entry(n.zone.clone()).or_insert(0) += n.pods.len();
+    }
+    assert_eq!(per_zone.len(), 3, "{per_zone:?}");
+    let (min, max) = (per_zone.values().min().copied().unwrap_or(0), per_zone.values().max().copied().unwrap_or(0));
+    assert!(max - min <= 1, "{per_zone:?}");
+
+    let mut p = pods("anti", 4, 250, 256, "linux/amd64,linux/arm64");
+    for x in &mut p {
+        x.per_node_max = Some(1);
+    }
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    assert_eq!(plan.nodes.len(), 4);
+    assert!(plan.nodes.iter().all(|n| n.pods.len() == 1));
 }
