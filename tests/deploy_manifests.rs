@@ -124,3 +124,36 @@ fn scheduler_configurations_register_the_extender_both_ways() {
     let d: Deployment = one("scheduler/second-scheduler.yaml", "Deployment");
     assert!(d.spec.and_then(|s| s.template.spec).is_some_and(|p| p.containers[0].command.clone().unwrap_or_default().iter().any(|c| c.starts_with("--config="))));
 }
+
+/// deploy/crds/nodepool.yaml is generated from the Rust types; regenerate with
+/// `ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests`.
+#[test]
+fn nodepool_crd_is_generated_from_the_types() {
+    use kube::CustomResourceExt;
+    let generated = format!(
+        "# Generated from src/provisioner/nodepool.rs: ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests\n{}",
+        serde_yaml::to_string(&archer::provisioner::nodepool::NodePool::crd()).expect("yaml")
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds/nodepool.yaml");
+    if std::env::var_os("ARCHER_UPDATE_CRDS").is_some() {
+        std::fs::write(&path, &generated).expect("write crd");
+    }
+    let on_disk = std::fs::read_to_string(&path).expect("deploy/crds/nodepool.yaml");
+    assert_eq!(on_disk, generated, "the CRD in deploy/ is stale: regenerate it");
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = serde_yaml::from_str(&on_disk).expect("crd");
+    assert_eq!(crd.spec.group, "archer.dev");
+    assert_eq!(crd.spec.scope, "Cluster");
+    assert_eq!(crd.spec.names.kind, "NodePool");
+    assert_eq!(crd.spec.versions[0].name, "v1alpha1");
+    let schema = serde_json::to_string(&crd.spec.versions[0].schema).expect("schema");
+    for field in ["requirements", "startupTaints", "expireAfter", "consolidationPolicy", "consolidateAfter", "budgets", "limits", "weight"] {
+        assert!(schema.contains(field), "schema lacks {field}");
+    }
+    // A Karpenter v1 NodePool ports by changing its apiVersion.
+    let ported: archer::provisioner::nodepool::NodePool = serde_yaml::from_str(
+        "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    metadata: {labels: {team: a}}\n    spec:\n      requirements:\n        - {key: karpenter.sh/capacity-type, operator: In, values: [spot]}\n      expireAfter: 720h\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 1m\n    budgets: [{nodes: \"10%\"}]\n  limits: {cpu: 1000, memory: 1000Gi}\n  weight: 10\n",
+    )
+    .expect("a Karpenter NodePool");
+    let pool = ported.to_pool().expect("pool");
+    assert_eq!((pool.limit_cpu_millis, pool.weight), (Some(1_000_000), 10));
+}

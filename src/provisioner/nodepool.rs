@@ -3,6 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{CapacityType, Catalog};
@@ -16,35 +19,61 @@ pub const KARPENTER_API_VERSION: &str = "karpenter.sh/v1";
 /// Zones assumed when neither the pool nor the scenario names any.
 pub const DEFAULT_ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct NodePool {
-    #[serde(default)]
-    pub metadata: Meta,
-    #[serde(default)]
-    pub spec: NodePoolSpec,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct Meta {
-    #[serde(default)]
-    pub name: String,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// The NodePool custom resource (cluster-scoped), `archer.dev/v1alpha1`. Its CRD in
+/// `deploy/crds/nodepool.yaml` is generated from these types (see `tests/deploy_manifests.rs`).
+#[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[kube(group = "archer.dev", version = "v1alpha1", kind = "NodePool", plural = "nodepools", shortname = "anp")]
 #[serde(rename_all = "camelCase")]
 pub struct NodePoolSpec {
+    /// What nodes of this pool look like.
     #[serde(default)]
     pub template: Template,
+    /// How nodes of this pool are taken away.
     #[serde(default)]
-    pub disruption: Option<serde_json::Value>,
+    pub disruption: Option<Disruption>,
+    /// Caps on the pool's total resources: `cpu`, `memory`, `nodes`.
     #[serde(default)]
-    pub limits: BTreeMap<String, String>,
+    pub limits: BTreeMap<String, IntOrString>,
+    /// Pools with higher weight are tried first.
     #[serde(default)]
     pub weight: Option<i32>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Disruption {
+    /// `WhenEmpty` or `WhenEmptyOrUnderutilized`.
+    #[serde(default)]
+    pub consolidation_policy: Option<String>,
+    /// How long a node must be empty or underutilised first, e.g. `30s`, `Never`.
+    #[serde(default)]
+    pub consolidate_after: Option<String>,
+    /// At most this many nodes disrupted at once (count or percentage).
+    #[serde(default)]
+    pub budgets: Vec<Budget>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    /// `10%` or `5`.
+    pub nodes: String,
+    #[serde(default)]
+    pub schedule: Option<String>,
+    #[serde(default)]
+    pub duration: Option<String>,
+    #[serde(default)]
+    pub reasons: Vec<String>,
+}
+
+fn quantity_of(v: &IntOrString) -> String {
+    match v {
+        IntOrString::Int(i) => i.to_string(),
+        IntOrString::String(s) => s.clone(),
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct Template {
     #[serde(default)]
     pub metadata: TemplateMeta,
@@ -52,7 +81,7 @@ pub struct Template {
     pub spec: TemplateSpec,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct TemplateMeta {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -60,7 +89,7 @@ pub struct TemplateMeta {
     pub annotations: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateSpec {
     #[serde(default)]
@@ -71,11 +100,12 @@ pub struct TemplateSpec {
     pub requirements: Vec<RequirementDoc>,
     #[serde(default)]
     pub expire_after: Option<String>,
+    /// Accepted for Karpenter compatibility; Archer's providers take no node class yet.
     #[serde(default)]
-    pub node_class_ref: Option<serde_json::Value>,
+    pub node_class_ref: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct TaintDoc {
     pub key: String,
     #[serde(default)]
@@ -83,7 +113,7 @@ pub struct TaintDoc {
     pub effect: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RequirementDoc {
     pub key: String,
@@ -97,7 +127,11 @@ pub struct RequirementDoc {
 impl NodePool {
     /// The default pool when a scenario names none: any architecture, Linux, on-demand.
     pub fn default_pool() -> Self {
-        NodePool { metadata: Meta { name: "default".into() }, ..Default::default() }
+        NodePool::new("default", NodePoolSpec::default())
+    }
+
+    pub fn name(&self) -> String {
+        self.metadata.name.clone().unwrap_or_default()
     }
 
     pub fn requirements(&self) -> Result<Requirements, RequirementError> {
@@ -117,9 +151,9 @@ impl NodePool {
 
     /// The packer's view of this pool.
     pub fn to_pool(&self) -> Result<Pool, RequirementError> {
-        let limits = &self.spec.limits;
+        let limits: BTreeMap<String, String> = self.spec.limits.iter().map(|(k, v)| (k.clone(), quantity_of(v))).collect();
         Ok(Pool {
-            name: self.metadata.name.clone(),
+            name: self.name(),
             weight: self.spec.weight.unwrap_or(0),
             requirements: self.requirements()?,
             labels: self.spec.template.metadata.labels.clone(),

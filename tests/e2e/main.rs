@@ -248,3 +248,35 @@ async fn webhook_pull_secrets_and_namespace_policy() {
     assert_eq!(annotation(&w, "archer.dev/decision"), Some("observed"), "namespace annotation archer.dev/mode=observe");
     assert!(w.spec.as_ref().and_then(|s| s.affinity.as_ref()).is_none());
 }
+
+/// The generated NodePool CRD is accepted by a real API server (structural schema), and the
+/// workshop pools are valid objects of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn nodepool_crd_installs_and_validates() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use archer::provisioner::nodepool::NodePool;
+    let c = Cluster::start("nodepool-crd").await;
+    let client = c.client().await;
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crds/nodepool.yaml")).expect("crd");
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("crd yaml");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &crd).await.expect("the API server accepts the CRD");
+    wait("CRD Established", Duration::from_secs(60), || async {
+        crds.get("nodepools.archer.dev").await.ok().and_then(|c| c.status).and_then(|s| s.conditions).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"))
+    })
+    .await;
+    let pools: Api<NodePool> = Api::all(client.clone());
+    for file in ["examples/inflate.yaml", "examples/team1.yaml"] {
+        let text = std::fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).expect("example");
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).expect("yaml");
+            if v["kind"].as_str() == Some("NodePool") {
+                let mut pool: NodePool = serde_yaml::from_value(v).expect("pool");
+                pool.metadata.name = Some(format!("{}-{}", pool.metadata.name.clone().unwrap_or_default(), file.len()));
+                pools.create(&PostParams::default(), &pool).await.unwrap_or_else(|e| panic!("{file}: {e}"));
+            }
+        }
+    }
+    assert_eq!(pools.list(&ListParams::default()).await.expect("list").items.len(), 3);
+}
