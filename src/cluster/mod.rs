@@ -35,6 +35,19 @@ where
     (store, stream)
 }
 
+/// The credentials for a pod's images: its namespace's pull secrets (pod's and service account's)
+/// first, then the mounted docker config. Standalone: the mounted config only.
+pub async fn pod_keyring(cluster: Option<&ClusterView>, base: &Keyring, namespace: &str, pod: &Pod) -> Keyring {
+    match cluster {
+        Some(c) => {
+            let mut ring = c.pull_keyring(namespace, pod).await;
+            ring.extend(base.clone());
+            ring
+        }
+        None => base.clone(),
+    }
+}
+
 #[derive(Clone)]
 pub struct ClusterView {
     client: Client,

@@ -180,12 +180,8 @@ impl Extender {
         if images.is_empty() {
             return PodPlatforms::Unknown("the pod names no images".into());
         }
-        let mut keyring = self.base_keyring.clone();
-        if let Some(c) = &self.cluster {
-            let mut ring = c.pull_keyring(pod.metadata.namespace.as_deref().unwrap_or("default"), pod).await;
-            ring.extend(keyring);
-            keyring = ring;
-        }
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let keyring = crate::cluster::pod_keyring(self.cluster.as_ref(), &self.base_keyring, namespace, pod).await;
         let results = match tokio::time::timeout(self.inspection_timeout, self.inspector.inspect_all(&images, &keyring)).await {
             Ok(r) => r,
             Err(_) => return PodPlatforms::Unknown(format!("image inspection exceeded {:?}", self.inspection_timeout)),

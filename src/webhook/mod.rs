@@ -141,12 +141,7 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>) -> Answer {
     }
 
     let images = placement::pod_images(&pod);
-    let mut keyring = w.base_keyring.clone();
-    if let Some(c) = &w.cluster {
-        let mut ring = c.pull_keyring(&namespace, &pod).await;
-        ring.extend(keyring);
-        keyring = ring;
-    }
+    let keyring = crate::cluster::pod_keyring(w.cluster.as_ref(), &w.base_keyring, &namespace, &pod).await;
     let results = w.inspector.inspect_all(&images, &keyring).await;
     let findings: Vec<ImageFinding> = images
         .iter()
