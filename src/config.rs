@@ -34,6 +34,7 @@ pub struct Config {
     pub registry: RegistryConfig,
     pub webhook: WebhookConfig,
     pub extender: ExtenderConfig,
+    pub provisioner: ProvisionerConfig,
     /// A user catalog file (YAML or CSV) on top of the embedded price catalog.
     pub catalog: Option<PathBuf>,
     /// How long in-flight requests may take to finish after SIGTERM.
@@ -56,6 +57,7 @@ impl Default for Config {
             registry: RegistryConfig::default(),
             webhook: WebhookConfig::default(),
             extender: ExtenderConfig::default(),
+            provisioner: ProvisionerConfig::default(),
             catalog: None,
             shutdown_grace_seconds: 20,
         }
@@ -133,6 +135,69 @@ impl Default for ExtenderConfig {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct ProvisionerConfig {
+    /// `none` (the provisioner is off) or `kwok`.
+    pub cloud_provider: String,
+    /// Zones the provider launches in (a pool's zone requirement narrows them).
+    pub zones: Vec<String>,
+    /// A batch closes after this long without a new pending pod ...
+    pub batch_idle_seconds: f64,
+    /// ... or this long after it opened, whichever comes first.
+    pub batch_max_seconds: f64,
+    /// Cap on node launches per minute (across pools).
+    pub max_launches_per_minute: u32,
+    /// How often disruption (empty, underutilised, expired nodes) is evaluated.
+    pub disruption_interval_seconds: f64,
+    /// How long a drain may wait on evictions (PDBs) before the node is given back.
+    pub drain_timeout_seconds: u64,
+    /// The coordination Lease (in Archer's namespace) that elects the one provisioning replica.
+    pub lease_name: String,
+    pub lease_duration_seconds: u64,
+}
+
+impl Default for ProvisionerConfig {
+    fn default() -> Self {
+        Self {
+            cloud_provider: "none".into(),
+            zones: vec!["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()],
+            batch_idle_seconds: 1.0,
+            batch_max_seconds: 10.0,
+            max_launches_per_minute: 60,
+            disruption_interval_seconds: 10.0,
+            drain_timeout_seconds: 600,
+            lease_name: "archer-provisioner".into(),
+            lease_duration_seconds: 15,
+        }
+    }
+}
+
+impl ProvisionerConfig {
+    pub fn enabled(&self) -> bool {
+        self.cloud_provider != "none"
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !["none", "kwok"].contains(&self.cloud_provider.as_str()) {
+            return Err(ConfigError::Invalid(format!("provisioner.cloudProvider {:?}: expected none or kwok", self.cloud_provider)));
+        }
+        if self.enabled() && self.zones.is_empty() {
+            return Err(ConfigError::Invalid("provisioner.zones must name at least one zone".into()));
+        }
+        if !(self.batch_idle_seconds > 0.0 && self.batch_max_seconds >= self.batch_idle_seconds) {
+            return Err(ConfigError::Invalid("provisioner: need 0 < batchIdleSeconds <= batchMaxSeconds".into()));
+        }
+        if self.max_launches_per_minute == 0 {
+            return Err(ConfigError::Invalid("provisioner.maxLaunchesPerMinute must be at least 1".into()));
+        }
+        if !(self.disruption_interval_seconds > 0.0) || self.lease_duration_seconds < 2 {
+            return Err(ConfigError::Invalid("provisioner: disruptionIntervalSeconds must be > 0 and leaseDurationSeconds >= 2".into()));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading config file {path}: {source}")]
@@ -173,6 +238,7 @@ impl Config {
                 return Err(ConfigError::Invalid("extender.listen serves plain HTTP and must be a loopback address".into()));
             }
         }
+        self.provisioner.validate()?;
         self.address_guard()?;
         Ok(())
     }

@@ -33,6 +33,21 @@ pub struct Metrics {
     pub extender_unknown_price_nodes: Counter,
     /// Registry HTTP exchanges that got a response (manifests, blobs, tokens, retries included).
     pub registry_requests: Counter,
+    /// Provisioning batches run, and how long deciding + launching took.
+    pub provisioner_batches: Counter,
+    pub provisioner_batch_seconds: Histogram,
+    /// Nodes launched, by pool.
+    pub nodes_launched: Family<Labels, Counter>,
+    /// Launches that failed (retried), by provider.
+    pub launch_errors: Family<Labels, Counter>,
+    /// Nodes removed, by reason (empty, underutilized, expired, garbage).
+    pub nodes_terminated: Family<Labels, Counter>,
+    /// Pending pods no pool can run (an Event says why).
+    pub unprovisionable_pods: Counter,
+    /// Launches put off by the per-minute cap.
+    pub launches_rate_limited: Counter,
+    /// 1 while this replica holds the provisioner lease.
+    pub leader: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Default for Metrics {
@@ -70,7 +85,23 @@ impl Metrics {
         root.register("tls_certificate_reloads", "Serving certificate reloads, by result", cert_reloads.clone());
         root.register("policy_annotation_errors", "Namespace policy annotations that could not be used", policy_warnings.clone());
         root.register("registry_requests", "Registry HTTP requests answered (manifests, blobs, tokens)", registry_requests.clone());
-        Self { registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes }
+        let provisioner_batches = Counter::default();
+        let provisioner_batch_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let nodes_launched = Family::<Labels, Counter>::default();
+        let launch_errors = Family::<Labels, Counter>::default();
+        let nodes_terminated = Family::<Labels, Counter>::default();
+        let unprovisionable_pods = Counter::default();
+        let launches_rate_limited = Counter::default();
+        let leader = prometheus_client::metrics::gauge::Gauge::default();
+        root.register("provisioner_batches", "Provisioning batches decided", provisioner_batches.clone());
+        root.register("provisioner_batch_duration_seconds", "Time to decide and launch one batch", provisioner_batch_seconds.clone());
+        root.register("nodes_launched", "Nodes launched, by pool", nodes_launched.clone());
+        root.register("node_launch_errors", "Node launches that failed and will be retried, by provider", launch_errors.clone());
+        root.register("nodes_terminated", "Nodes removed, by reason", nodes_terminated.clone());
+        root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
+        root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
+        root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
+        Self { provisioner_batches, provisioner_batch_seconds, nodes_launched, launch_errors, nodes_terminated, unprovisionable_pods, launches_rate_limited, leader, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes }
     }
 
     /// Register more families (the extender and provisioner add theirs).

@@ -73,14 +73,34 @@ fn deployment_is_hardened_and_highly_available() {
     let _: Namespace = one("namespace.yaml", "Namespace");
 }
 
+/// Reads for the webhook and extender; writes only where the provisioner needs them; never a
+/// wildcard; secrets only by name (get), never listed.
 #[test]
-fn rbac_grants_only_reads() {
+fn rbac_is_least_privilege() {
     let role: ClusterRole = one("rbac.yaml", "ClusterRole");
+    let writes: &[(&str, &[&str])] = &[
+        ("pods/eviction", &["create"]),
+        ("nodes", &["create", "patch", "delete"]),
+        ("nodeclaims", &["create", "delete"]),
+        ("nodeclaims/status", &["patch"]),
+        ("events", &["create", "patch"]),
+    ];
     for rule in role.rules.expect("rules") {
+        let resources = rule.resources.clone().unwrap_or_default();
+        assert!(!resources.iter().any(|r| r == "*") && !rule.verbs.iter().any(|v| v == "*"), "no wildcards: {rule:?}");
         for verb in &rule.verbs {
-            assert!(["get", "list", "watch"].contains(&verb.as_str()), "unexpected verb {verb}");
+            if ["get", "list", "watch"].contains(&verb.as_str()) {
+                assert!(!(resources.iter().any(|r| r == "secrets") && verb != "get"), "secrets are read by name only");
+                continue;
+            }
+            for r in &resources {
+                assert!(writes.iter().any(|(res, verbs)| res == r && verbs.contains(&verb.as_str())), "unexpected write {verb} on {r}");
+            }
         }
     }
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml")).expect("rbac");
+    let lease_role = text.split("\n---").find(|d| d.contains("kind: Role\n")).expect("a namespaced Role for the Lease");
+    assert!(lease_role.contains("coordination.k8s.io") && lease_role.contains("leases") && lease_role.contains("namespace: archer-system"));
 }
 
 #[test]
@@ -125,21 +145,35 @@ fn scheduler_configurations_register_the_extender_both_ways() {
     assert!(d.spec.and_then(|s| s.template.spec).is_some_and(|p| p.containers[0].command.clone().unwrap_or_default().iter().any(|c| c.starts_with("--config="))));
 }
 
-/// deploy/crds/nodepool.yaml is generated from the Rust types; regenerate with
+/// A CRD in deploy/crds/ must equal the one generated from the Rust types; regenerate with
 /// `ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests`.
-#[test]
-fn nodepool_crd_is_generated_from_the_types() {
-    use kube::CustomResourceExt;
-    let generated = format!(
-        "# Generated from src/provisioner/nodepool.rs: ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests\n{}",
-        serde_yaml::to_string(&archer::provisioner::nodepool::NodePool::crd()).expect("yaml")
-    );
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds/nodepool.yaml");
+fn generated_crd(file: &str, source: &str, crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition) -> String {
+    let generated = format!("# Generated from {source}: ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests\n{}", serde_yaml::to_string(crd).expect("yaml"));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file);
     if std::env::var_os("ARCHER_UPDATE_CRDS").is_some() {
         std::fs::write(&path, &generated).expect("write crd");
     }
-    let on_disk = std::fs::read_to_string(&path).expect("deploy/crds/nodepool.yaml");
-    assert_eq!(on_disk, generated, "the CRD in deploy/ is stale: regenerate it");
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("deploy/crds/{file}: {e}"));
+    assert_eq!(on_disk, generated, "deploy/crds/{file} is stale: regenerate it");
+    on_disk
+}
+
+#[test]
+fn nodeclaim_crd_is_generated_from_the_types() {
+    use kube::CustomResourceExt;
+    let on_disk = generated_crd("nodeclaim.yaml", "src/provisioner/nodeclaim.rs", &archer::provisioner::nodeclaim::NodeClaim::crd());
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = serde_yaml::from_str(&on_disk).expect("crd");
+    assert_eq!((crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str()), ("archer.dev", "Cluster", "NodeClaim"));
+    assert!(crd.spec.versions[0].subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "status subresource");
+    let k: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
+    let resources: Vec<&str> = k["resources"].as_sequence().expect("resources").iter().filter_map(|r| r.as_str()).collect();
+    assert!(resources.contains(&"crds/nodeclaim.yaml") && resources.contains(&"crds/nodepool.yaml"));
+}
+
+#[test]
+fn nodepool_crd_is_generated_from_the_types() {
+    use kube::CustomResourceExt;
+    let on_disk = generated_crd("nodepool.yaml", "src/provisioner/nodepool.rs", &archer::provisioner::nodepool::NodePool::crd());
     let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = serde_yaml::from_str(&on_disk).expect("crd");
     assert_eq!(crd.spec.group, "archer.dev");
     assert_eq!(crd.spec.scope, "Cluster");

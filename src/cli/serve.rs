@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// Also serve /scheduler/* over plain HTTP on this loopback address (co-located scheduler).
     #[arg(long, env = "ARCHER_EXTENDER_LISTEN")]
     pub extender_listen: Option<String>,
+    /// Run the provisioning worker with this cloud provider: `none` (off) or `kwok`.
+    /// Only the replica holding the provisioner Lease provisions.
+    #[arg(long, env = "ARCHER_CLOUD_PROVIDER")]
+    pub cloud_provider: Option<String>,
 }
 
 async fn connect(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Option<kube::Client>> {
@@ -65,8 +69,11 @@ async fn connect(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Option<kube::Cl
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig, namespace, catalog, extender_listen } = args;
+    let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig, namespace, catalog, extender_listen, cloud_provider } = args;
     let mut cfg = registry.load()?;
+    if let Some(p) = cloud_provider {
+        cfg.provisioner.cloud_provider = p;
+    }
     if let Some(c) = catalog {
         cfg.catalog = Some(c);
     }
@@ -111,6 +118,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         max_body_bytes: cfg.webhook.max_body_bytes,
     });
     let catalog = Arc::new(crate::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
+    let provisioning = provisioner_task(&cfg, cluster.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;
     let ext = Arc::new(Extender {
         catalog,
         inspector,
@@ -173,6 +181,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     });
 
+    let mut provisioning = tokio::spawn(provisioning);
     let outcome = tokio::select! {
         _ = terminate_signal() => {
             tracing::info!("shutdown signal received; draining");
@@ -182,7 +191,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         r = &mut admin_server => Err(anyhow::anyhow!("admin server stopped unexpectedly: {r:?}")),
         r = &mut extender_server => Err(anyhow::anyhow!("extender HTTP server stopped unexpectedly: {r:?}")),
         r = &mut watch => Err(anyhow::anyhow!("namespace watch stopped unexpectedly: {r:?}")),
+        r = &mut provisioning => Err(anyhow::anyhow!("provisioner stopped unexpectedly: {r:?}")),
     };
+    provisioning.abort();
     health.set_not_ready("shutting down");
     trigger.trigger();
     ready.abort();
@@ -196,6 +207,47 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     .await;
     tracing::info!("stopped");
     outcome
+}
+
+/// The provisioning worker under leader election, or a future that never ends when it is off.
+fn provisioner_task(
+    cfg: &crate::config::Config,
+    cluster: Option<&ClusterView>,
+    catalog: Arc<crate::catalog::Catalog>,
+    inspector: crate::registry::Inspector,
+    base_keyring: crate::registry::Keyring,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>> {
+    let settings = cfg.provisioner.clone();
+    if !settings.enabled() {
+        return Ok(Box::pin(std::future::pending()));
+    }
+    let Some(cluster) = cluster.cloned() else {
+        anyhow::bail!("--cloud-provider {} needs a cluster (no kubeconfig or in-cluster credentials found)", settings.cloud_provider);
+    };
+    let client = cluster.client().clone();
+    let provider: Arc<dyn crate::provisioner::cloud::CloudProvider> = match settings.cloud_provider.as_str() {
+        "kwok" => Arc::new(crate::provisioner::cloud::kwok::Kwok::new(client.clone(), catalog.clone(), settings.zones.clone())),
+        other => anyhow::bail!("unknown cloud provider {other:?}"),
+    };
+    let namespace = cfg.namespace.clone();
+    let lease_client = client.clone();
+    Ok(Box::pin(async move {
+        let lease = settings.lease_name.clone();
+        let duration = Duration::from_secs(settings.lease_duration_seconds);
+        let leader_metrics = metrics.clone();
+        let work = move || {
+            let (worker, watches) = crate::provisioner::Provisioner::new(client.clone(), provider.clone(), catalog.clone(), inspector.clone(), Some(cluster.clone()), base_keyring.clone(), metrics.clone(), settings.clone());
+            async move {
+                tokio::select! {
+                    _ = watches => tracing::error!("provisioner watches ended"),
+                    _ = worker.run() => {}
+                }
+            }
+        };
+        crate::provisioner::leader::while_leader(lease_client, &namespace, &lease, duration, &leader_metrics, work).await?;
+        Ok(())
+    }))
 }
 
 async fn terminate_signal() {

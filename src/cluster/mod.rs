@@ -21,15 +21,27 @@ fn reflect<K>(client: &Client, what: &'static str) -> (Store<K>, impl std::futur
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
+    reflect_with(Api::all(client.clone()), watcher::Config::default(), what, |_: &K| {})
+}
+
+/// Like [`reflect`] over `api` and `config`, calling `on_applied` for every object added or changed.
+pub fn reflect_with<K>(api: Api<K>, config: watcher::Config, what: &'static str, on_applied: impl Fn(&K) + Send + Sync + 'static) -> (Store<K>, impl std::future::Future<Output = ()> + Send + 'static)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
     let (store, writer) = reflector::store();
-    let api: Api<K> = Api::all(client.clone());
-    let stream = watcher(api, watcher::Config::default().any_semantic())
+    let on_applied = Arc::new(on_applied);
+    let stream = watcher(api, config.any_semantic())
         .default_backoff()
         .reflect(writer)
         .applied_objects()
-        .for_each(move |ev| async move {
-            if let Err(e) = ev {
-                tracing::warn!(error = %e, kind = what, "watch error; retrying");
+        .for_each(move |ev| {
+            let on_applied = on_applied.clone();
+            async move {
+                match ev {
+                    Ok(obj) => on_applied(&obj),
+                    Err(e) => tracing::warn!(error = %e, kind = what, "watch error; retrying"),
+                }
             }
         });
     (store, stream)

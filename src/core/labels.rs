@@ -12,3 +12,14 @@ pub const KARPENTER_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
 pub const CAPACITY_TYPE: &str = "archer.dev/capacity-type";
 /// Explicit hourly price of a node, overriding the catalog.
 pub const PRICE_ANNOTATION: &str = "archer.dev/price-per-hour";
+pub const KARPENTER_NODEPOOL: &str = "karpenter.sh/nodepool";
+/// Karpenter's pre-v1 pool label, still selected on by older manifests.
+pub const KARPENTER_PROVISIONER_NAME: &str = "karpenter.sh/provisioner-name";
+pub const NODEPOOL: &str = "archer.dev/nodepool";
+/// The NodeClaim a node was launched for.
+pub const NODECLAIM: &str = "archer.dev/nodeclaim";
+/// Pods (or nodes) with this annotation set to "true" block voluntary disruption of their node.
+pub const DO_NOT_DISRUPT: &str = "archer.dev/do-not-disrupt";
+pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+/// The taint put on a node being drained by consolidation or expiry.
+pub const DISRUPTED_TAINT: &str = "archer.dev/disrupted";

@@ -105,8 +105,10 @@ impl Offering {
             (l::ZONE, self.zone.clone()),
             (l::KARPENTER_CAPACITY_TYPE, self.capacity.as_str().to_string()),
             (l::CAPACITY_TYPE, self.capacity.as_str().to_string()),
-            ("karpenter.sh/nodepool", pool.name.clone()),
-            ("archer.dev/nodepool", pool.name.clone()),
+            (l::REGION, region_of(&self.zone).to_string()),
+            (l::KARPENTER_NODEPOOL, pool.name.clone()),
+            (l::KARPENTER_PROVISIONER_NAME, pool.name.clone()),
+            (l::NODEPOOL, pool.name.clone()),
             ("karpenter.k8s.aws/instance-family", t.family.clone()),
             ("karpenter.k8s.aws/instance-category", t.category.clone()),
             ("karpenter.k8s.aws/instance-generation", t.generation.to_string()),
@@ -117,6 +119,14 @@ impl Offering {
             m.insert(k.to_string(), v);
         }
         m
+    }
+}
+
+/// The region of a zone name (`us-east-1a` -> `us-east-1`, `eastus-2` stays).
+pub fn region_of(zone: &str) -> &str {
+    match zone.as_bytes().last() {
+        Some(c) if c.is_ascii_lowercase() && zone.len() > 1 && zone.as_bytes()[zone.len() - 2].is_ascii_digit() => &zone[..zone.len() - 1],
+        _ => zone,
     }
 }
 

@@ -1,7 +1,19 @@
-//! The provisioning worker's deciding code, shared with `archer simulate`: scenarios (ordinary
-//! Kubernetes YAML) and NodePools turned into packer inputs.
-//! Still to come: the pending-pod watch and batching, the kwok provider, leader election,
-//! disruption (see the open issue).
+//! The provisioning worker and its deciding code (shared with `archer simulate`):
+//! - `nodepool`, `nodeclaim`: the NodePool and NodeClaim custom resources;
+//! - `scenario`: ordinary Kubernetes YAML turned into packer inputs (simulate);
+//! - `state`: the cluster as the deciding code sees it (pending pods, free room, pool usage);
+//! - `worker`: pending-pod watch, batching, launching, claim keeping;
+//! - `disruption`: empty, underutilised and expired nodes;
+//! - `cloud`: the cloud-provider trait and the kwok provider;
+//! - `leader`: the Lease that makes one replica the provisioner.
 
+pub mod cloud;
+pub mod disruption;
+pub mod leader;
+pub mod nodeclaim;
 pub mod nodepool;
 pub mod scenario;
+pub mod state;
+pub mod worker;
+
+pub use worker::Provisioner;

@@ -1,0 +1,123 @@
+//! The kwok provider: a "launch" creates a real Node object in the API (named after the claim,
+//! with the claim's labels, taints, capacity and allocatable, and the kwok annotation), which the
+//! kwok controller then marks Ready and whose pods it runs. Deleting the instance deletes the Node.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Taint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::{Api, Client, Resource};
+
+use super::{CloudError, CloudProvider, Instance};
+use crate::catalog::Catalog;
+use crate::core::labels;
+use crate::core::packer::Offering;
+use crate::provisioner::nodeclaim::NodeClaim;
+use crate::provisioner::nodepool::offerings;
+
+const PROVIDER: &str = "kwok";
+/// kwok manages nodes carrying this label (`--manage-nodes-with-label-selector=type=kwok`) ...
+pub const MANAGED_LABEL: (&str, &str) = ("type", "kwok");
+/// ... or this annotation (its default selector).
+pub const MANAGED_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+
+pub struct Kwok {
+    client: Client,
+    catalog: Arc<Catalog>,
+    zones: Vec<String>,
+}
+
+impl Kwok {
+    pub fn new(client: Client, catalog: Arc<Catalog>, zones: Vec<String>) -> Self {
+        Self { client, catalog, zones }
+    }
+
+    fn api(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+}
+
+fn quantities(m: &BTreeMap<String, String>) -> BTreeMap<String, Quantity> {
+    m.iter().map(|(k, v)| (k.clone(), Quantity(v.clone()))).collect()
+}
+
+fn api_error(e: kube::Error) -> CloudError {
+    CloudError::Api { provider: PROVIDER, message: e.to_string() }
+}
+
+fn instance(node: &Node) -> Option<Instance> {
+    let claim = node.metadata.labels.as_ref()?.get(labels::NODECLAIM)?.clone();
+    let name = node.metadata.name.clone()?;
+    Some(Instance { provider_id: node.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_else(|| format!("kwok://{name}")), node_name: name, claim })
+}
+
+/// The Node a claim becomes.
+pub fn node_for(claim: &NodeClaim) -> Node {
+    let name = claim.name();
+    let mut node_labels = claim.spec.labels.clone();
+    node_labels.insert(labels::HOSTNAME.into(), name.clone());
+    node_labels.insert(labels::NODECLAIM.into(), name.clone());
+    node_labels.insert(MANAGED_LABEL.0.into(), MANAGED_LABEL.1.into());
+    let taint = |t: &crate::provisioner::nodepool::TaintDoc| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None };
+    let taints: Vec<Taint> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(taint).collect();
+    let owner = claim.meta().uid.clone().map(|uid| OwnerReference {
+        api_version: "archer.dev/v1alpha1".into(),
+        kind: "NodeClaim".into(),
+        name: name.clone(),
+        uid,
+        block_owner_deletion: Some(true),
+        controller: None,
+    });
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(node_labels),
+            annotations: Some(BTreeMap::from([(MANAGED_ANNOTATION.0.to_string(), MANAGED_ANNOTATION.1.to_string())])),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec { provider_id: Some(format!("kwok://{name}")), taints: (!taints.is_empty()).then_some(taints), ..Default::default() }),
+        status: Some(NodeStatus { capacity: Some(quantities(&claim.spec.capacity)), allocatable: Some(quantities(&claim.spec.allocatable)), ..Default::default() }),
+    }
+}
+
+#[async_trait]
+impl CloudProvider for Kwok {
+    fn name(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn offerings(&self) -> Vec<Offering> {
+        offerings(&self.catalog, &self.zones)
+    }
+
+    async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError> {
+        let node = node_for(claim);
+        match self.api().create(&PostParams::default(), &node).await {
+            Ok(n) => instance(&n).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: "created node has no claim label".into() }),
+            // Launched before (a retry after a crash or a lost response): the same instance.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let n = self.api().get(&claim.name()).await.map_err(api_error)?;
+                instance(&n).filter(|i| i.claim == claim.name()).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("node {} exists and belongs to another claim", claim.name()) })
+            }
+            Err(e) => Err(api_error(e)),
+        }
+    }
+
+    async fn delete(&self, claim: &NodeClaim) -> Result<(), CloudError> {
+        match self.api().delete(&claim.name(), &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(api_error(e)),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<Instance>, CloudError> {
+        let nodes = self.api().list(&ListParams::default().labels(&format!("{},{}={}", labels::NODECLAIM, MANAGED_LABEL.0, MANAGED_LABEL.1))).await.map_err(api_error)?;
+        Ok(nodes.items.iter().filter_map(instance).collect())
+    }
+}

@@ -1,0 +1,292 @@
+//! Taking nodes away: empty nodes after `consolidateAfter`, underutilised nodes when their pods
+//! fit more cheaply elsewhere (on other nodes, or on a cheaper replacement), and nodes past
+//! `expireAfter`. A disrupted node is tainted, its replacements (if any) are launched and waited
+//! for, its pods are evicted through the Eviction API (PodDisruptionBudgets hold it back), and
+//! then the instance and its claim are deleted. Budgets bound how many nodes of a pool are being
+//! disrupted at once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, EvictParams, Patch, PatchParams};
+use kube::Api;
+
+use super::nodeclaim::NodeClaim;
+use super::state::{self, DisruptionSettings};
+use super::worker::{age_of, Provisioner};
+use crate::core::labels;
+use crate::core::packer::pack;
+use crate::metrics::label;
+
+/// Per-node clocks: since when a node has been empty / had the same pods.
+#[derive(Default)]
+pub struct Tracker {
+    since: Mutex<HashMap<String, (String, Instant)>>,
+    drains: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+}
+
+impl Tracker {
+    /// How long the node has had exactly this set of pods.
+    fn stable_for(&self, node: &str, signature: String) -> Duration {
+        let mut m = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        let e = m.entry(node.to_string()).or_insert_with(|| (signature.clone(), Instant::now()));
+        if e.0 != signature {
+            *e = (signature, Instant::now());
+        }
+        e.1.elapsed()
+    }
+
+    fn draining(&self, node: &str) -> bool {
+        self.drains.lock().unwrap_or_else(|e| e.into_inner()).get(node).is_some_and(|h| !h.is_finished())
+    }
+}
+
+/// One node Archer may disrupt.
+struct Candidate {
+    node: Arc<Node>,
+    claim: Arc<NodeClaim>,
+    pods: Vec<Arc<Pod>>,
+    price: f64,
+}
+
+fn node_ready(n: &Node) -> bool {
+    n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+impl Provisioner {
+    pub(super) async fn disruption_loop(self: Arc<Self>) {
+        let interval = Duration::from_secs_f64(self.settings.disruption_interval_seconds);
+        loop {
+            tokio::time::sleep(interval).await;
+            self.disrupt_once().await;
+        }
+    }
+
+    /// One pass: resume drains after a restart, then at most one new decision per pool.
+    #[tracing::instrument(skip_all)]
+    pub async fn disrupt_once(self: &Arc<Self>) {
+        let nodes = self.stores.nodes.state();
+        let claims = self.stores.claims.state();
+        let pods = self.stores.pods.state();
+        let claim_of = |n: &Node| claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == n.metadata.name.as_deref()).cloned();
+        // Drains a previous leader started (the taint is the record).
+        for n in nodes.iter().filter(|n| state::node_leaving(n) && state::node_pool_of(n).is_some()) {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            if n.metadata.deletion_timestamp.is_none() && !self.disruption.draining(&name) {
+                if let Some(c) = claim_of(n) {
+                    tracing::info!(node = %name, "resuming the drain of a disrupted node");
+                    self.start_drain(n.clone(), c, Vec::new(), "resumed");
+                }
+            }
+        }
+        let mut by_node: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
+        for p in pods.iter().filter(|p| !state::is_terminal(p)) {
+            if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                by_node.entry(n).or_default().push(p.clone());
+            }
+        }
+        for np in self.stores.pools.state() {
+            let pool = np.name();
+            let settings = match DisruptionSettings::of(&np) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(pool = %pool, error = %e, "disruption settings unusable; the pool's nodes are left alone");
+                    continue;
+                }
+            };
+            let pool_nodes: Vec<&Arc<Node>> = nodes.iter().filter(|n| state::node_pool_of(n) == Some(pool.as_str())).collect();
+            let disrupting = pool_nodes.iter().filter(|n| state::node_leaving(n)).count();
+            let mut candidates = Vec::new();
+            for n in pool_nodes.iter().filter(|n| !state::node_leaving(n) && node_ready(n)) {
+                let Some(claim) = claim_of(n) else { continue };
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let on_node = by_node.get(&name).cloned().unwrap_or_default();
+                let price = if claim.spec.price_per_hour > 0.0 { claim.spec.price_per_hour } else { f64::INFINITY };
+                candidates.push(Candidate { node: (*n).clone(), claim, pods: on_node, price });
+            }
+            let budget = |reason: &str| settings.allowed(pool_nodes.len(), reason).saturating_sub(disrupting);
+
+            // Expired nodes first: they go whatever their pods cost elsewhere.
+            if let Some(expire) = settings.expire_after {
+                let expired: Vec<&Candidate> = candidates.iter().filter(|c| c.claim.metadata.creation_timestamp.as_ref().and_then(|t| age_of(&t.0.to_string())).is_some_and(|a| a >= expire)).collect();
+                for c in expired.into_iter().take(budget("Expired")) {
+                    tracing::info!(node = ?c.node.metadata.name, pool = %pool, "node expired; draining it");
+                    self.start_drain(c.node.clone(), c.claim.clone(), Vec::new(), "expired");
+                }
+                if candidates.iter().any(|c| self.disruption.draining(c.node.metadata.name.as_deref().unwrap_or(""))) {
+                    continue;
+                }
+            }
+            let Some(after) = settings.consolidate_after else { continue };
+            // Empty nodes (DaemonSet pods do not count).
+            let empty: Vec<&Candidate> = candidates
+                .iter()
+                .filter(|c| {
+                    let workload = state::evictable(&c.pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).len();
+                    let name = c.node.metadata.name.clone().unwrap_or_default();
+                    workload == 0 && self.disruption.stable_for(&name, "empty".into()) >= after
+                })
+                .collect();
+            if !empty.is_empty() {
+                for c in empty.into_iter().take(budget("Empty")) {
+                    tracing::info!(node = ?c.node.metadata.name, pool = %pool, "node empty; removing it");
+                    self.start_drain(c.node.clone(), c.claim.clone(), Vec::new(), "empty");
+                }
+                continue;
+            }
+            if settings.underutilized && budget("Underutilized") > 0 {
+                self.consolidate(&pool, &candidates, after, budget("Underutilized")).await;
+            }
+        }
+    }
+
+    /// Replace or remove underutilised nodes of `pool` when that lowers the price.
+    async fn consolidate(self: &Arc<Self>, pool: &str, candidates: &[Candidate], after: Duration, budget: usize) {
+        let eligible: Vec<&Candidate> = candidates
+            .iter()
+            .filter(|c| {
+                let name = c.node.metadata.name.clone().unwrap_or_default();
+                let mut ids: Vec<String> = c.pods.iter().map(|p| state::pod_id(p)).collect();
+                ids.sort();
+                let pods: Vec<&Pod> = c.pods.iter().map(|p| p.as_ref()).collect();
+                let blocked = state::disruption_blocker(&pods);
+                let annotated = c.node.metadata.annotations.as_ref().is_some_and(|a| a.get(labels::DO_NOT_DISRUPT).map(String::as_str) == Some("true") || a.get(labels::KARPENTER_DO_NOT_DISRUPT).map(String::as_str) == Some("true"));
+                if let Some(why) = &blocked {
+                    tracing::debug!(node = %name, why = %why, "not a consolidation candidate");
+                }
+                blocked.is_none() && !annotated && self.disruption.stable_for(&name, ids.join(",")) >= after
+            })
+            .collect();
+        if eligible.is_empty() {
+            return;
+        }
+        // Candidate sets: each node alone, and (within the budget) the least utilised ones together.
+        let mut sets: Vec<Vec<&Candidate>> = eligible.iter().map(|c| vec![*c]).collect();
+        if eligible.len() > 1 && budget > 1 {
+            let mut by_price_per_pod = eligible.clone();
+            by_price_per_pod.sort_by(|a, b| (b.price / (b.pods.len() as f64 + 1.0)).total_cmp(&(a.price / (a.pods.len() as f64 + 1.0))));
+            sets.push(by_price_per_pod.into_iter().take(budget).collect());
+        }
+        let mut best: Option<(f64, Vec<&Candidate>, crate::core::packer::Plan)> = None;
+        for set in sets {
+            let Some(plan) = self.evaluate(&set).await else { continue };
+            let old: f64 = set.iter().map(|c| c.price).sum();
+            let saving = old - plan.total_price_per_hour;
+            // Only a real saving (a sliver of price noise does not churn nodes).
+            if saving > old * 0.01 && best.as_ref().is_none_or(|(s, _, _)| saving > *s) {
+                best = Some((saving, set, plan));
+            }
+        }
+        let Some((saving, set, plan)) = best else { return };
+        let names: Vec<String> = set.iter().map(|c| c.node.metadata.name.clone().unwrap_or_default()).collect();
+        tracing::info!(pool, nodes = ?names, replacements = plan.nodes.len(), saving_per_hour = saving, "consolidating");
+        // Taint first, so the scheduler stops adding pods while replacements start.
+        for c in &set {
+            self.taint(&c.node).await;
+        }
+        let replacements = self.launch_plan(&plan.nodes, "replacement").await;
+        self.wait_seen(&replacements).await;
+        for c in set {
+            self.start_drain(c.node.clone(), c.claim.clone(), replacements.clone(), "underutilized");
+        }
+    }
+
+    /// Where the pods of `set` would go if its nodes were removed: other nodes first, then new
+    /// nodes. `None` when some pod would have nowhere to go.
+    async fn evaluate(&self, set: &[&Candidate]) -> Option<crate::core::packer::Plan> {
+        let leaving: Vec<String> = set.iter().map(|c| c.node.metadata.name.clone().unwrap_or_default()).collect();
+        let moving: Vec<Arc<Pod>> = set.iter().flat_map(|c| state::evictable(&c.pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).into_iter().map(|p| Arc::new(p.clone()))).collect();
+        let pods = self.pending_pods(&moving).await;
+        let pools = self.pools();
+        let nodes = self.stores.nodes.state();
+        let claims = self.stores.claims.state();
+        let all_pods = self.stores.pods.state();
+        let usage = state::usage_by_node(all_pods.iter().map(|p| p.as_ref()));
+        let skip = |n: &str| leaving.iter().any(|l| l == n);
+        let existing = state::existing_capacity(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &usage, &pools, &skip);
+        let plan = tokio::task::block_in_place(|| pack(&pods, &pools, &self.offerings, &existing));
+        plan.unschedulable.is_empty().then_some(plan)
+    }
+
+    async fn taint(&self, node: &Node) {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let mut taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        if taints.iter().any(|t| t.key == labels::DISRUPTED_TAINT) {
+            return;
+        }
+        taints.push(k8s_openapi::api::core::v1::Taint { key: labels::DISRUPTED_TAINT.into(), value: None, effect: "NoSchedule".into(), time_added: None });
+        let patch = serde_json::json!({"spec": {"taints": taints}});
+        if let Err(e) = Api::<Node>::all(self.client.clone()).patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
+            tracing::warn!(node = %name, error = %e, "could not taint the node");
+        }
+    }
+
+    async fn untaint(&self, name: &str) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        if let Ok(n) = api.get(name).await {
+            let taints: Vec<_> = n.spec.and_then(|s| s.taints).unwrap_or_default().into_iter().filter(|t| t.key != labels::DISRUPTED_TAINT).collect();
+            let _ = api.patch(name, &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"taints": taints}}))).await;
+        }
+    }
+
+    fn start_drain(self: &Arc<Self>, node: Arc<Node>, claim: Arc<NodeClaim>, replacements: Vec<String>, reason: &'static str) {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let me = self.clone();
+        let task = tokio::spawn(async move { me.drain(node, claim, replacements, reason).await });
+        self.disruption.drains.lock().unwrap_or_else(|e| e.into_inner()).insert(name, task);
+    }
+
+    /// Taint, wait for replacements, evict, delete.
+    #[tracing::instrument(skip_all, fields(node = %node.metadata.name.as_deref().unwrap_or(""), reason))]
+    async fn drain(self: Arc<Self>, node: Arc<Node>, claim: Arc<NodeClaim>, replacements: Vec<String>, reason: &'static str) {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        self.taint(&node).await;
+        let deadline = Instant::now() + Duration::from_secs(self.settings.drain_timeout_seconds);
+        // Replacements Ready before any pod leaves.
+        while !replacements.is_empty() && Instant::now() < deadline {
+            let nodes = self.stores.nodes.state();
+            let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(r.as_str()) && node_ready(n)));
+            if ready {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        loop {
+            let pods: Vec<Arc<Pod>> = self.stores.pods.state().into_iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())).collect();
+            let left = state::evictable(&pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect::<Vec<Pod>>();
+            let terminating = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some() && !state::is_daemon_pod(p));
+            if left.is_empty() && !terminating {
+                break;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(remaining = left.len(), "drain timed out (PodDisruptionBudgets?); the node is given back");
+                self.untaint(&name).await;
+                return;
+            }
+            for p in &left {
+                let ns = p.metadata.namespace.clone().unwrap_or_default();
+                let pname = p.metadata.name.clone().unwrap_or_default();
+                match Api::<Pod>::namespaced(self.client.clone(), &ns).evict(&pname, &EvictParams::default()).await {
+                    Ok(_) => tracing::info!(pod = %pname, namespace = %ns, "evicted"),
+                    Err(kube::Error::Api(s)) if s.code == 429 => tracing::debug!(pod = %pname, namespace = %ns, "eviction refused by a PodDisruptionBudget; retrying"),
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => tracing::warn!(pod = %pname, namespace = %ns, error = %e, "eviction failed; retrying"),
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        if let Err(e) = self.provider.delete(&claim).await {
+            tracing::warn!(error = %e, "could not delete the instance; retried on the next pass");
+            return;
+        }
+        match Api::<NodeClaim>::all(self.client.clone()).delete(&claim.name(), &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => tracing::warn!(error = %e, "could not delete the claim"),
+        }
+        self.metrics.nodes_terminated.get_or_create(&label("reason", reason)).inc();
+        tracing::info!("node removed");
+    }
+}

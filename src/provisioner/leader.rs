@@ -1,0 +1,65 @@
+//! Only one replica provisions: the holder of a coordination Lease. The webhook and the extender
+//! serve on every replica; the provisioner (and its watches) runs only while the lease is held.
+
+use std::future::Future;
+use std::time::Duration;
+
+use kube::Client;
+use kube_lease_manager::LeaseManagerBuilder;
+
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    #[error("lease {name} in {namespace}: {source}")]
+    Lease { name: String, namespace: String, source: kube_lease_manager::LeaseManagerError },
+    #[error("the lease manager stopped")]
+    Stopped,
+}
+
+/// Run `work()` while this replica holds the lease `name` in `namespace`; stop it when the lease
+/// is lost and start it afresh when regained. Returns only on error.
+pub async fn while_leader<F, Fut>(client: Client, namespace: &str, name: &str, duration: Duration, metrics: &Metrics, work: F) -> Result<(), LeaderError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| format!("archer-{}", std::process::id()));
+    let secs = duration.as_secs().max(2);
+    let manager = LeaseManagerBuilder::new(client, name)
+        .with_namespace(namespace)
+        .with_identity(identity.clone())
+        .with_duration(secs)
+        .with_grace((secs / 3).max(1))
+        .build()
+        .await
+        .map_err(|source| LeaderError::Lease { name: name.into(), namespace: namespace.into(), source })?;
+    let (mut is_leader, manager_task) = manager.watch().await;
+    let mut running: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        let leader = *is_leader.borrow_and_update();
+        match (leader, running.is_some()) {
+            (true, false) => {
+                tracing::info!(%identity, lease = name, "became the provisioning leader");
+                metrics.leader.set(1);
+                running = Some(tokio::spawn(work()));
+            }
+            (false, true) => {
+                tracing::warn!(%identity, lease = name, "lost the provisioning lease; provisioning stops here");
+                metrics.leader.set(0);
+                if let Some(h) = running.take() {
+                    h.abort();
+                }
+            }
+            _ => {}
+        }
+        if is_leader.changed().await.is_err() {
+            break;
+        }
+    }
+    if let Some(h) = running.take() {
+        h.abort();
+    }
+    let _ = manager_task.await;
+    Err(LeaderError::Stopped)
+}

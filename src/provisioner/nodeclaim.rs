@@ -1,0 +1,84 @@
+//! NodeClaim, `archer.dev/v1alpha1`: the record of one node Archer decided to launch, written
+//! *before* the cloud provider is asked for it. The provider's create is idempotent on the claim's
+//! name (the kwok provider names the Node after it; a cloud provider passes it as the client
+//! token), so a crash between the two can only lead to the same launch being retried, never to a
+//! second node; instances whose claim is gone are deleted by the garbage collector, so none leak.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::nodepool::TaintDoc;
+
+/// What the node must be. Cluster-scoped; named `<pool>-<random>` by the API server.
+#[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[kube(group = "archer.dev", version = "v1alpha1", kind = "NodeClaim", plural = "nodeclaims", shortname = "anc", status = "NodeClaimStatus")]
+#[kube(printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.instanceType"}"#)]
+#[kube(printcolumn = r#"{"name":"Zone","type":"string","jsonPath":".spec.zone"}"#)]
+#[kube(printcolumn = r#"{"name":"Capacity","type":"string","jsonPath":".spec.capacityType"}"#)]
+#[kube(printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#)]
+#[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimSpec {
+    /// The NodePool this node belongs to.
+    pub node_pool: String,
+    pub instance_type: String,
+    pub zone: String,
+    /// `on-demand` or `spot`.
+    pub capacity_type: String,
+    pub arch: String,
+    pub os: String,
+    /// Every label the node carries (pool template labels and the well-known ones).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub taints: Vec<TaintDoc>,
+    /// Taints removed by something else once the node is initialised.
+    #[serde(default)]
+    pub startup_taints: Vec<TaintDoc>,
+    /// Raw capacity and what pods may use (`cpu`, `memory`, `pods`), as quantities.
+    #[serde(default)]
+    pub capacity: BTreeMap<String, String>,
+    #[serde(default)]
+    pub allocatable: BTreeMap<String, String>,
+    /// The hourly price the decision was made at.
+    pub price_per_hour: f64,
+    /// Copied from the pool at launch (`720h`, `Never`).
+    #[serde(default)]
+    pub expire_after: Option<String>,
+    /// Why it was launched: `provisioning` or `replacement`.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeClaimStatus {
+    /// The provider's id of the instance, once launched.
+    #[serde(default)]
+    pub provider_id: Option<String>,
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// RFC 3339 time of the successful launch.
+    #[serde(default)]
+    pub launched_at: Option<String>,
+    /// The last launch error, if the launch is being retried.
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+impl NodeClaim {
+    pub fn name(&self) -> String {
+        self.metadata.name.clone().unwrap_or_default()
+    }
+
+    pub fn launched(&self) -> bool {
+        self.status.as_ref().and_then(|s| s.provider_id.as_ref()).is_some()
+    }
+
+    pub fn deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+}

@@ -1,0 +1,278 @@
+//! The cluster as the deciding code sees it: which pods wait for capacity, how much room every
+//! node (and every node still being launched) has left, and what each pool may still add.
+//! Pure functions over API objects, so they are tested without a cluster.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use super::nodeclaim::NodeClaim;
+use super::nodepool::NodePool;
+use crate::core::labels;
+use crate::core::packer::{DaemonLoad, ExistingNode, Pool, Taint};
+use crate::core::requirements::Requirements;
+use crate::core::resources::{pod_requests, Resources};
+
+/// Taints a node carries only while it starts (or is briefly unreachable): a pending pod that
+/// fits an in-flight node waits for it rather than getting a second node.
+const EPHEMERAL_TAINTS: [&str; 4] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered"];
+
+pub fn pod_id(p: &Pod) -> String {
+    format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or("default"), p.metadata.name.as_deref().unwrap_or(""))
+}
+
+pub fn is_daemon_pod(p: &Pod) -> bool {
+    p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+}
+
+pub fn is_terminal(p: &Pod) -> bool {
+    matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+/// A pod the provisioner should find room for: the scheduler said Unschedulable, and it is not
+/// gated, not a DaemonSet's, not nominated to a node (preemption will make room), not leaving.
+pub fn is_provisionable(p: &Pod) -> bool {
+    let Some(spec) = p.spec.as_ref() else { return false };
+    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) || p.metadata.deletion_timestamp.is_some() || is_terminal(p) || is_daemon_pod(p) {
+        return false;
+    }
+    if spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()) {
+        return false;
+    }
+    let status = p.status.as_ref();
+    if status.and_then(|s| s.nominated_node_name.as_deref()).is_some_and(|n| !n.is_empty()) {
+        return false;
+    }
+    status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")))
+}
+
+/// Requests of the live pods bound to each node.
+pub fn usage_by_node<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> HashMap<String, (Resources, Vec<&'a Pod>)> {
+    let mut m: HashMap<String, (Resources, Vec<&Pod>)> = HashMap::new();
+    for p in pods {
+        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).filter(|n| !n.is_empty()) else { continue };
+        if is_terminal(p) {
+            continue;
+        }
+        let e = m.entry(node.to_string()).or_default();
+        e.0 = e.0 + Resources { pods: 1, ..pod_requests(p, false) };
+        e.1.push(p);
+    }
+    m
+}
+
+fn taints_of(node: &Node) -> Vec<Taint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() }).collect())
+        .unwrap_or_default()
+}
+
+/// Is the node on its way out (cordoned, tainted for disruption, being deleted)?
+pub fn node_leaving(node: &Node) -> bool {
+    node.metadata.deletion_timestamp.is_some()
+        || node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+        || taints_of(node).iter().any(|t| t.key == labels::DISRUPTED_TAINT)
+}
+
+/// Room on every node that can take pods, and on every claim whose node is not there yet.
+/// `skip` names nodes to leave out (those a disruption is about to remove).
+pub fn existing_capacity(nodes: &[&Node], claims: &[&NodeClaim], pods: &HashMap<String, (Resources, Vec<&Pod>)>, pools: &[Pool], skip: &dyn Fn(&str) -> bool) -> Vec<ExistingNode> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for n in nodes {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        seen.insert(name.clone());
+        if node_leaving(n) || skip(&name) {
+            continue;
+        }
+        let claim = claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()) || c.name() == name);
+        let startup: Vec<&str> = claim.map(|c| c.spec.startup_taints.iter().map(|t| t.key.as_str()).collect()).unwrap_or_default();
+        let allocatable = Resources::from_map(n.status.as_ref().and_then(|s| s.allocatable.as_ref()));
+        let used = pods.get(&name).map(|u| u.0).unwrap_or_default();
+        let node_labels = n.metadata.labels.clone().unwrap_or_default();
+        // Until the node reports its DaemonSet pods, reserve their room as the pool would.
+        let reserve = match claim.and_then(|c| pools.iter().find(|p| p.name == c.spec.node_pool)) {
+            Some(pool) if used == Resources::default() => allocatable - pool.room(&node_labels, allocatable),
+            _ => Resources::default(),
+        };
+        out.push(ExistingNode {
+            name,
+            labels: node_labels,
+            taints: taints_of(n).into_iter().filter(|t| !EPHEMERAL_TAINTS.contains(&t.key.as_str()) && !startup.contains(&t.key.as_str())).collect(),
+            free: allocatable - used - reserve,
+        });
+    }
+    for c in claims {
+        let name = c.name();
+        if c.deleting() || seen.contains(&name) || skip(&name) {
+            continue;
+        }
+        let allocatable = Resources::from_map(Some(&c.spec.allocatable.iter().map(|(k, v)| (k.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()))).collect()));
+        let mut node_labels = c.spec.labels.clone();
+        node_labels.insert(labels::HOSTNAME.into(), name.clone());
+        let room = pools.iter().find(|p| p.name == c.spec.node_pool).map(|p| p.room(&node_labels, allocatable)).unwrap_or(allocatable);
+        out.push(ExistingNode {
+            name,
+            labels: node_labels,
+            taints: c.spec.taints.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() }).collect(),
+            free: room,
+        });
+    }
+    out
+}
+
+/// A DaemonSet's pod as a load on the nodes it would run on.
+pub fn daemon_load(d: &DaemonSet) -> DaemonLoad {
+    let t = d.spec.as_ref().map(|s| &s.template);
+    let pod = Pod { metadata: t.and_then(|t| t.metadata.clone()).unwrap_or_default(), spec: t.and_then(|t| t.spec.clone()), status: None };
+    let spec = pod.spec.as_ref();
+    DaemonLoad {
+        selector: Requirements::from_node_selector(&spec.and_then(|s| s.node_selector.clone()).unwrap_or_default()),
+        tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
+        requests: Resources { pods: 1, ..pod_requests(&pod, false) },
+    }
+}
+
+/// What a pool has launched so far (claims not being deleted): cpu millis, memory bytes, nodes.
+pub fn pool_usage(pool: &str, claims: &[&NodeClaim]) -> (i64, i64, i64) {
+    claims.iter().filter(|c| c.spec.node_pool == pool && !c.deleting()).fold((0, 0, 0), |acc, c| {
+        let q = |k: &str, f: fn(&str) -> Option<i64>| c.spec.capacity.get(k).and_then(|v| f(v)).unwrap_or(0);
+        (acc.0 + q("cpu", crate::core::quantity::cpu_millis), acc.1 + q("memory", crate::core::quantity::value), acc.2 + 1)
+    })
+}
+
+/// The packer's pools: each NodePool with the room left under its limits and the DaemonSets that
+/// would run on its nodes. Pools that cannot be read are skipped with a log line.
+pub fn packer_pools(pools: &[&NodePool], claims: &[&NodeClaim], daemons: &[DaemonLoad]) -> Vec<Pool> {
+    pools
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|np| match np.to_pool() {
+            Ok(mut pool) => {
+                let (cpu, mem, nodes) = pool_usage(&pool.name, claims);
+                pool.limit_cpu_millis = pool.limit_cpu_millis.map(|l| l - cpu);
+                pool.limit_memory_bytes = pool.limit_memory_bytes.map(|l| l - mem);
+                pool.limit_nodes = pool.limit_nodes.map(|l| l - nodes);
+                pool.daemons = daemons.to_vec();
+                Some(pool)
+            }
+            Err(e) => {
+                tracing::warn!(pool = %np.name(), error = %e, "NodePool has an unusable requirement; skipped");
+                None
+            }
+        })
+        .collect()
+}
+
+/// A Karpenter-style duration: `30s`, `5m`, `720h`, `1h30m`; `Never` is `None`.
+pub fn parse_duration(s: &str) -> Result<Option<Duration>, String> {
+    if s.eq_ignore_ascii_case("never") {
+        return Ok(None);
+    }
+    humantime::parse_duration(s).map(Some).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// The pool's disruption settings, with Karpenter v1's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DisruptionSettings {
+    pub underutilized: bool,
+    pub consolidate_after: Option<Duration>,
+    pub expire_after: Option<Duration>,
+    /// Budgets on nodes: (absolute count or percentage, reasons they apply to; empty = all).
+    pub budgets: Vec<(BudgetValue, Vec<String>)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BudgetValue {
+    Count(usize),
+    Percent(f64),
+}
+
+impl BudgetValue {
+    pub fn parse(s: &str) -> Result<BudgetValue, String> {
+        let s = s.trim();
+        match s.strip_suffix('%') {
+            Some(p) => p.trim().parse::<f64>().ok().filter(|v| (0.0..=100.0).contains(v)).map(BudgetValue::Percent).ok_or_else(|| format!("budget {s:?}: not a percentage 0-100")),
+            None => s.parse::<usize>().map(BudgetValue::Count).map_err(|_| format!("budget {s:?}: not a count or a percentage")),
+        }
+    }
+
+    /// How many of `total` nodes may be disrupted at once (percentages round up, as Karpenter's).
+    pub fn allowed(self, total: usize) -> usize {
+        match self {
+            BudgetValue::Count(n) => n,
+            BudgetValue::Percent(p) => ((p / 100.0) * total as f64).ceil() as usize,
+        }
+    }
+}
+
+impl DisruptionSettings {
+    pub fn of(pool: &NodePool) -> Result<Self, String> {
+        let d = pool.spec.disruption.clone().unwrap_or_default();
+        let underutilized = match d.consolidation_policy.as_deref() {
+            None | Some("WhenEmptyOrUnderutilized") => true,
+            Some("WhenEmpty") => false,
+            Some(other) => return Err(format!("consolidationPolicy {other:?}: expected WhenEmpty or WhenEmptyOrUnderutilized")),
+        };
+        let consolidate_after = match d.consolidate_after.as_deref() {
+            None => Some(Duration::ZERO),
+            Some(s) => parse_duration(s)?,
+        };
+        let expire_after = match pool.spec.template.spec.expire_after.as_deref() {
+            None => Some(Duration::from_secs(720 * 3600)),
+            Some(s) => parse_duration(s)?,
+        };
+        let budgets = if d.budgets.is_empty() {
+            vec![(BudgetValue::Percent(10.0), Vec::new())]
+        } else {
+            d.budgets.iter().map(|b| BudgetValue::parse(&b.nodes).map(|v| (v, b.reasons.clone()))).collect::<Result<_, _>>()?
+        };
+        Ok(Self { underutilized, consolidate_after, expire_after, budgets })
+    }
+
+    /// Nodes of a pool of `total` that may be disrupted at once for `reason`
+    /// (`Empty`, `Underutilized`, `Expired`): the smallest budget that applies.
+    pub fn allowed(&self, total: usize, reason: &str) -> usize {
+        self.budgets.iter().filter(|(_, reasons)| reasons.is_empty() || reasons.iter().any(|r| r == reason)).map(|(v, _)| v.allowed(total)).min().unwrap_or(usize::MAX)
+    }
+}
+
+/// Pods on a node that block its voluntary disruption, and why.
+pub fn disruption_blocker(pods: &[&Pod]) -> Option<String> {
+    for p in pods {
+        let a = p.metadata.annotations.as_ref();
+        if [labels::DO_NOT_DISRUPT, labels::KARPENTER_DO_NOT_DISRUPT].iter().any(|k| a.and_then(|a| a.get(*k)).map(String::as_str) == Some("true")) {
+            return Some(format!("pod {} is annotated do-not-disrupt", pod_id(p)));
+        }
+        if !is_daemon_pod(p) && p.metadata.owner_references.as_ref().is_none_or(|o| o.is_empty()) {
+            return Some(format!("pod {} has no controller to recreate it", pod_id(p)));
+        }
+    }
+    None
+}
+
+/// Pods to evict from a node being drained (DaemonSet and mirror pods stay).
+pub fn evictable<'a>(pods: &[&'a Pod]) -> Vec<&'a Pod> {
+    pods.iter()
+        .copied()
+        .filter(|p| !is_daemon_pod(p) && !is_terminal(p) && p.metadata.annotations.as_ref().is_none_or(|a| !a.contains_key("kubernetes.io/config.mirror")))
+        .collect()
+}
+
+/// The NodePool's name recorded on a node Archer launched.
+pub fn node_pool_of(node: &Node) -> Option<&str> {
+    node.metadata.labels.as_ref()?.get(labels::NODEPOOL).map(String::as_str)
+}
+
+pub fn labels_of(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,412 @@
+//! The provisioning worker (leader only): watches pending pods, batches them, packs them onto
+//! existing and in-flight capacity first and onto new nodes second, writes a NodeClaim for each
+//! new node *before* asking the cloud provider for it, and keeps claims and instances in step.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+
+use super::cloud::CloudProvider;
+use super::nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
+use super::nodepool::NodePool;
+use super::scenario::{annotated_platforms, pending_pod, ScenarioPod};
+use super::state::{self, pod_id};
+use crate::catalog::Catalog;
+use crate::cluster::{pod_keyring, reflect_with, ClusterView};
+use crate::config::ProvisionerConfig;
+use crate::core::packer::{pack, Offering, PendingPod, Plan, PlannedNode, Pool};
+use crate::core::placement::pod_images;
+use crate::core::platform::PlatformSet;
+use crate::metrics::{label, Metrics};
+use crate::registry::{Inspector, Keyring};
+
+/// Set (tests only) to make the process exit right after it wrote a NodeClaim and before it asked
+/// the provider for the node: the crash a restart must recover from without a second node.
+pub const CRASH_AFTER_CLAIM_ENV: &str = "ARCHER_TEST_CRASH_AFTER_CLAIM";
+pub const FIELD_MANAGER: &str = "archer-provisioner";
+/// Event reason on a pod no NodePool can run.
+pub const UNPROVISIONABLE_REASON: &str = "FailedProvisioning";
+
+/// Watch-backed caches of what the worker reads.
+#[derive(Clone)]
+pub struct Stores {
+    pub pods: Store<Pod>,
+    pub nodes: Store<Node>,
+    pub claims: Store<NodeClaim>,
+    pub pools: Store<NodePool>,
+    pub daemonsets: Store<DaemonSet>,
+}
+
+impl Stores {
+    /// Start the watches; `pending` is notified whenever a pod may need capacity.
+    fn start(client: &Client, pending: Arc<tokio::sync::Notify>) -> (Stores, impl std::future::Future<Output = ()> + Send + 'static) {
+        let (pods, p) = reflect_with(Api::<Pod>::all(client.clone()), watcher::Config::default(), "pod", move |pod: &Pod| {
+            if state::is_provisionable(pod) {
+                pending.notify_one();
+            }
+        });
+        let (nodes, n) = reflect_with(Api::<Node>::all(client.clone()), watcher::Config::default(), "node", |_: &Node| {});
+        let (claims, c) = reflect_with(Api::<NodeClaim>::all(client.clone()), watcher::Config::default(), "nodeclaim", |_: &NodeClaim| {});
+        let (pools, np) = reflect_with(Api::<NodePool>::all(client.clone()), watcher::Config::default(), "nodepool", |_: &NodePool| {});
+        let (daemonsets, d) = reflect_with(Api::<DaemonSet>::all(client.clone()), watcher::Config::default(), "daemonset", |_: &DaemonSet| {});
+        let drive = async move {
+            futures::future::join5(p, n, c, np, d).await;
+        };
+        (Stores { pods, nodes, claims, pools, daemonsets }, drive)
+    }
+
+    async fn wait_ready(&self) {
+        let _ = futures::future::join5(self.pods.wait_until_ready(), self.nodes.wait_until_ready(), self.claims.wait_until_ready(), self.pools.wait_until_ready(), self.daemonsets.wait_until_ready()).await;
+    }
+}
+
+pub struct Provisioner {
+    pub client: Client,
+    pub provider: Arc<dyn CloudProvider>,
+    pub catalog: Arc<Catalog>,
+    pub inspector: Inspector,
+    pub cluster: Option<ClusterView>,
+    pub base_keyring: Keyring,
+    pub metrics: Arc<Metrics>,
+    pub settings: ProvisionerConfig,
+    pub(super) offerings: Vec<Offering>,
+    recorder: Recorder,
+    limiter: governor::DefaultDirectRateLimiter,
+    /// Last event message posted per pod uid (an unchanged reason is not posted again).
+    reported: Mutex<HashMap<String, String>>,
+    pub(super) stores: Stores,
+    pending: Arc<tokio::sync::Notify>,
+    pub(super) disruption: super::disruption::Tracker,
+}
+
+impl Provisioner {
+    /// Build the worker and the future that drives its watches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        provider: Arc<dyn CloudProvider>,
+        catalog: Arc<Catalog>,
+        inspector: Inspector,
+        cluster: Option<ClusterView>,
+        base_keyring: Keyring,
+        metrics: Arc<Metrics>,
+        settings: ProvisionerConfig,
+    ) -> (Arc<Self>, impl std::future::Future<Output = ()> + Send + 'static) {
+        let pending = Arc::new(tokio::sync::Notify::new());
+        let (stores, watches) = Stores::start(&client, pending.clone());
+        let per_minute = std::num::NonZeroU32::new(settings.max_launches_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
+        let reporter = Reporter { controller: "archer-provisioner".into(), instance: std::env::var("POD_NAME").ok() };
+        let offerings = provider.offerings();
+        let p = Arc::new(Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            limiter: governor::RateLimiter::direct(governor::Quota::per_minute(per_minute)),
+            reported: Mutex::new(HashMap::new()),
+            client,
+            provider,
+            catalog,
+            inspector,
+            cluster,
+            base_keyring,
+            metrics,
+            settings,
+            offerings,
+            stores,
+            pending,
+            disruption: Default::default(),
+        });
+        (p, watches)
+    }
+
+    /// Run the batching loop, the claim keeper and disruption until the future is dropped.
+    pub async fn run(self: Arc<Self>) {
+        self.stores.wait_ready().await;
+        tracing::info!(provider = self.provider.name(), offerings = self.offerings.len(), "provisioner started");
+        futures::future::join3(self.clone().batch_loop(), self.clone().claim_loop(), self.clone().disruption_loop()).await;
+    }
+
+    async fn batch_loop(self: Arc<Self>) {
+        let idle = Duration::from_secs_f64(self.settings.batch_idle_seconds);
+        let max = Duration::from_secs_f64(self.settings.batch_max_seconds);
+        loop {
+            // A pending pod, or the periodic resync (pods that stay pending send no events).
+            tokio::select! {
+                _ = self.pending.notified() => {}
+                _ = tokio::time::sleep(max) => {}
+            }
+            let opened = tokio::time::Instant::now();
+            loop {
+                let deadline = (tokio::time::Instant::now() + idle).min(opened + max);
+                tokio::select! {
+                    _ = self.pending.notified() => continue,
+                    _ = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+            self.provision_once().await;
+        }
+    }
+
+    /// Platforms of a pending pod: the webhook's annotation, else its images, else unknown.
+    async fn platforms(&self, pod: &Pod) -> Option<PlatformSet> {
+        if let Some(p) = annotated_platforms(pod) {
+            return Some(p);
+        }
+        let images = pod_images(pod);
+        if images.is_empty() {
+            return None;
+        }
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let keyring = pod_keyring(self.cluster.as_ref(), &self.base_keyring, ns, pod).await;
+        let results = tokio::time::timeout(self.inspector.lookup_timeout() * 2, self.inspector.inspect_all(&images, &keyring)).await.ok()?;
+        let sets: Result<Vec<_>, _> = results.into_iter().map(|r| r.map(|i| i.platforms.clone())).collect();
+        match sets {
+            Ok(sets) => PlatformSet::intersect_all(sets.iter()),
+            Err(e) => {
+                tracing::info!(pod = %pod_id(pod), error = %e, "images not inspected; the pod is assumed to run on any architecture");
+                None
+            }
+        }
+    }
+
+    /// The packer's view of pods (platforms resolved concurrently).
+    pub(super) async fn pending_pods(&self, pods: &[Arc<Pod>]) -> Vec<PendingPod> {
+        join_all(pods.iter().map(|p| async move {
+            let platforms = self.platforms(p).await;
+            pending_pod(&ScenarioPod { id: pod_id(p), pod: (**p).clone() }, platforms)
+        }))
+        .await
+    }
+
+    pub(super) fn pools(&self) -> Vec<Pool> {
+        let pools = self.stores.pools.state();
+        let claims = self.stores.claims.state();
+        let daemons: Vec<_> = self.stores.daemonsets.state().iter().map(|d| state::daemon_load(d)).collect();
+        state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &daemons)
+    }
+
+    /// One batch: decide and launch.
+    #[tracing::instrument(skip_all, fields(pods = tracing::field::Empty, nodes = tracing::field::Empty))]
+    pub async fn provision_once(&self) {
+        let started = Instant::now();
+        let pending: Vec<Arc<Pod>> = self.stores.pods.state().into_iter().filter(|p| state::is_provisionable(p)).collect();
+        if pending.is_empty() {
+            return;
+        }
+        tracing::Span::current().record("pods", pending.len());
+        self.metrics.provisioner_batches.inc();
+        let pools = self.pools();
+        let nodes = self.stores.nodes.state();
+        let claims = self.stores.claims.state();
+        let all_pods = self.stores.pods.state();
+        let usage = state::usage_by_node(all_pods.iter().map(|p| p.as_ref()));
+        let existing = state::existing_capacity(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &usage, &pools, &|_| false);
+        let packer_pods = self.pending_pods(&pending).await;
+        let offerings = &self.offerings;
+        let plan = if pools.is_empty() {
+            Plan { unschedulable: packer_pods.iter().map(|p| crate::core::packer::Unschedulable { pod: p.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
+        } else {
+            tokio::task::block_in_place(|| pack(&packer_pods, &pools, offerings, &existing))
+        };
+        tracing::Span::current().record("nodes", plan.nodes.len());
+        tracing::info!(
+            pending = pending.len(),
+            on_existing = plan.existing.len(),
+            new_nodes = plan.nodes.len(),
+            unschedulable = plan.unschedulable.len(),
+            price_per_hour = plan.total_price_per_hour,
+            "batch decided"
+        );
+        let by_id: HashMap<String, &Arc<Pod>> = pending.iter().map(|p| (pod_id(p), p)).collect();
+        for u in &plan.unschedulable {
+            if let Some(p) = by_id.get(&u.pod) {
+                self.report_unprovisionable(p, &u.reason).await;
+            }
+        }
+        let created = self.launch_plan(&plan.nodes, "provisioning").await;
+        self.wait_seen(&created).await;
+        self.metrics.provisioner_batch_seconds.observe(started.elapsed().as_secs_f64());
+    }
+
+    async fn report_unprovisionable(&self, pod: &Pod, reason: &str) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let note = format!("no NodePool can run this pod: {reason}");
+        {
+            let mut seen = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.get(&uid) == Some(&note) {
+                return;
+            }
+            seen.insert(uid, note.clone());
+        }
+        self.metrics.unprovisionable_pods.inc();
+        tracing::warn!(pod = %pod_id(pod), reason, "no node launched for the pod");
+        let ev = Event { type_: EventType::Warning, reason: UNPROVISIONABLE_REASON.into(), note: Some(note), action: "Provisioning".into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&ev, &pod.object_ref(&())).await {
+            tracing::warn!(pod = %pod_id(pod), error = %e, "could not post the event");
+        }
+    }
+
+    /// Write a claim per planned node, then launch them. Returns the names of the claims written.
+    pub(super) async fn launch_plan(&self, nodes: &[PlannedNode], reason: &str) -> Vec<String> {
+        let mut claims = Vec::new();
+        for planned in nodes {
+            if self.limiter.check().is_err() {
+                self.metrics.launches_rate_limited.inc_by((nodes.len() - claims.len()) as u64);
+                tracing::warn!(deferred = nodes.len() - claims.len(), per_minute = self.settings.max_launches_per_minute, "launch cap reached; the rest wait for the next batch");
+                break;
+            }
+            let Some(claim) = self.claim_for(planned, reason) else { continue };
+            match Api::<NodeClaim>::all(self.client.clone()).create(&PostParams::default(), &claim).await {
+                Ok(c) => {
+                    tracing::info!(claim = %c.name(), pool = %planned.pool, instance_type = %planned.instance_type, zone = %planned.zone, capacity = %planned.capacity_type, pods = planned.pods.len(), "node claimed");
+                    if std::env::var_os(CRASH_AFTER_CLAIM_ENV).is_some() {
+                        tracing::error!(claim = %c.name(), "{CRASH_AFTER_CLAIM_ENV} set: exiting between claim and launch");
+                        std::process::exit(70);
+                    }
+                    claims.push(c);
+                }
+                Err(e) => tracing::warn!(pool = %planned.pool, error = %e, "could not write the NodeClaim; the pods wait for the next batch"),
+            }
+        }
+        join_all(claims.iter().map(|c| self.launch(c))).await;
+        claims.iter().map(|c| c.name()).collect()
+    }
+
+    /// The claim for one planned node.
+    fn claim_for(&self, planned: &PlannedNode, reason: &str) -> Option<NodeClaim> {
+        let np = self.stores.pools.state().into_iter().find(|p| p.name() == planned.pool)?;
+        let pool = np.to_pool().ok()?;
+        let offering = self.offerings.iter().find(|o| o.instance.name == planned.instance_type && o.zone == planned.zone && o.capacity.as_str() == planned.capacity_type)?;
+        let t = &offering.instance;
+        let q = |cpu_millis: i64, mem: i64, pods: i64| BTreeMap::from([("cpu".to_string(), format!("{cpu_millis}m")), ("memory".to_string(), format!("{}Ki", mem / 1024)), ("pods".to_string(), pods.to_string())]);
+        let taint = |t: &super::nodepool::TaintDoc| t.clone();
+        Some(NodeClaim {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}-", planned.pool)),
+                labels: Some(BTreeMap::from([(crate::core::labels::NODEPOOL.to_string(), planned.pool.clone()), (crate::core::labels::KARPENTER_NODEPOOL.to_string(), planned.pool.clone())])),
+                ..Default::default()
+            },
+            spec: NodeClaimSpec {
+                node_pool: planned.pool.clone(),
+                instance_type: t.name.clone(),
+                zone: offering.zone.clone(),
+                capacity_type: planned.capacity_type.clone(),
+                arch: t.arch.clone(),
+                os: t.os.clone(),
+                labels: offering.labels(&pool),
+                taints: np.spec.template.spec.taints.iter().map(taint).collect(),
+                startup_taints: np.spec.template.spec.startup_taints.iter().map(taint).collect(),
+                capacity: q(i64::from(t.vcpu) * 1000, t.memory_mib as i64 * 1024 * 1024, t.max_pods),
+                allocatable: q(t.allocatable.cpu_millis, t.allocatable.memory_bytes, t.allocatable.pods),
+                price_per_hour: offering.price,
+                expire_after: np.spec.template.spec.expire_after.clone(),
+                reason: Some(reason.into()),
+            },
+            status: None,
+        })
+    }
+
+    /// Ask the provider for the claim's node and record the result on the claim.
+    #[tracing::instrument(skip_all, fields(claim = %claim.name()))]
+    pub(super) async fn launch(&self, claim: &NodeClaim) {
+        let api: Api<NodeClaim> = Api::all(self.client.clone());
+        let status = match self.provider.create(claim).await {
+            Ok(i) => {
+                self.metrics.nodes_launched.get_or_create(&label("pool", claim.spec.node_pool.clone())).inc();
+                tracing::info!(node = %i.node_name, provider_id = %i.provider_id, "node launched");
+                NodeClaimStatus { provider_id: Some(i.provider_id), node_name: Some(i.node_name), launched_at: Some(now_rfc3339()), last_error: None }
+            }
+            Err(e) => {
+                self.metrics.launch_errors.get_or_create(&label("provider", self.provider.name())).inc();
+                tracing::warn!(error = %e, "launch failed");
+                if matches!(e, super::cloud::CloudError::InsufficientCapacity { .. }) {
+                    // Give the pods back to the next batch, which picks another offering.
+                    let _ = api.delete(&claim.name(), &DeleteParams::default()).await;
+                    return;
+                }
+                NodeClaimStatus { last_error: Some(e.to_string()), ..Default::default() }
+            }
+        };
+        if let Err(e) = api.patch_status(&claim.name(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": status}))).await {
+            tracing::warn!(error = %e, "could not record the launch on the claim; the claim keeper retries (the launch is idempotent)");
+        }
+    }
+
+    /// Wait (briefly) until the claim cache shows what was just written, so the next batch sees
+    /// the in-flight capacity and the pool usage.
+    pub(super) async fn wait_seen(&self, names: &[String]) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let have: HashSet<String> = self.stores.claims.state().iter().map(|c| c.name()).collect();
+            if names.iter().all(|n| have.contains(n)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Keep claims and instances in step: launch claims that never were (a crash between the
+    /// claim and the launch), delete instances without a claim, drop claims whose instance is gone.
+    async fn claim_loop(self: Arc<Self>) {
+        let interval = Duration::from_secs_f64(self.settings.disruption_interval_seconds.min(10.0));
+        loop {
+            self.keep_claims().await;
+            tokio::time::sleep(interval).await;
+        }
+    }
+
+    pub async fn keep_claims(&self) {
+        let api: Api<NodeClaim> = Api::all(self.client.clone());
+        let claims = self.stores.claims.state();
+        for c in claims.iter().filter(|c| !c.launched() && !c.deleting()) {
+            tracing::info!(claim = %c.name(), "claim was never launched (restart?); launching it now");
+            self.launch(c).await;
+        }
+        let instances = match self.provider.list().await {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list instances");
+                return;
+            }
+        };
+        let known: HashSet<&str> = instances.iter().map(|i| i.claim.as_str()).collect();
+        for i in &instances {
+            if claims.iter().any(|c| c.name() == i.claim) {
+                continue;
+            }
+            // The cache may lag a claim written a moment ago: ask the API server.
+            if let Ok(None) = api.get_opt(&i.claim).await {
+                tracing::warn!(node = %i.node_name, claim = %i.claim, "instance without a claim; deleting it");
+                let orphan = NodeClaim { metadata: ObjectMeta { name: Some(i.claim.clone()), ..Default::default() }, spec: Default::default(), status: None };
+                if self.provider.delete(&orphan).await.is_ok() {
+                    self.metrics.nodes_terminated.get_or_create(&label("reason", "garbage")).inc();
+                }
+            }
+        }
+        for c in claims.iter().filter(|c| c.launched() && !c.deleting() && !known.contains(c.name().as_str())) {
+            let age = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).unwrap_or_default();
+            if age > Duration::from_secs(30) {
+                tracing::warn!(claim = %c.name(), "the claim's instance is gone; deleting the claim");
+                let _ = api.delete(&c.name(), &DeleteParams::default()).await;
+            }
+        }
+    }
+}
+
+pub(super) fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
+/// How long ago an RFC 3339 time was.
+pub(super) fn age_of(t: &str) -> Option<Duration> {
+    let then = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
+    let d = time::OffsetDateTime::now_utc() - then;
+    d.try_into().ok()
+}
