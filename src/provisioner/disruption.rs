@@ -58,6 +58,7 @@ fn node_ready(n: &Node) -> bool {
 impl Provisioner {
     pub(super) async fn disruption_loop(self: Arc<Self>) {
         let interval = Duration::from_secs_f64(self.settings.disruption_interval_seconds);
+        tracing::debug!(?interval, "disruption loop started");
         loop {
             tokio::time::sleep(interval).await;
             self.disrupt_once().await;
@@ -107,6 +108,7 @@ impl Provisioner {
                 candidates.push(Candidate { node: (*n).clone(), claim, pods: on_node, price });
             }
             let budget = |reason: &str| settings.allowed(pool_nodes.len(), reason).saturating_sub(disrupting);
+            tracing::debug!(pool = %pool, nodes = pool_nodes.len(), candidates = candidates.len(), disrupting, "disruption pass");
 
             // Expired nodes first: they go whatever their pods cost elsewhere.
             if let Some(expire) = settings.expire_after {
@@ -126,7 +128,9 @@ impl Provisioner {
                 .filter(|c| {
                     let workload = state::evictable(&c.pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).len();
                     let name = c.node.metadata.name.clone().unwrap_or_default();
-                    workload == 0 && self.disruption.stable_for(&name, "empty".into()) >= after
+                    // Every pass updates the clock, so a node that gets a pod starts over.
+                    let empty_for = self.disruption.stable_for(&format!("empty/{name}"), if workload == 0 { "empty" } else { "busy" }.into());
+                    workload == 0 && empty_for >= after
                 })
                 .collect();
             if !empty.is_empty() {
@@ -156,7 +160,8 @@ impl Provisioner {
                 if let Some(why) = &blocked {
                     tracing::debug!(node = %name, why = %why, "not a consolidation candidate");
                 }
-                blocked.is_none() && !annotated && self.disruption.stable_for(&name, ids.join(",")) >= after
+                let stable_for = self.disruption.stable_for(&format!("pods/{name}"), ids.join(","));
+                blocked.is_none() && !annotated && !c.pods.is_empty() && stable_for >= after
             })
             .collect();
         if eligible.is_empty() {

@@ -40,6 +40,9 @@ pub struct Cluster {
     pub certs: PathBuf,
     bin: PathBuf,
     insecure: Vec<String>,
+    /// Extra environment for the next `archer serve` (fault hooks).
+    pub archer_env: Vec<(String, String)>,
+    archer_restarts: usize,
     archer: Option<Proc>,
     // dropped in reverse order of start: scheduler, kwok, controller-manager, apiserver, etcd
     procs: Vec<Proc>,
@@ -201,7 +204,8 @@ impl Cluster {
         let certs = make_certs(&d.join("archer-certs"));
         let (archer_port, archer_admin) = (free_port(), free_port());
         let insecure: Vec<String> = std::iter::once(registry.host.clone()).chain(extra_insecure.iter().map(|s| s.to_string())).collect();
-        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure };
+        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), archer_restarts: 0 };
+        cluster.install_crds().await;
         cluster.start_archer().await;
         cluster.start_scheduler().await;
         cluster
@@ -213,9 +217,50 @@ impl Cluster {
         Client::try_from(cfg).expect("client")
     }
 
+    /// Archer's CRDs (NodePool, NodeClaim) from deploy/crds, Established; and Archer's namespace
+    /// (its provisioner Lease lives there).
+    async fn install_crds(&self) {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let client = self.client().await;
+        let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
+        for file in ["nodepool.yaml", "nodeclaim.yaml"] {
+            let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file)).expect("crd");
+            let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("crd yaml");
+            let name = crd.metadata.name.clone().expect("crd name");
+            crds.create(&Default::default(), &crd).await.unwrap_or_else(|e| panic!("the API server refuses deploy/crds/{file}: {e}"));
+            let start = Instant::now();
+            loop {
+                let established = crds.get(&name).await.ok().and_then(|c| c.status).and_then(|s| s.conditions).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+                if established {
+                    break;
+                }
+                assert!(start.elapsed() < Duration::from_secs(60), "CRD {name} not Established");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({"metadata": {"name": "archer-system"}})).expect("ns");
+        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client).create(&Default::default(), &ns).await.expect("archer-system namespace");
+    }
+
+    /// Has the Archer process exited (and with what code)?
+    pub fn archer_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.archer.as_mut().and_then(|p| p.child.try_wait().ok().flatten())
+    }
+
+    /// Start `archer serve` with the kwok provider and short batching/disruption clocks.
     pub async fn start_archer(&mut self) {
+        let config = self.dir.path().join("archer.yaml");
+        std::fs::write(
+            &config,
+            "provisioner:\n  cloudProvider: kwok\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  leaseDurationSeconds: 4\n",
+        )
+        .expect("archer config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_archer"));
         cmd.arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .args(["--namespace", "archer-system"])
+            .envs(self.archer_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .args(["--listen", &format!("127.0.0.1:{}", self.archer_port), "--admin-listen", &format!("127.0.0.1:{}", self.archer_admin)])
             .arg("--tls-cert")
             .arg(self.certs.join("tls.crt"))
@@ -225,7 +270,9 @@ impl Cluster {
             .arg(&self.kubeconfig)
             .args(["--insecure-registry", &self.insecure.join(",")])
             .env("ARCHER_LOG", "info,archer=debug");
-        self.archer = Some(spawn("archer", &self.logs, cmd));
+        let log_name: &'static str = if self.archer_restarts == 0 { "archer" } else { "archer-restarted" };
+        self.archer_restarts += 1;
+        self.archer = Some(spawn(log_name, &self.logs, cmd));
         let admin = self.archer_admin;
         let start = Instant::now();
         loop {

@@ -1,0 +1,365 @@
+//! Scenarios driven by Archer's provisioner (kwok provider): nodes appear for pending pods,
+//! carry the labels users select on, and go away when empty or wasteful.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use archer::catalog::Catalog;
+use archer::provisioner::nodeclaim::NodeClaim;
+use archer::provisioner::nodepool::NodePool;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::{deployment, namespace, running_pods, wait, wait_running};
+use crate::cluster::Cluster;
+
+async fn pool(client: &Client, yaml: &str) {
+    let p: NodePool = serde_yaml::from_str(yaml).expect("pool yaml");
+    Api::<NodePool>::all(client.clone()).create(&PostParams::default(), &p).await.expect("create pool");
+}
+
+/// Nodes Archer launched.
+async fn archer_nodes(client: &Client) -> Vec<Node> {
+    Api::<Node>::all(client.clone()).list(&ListParams::default().labels("archer.dev/nodepool")).await.map(|l| l.items).unwrap_or_default()
+}
+
+async fn claims(client: &Client) -> Vec<NodeClaim> {
+    Api::<NodeClaim>::all(client.clone()).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
+}
+
+fn label<'a>(n: &'a Node, key: &str) -> &'a str {
+    n.metadata.labels.as_ref().and_then(|l| l.get(key)).map(String::as_str).unwrap_or("")
+}
+
+async fn scale(client: &Client, ns: &str, name: &str, replicas: i32) {
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": replicas}})))
+        .await
+        .expect("scale");
+}
+
+fn node_of(p: &Pod) -> String {
+    p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
+}
+
+fn price(catalog: &Catalog, n: &Node) -> f64 {
+    let cap = archer::catalog::CapacityType::parse(label(n, "karpenter.sh/capacity-type")).expect("capacity type label");
+    catalog.price(label(n, "node.kubernetes.io/instance-type"), None, cap).expect("priced type")
+}
+
+/// Warning events posted on a pod.
+async fn pod_events(client: &Client, ns: &str, pod: &str) -> Vec<(String, String)> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    api.list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+const DEFAULT_POOL: &str = "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand, spot]}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 5s\n";
+
+/// Scenario 1: two Deployments of a multi-arch image, one pinned to amd64 on-demand, one to
+/// c6g.xlarge, scaled 0 -> 2: the right nodes appear; scaled to 0: they go away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn scenario_1_inflate_amd64_and_arm64() {
+    let started = Instant::now();
+    let mut c = Cluster::start("scenario-1").await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_index("apps/inflate", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    namespace(&client, "workshop", json!({})).await;
+    pool(&client, DEFAULT_POOL).await;
+    let image = c.registry.image("apps/inflate:1");
+    let requests = |spec: serde_json::Value| {
+        let mut s = spec;
+        s["containers"] = json!([{"name": "app", "image": image, "resources": {"requests": {"cpu": "1", "memory": "1536Mi"}}}]);
+        s
+    };
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "workshop");
+    let amd = deployment("inflate-amd64", "unused", 0, requests(json!({"nodeSelector": {"kubernetes.io/arch": "amd64", "karpenter.sh/capacity-type": "on-demand"}})));
+    let arm = deployment("inflate-arm64", "unused", 0, requests(json!({"nodeSelector": {"kubernetes.io/arch": "arm64", "node.kubernetes.io/instance-type": "c6g.xlarge"}})));
+    deploys.create(&PostParams::default(), &amd).await.expect("create");
+    deploys.create(&PostParams::default(), &arm).await.expect("create");
+
+    let t0 = Instant::now();
+    scale(&client, "workshop", "inflate-amd64", 2).await;
+    scale(&client, "workshop", "inflate-arm64", 2).await;
+    let amd_pods = wait_running(&client, "workshop", "inflate-amd64", 2, Duration::from_secs(120)).await;
+    let arm_pods = wait_running(&client, "workshop", "inflate-arm64", 2, Duration::from_secs(120)).await;
+    eprintln!("scenario 1: scale 0 -> 2+2, all 4 pods Running in {:?}", t0.elapsed());
+
+    let catalog = Catalog::embedded().expect("catalog");
+    let nodes: BTreeMap<String, Node> = archer_nodes(&client).await.into_iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n)).collect();
+    for p in &arm_pods {
+        let n = nodes.get(&node_of(p)).expect("on an Archer node");
+        assert_eq!((label(n, "kubernetes.io/arch"), label(n, "node.kubernetes.io/instance-type")), ("arm64", "c6g.xlarge"));
+    }
+    let mut amd_nodes: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &amd_pods {
+        *amd_nodes.entry(node_of(p)).or_default() += 1;
+    }
+    for (name, count) in &amd_nodes {
+        let n = nodes.get(name).expect("on an Archer node");
+        assert_eq!((label(n, "kubernetes.io/arch"), label(n, "karpenter.sh/capacity-type")), ("amd64", "on-demand"));
+        // Labels users already select on, Karpenter's included.
+        for key in ["kubernetes.io/os", "topology.kubernetes.io/zone", "topology.kubernetes.io/region", "karpenter.sh/nodepool", "karpenter.sh/provisioner-name", "archer.dev/nodepool", "archer.dev/capacity-type"] {
+            assert!(!label(n, key).is_empty(), "node {name} lacks {key}");
+        }
+        // Cheapest fitting type: no amd64 on-demand type that holds these pods costs less.
+        let need = archer::core::resources::Resources::new(1000 * *count as i64, 1536 * 1024 * 1024 * *count as i64, *count as i64);
+        let chosen = price(&catalog, n);
+        let cheaper: Vec<&str> = catalog
+            .types()
+            .iter()
+            .filter(|t| t.arch == "amd64" && need.fits(t.allocatable))
+            .filter(|t| catalog.price_of(t, None, archer::catalog::CapacityType::OnDemand).is_some_and(|p| p < chosen - 1e-9))
+            .map(|t| t.name.as_str())
+            .collect();
+        assert!(cheaper.is_empty(), "node {name} ({}, ${chosen}/h) for {count} pod(s), but {cheaper:?} are cheaper and fit", label(n, "node.kubernetes.io/instance-type"));
+    }
+    let amd_total: usize = amd_nodes.values().sum();
+    assert_eq!(amd_total, 2);
+
+    scale(&client, "workshop", "inflate-amd64", 0).await;
+    scale(&client, "workshop", "inflate-arm64", 0).await;
+    let t1 = Instant::now();
+    while !(archer_nodes(&client).await.is_empty() && claims(&client).await.is_empty()) {
+        assert!(t1.elapsed() < Duration::from_secs(60), "empty nodes not removed; archer exit status: {:?}", c.archer_exit());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("scenario 1: scale -> 0, empty nodes gone in {:?}", t1.elapsed());
+    assert!(c.archer_metric("archer_nodes_terminated_total{reason=\"empty\"}").await >= 2.0);
+    eprintln!("scenario 1 total: {:?}", started.elapsed());
+}
+
+/// Scenario 2: a tainted team pool, a Deployment that tolerates and selects it with a zone spread
+/// (ScheduleAnyway): nodes in two zones, pods balanced, no other team's pods on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn scenario_2_team_pool_with_taint_and_zone_spread() {
+    let started = Instant::now();
+    let c = Cluster::start("scenario-2").await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    namespace(&client, "team1", json!({})).await;
+    namespace(&client, "team2", json!({})).await;
+    pool(&client, DEFAULT_POOL).await;
+    pool(
+        &client,
+        "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: team1}\nspec:\n  weight: 10\n  template:\n    metadata:\n      labels: {team: team1}\n    spec:\n      taints:\n        - {key: team1, effect: NoSchedule}\n      requirements:\n        - {key: topology.kubernetes.io/zone, operator: In, values: [us-east-1a, us-east-1b]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n",
+    )
+    .await;
+    let image = c.registry.image("apps/web:1");
+    let team1 = deployment(
+        "web",
+        &image,
+        4,
+        json!({
+            "nodeSelector": {"team": "team1"},
+            "tolerations": [{"key": "team1", "operator": "Exists", "effect": "NoSchedule"}],
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "web"}}}]
+        }),
+    );
+    let t0 = Instant::now();
+    Api::<Deployment>::namespaced(client.clone(), "team1").create(&PostParams::default(), &team1).await.expect("create");
+    Api::<Deployment>::namespaced(client.clone(), "team2").create(&PostParams::default(), &deployment("other", &image, 3, json!({}))).await.expect("create");
+    let pods = wait_running(&client, "team1", "web", 4, Duration::from_secs(120)).await;
+    let other = wait_running(&client, "team2", "other", 3, Duration::from_secs(120)).await;
+    eprintln!("scenario 2: create -> 7 pods Running in {:?}", t0.elapsed());
+
+    let nodes: BTreeMap<String, Node> = archer_nodes(&client).await.into_iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n)).collect();
+    let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &pods {
+        let n = nodes.get(&node_of(p)).expect("on an Archer node");
+        assert_eq!((label(n, "team"), label(n, "archer.dev/nodepool")), ("team1", "team1"));
+        assert!(n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == "team1" && t.effect == "NoSchedule")));
+        *per_zone.entry(label(n, "topology.kubernetes.io/zone").to_string()).or_default() += 1;
+    }
+    assert_eq!(per_zone.len(), 2, "team1 pods in two zones: {per_zone:?}");
+    let (lo, hi) = (per_zone.values().min().copied().unwrap_or(0), per_zone.values().max().copied().unwrap_or(0));
+    assert!(hi - lo <= 1, "balanced across zones: {per_zone:?}");
+    for p in &other {
+        let n = nodes.get(&node_of(p)).expect("on an Archer node");
+        assert_ne!(label(n, "team"), "team1", "another team's pod on a team1 node");
+    }
+    eprintln!("scenario 2 total: {:?}", started.elapsed());
+}
+
+/// Scenario 4: 10 replicas, then 3: Archer removes and replaces nodes until the 3 pods sit on the
+/// cheapest capacity for them, never taking the Deployment below its PodDisruptionBudget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn scenario_4_consolidation_respects_the_pdb() {
+    let started = Instant::now();
+    let c = Cluster::start("scenario-4").await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_image("apps/api", "1", "linux/amd64", true).await;
+    namespace(&client, "shop", json!({})).await;
+    pool(
+        &client,
+        "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: general}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n        - {key: karpenter.k8s.aws/instance-category, operator: In, values: [c, m, r]}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 3s\n    budgets: [{nodes: \"100%\"}]\n",
+    )
+    .await;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "api"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "api"}}}})).expect("pdb");
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), "shop").create(&PostParams::default(), &pdb).await.expect("pdb");
+    let mut d = deployment("api", &c.registry.image("apps/api:1"), 10, json!({}));
+    if let Some(spec) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        spec.containers[0].resources = serde_json::from_value(json!({"requests": {"cpu": "900m", "memory": "1Gi"}})).ok();
+    }
+    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &d).await.expect("create");
+    wait_running(&client, "shop", "api", 10, Duration::from_secs(120)).await;
+    let catalog = Catalog::embedded().expect("catalog");
+    let price_at_10: f64 = archer_nodes(&client).await.iter().map(|n| price(&catalog, n)).sum();
+
+    // The cheapest capacity for 3 such pods in this pool, by the same packer on fresh nodes.
+    let p3 = {
+        let pool: NodePool = serde_yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: general}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: karpenter.k8s.aws/instance-category, operator: In, values: [c, m, r]}\n").expect("pool");
+        let offers = archer::provisioner::nodepool::offerings(&catalog, &["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()]);
+        let pods: Vec<_> = (0..3)
+            .map(|i| archer::core::packer::PendingPod {
+                id: format!("p{i}"),
+                requests: archer::core::resources::Resources::new(900, 1 << 30, 1),
+                terms: vec![],
+                tolerations: vec![],
+                platforms: None,
+                zone_spread: false,
+                per_node_max: None,
+            })
+            .collect();
+        archer::core::packer::pack(&pods, &[pool.to_pool().expect("pool")], &offers, &[]).total_price_per_hour
+    };
+
+    let t0 = Instant::now();
+    scale(&client, "shop", "api", 3).await;
+    let mut min_running = usize::MAX;
+    let deadline = Duration::from_secs(240);
+    loop {
+        let running = running_pods(&client, "shop", "api").await;
+        let ready = running.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).count();
+        if t0.elapsed() > Duration::from_secs(3) {
+            min_running = min_running.min(ready);
+        }
+        let nodes = archer_nodes(&client).await;
+        let live: Vec<&Node> = nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).collect();
+        let total: f64 = live.iter().map(|n| price(&catalog, n)).sum();
+        let settled = ready == 3 && total <= p3 + 1e-9 && claims(&client).await.len() == live.len();
+        if settled {
+            eprintln!("scenario 4: 10 -> 3 replicas; ${price_at_10:.4}/h -> ${total:.4}/h ({} node(s)) in {:?}", live.len(), t0.elapsed());
+            break;
+        }
+        assert!(t0.elapsed() < deadline, "not consolidated after {deadline:?}: {} node(s) at ${total:.4}/h, target ${p3:.4}/h, {ready} pods ready", live.len());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(min_running >= 2, "the PodDisruptionBudget (minAvailable 2) held: lowest Running count was {min_running}");
+    assert!(c.archer_metric("archer_nodes_terminated_total{reason=\"underutilized\"}").await + c.archer_metric("archer_nodes_terminated_total{reason=\"empty\"}").await >= 1.0);
+    eprintln!("scenario 4 total: {:?}", started.elapsed());
+}
+
+/// Scenario 5 (provisioner part) and limits: a pod no pool can run gets an event naming why and
+/// no node; a pool's node limit is never exceeded (the pods beyond it get an event too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn scenario_5_no_pool_fits_and_limits_hold() {
+    let started = Instant::now();
+    let c = Cluster::start("scenario-5-provisioner").await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_index("apps/multi", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    namespace(&client, "edge", json!({})).await;
+    pool(
+        &client,
+        "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: small}\nspec:\n  limits: {nodes: 1}\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: node.kubernetes.io/instance-type, operator: In, values: [m6i.large]}\n",
+    )
+    .await;
+    let image = c.registry.image("apps/multi:1");
+    let api: Api<Deployment> = Api::namespaced(client.clone(), "edge");
+    // Wants arm64: the only pool is amd64.
+    api.create(&PostParams::default(), &deployment("arm-only", &image, 1, json!({"nodeSelector": {"kubernetes.io/arch": "arm64"}}))).await.expect("create");
+    // Needs more than one m6i.large (2 vCPU): the pool may have one node.
+    let mut big = deployment("big", &image, 3, json!({}));
+    if let Some(spec) = big.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        spec.containers[0].resources = serde_json::from_value(json!({"requests": {"cpu": "1", "memory": "1Gi"}})).ok();
+    }
+    api.create(&PostParams::default(), &big).await.expect("create");
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "edge");
+    let arm_pod = loop {
+        let l = pods.list(&ListParams::default().labels("app=arm-only")).await.expect("list").items;
+        if let Some(p) = l.into_iter().next() {
+            break p.metadata.name.unwrap_or_default();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    wait("an event on the pod no pool fits", Duration::from_secs(60), || async { pod_events(&client, "edge", &arm_pod).await.iter().any(|(reason, _)| reason == "FailedProvisioning") }).await;
+    let events = pod_events(&client, "edge", &arm_pod).await;
+    let (_, note) = events.iter().find(|(r, _)| r == "FailedProvisioning").expect("event");
+    assert!(note.contains("small") && note.contains("arm64") || note.contains("node selector"), "the event names why: {note}");
+    wait_running(&client, "edge", "big", 1, Duration::from_secs(60)).await;
+    // Several batches later: still one node, and the pods beyond the limit were told why.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let nodes = archer_nodes(&client).await;
+    assert_eq!(nodes.len(), 1, "limits: nodes 1");
+    assert!(nodes.iter().all(|n| label(n, "node.kubernetes.io/instance-type") == "m6i.large"));
+    assert_eq!(claims(&client).await.len(), 1);
+    let pending: BTreeSet<String> = pods
+        .list(&ListParams::default().labels("app=big"))
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert!(!pending.is_empty());
+    for p in &pending {
+        let ev = pod_events(&client, "edge", p).await;
+        assert!(ev.iter().any(|(r, n)| r == "FailedProvisioning" && n.contains("limit")), "pod {p} beyond the limit got an event: {ev:?}");
+    }
+    assert!(c.archer_metric("archer_unprovisionable_pods_total").await >= 2.0);
+    eprintln!("scenario 5 (provisioner) total: {:?}", started.elapsed());
+}
+
+/// A crash between writing the NodeClaim and launching its node: the restarted Archer launches
+/// that claim's node, and no second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn restart_mid_launch_creates_no_duplicate_node() {
+    let mut c = Cluster::start("restart-mid-launch").await;
+    let client = c.client().await;
+    c.registry.push_image("apps/one", "1", "linux/amd64", true).await;
+    namespace(&client, "solo", json!({})).await;
+    pool(&client, DEFAULT_POOL).await;
+    // Restart Archer with the fault hook armed.
+    c.stop_archer();
+    c.archer_env = vec![("ARCHER_TEST_CRASH_AFTER_CLAIM".into(), "1".into())];
+    c.start_archer().await;
+    Api::<Deployment>::namespaced(client.clone(), "solo").create(&PostParams::default(), &deployment("one", &c.registry.image("apps/one:1"), 1, json!({}))).await.expect("create");
+    let start = Instant::now();
+    while c.archer_exit().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(60), "archer did not reach the crash point");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let written = claims(&client).await;
+    assert_eq!(written.len(), 1, "the claim was written before the crash");
+    assert!(archer_nodes(&client).await.is_empty(), "and no node launched");
+    c.archer_env.clear();
+    c.start_archer().await;
+    wait_running(&client, "solo", "one", 1, Duration::from_secs(120)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let nodes = archer_nodes(&client).await;
+    let after = claims(&client).await;
+    assert_eq!((nodes.len(), after.len()), (1, 1), "one node, one claim after the restart");
+    assert_eq!(nodes[0].metadata.name, written[0].metadata.name, "the node is the claim's");
+    assert_eq!(after[0].status.as_ref().and_then(|s| s.node_name.clone()), nodes[0].metadata.name);
+}
