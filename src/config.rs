@@ -152,6 +152,9 @@ pub struct ProvisionerConfig {
     pub disruption_interval_seconds: f64,
     /// How long a drain may wait on evictions (PDBs) before the node is given back.
     pub drain_timeout_seconds: u64,
+    /// A node launched less than this long ago is never taken for empty or underutilised: the
+    /// pods it was launched for may not have been scheduled onto it yet.
+    pub disruption_grace_seconds: u64,
     /// The coordination Lease (in Archer's namespace) that elects the one provisioning replica.
     pub lease_name: String,
     pub lease_duration_seconds: u64,
@@ -167,6 +170,7 @@ impl Default for ProvisionerConfig {
             max_launches_per_minute: 60,
             disruption_interval_seconds: 10.0,
             drain_timeout_seconds: 600,
+            disruption_grace_seconds: 30,
             lease_name: "archer-provisioner".into(),
             lease_duration_seconds: 15,
         }

@@ -23,3 +23,9 @@ pub const DO_NOT_DISRUPT: &str = "archer.dev/do-not-disrupt";
 pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 /// The taint put on a node being drained by consolidation or expiry.
 pub const DISRUPTED_TAINT: &str = "archer.dev/disrupted";
+/// On a node from launch until Archer registers it (with the rest of its batch): no pod lands on
+/// part of a batch before the whole batch is there (Karpenter's taint of the same name).
+pub const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
+/// On a node launched in a batch: the other nodes of its batch (comma-separated). The extender
+/// keeps pods off it while any of them is still unregistered, so a batch is seen whole.
+pub const BATCH_NODES_ANNOTATION: &str = "archer.dev/batch-nodes";

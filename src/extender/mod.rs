@@ -198,6 +198,19 @@ impl Extender {
     }
 }
 
+/// Why pods must not land on `name` yet: another node of its launch batch is still unregistered
+/// (the scheduler would otherwise pack a batch meant to spread onto its first node to come up).
+fn batch_registering(store: &Store<Node>, name: &str) -> Option<String> {
+    let node = store.get(&kube::runtime::reflector::ObjectRef::new(name))?;
+    let siblings = node.metadata.annotations.as_ref()?.get(labels::BATCH_NODES_ANNOTATION)?;
+    let unregistered = |n: &Node| n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == labels::UNREGISTERED_TAINT));
+    siblings
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .find(|s| store.get(&kube::runtime::reflector::ObjectRef::new(s)).is_some_and(|n| unregistered(&n)))
+        .map(|s| format!("node {s} of the same launch batch is still registering"))
+}
+
 /// Why `node` cannot run the pod, or `None` when it can (or its architecture is unknown).
 fn unrunnable_reason(node: &NodeFacts, all: &PlatformSet, per_image: &[(String, PlatformSet)]) -> Option<String> {
     let arch = node.arch.as_deref()?;
@@ -265,7 +278,12 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
                         removed += 1;
                         result.failed_and_unresolvable.insert(name, why);
                     }
-                    None => keep.push(name),
+                    None => match x.nodes.as_ref().and_then(|store| batch_registering(store, &name)) {
+                        Some(why) => {
+                            result.failed_nodes.insert(name, why);
+                        }
+                        None => keep.push(name),
+                    },
                 }
             }
             result.node_names = Some(keep);

@@ -51,10 +51,6 @@ struct Candidate {
     price: f64,
 }
 
-fn node_ready(n: &Node) -> bool {
-    n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 impl Provisioner {
     pub(super) async fn disruption_loop(self: Arc<Self>) {
         let interval = Duration::from_secs_f64(self.settings.disruption_interval_seconds);
@@ -82,6 +78,7 @@ impl Provisioner {
                 }
             }
         }
+        let grace = Duration::from_secs(self.settings.disruption_grace_seconds);
         let mut by_node: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
         for p in pods.iter().filter(|p| !state::is_terminal(p)) {
             if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
@@ -100,8 +97,13 @@ impl Provisioner {
             let pool_nodes: Vec<&Arc<Node>> = nodes.iter().filter(|n| state::node_pool_of(n) == Some(pool.as_str())).collect();
             let disrupting = pool_nodes.iter().filter(|n| state::node_leaving(n)).count();
             let mut candidates = Vec::new();
-            for n in pool_nodes.iter().filter(|n| !state::node_leaving(n) && node_ready(n)) {
+            for n in pool_nodes.iter().filter(|n| !state::node_leaving(n) && state::node_ready(n)) {
                 let Some(claim) = claim_of(n) else { continue };
+                let young = claim.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_none_or(|a| a < grace);
+                let unregistered = n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == labels::UNREGISTERED_TAINT));
+                if young || unregistered {
+                    continue;
+                }
                 let name = n.metadata.name.clone().unwrap_or_default();
                 let on_node = by_node.get(&name).cloned().unwrap_or_default();
                 let price = if claim.spec.price_per_hour > 0.0 { claim.spec.price_per_hour } else { f64::INFINITY };
@@ -252,7 +254,8 @@ impl Provisioner {
         // Replacements Ready before any pod leaves.
         while !replacements.is_empty() && Instant::now() < deadline {
             let nodes = self.stores.nodes.state();
-            let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(r.as_str()) && node_ready(n)));
+            let registered = |n: &Node| !n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == labels::UNREGISTERED_TAINT));
+            let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(r.as_str()) && state::node_ready(n) && registered(n)));
             if ready {
                 break;
             }

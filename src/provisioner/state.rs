@@ -73,6 +73,10 @@ fn taints_of(node: &Node) -> Vec<Taint> {
         .unwrap_or_default()
 }
 
+pub fn node_ready(n: &Node) -> bool {
+    n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// Is the node on its way out (cordoned, tainted for disruption, being deleted)?
 pub fn node_leaving(node: &Node) -> bool {
     node.metadata.deletion_timestamp.is_some()

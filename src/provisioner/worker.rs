@@ -194,7 +194,7 @@ impl Provisioner {
 
     /// One batch: decide and launch.
     #[tracing::instrument(skip_all, fields(pods = tracing::field::Empty, nodes = tracing::field::Empty))]
-    pub async fn provision_once(&self) {
+    pub async fn provision_once(self: &Arc<Self>) {
         let started = Instant::now();
         let pending: Vec<Arc<Pod>> = self.stores.pods.state().into_iter().filter(|p| state::is_provisionable(p)).collect();
         if pending.is_empty() {
@@ -254,7 +254,7 @@ impl Provisioner {
     }
 
     /// Write a claim per planned node, then launch them. Returns the names of the claims written.
-    pub(super) async fn launch_plan(&self, nodes: &[PlannedNode], reason: &str) -> Vec<String> {
+    pub(super) async fn launch_plan(self: &Arc<Self>, nodes: &[PlannedNode], reason: &str) -> Vec<String> {
         let mut claims = Vec::new();
         for planned in nodes {
             if self.limiter.check().is_err() {
@@ -275,8 +275,75 @@ impl Provisioner {
                 Err(e) => tracing::warn!(pool = %planned.pool, error = %e, "could not write the NodeClaim; the pods wait for the next batch"),
             }
         }
+        let names: Vec<String> = claims.iter().map(|c| c.name()).collect();
+        if names.len() > 1 {
+            for c in claims.iter_mut() {
+                let me = c.name();
+                let siblings: Vec<&str> = names.iter().map(String::as_str).filter(|n| *n != me).collect();
+                c.metadata.annotations.get_or_insert_with(Default::default).insert(crate::core::labels::BATCH_NODES_ANNOTATION.into(), siblings.join(","));
+            }
+        }
         join_all(claims.iter().map(|c| self.launch(c))).await;
-        claims.iter().map(|c| c.name()).collect()
+        if !names.is_empty() {
+            let me = self.clone();
+            let batch = names.clone();
+            tokio::spawn(async move { me.register_together(batch).await });
+        }
+        names
+    }
+
+    /// Register a batch's nodes together: once every node of the batch is Ready (or gone), lift
+    /// the unregistered taint from all of them at once, so the scheduler sees the whole batch
+    /// (a zone spread is not decided on the first node that happened to come up).
+    async fn register_together(&self, batch: Vec<String>) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let nodes = self.stores.nodes.state();
+            let all_up = batch.iter().all(|b| match nodes.iter().find(|n| n.metadata.name.as_deref() == Some(b.as_str())) {
+                Some(n) => state::node_ready(n),
+                None => !self.stores.claims.state().iter().any(|c| c.name() == *b && c.launched()),
+            });
+            if all_up || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        join_all(batch.iter().map(|b| self.register(b))).await;
+    }
+
+    /// Lift the unregistered taint from a node: a JSON patch that tests the taint is still at the
+    /// index it was read from, so it neither conflicts with kwok's status updates nor removes a
+    /// taint someone added meanwhile (retried on a failed test).
+    pub(super) async fn register(&self, node: &str) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        for _ in 0..5 {
+            let n = match api.get_opt(node).await {
+                Ok(Some(n)) => n,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(node, error = %e, "registration deferred");
+                    return;
+                }
+            };
+            let taints: Vec<_> = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+            let Some(i) = taints.iter().position(|t| t.key == crate::core::labels::UNREGISTERED_TAINT) else { return };
+            let ops = serde_json::json!([
+                {"op": "test", "path": format!("/spec/taints/{i}/key"), "value": crate::core::labels::UNREGISTERED_TAINT},
+                {"op": "remove", "path": format!("/spec/taints/{i}")}
+            ]);
+            let Ok(patch) = serde_json::from_value::<json_patch::Patch>(ops) else { return };
+            match api.patch(node, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+                Ok(_) => {
+                    tracing::info!(node, "node registered");
+                    return;
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => continue,
+                Err(e) => {
+                    tracing::debug!(node, error = %e, "registration deferred");
+                    return;
+                }
+            }
+        }
     }
 
     /// The claim for one planned node.
@@ -377,6 +444,15 @@ impl Provisioner {
             }
         };
         let known: HashSet<&str> = instances.iter().map(|i| i.claim.as_str()).collect();
+        // Ready nodes still unregistered a while after launch (their batch's registration was
+        // lost to a restart): register them one by one.
+        for c in claims.iter().filter(|c| c.launched() && !c.deleting()) {
+            let late = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_some_and(|a| a > Duration::from_secs(15));
+            let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            if late && self.stores.nodes.get(&kube::runtime::reflector::ObjectRef::new(&node)).is_some_and(|n| state::node_ready(&n)) {
+                self.register(&node).await;
+            }
+        }
         for i in &instances {
             if claims.iter().any(|c| c.name() == i.claim) {
                 continue;

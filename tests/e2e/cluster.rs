@@ -252,7 +252,7 @@ impl Cluster {
         let config = self.dir.path().join("archer.yaml");
         std::fs::write(
             &config,
-            "provisioner:\n  cloudProvider: kwok\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  leaseDurationSeconds: 4\n",
+            "provisioner:\n  cloudProvider: kwok\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  disruptionGraceSeconds: 5\n  leaseDurationSeconds: 4\n",
         )
         .expect("archer config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_archer"));

@@ -63,7 +63,12 @@ pub fn node_for(claim: &NodeClaim) -> Node {
     node_labels.insert(labels::NODECLAIM.into(), name.clone());
     node_labels.insert(MANAGED_LABEL.0.into(), MANAGED_LABEL.1.into());
     let taint = |t: &crate::provisioner::nodepool::TaintDoc| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None };
-    let taints: Vec<Taint> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(taint).collect();
+    let mut taints: Vec<Taint> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(taint).collect();
+    taints.push(Taint { key: labels::UNREGISTERED_TAINT.into(), value: None, effect: "NoExecute".into(), time_added: None });
+    let mut annotations = BTreeMap::from([(MANAGED_ANNOTATION.0.to_string(), MANAGED_ANNOTATION.1.to_string())]);
+    if let Some(b) = claim.metadata.annotations.as_ref().and_then(|a| a.get(labels::BATCH_NODES_ANNOTATION)) {
+        annotations.insert(labels::BATCH_NODES_ANNOTATION.into(), b.clone());
+    }
     let owner = claim.meta().uid.clone().map(|uid| OwnerReference {
         api_version: "archer.dev/v1alpha1".into(),
         kind: "NodeClaim".into(),
@@ -76,11 +81,11 @@ pub fn node_for(claim: &NodeClaim) -> Node {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             labels: Some(node_labels),
-            annotations: Some(BTreeMap::from([(MANAGED_ANNOTATION.0.to_string(), MANAGED_ANNOTATION.1.to_string())])),
+            annotations: Some(annotations),
             owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         },
-        spec: Some(NodeSpec { provider_id: Some(format!("kwok://{name}")), taints: (!taints.is_empty()).then_some(taints), ..Default::default() }),
+        spec: Some(NodeSpec { provider_id: Some(format!("kwok://{name}")), taints: Some(taints), ..Default::default() }),
         status: Some(NodeStatus { capacity: Some(quantities(&claim.spec.capacity)), allocatable: Some(quantities(&claim.spec.allocatable)), ..Default::default() }),
     }
 }
