@@ -32,6 +32,8 @@ pub struct PendingPod {
     /// At most this many pods of its group on one node (hostname spread, or anti-affinity to its
     /// own replicas = 1).
     pub per_node_max: Option<usize>,
+    /// Pods sharing this key must all land in one zone (required pod affinity on the zone key).
+    pub zone_group: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -202,17 +204,21 @@ struct Class {
     lower_bound: f64,
     zone_spread: bool,
     per_node_max: Option<usize>,
+    zone_group: Option<String>,
+    /// Every compatible (pool, offering), for the "can this class fill that node" test.
+    mask: std::collections::HashSet<(usize, usize)>,
 }
 
 fn signature(p: &PendingPod) -> String {
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{}|{:?}",
+        "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}",
         p.requests,
         p.terms,
         p.tolerations,
         p.platforms.as_ref().map(|s| s.to_annotation()),
         p.zone_spread,
-        p.per_node_max
+        p.per_node_max,
+        p.zone_group
     )
 }
 
@@ -237,10 +243,129 @@ fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(
             }
             let offs: Vec<(usize, usize)> = c.offerings.iter().copied().filter(|&(_, oi)| offerings[oi].zone == *zone).collect();
             let lower_bound = offs.iter().map(|&(pi, oi)| offerings[oi].price * c.requests.dominant_share(room(pi, oi))).fold(f64::INFINITY, f64::min);
-            out.push(Class { pods, requests: c.requests, offerings: offs, lower_bound, zone_spread: true, per_node_max: c.per_node_max });
+            out.push(Class { pods, requests: c.requests, offerings: offs, lower_bound, zone_spread: true, per_node_max: c.per_node_max, zone_group: c.zone_group.clone(), mask: Default::default() });
         }
     }
     out
+}
+
+/// Classes sharing a zone group are pinned to one zone: the zone every class of the group can use
+/// that has the cheapest lower bound for the whole group. A class that cannot use it is
+/// unschedulable (its affinity cannot be met together with the rest of its group).
+fn pin_zone_groups(classes: &mut Vec<Class>, offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources, unschedulable: &mut Vec<Unschedulable>) {
+    use std::collections::{BTreeSet, HashMap};
+    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, c) in classes.iter().enumerate() {
+        if let Some(g) = &c.zone_group {
+            groups.entry(g.clone()).or_default().push(i);
+        }
+    }
+    let mut drop = BTreeSet::new();
+    for (group, members) in groups {
+        // Per zone: the group's lower bound there (pods x cheapest unit price in that zone).
+        let mut cost: HashMap<&str, (usize, f64)> = HashMap::new();
+        for &ci in &members {
+            let c = &classes[ci];
+            let mut best: HashMap<&str, f64> = HashMap::new();
+            for &(pi, oi) in &c.offerings {
+                let o = &offerings[oi];
+                let unit = o.price * c.requests.dominant_share(room(pi, oi));
+                let e = best.entry(o.zone.as_str()).or_insert(f64::INFINITY);
+                *e = e.min(unit);
+            }
+            for (z, unit) in best {
+                let e = cost.entry(z).or_insert((0, 0.0));
+                e.0 += 1;
+                e.1 += unit * c.pods.len() as f64;
+            }
+        }
+        let zone = cost
+            .iter()
+            .filter(|(_, (n, _))| *n == members.len())
+            .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1).then_with(|| a.0.cmp(b.0)))
+            .or_else(|| cost.iter().max_by(|a, b| a.1 .0.cmp(&b.1 .0).then_with(|| b.0.cmp(a.0))))
+            .map(|(z, _)| z.to_string());
+        let Some(zone) = zone else { continue };
+        for &ci in &members {
+            let c = &mut classes[ci];
+            c.offerings.retain(|&(_, oi)| offerings[oi].zone == zone);
+            c.zone_spread = false;
+            if c.offerings.is_empty() {
+                drop.insert(ci);
+                for p in c.pods.drain(..) {
+                    unschedulable.push(Unschedulable { pod: p, reason: format!("pod affinity ({group}): its group is in zone {zone}, where the pod fits no offering") });
+                }
+            } else {
+                c.lower_bound = c.offerings.iter().map(|&(pi, oi)| offerings[oi].price * c.requests.dominant_share(room(pi, oi))).fold(f64::INFINITY, f64::min);
+            }
+        }
+    }
+    let mut i = 0;
+    classes.retain(|_| {
+        let keep = !drop.contains(&i);
+        i += 1;
+        keep
+    });
+}
+
+/// Give every planned node the cheapest offering (same pool and zone, no more vCPU or memory, so
+/// limits still hold) that every class on it may use and that holds exactly what was put on it:
+/// the last node of a class is often only partly filled.
+fn right_size(plan: &mut Plan, contents: &[(usize, usize, Vec<(usize, usize)>)], classes: &[Class], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) {
+    for (node, (pi, oi, take)) in plan.nodes.iter_mut().zip(contents) {
+        let need = take.iter().fold(Resources::default(), |acc, &(cj, n)| {
+            let r = classes[cj].requests;
+            acc + Resources::new(r.cpu_millis * n as i64, r.memory_bytes * n as i64, r.pods.max(1) * n as i64)
+        });
+        let current = &offerings[*oi];
+        let Some(&(lead, _)) = take.first() else { continue };
+        let mut best: Option<usize> = None;
+        for &(pj, oj) in &classes[lead].mask {
+            let o = &offerings[oj];
+            if pj != *pi
+                || o.zone != current.zone
+                || o.price >= best.map_or(current.price, |b| offerings[b].price)
+                || o.instance.vcpu > current.instance.vcpu
+                || o.instance.memory_mib > current.instance.memory_mib
+                || !need.fits(room(pj, oj))
+                || !take.iter().all(|&(cj, _)| classes[cj].mask.contains(&(pj, oj)))
+            {
+                continue;
+            }
+            best = Some(oj);
+        }
+        if let Some(b) = best {
+            let o = &offerings[b];
+            plan.total_price_per_hour += o.price - node.price_per_hour;
+            node.instance_type = o.instance.name.clone();
+            node.arch = o.instance.arch.clone();
+            node.capacity_type = o.capacity.as_str().to_string();
+            node.price_per_hour = o.price;
+        }
+    }
+}
+
+/// Would `count` more nodes of `o` stay within the pool's limits?
+fn within_limits(pool: &Pool, (cpu_used, mem_used, nodes_used): (i64, i64, i64), o: &Offering, count: usize) -> bool {
+    let k = count as i64;
+    !(pool.limit_nodes.is_some_and(|l| nodes_used + k > l)
+        || pool.limit_cpu_millis.is_some_and(|l| cpu_used + k * i64::from(o.instance.vcpu) * 1000 > l)
+        || pool.limit_memory_bytes.is_some_and(|l| mem_used + k * o.instance.memory_mib as i64 * 1024 * 1024 > l))
+}
+
+/// The offerings of `list` no other offering of `list` dominates (lower or equal price, at least
+/// as much room in cpu, memory and pods; ties keep the first in (price, pool, offering) order).
+fn pareto(list: &[(usize, usize)], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) -> Vec<(usize, usize)> {
+    let mut sorted: Vec<(f64, Resources, (usize, usize))> = list.iter().map(|&(pi, oi)| (offerings[oi].price, room(pi, oi), (pi, oi))).collect();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| b.1.cmp(&a.1)).then_with(|| a.2.cmp(&b.2)));
+    let mut kept: Vec<(f64, Resources, (usize, usize))> = Vec::new();
+    for cand in sorted {
+        let dominated = kept.iter().any(|k| k.0 <= cand.0 && cand.1.fits(k.1));
+        if !dominated {
+            kept.push(cand);
+        }
+    }
+    kept.into_iter().map(|k| k.2).collect()
 }
 
 /// Pack `pods` onto `existing` nodes first, then onto new nodes from `pools` x `offerings`.
@@ -254,6 +379,11 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
     let mut order: Vec<&PendingPod> = pods.iter().collect();
     order.sort_by(|a, b| b.requests.cmp(&a.requests).then_with(|| a.id.cmp(&b.id)));
     for pod in order {
+        if pod.zone_group.is_some() {
+            // Co-location with its group is decided below, zone by zone.
+            remaining.push(pod);
+            continue;
+        }
         let fit = existing.iter_mut().find(|n| pod.requests.fits(n.free) && tolerates_all(pod, &n.taints) && labels_fit(pod, &n.labels).is_ok());
         match fit {
             Some(n) => {
@@ -333,16 +463,37 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             .fold(f64::INFINITY, f64::min);
         classes.insert(
             sig,
-            Class { pods: vec![pod.id.clone()], requests: pod.requests, offerings: compatible, lower_bound, zone_spread: pod.zone_spread, per_node_max: pod.per_node_max },
+            Class {
+                pods: vec![pod.id.clone()],
+                requests: pod.requests,
+                offerings: compatible,
+                lower_bound,
+                zone_spread: pod.zone_spread,
+                per_node_max: pod.per_node_max,
+                zone_group: pod.zone_group.clone(),
+                mask: Default::default(),
+            },
         );
     }
 
     // Per pool: nodes opened so far against its limits.
     let mut used: Vec<(i64, i64, i64)> = vec![(0, 0, 0); pools.len()];
     let mut classes: Vec<Class> = spread_over_zones(classes.into_values().collect(), offerings, &room_of);
+    pin_zone_groups(&mut classes, offerings, &room_of, &mut plan.unschedulable);
     // Biggest pods first.
     classes.sort_by_key(|c| std::cmp::Reverse(c.requests));
+    // What each class may fill, then the offerings worth leading a node with: per class, drop
+    // offerings another compatible one beats on price with at least as much room everywhere
+    // (the same type in another zone included, unless the class is held to a zone).
+    let mut pruned: std::collections::HashMap<Vec<(usize, usize)>, Vec<(usize, usize)>> = std::collections::HashMap::new();
+    for c in &mut classes {
+        c.mask = c.offerings.iter().copied().collect();
+        let list = pruned.entry(c.offerings.clone()).or_insert_with(|| pareto(&c.offerings, offerings, &room_of)).clone();
+        c.offerings = list;
+    }
     let mut counter = 0usize;
+    // Per planned node: (pool, offering, classes and counts it holds), for right-sizing below.
+    let mut contents: Vec<(usize, usize, Vec<(usize, usize)>)> = Vec::new();
     for ci in 0..classes.len() {
         while !classes[ci].pods.is_empty() {
             // Choose the offering with the lowest price per unit of packed lower-bound work, filling
@@ -353,19 +504,14 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             for &(pi, oi) in &classes[ci].offerings {
                 let pool = &pools[pi];
                 let o = &offerings[oi];
-                let a = room_of(pi, oi);
-                let (cpu_used, mem_used, nodes_used) = used[pi];
-                if pool.limit_nodes.is_some_and(|l| nodes_used + 1 > l)
-                    || pool.limit_cpu_millis.is_some_and(|l| cpu_used + i64::from(o.instance.vcpu) * 1000 > l)
-                    || pool.limit_memory_bytes.is_some_and(|l| mem_used + o.instance.memory_mib as i64 * 1024 * 1024 > l)
-                {
+                if !within_limits(pool, used[pi], o, 1) {
                     continue;
                 }
-                let mut free = a;
+                let mut free = room_of(pi, oi);
                 let mut take = Vec::new();
                 let mut work = 0.0;
                 for (cj, c) in classes.iter().enumerate().skip(ci) {
-                    if c.pods.is_empty() || (cj != ci && !c.offerings.contains(&(pi, oi))) {
+                    if c.pods.is_empty() || (cj != ci && !c.mask.contains(&(pi, oi))) {
                         continue;
                     }
                     let r = c.requests;
@@ -398,29 +544,39 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 }
                 break;
             };
+            // The same choice repeats while every class it takes from has as many pods left (the
+            // evaluation would see the same inputs): open those nodes at once.
             let o = &offerings[oi];
-            counter += 1;
-            let mut node = PlannedNode {
-                name: format!("{}-{}", pools[pi].name, counter),
-                pool: pools[pi].name.clone(),
-                instance_type: o.instance.name.clone(),
-                arch: o.instance.arch.clone(),
-                zone: o.zone.clone(),
-                capacity_type: o.capacity.as_str().to_string(),
-                price_per_hour: o.price,
-                pods: Vec::new(),
-            };
-            for (cj, n) in take {
-                plan.lower_bound_per_hour += classes[cj].lower_bound * n as f64;
-                node.pods.extend(classes[cj].pods.drain(..n));
+            let mut repeat = take.iter().map(|&(cj, n)| classes[cj].pods.len() / n).min().unwrap_or(1).max(1);
+            while repeat > 1 && !within_limits(&pools[pi], used[pi], o, repeat) {
+                repeat -= 1;
             }
-            used[pi].0 += i64::from(o.instance.vcpu) * 1000;
-            used[pi].1 += o.instance.memory_mib as i64 * 1024 * 1024;
-            used[pi].2 += 1;
-            plan.total_price_per_hour += o.price;
-            plan.nodes.push(node);
+            for _ in 0..repeat {
+                counter += 1;
+                let mut node = PlannedNode {
+                    name: format!("{}-{}", pools[pi].name, counter),
+                    pool: pools[pi].name.clone(),
+                    instance_type: o.instance.name.clone(),
+                    arch: o.instance.arch.clone(),
+                    zone: o.zone.clone(),
+                    capacity_type: o.capacity.as_str().to_string(),
+                    price_per_hour: o.price,
+                    pods: Vec::new(),
+                };
+                for &(cj, n) in &take {
+                    plan.lower_bound_per_hour += classes[cj].lower_bound * n as f64;
+                    node.pods.extend(classes[cj].pods.drain(..n));
+                }
+                used[pi].0 += i64::from(o.instance.vcpu) * 1000;
+                used[pi].1 += o.instance.memory_mib as i64 * 1024 * 1024;
+                used[pi].2 += 1;
+                plan.total_price_per_hour += o.price;
+                plan.nodes.push(node);
+                contents.push((pi, oi, take.clone()));
+            }
         }
     }
+    right_size(&mut plan, &contents, &classes, offerings, &room_of);
     plan
 }
 

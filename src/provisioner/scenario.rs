@@ -169,7 +169,23 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
     if anti.is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref()))) {
         per_node_max = Some(1);
     }
+    // Required pod affinity on the zone key: every pod whose affinity selects on the same label
+    // keys (in its namespace) is put in one zone, which satisfies each of them whatever value it
+    // selects (a conservative reading: one zone for the whole family of pods).
+    let affinity = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_affinity.as_ref())
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+    let zone_group = affinity.and_then(|terms| terms.iter().find(|t| t.topology_key == crate::core::labels::ZONE)).map(|t| {
+        let sel = t.label_selector.as_ref();
+        let mut keys: Vec<&str> = sel.and_then(|s| s.match_labels.as_ref()).map(|m| m.keys().map(String::as_str).collect()).unwrap_or_default();
+        keys.extend(sel.and_then(|s| s.match_expressions.as_ref()).map(|e| e.iter().map(|e| e.key.as_str()).collect::<Vec<_>>()).unwrap_or_default());
+        keys.sort();
+        keys.dedup();
+        format!("{}|{}", p.pod.metadata.namespace.as_deref().unwrap_or("default"), keys.join(","))
+    });
     PendingPod {
+        zone_group,
         id: p.id.clone(),
         requests: pod_requests(&p.pod, false),
         terms,

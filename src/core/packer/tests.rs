@@ -41,6 +41,7 @@ fn pods(prefix: &str, n: usize, cpu: i64, mem_mib: i64, platforms: &str) -> Vec<
             platforms: Some(PlatformSet::parse_annotation(platforms).expect("platforms")),
             zone_spread: false,
             per_node_max: None,
+            zone_group: None,
         })
         .collect()
 }
@@ -179,4 +180,47 @@ fn zone_spread_and_per_node_caps() {
     let plan = pack(&p, &[pool("default")], &offerings, &[]);
     assert_eq!(plan.nodes.len(), 4);
     assert!(plan.nodes.iter().all(|n| n.pods.len() == 1));
+}
+
+#[test]
+fn a_zone_group_lands_in_one_zone() {
+    let offerings = catalog_offerings(&["us-east-1a", "us-east-1b", "us-east-1c"], &[CapacityType::OnDemand]);
+    let mut p = pods("aff", 12, 500, 512, "linux/amd64,linux/arm64");
+    p.extend(pods("aff-big", 3, 3000, 4096, "linux/amd64"));
+    for x in &mut p {
+        x.zone_group = Some("ns|app=db".into());
+    }
+    let mut other = pods("free", 6, 500, 512, "linux/amd64");
+    for x in &mut other {
+        x.zone_spread = true;
+    }
+    p.extend(other);
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    let zones: std::collections::BTreeSet<&str> = plan.nodes.iter().filter(|n| n.pods.iter().any(|p| p.contains("/aff"))).map(|n| n.zone.as_str()).collect();
+    assert_eq!(zones.len(), 1, "the group shares one zone: {zones:?}");
+    let free_zones: std::collections::BTreeSet<&str> = plan.nodes.iter().filter(|n| n.pods.iter().any(|p| p.contains("/free"))).map(|n| n.zone.as_str()).collect();
+    assert_eq!(free_zones.len(), 3, "other pods keep their own spread");
+}
+
+#[test]
+fn every_planned_node_is_the_cheapest_that_holds_its_pods() {
+    let offerings = catalog_offerings(&["us-east-1a"], &[CapacityType::OnDemand]);
+    let mut p = pods("a", 9, 1000, 1024, "linux/amd64");
+    p.extend(pods("b", 5, 250, 3000, "linux/amd64,linux/arm64"));
+    p.extend(pods("c", 3, 2000, 512, "linux/arm64"));
+    let requests: BTreeMap<String, Resources> = p.iter().map(|x| (x.id.clone(), x.requests)).collect();
+    let platforms: BTreeMap<String, String> = p.iter().map(|x| (x.id.clone(), x.platforms.as_ref().map(|s| s.to_annotation()).unwrap_or_default())).collect();
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    assert!(plan.unschedulable.is_empty());
+    for n in &plan.nodes {
+        let need = n.pods.iter().fold(Resources::default(), |acc, id| acc + requests[id]);
+        let archs: Vec<&str> = n.pods.iter().map(|id| platforms[id].as_str()).collect();
+        for o in &offerings {
+            let runs_all = archs.iter().all(|a| a.contains(&format!("linux/{}", o.instance.arch)));
+            if runs_all && need.fits(o.instance.allocatable) {
+                assert!(o.price >= n.price_per_hour - 1e-12, "node {} ({}) holds {:?} but {} is cheaper and fits", n.name, n.instance_type, n.pods, o.instance.name);
+            }
+        }
+    }
 }
