@@ -208,3 +208,34 @@ pub fn all_images(pods: &[ScenarioPod]) -> Vec<String> {
     }
     seen.into_keys().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn first_pod(yaml: &str) -> PendingPod {
+        let s = Scenario::parse(yaml).expect("scenario");
+        pending_pod(&s.pods[0], None)
+    }
+
+    #[test]
+    fn constraints_on_a_pods_own_group_become_packer_inputs() {
+        let base = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: shop}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers: [{name: c, image: x, resources: {requests: {cpu: 250m, memory: 64Mi}}}]\n";
+        let p = first_pod(base);
+        assert_eq!((p.zone_spread, p.per_node_max, p.zone_group.clone()), (false, None, None));
+        assert_eq!(p.requests, Resources::new(250, 64 << 20, 1));
+
+        let spread = format!("{base}      topologySpreadConstraints:\n        - {{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway, labelSelector: {{matchLabels: {{app: web}}}}}}\n        - {{maxSkew: 2, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: web}}}}}}\n");
+        let p = first_pod(&spread);
+        assert!(p.zone_spread);
+        assert_eq!(p.per_node_max, Some(2));
+
+        let other = format!("{base}      topologySpreadConstraints:\n        - {{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: db}}}}}}\n");
+        assert!(!first_pod(&other).zone_spread, "a spread over another group's pods is not the pod's own");
+
+        let affinity = format!("{base}      affinity:\n        podAntiAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: web}}}}}}\n        podAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: topology.kubernetes.io/zone, labelSelector: {{matchLabels: {{cache: redis}}}}}}\n");
+        let p = first_pod(&affinity);
+        assert_eq!(p.per_node_max, Some(1));
+        assert_eq!(p.zone_group.as_deref(), Some("shop|cache"));
+    }
+}

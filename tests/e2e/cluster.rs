@@ -247,8 +247,8 @@ impl Cluster {
         self.archer.as_mut().and_then(|p| p.child.try_wait().ok().flatten())
     }
 
-    /// Start `archer serve` with the kwok provider and short batching/disruption clocks.
-    pub async fn start_archer(&mut self) {
+    /// `archer serve` with the kwok provider and short batching/disruption clocks, on these ports.
+    fn archer_command(&self, port: u16, admin: u16, pod_name: &str) -> Command {
         let config = self.dir.path().join("archer.yaml");
         std::fs::write(
             &config,
@@ -261,7 +261,7 @@ impl Cluster {
             .arg(&config)
             .args(["--namespace", "archer-system"])
             .envs(self.archer_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .args(["--listen", &format!("127.0.0.1:{}", self.archer_port), "--admin-listen", &format!("127.0.0.1:{}", self.archer_admin)])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--admin-listen", &format!("127.0.0.1:{admin}")])
             .arg("--tls-cert")
             .arg(self.certs.join("tls.crt"))
             .arg("--tls-key")
@@ -269,11 +269,12 @@ impl Cluster {
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--insecure-registry", &self.insecure.join(",")])
+            .env("POD_NAME", pod_name)
             .env("ARCHER_LOG", "info,archer=debug");
-        let log_name: &'static str = if self.archer_restarts == 0 { "archer" } else { "archer-restarted" };
-        self.archer_restarts += 1;
-        self.archer = Some(spawn(log_name, &self.logs, cmd));
-        let admin = self.archer_admin;
+        cmd
+    }
+
+    async fn wait_ready(&self, admin: u16) {
         let start = Instant::now();
         loop {
             if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{admin}/readyz")).await {
@@ -286,10 +287,26 @@ impl Cluster {
         }
     }
 
+    /// Start (or restart) the main `archer serve`.
+    pub async fn start_archer(&mut self) {
+        let log_name: &'static str = if self.archer_restarts == 0 { "archer" } else { "archer-restarted" };
+        self.archer_restarts += 1;
+        let cmd = self.archer_command(self.archer_port, self.archer_admin, log_name);
+        self.archer = Some(spawn(log_name, &self.logs, cmd));
+        self.wait_ready(self.archer_admin).await;
+    }
+
+    /// A second replica (its own ports, the same cluster and Lease); returns it and its admin port.
+    pub async fn start_replica(&self, name: &'static str) -> (Proc, u16) {
+        let (port, admin) = (free_port(), free_port());
+        let proc = spawn(name, &self.logs, self.archer_command(port, admin, name));
+        self.wait_ready(admin).await;
+        (proc, admin)
+    }
+
     /// One sample of Archer's metrics (0 when absent).
     pub async fn archer_metric(&self, sample: &str) -> f64 {
-        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", self.archer_admin)).await.expect("metrics").text().await.expect("text");
-        text.lines().find_map(|l| l.strip_prefix(sample).and_then(|r| r.trim().parse().ok())).unwrap_or(0.0)
+        metric_at(self.archer_admin, sample).await
     }
 
     pub fn stop_archer(&mut self) {
@@ -338,4 +355,11 @@ impl Cluster {
         let _ = api.delete("archer", &Default::default()).await;
         api.create(&Default::default(), &mwc).await.expect("create webhook configuration");
     }
+}
+
+/// One sample of the metrics on an admin port (0 when absent or unreachable).
+pub async fn metric_at(admin: u16, sample: &str) -> f64 {
+    let Ok(r) = reqwest::get(format!("http://127.0.0.1:{admin}/metrics")).await else { return 0.0 };
+    let text = r.text().await.unwrap_or_default();
+    text.lines().find_map(|l| l.strip_prefix(sample).and_then(|r| r.trim().parse().ok())).unwrap_or(0.0)
 }

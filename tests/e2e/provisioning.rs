@@ -364,3 +364,46 @@ async fn restart_mid_launch_creates_no_duplicate_node() {
     assert_eq!(nodes[0].metadata.name, written[0].metadata.name, "the node is the claim's");
     assert_eq!(after[0].status.as_ref().and_then(|s| s.node_name.clone()), nodes[0].metadata.name);
 }
+
+/// Two replicas: exactly one holds the Lease and provisions; when it stops, the other takes over
+/// and provisions; both keep serving the webhook meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn one_replica_provisions_and_another_takes_over() {
+    use crate::cluster::metric_at;
+    let mut c = Cluster::start("leader-election").await;
+    let client = c.client().await;
+    c.registry.push_image("apps/one", "1", "linux/amd64", true).await;
+    namespace(&client, "ha", json!({})).await;
+    pool(&client, DEFAULT_POOL).await;
+    let (second, second_admin) = c.start_replica("archer-replica").await;
+    wait("one leader", Duration::from_secs(30), || async { metric_at(c.archer_admin, "archer_provisioner_leader").await + metric_at(second_admin, "archer_provisioner_leader").await == 1.0 }).await;
+    let first_leads = metric_at(c.archer_admin, "archer_provisioner_leader").await;
+    let lease: k8s_openapi::api::coordination::v1::Lease = Api::namespaced(client.clone(), "archer-system").get("archer-provisioner").await.expect("the Lease exists");
+    let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+    assert_eq!(holder, if first_leads == 1.0 { "archer" } else { "archer-replica" });
+
+    let api: Api<Deployment> = Api::namespaced(client.clone(), "ha");
+    api.create(&PostParams::default(), &deployment("one", &c.registry.image("apps/one:1"), 2, json!({}))).await.expect("create");
+    wait_running(&client, "ha", "one", 2, Duration::from_secs(120)).await;
+    let launched = metric_at(c.archer_admin, "archer_nodes_launched_total{pool=\"default\"}").await + metric_at(second_admin, "archer_nodes_launched_total{pool=\"default\"}").await;
+    let from_leader = metric_at(if first_leads == 1.0 { c.archer_admin } else { second_admin }, "archer_nodes_launched_total{pool=\"default\"}").await;
+    assert!(launched >= 1.0 && launched == from_leader, "only the leader launched ({launched} launches, {from_leader} by the leader)");
+
+    // Stop the leader: the other replica takes the Lease and provisions the next pods.
+    let survivor_admin = if first_leads == 1.0 {
+        c.stop_archer();
+        second_admin
+    } else {
+        drop(second);
+        c.archer_admin
+    };
+    wait("the other replica leads", Duration::from_secs(60), || async { metric_at(survivor_admin, "archer_provisioner_leader").await == 1.0 }).await;
+    let mut big = deployment("two", &c.registry.image("apps/one:1"), 2, json!({}));
+    if let Some(spec) = big.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        spec.containers[0].resources = serde_json::from_value(json!({"requests": {"cpu": "3", "memory": "2Gi"}})).ok();
+    }
+    api.create(&PostParams::default(), &big).await.expect("create");
+    wait_running(&client, "ha", "two", 2, Duration::from_secs(120)).await;
+    assert!(metric_at(survivor_admin, "archer_nodes_launched_total{pool=\"default\"}").await >= 1.0, "the new leader provisioned");
+}
