@@ -195,7 +195,7 @@ impl ProvisionerConfig {
         if self.max_launches_per_minute == 0 {
             return Err(ConfigError::Invalid("provisioner.maxLaunchesPerMinute must be at least 1".into()));
         }
-        if !(self.disruption_interval_seconds > 0.0) || self.lease_duration_seconds < 2 {
+        if self.disruption_interval_seconds <= 0.0 || self.disruption_interval_seconds.is_nan() || self.lease_duration_seconds < 2 {
             return Err(ConfigError::Invalid("provisioner: disruptionIntervalSeconds must be > 0 and leaseDurationSeconds >= 2".into()));
         }
         Ok(())

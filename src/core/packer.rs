@@ -308,10 +308,15 @@ fn pin_zone_groups(classes: &mut Vec<Class>, offerings: &[Offering], room: &dyn 
     });
 }
 
+/// A (pool, offering) pair, by index.
+type Slot = (usize, usize);
+/// What one planned node holds: its pool and offering, and (class, count) pairs.
+type Contents = (usize, usize, Vec<(usize, usize)>);
+
 /// Give every planned node the cheapest offering (same pool and zone, no more vCPU or memory, so
 /// limits still hold) that every class on it may use and that holds exactly what was put on it:
 /// the last node of a class is often only partly filled.
-fn right_size(plan: &mut Plan, contents: &[(usize, usize, Vec<(usize, usize)>)], classes: &[Class], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) {
+fn right_size(plan: &mut Plan, contents: &[Contents], classes: &[Class], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) {
     for (node, (pi, oi, take)) in plan.nodes.iter_mut().zip(contents) {
         let need = take.iter().fold(Resources::default(), |acc, &(cj, n)| {
             let r = classes[cj].requests;
@@ -485,7 +490,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
     // What each class may fill, then the offerings worth leading a node with: per class, drop
     // offerings another compatible one beats on price with at least as much room everywhere
     // (the same type in another zone included, unless the class is held to a zone).
-    let mut pruned: std::collections::HashMap<Vec<(usize, usize)>, Vec<(usize, usize)>> = std::collections::HashMap::new();
+    let mut pruned: std::collections::HashMap<Vec<Slot>, Vec<Slot>> = std::collections::HashMap::new();
     for c in &mut classes {
         c.mask = c.offerings.iter().copied().collect();
         let list = pruned.entry(c.offerings.clone()).or_insert_with(|| pareto(&c.offerings, offerings, &room_of)).clone();
@@ -493,7 +498,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
     }
     let mut counter = 0usize;
     // Per planned node: (pool, offering, classes and counts it holds), for right-sizing below.
-    let mut contents: Vec<(usize, usize, Vec<(usize, usize)>)> = Vec::new();
+    let mut contents: Vec<Contents> = Vec::new();
     for ci in 0..classes.len() {
         while !classes[ci].pods.is_empty() {
             // Choose the offering with the lowest price per unit of packed lower-bound work, filling
