@@ -310,42 +310,49 @@ fn pin_zone_groups(classes: &mut Vec<Class>, offerings: &[Offering], room: &dyn 
 
 /// A (pool, offering) pair, by index.
 type Slot = (usize, usize);
-/// What one planned node holds: its pool and offering, and (class, count) pairs.
-type Contents = (usize, usize, Vec<(usize, usize)>);
+
+/// A node being planned: its pool and offering, and the pods of each class it holds.
+struct Draft {
+    pi: usize,
+    oi: usize,
+    items: Vec<(usize, Vec<String>)>,
+}
+
+impl Draft {
+    fn used(&self, classes: &[Class]) -> Resources {
+        self.items.iter().fold(Resources::default(), |acc, (cj, pods)| {
+            let r = classes[*cj].requests;
+            let n = pods.len() as i64;
+            acc + Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n)
+        })
+    }
+}
 
 /// Give every planned node the cheapest offering (same pool and zone, no more vCPU or memory, so
 /// limits still hold) that every class on it may use and that holds exactly what was put on it:
 /// the last node of a class is often only partly filled.
-fn right_size(plan: &mut Plan, contents: &[Contents], classes: &[Class], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) {
-    for (node, (pi, oi, take)) in plan.nodes.iter_mut().zip(contents) {
-        let need = take.iter().fold(Resources::default(), |acc, &(cj, n)| {
-            let r = classes[cj].requests;
-            acc + Resources::new(r.cpu_millis * n as i64, r.memory_bytes * n as i64, r.pods.max(1) * n as i64)
-        });
-        let current = &offerings[*oi];
-        let Some(&(lead, _)) = take.first() else { continue };
+fn right_size(drafts: &mut [Draft], classes: &[Class], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) {
+    for d in drafts.iter_mut() {
+        let need = d.used(classes);
+        let current = &offerings[d.oi];
+        let Some(lead) = d.items.first().map(|(c, _)| *c) else { continue };
         let mut best: Option<usize> = None;
         for &(pj, oj) in &classes[lead].mask {
             let o = &offerings[oj];
-            if pj != *pi
+            if pj != d.pi
                 || o.zone != current.zone
                 || o.price >= best.map_or(current.price, |b| offerings[b].price)
                 || o.instance.vcpu > current.instance.vcpu
                 || o.instance.memory_mib > current.instance.memory_mib
                 || !need.fits(room(pj, oj))
-                || !take.iter().all(|&(cj, _)| classes[cj].mask.contains(&(pj, oj)))
+                || !d.items.iter().all(|(cj, _)| classes[*cj].mask.contains(&(pj, oj)))
             {
                 continue;
             }
             best = Some(oj);
         }
         if let Some(b) = best {
-            let o = &offerings[b];
-            plan.total_price_per_hour += o.price - node.price_per_hour;
-            node.instance_type = o.instance.name.clone();
-            node.arch = o.instance.arch.clone();
-            node.capacity_type = o.capacity.as_str().to_string();
-            node.price_per_hour = o.price;
+            d.oi = b;
         }
     }
 }
@@ -496,9 +503,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
         let list = pruned.entry(c.offerings.clone()).or_insert_with(|| pareto(&c.offerings, offerings, &room_of)).clone();
         c.offerings = list;
     }
-    let mut counter = 0usize;
-    // Per planned node: (pool, offering, classes and counts it holds), for right-sizing below.
-    let mut contents: Vec<Contents> = Vec::new();
+    let mut drafts: Vec<Draft> = Vec::new();
     for ci in 0..classes.len() {
         while !classes[ci].pods.is_empty() {
             // Choose the offering with the lowest price per unit of packed lower-bound work, filling
@@ -557,31 +562,33 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 repeat -= 1;
             }
             for _ in 0..repeat {
-                counter += 1;
-                let mut node = PlannedNode {
-                    name: format!("{}-{}", pools[pi].name, counter),
-                    pool: pools[pi].name.clone(),
-                    instance_type: o.instance.name.clone(),
-                    arch: o.instance.arch.clone(),
-                    zone: o.zone.clone(),
-                    capacity_type: o.capacity.as_str().to_string(),
-                    price_per_hour: o.price,
-                    pods: Vec::new(),
-                };
+                let mut items = Vec::with_capacity(take.len());
                 for &(cj, n) in &take {
                     plan.lower_bound_per_hour += classes[cj].lower_bound * n as f64;
-                    node.pods.extend(classes[cj].pods.drain(..n));
+                    items.push((cj, classes[cj].pods.drain(..n).collect::<Vec<_>>()));
                 }
                 used[pi].0 += i64::from(o.instance.vcpu) * 1000;
                 used[pi].1 += o.instance.memory_mib as i64 * 1024 * 1024;
                 used[pi].2 += 1;
-                plan.total_price_per_hour += o.price;
-                plan.nodes.push(node);
-                contents.push((pi, oi, take.clone()));
+                drafts.push(Draft { pi, oi, items });
             }
         }
     }
-    right_size(&mut plan, &contents, &classes, offerings, &room_of);
+    right_size(&mut drafts, &classes, offerings, &room_of);
+    for (i, d) in drafts.into_iter().enumerate() {
+        let o = &offerings[d.oi];
+        plan.total_price_per_hour += o.price;
+        plan.nodes.push(PlannedNode {
+            name: format!("{}-{}", pools[d.pi].name, i + 1),
+            pool: pools[d.pi].name.clone(),
+            instance_type: o.instance.name.clone(),
+            arch: o.instance.arch.clone(),
+            zone: o.zone.clone(),
+            capacity_type: o.capacity.as_str().to_string(),
+            price_per_hour: o.price,
+            pods: d.items.into_iter().flat_map(|(_, pods)| pods).collect(),
+        });
+    }
     plan
 }
 
