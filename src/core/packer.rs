@@ -34,6 +34,8 @@ pub struct PendingPod {
     pub per_node_max: Option<usize>,
     /// Pods sharing this key must all land in one zone (required pod affinity on the zone key).
     pub zone_group: Option<String>,
+    /// Preferred node-affinity terms (weight, requirements): honoured when they cost nothing.
+    pub preferred: Vec<(i32, Requirements)>,
 }
 
 #[derive(Debug, Clone)]
@@ -205,20 +207,23 @@ struct Class {
     zone_spread: bool,
     per_node_max: Option<usize>,
     zone_group: Option<String>,
+    /// Preferred-affinity weight each compatible (pool, offering) earns (absent: 0).
+    preference: std::collections::HashMap<(usize, usize), i32>,
     /// Every compatible (pool, offering), for the "can this class fill that node" test.
     mask: std::collections::HashSet<(usize, usize)>,
 }
 
 fn signature(p: &PendingPod) -> String {
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}",
+        "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}",
         p.requests,
         p.terms,
         p.tolerations,
         p.platforms.as_ref().map(|s| s.to_annotation()),
         p.zone_spread,
         p.per_node_max,
-        p.zone_group
+        p.zone_group,
+        p.preferred
     )
 }
 
@@ -243,7 +248,17 @@ fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(
             }
             let offs: Vec<(usize, usize)> = c.offerings.iter().copied().filter(|&(_, oi)| offerings[oi].zone == *zone).collect();
             let lower_bound = offs.iter().map(|&(pi, oi)| offerings[oi].price * c.requests.dominant_share(room(pi, oi))).fold(f64::INFINITY, f64::min);
-            out.push(Class { pods, requests: c.requests, offerings: offs, lower_bound, zone_spread: true, per_node_max: c.per_node_max, zone_group: c.zone_group.clone(), mask: Default::default() });
+            out.push(Class {
+                pods,
+                requests: c.requests,
+                offerings: offs,
+                lower_bound,
+                zone_spread: true,
+                per_node_max: c.per_node_max,
+                zone_group: c.zone_group.clone(),
+                preference: c.preference.clone(),
+                mask: Default::default(),
+            });
         }
     }
     out
@@ -366,13 +381,16 @@ fn within_limits(pool: &Pool, (cpu_used, mem_used, nodes_used): (i64, i64, i64),
 }
 
 /// The offerings of `list` no other offering of `list` dominates (lower or equal price, at least
-/// as much room in cpu, memory and pods; ties keep the first in (price, pool, offering) order).
-fn pareto(list: &[(usize, usize)], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) -> Vec<(usize, usize)> {
-    let mut sorted: Vec<(f64, Resources, (usize, usize))> = list.iter().map(|&(pi, oi)| (offerings[oi].price, room(pi, oi), (pi, oi))).collect();
-    sorted.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| b.1.cmp(&a.1)).then_with(|| a.2.cmp(&b.2)));
-    let mut kept: Vec<(f64, Resources, (usize, usize))> = Vec::new();
+/// as much room in cpu, memory and pods, at least as preferred; ties keep the first in (price,
+/// pool, offering) order).
+fn pareto(list: &[Slot], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources, preference: &std::collections::HashMap<Slot, i32>) -> Vec<Slot> {
+    let pref = |s: &Slot| preference.get(s).copied().unwrap_or(0);
+    let mut sorted: Vec<(f64, Resources, Slot)> = list.iter().map(|&(pi, oi)| (offerings[oi].price, room(pi, oi), (pi, oi))).collect();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| b.1.cmp(&a.1)).then_with(|| pref(&b.2).cmp(&pref(&a.2))).then_with(|| a.2.cmp(&b.2)));
+    let mut kept: Vec<(f64, Resources, Slot)> = Vec::new();
     for cand in sorted {
-        let dominated = kept.iter().any(|k| k.0 <= cand.0 && cand.1.fits(k.1));
+        // A preferred offering is only dominated by one preferred at least as much.
+        let dominated = kept.iter().any(|k| k.0 <= cand.0 && cand.1.fits(k.1) && pref(&k.2) >= pref(&cand.2));
         if !dominated {
             kept.push(cand);
         }
@@ -473,6 +491,17 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             .iter()
             .map(|&(pi, oi)| offerings[oi].price * pod.requests.dominant_share(room_of(pi, oi)))
             .fold(f64::INFINITY, f64::min);
+        let mut preference = std::collections::HashMap::new();
+        if !pod.preferred.is_empty() {
+            for &(pi, oi) in &compatible {
+                if let Some((_, labels)) = pool_offerings[pi].iter().find(|(o, _)| *o == oi) {
+                    let w: i32 = pod.preferred.iter().filter(|(_, r)| r.matches_map(labels)).map(|(w, _)| *w).sum();
+                    if w > 0 {
+                        preference.insert((pi, oi), w);
+                    }
+                }
+            }
+        }
         classes.insert(
             sig,
             Class {
@@ -483,6 +512,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 zone_spread: pod.zone_spread,
                 per_node_max: pod.per_node_max,
                 zone_group: pod.zone_group.clone(),
+                preference,
                 mask: Default::default(),
             },
         );
@@ -500,8 +530,11 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
     let mut pruned: std::collections::HashMap<Vec<Slot>, Vec<Slot>> = std::collections::HashMap::new();
     for c in &mut classes {
         c.mask = c.offerings.iter().copied().collect();
-        let list = pruned.entry(c.offerings.clone()).or_insert_with(|| pareto(&c.offerings, offerings, &room_of)).clone();
-        c.offerings = list;
+        c.offerings = if c.preference.is_empty() {
+            pruned.entry(c.offerings.clone()).or_insert_with(|| pareto(&c.offerings, offerings, &room_of, &Default::default())).clone()
+        } else {
+            pareto(&c.offerings, offerings, &room_of, &c.preference)
+        };
     }
     let mut drafts: Vec<Draft> = Vec::new();
     for ci in 0..classes.len() {
@@ -539,9 +572,14 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                     continue;
                 }
                 let score = o.price / work;
+                // Equal cost (within rounding): the lead class's preferred affinity decides.
+                let pref = |p: usize, q: usize| classes[ci].preference.get(&(p, q)).copied().unwrap_or(0);
                 let better = match &best {
                     None => true,
-                    Some((s, bp, bo, _)) => score < *s - 1e-12 || ((score - *s).abs() <= 1e-12 && (o.price, pi, oi) < (offerings[*bo].price, *bp, *bo)),
+                    Some((s, bp, bo, _)) => {
+                        let tie = (score - *s).abs() <= 1e-9 * s.abs().max(1e-12);
+                        (!tie && score < *s) || (tie && (pref(*bp, *bo), std::cmp::Reverse((o.price, pi, oi))) > (pref(pi, oi), std::cmp::Reverse((offerings[*bo].price, *bp, *bo))))
+                    }
                 };
                 if better {
                     best = Some((score, pi, oi, take));

@@ -184,7 +184,14 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
         keys.dedup();
         format!("{}|{}", p.pod.metadata.namespace.as_deref().unwrap_or("default"), keys.join(","))
     });
+    let preferred: Vec<(i32, Requirements)> = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
+        .map(|terms| terms.iter().filter_map(|t| Requirements::from_term(&t.preference).ok().map(|r| (t.weight, r))).collect())
+        .unwrap_or_default();
     PendingPod {
+        preferred,
         zone_group,
         id: p.id.clone(),
         requests: pod_requests(&p.pod, false),
@@ -233,9 +240,12 @@ mod tests {
         let other = format!("{base}      topologySpreadConstraints:\n        - {{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: db}}}}}}\n");
         assert!(!first_pod(&other).zone_spread, "a spread over another group's pods is not the pod's own");
 
-        let affinity = format!("{base}      affinity:\n        podAntiAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: web}}}}}}\n        podAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: topology.kubernetes.io/zone, labelSelector: {{matchLabels: {{cache: redis}}}}}}\n");
+        let affinity = format!("{base}      affinity:\n        nodeAffinity:\n          preferredDuringSchedulingIgnoredDuringExecution:\n            - {{weight: 50, preference: {{matchExpressions: [{{key: kubernetes.io/arch, operator: In, values: [arm64]}}]}}}}\n        podAntiAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: web}}}}}}\n        podAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: topology.kubernetes.io/zone, labelSelector: {{matchLabels: {{cache: redis}}}}}}\n");
         let p = first_pod(&affinity);
         assert_eq!(p.per_node_max, Some(1));
         assert_eq!(p.zone_group.as_deref(), Some("shop|cache"));
+        assert_eq!(p.preferred.len(), 1);
+        assert_eq!(p.preferred[0].0, 50);
+        assert!(p.preferred[0].1.matches_map(&[("kubernetes.io/arch".to_string(), "arm64".to_string())].into_iter().collect()));
     }
 }

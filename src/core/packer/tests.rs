@@ -42,6 +42,7 @@ fn pods(prefix: &str, n: usize, cpu: i64, mem_mib: i64, platforms: &str) -> Vec<
             zone_spread: false,
             per_node_max: None,
             zone_group: None,
+            preferred: Vec::new(),
         })
         .collect()
 }
@@ -223,4 +224,28 @@ fn every_planned_node_is_the_cheapest_that_holds_its_pods() {
             }
         }
     }
+}
+
+#[test]
+fn preferred_affinity_is_honoured_when_free_and_relaxed_when_costly() {
+    let offerings = catalog_offerings(&["us-east-1a", "us-east-1b", "us-east-1c"], &[CapacityType::OnDemand]);
+    // Zones cost the same: the preferred zone wins.
+    let mut p = pods("web", 4, 500, 512, "linux/amd64,linux/arm64");
+    for x in &mut p {
+        x.preferred = vec![(50, Requirements::new().with("topology.kubernetes.io/zone", "us-east-1b"))];
+    }
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    assert!(!plan.nodes.is_empty() && plan.nodes.iter().all(|n| n.zone == "us-east-1b"), "{:?}", plan.nodes);
+    let free = pack(&pods("web", 4, 500, 512, "linux/amd64,linux/arm64"), &[pool("default")], &offerings, &[]);
+    assert!((plan.total_price_per_hour - free.total_price_per_hour).abs() < 1e-9, "honouring it cost nothing");
+
+    // A preference for a pricier type is relaxed: the plan costs what it costs without it.
+    let mut p = pods("api", 4, 500, 512, "linux/amd64,linux/arm64");
+    for x in &mut p {
+        x.preferred = vec![(100, Requirements::new().with("node.kubernetes.io/instance-type", "m7i.8xlarge"))];
+    }
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    let free = pack(&pods("api", 4, 500, 512, "linux/amd64,linux/arm64"), &[pool("default")], &offerings, &[]);
+    assert!(plan.nodes.iter().all(|n| n.instance_type != "m7i.8xlarge"));
+    assert!((plan.total_price_per_hour - free.total_price_per_hour).abs() < 1e-9);
 }
