@@ -80,7 +80,7 @@ fn report(label: &str, n: usize, plan: &Plan, mean: Duration, peak_mib: f64) {
 }
 
 fn pod(id: String, cpu: i64, mem_mib: i64) -> PendingPod {
-    PendingPod { id, requests: Resources::new(cpu, mem_mib * MIB, 1), terms: Vec::new(), tolerations: Vec::new(), platforms: None, zone_spread: false, per_node_max: None, zone_group: None, preferred: Vec::new() }
+    PendingPod { id, requests: Resources::new(cpu, mem_mib * MIB, 1), terms: Vec::new(), tolerations: Vec::new(), platforms: None, zone_spread: false, per_node_max: None, zone_group: None, preferred: Vec::new(), spread_group: None }
 }
 
 fn catalog_workload(n: usize, rng: &mut Rng) -> Vec<PendingPod> {
@@ -98,6 +98,7 @@ fn catalog_workload(n: usize, rng: &mut Rng) -> Vec<PendingPod> {
         for r in 0..replicas.min(n - pods.len()) {
             let mut p = pod(format!("default/d{d}-{r}"), cpu, mem);
             p.platforms = platforms.clone();
+            p.spread_group = Some(format!("d{d}"));
             match kind {
                 0 | 1 => p.zone_spread = true,
                 2 => p.per_node_max = Some(1),
@@ -154,6 +155,8 @@ fn karpenter_workload(n: usize, rng: &mut Rng) -> Vec<PendingPod> {
         // Group labels drawn like Karpenter's randomLabelValue (7 values); they key nothing here
         // but keep the draw sequence comparable.
         let _label = rng.pick(&["a", "b", "c", "d", "e", "f", "g"]);
+        // Each group's constraint counts over the whole group, whatever a pod's size.
+        p.spread_group = Some(format!("group-{kind}"));
         match kind {
             1 => p.zone_spread = true,
             2 | 4 => p.per_node_max = Some(1),

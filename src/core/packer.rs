@@ -36,6 +36,9 @@ pub struct PendingPod {
     pub zone_group: Option<String>,
     /// Preferred node-affinity terms (weight, requirements): honoured when they cost nothing.
     pub preferred: Vec<(i32, Requirements)>,
+    /// The group `zone_spread` and `per_node_max` count over (the pods their selector picks,
+    /// whatever their sizes); `None`: the pod's class alone.
+    pub spread_group: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -207,6 +210,8 @@ struct Class {
     zone_spread: bool,
     per_node_max: Option<usize>,
     zone_group: Option<String>,
+    /// What spread and per-node caps count over (defaults to the class itself).
+    spread_group: Option<String>,
     /// Preferred-affinity weight each compatible (pool, offering) earns (absent: 0).
     preference: std::collections::HashMap<(usize, usize), i32>,
     /// Every compatible (pool, offering), for the "can this class fill that node" test.
@@ -215,7 +220,7 @@ struct Class {
 
 fn signature(p: &PendingPod) -> String {
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}",
+        "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}",
         p.requests,
         p.terms,
         p.tolerations,
@@ -223,7 +228,8 @@ fn signature(p: &PendingPod) -> String {
         p.zone_spread,
         p.per_node_max,
         p.zone_group,
-        p.preferred
+        p.preferred,
+        p.spread_group
     )
 }
 
@@ -231,6 +237,9 @@ fn signature(p: &PendingPod) -> String {
 /// zone differ by at most one.
 fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) -> Vec<Class> {
     let mut out = Vec::new();
+    // Pods of a spread group are dealt round-robin across its classes, so the group (not only
+    // each class) stays within a skew of one.
+    let mut next: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for c in classes {
         let zones: std::collections::BTreeSet<&str> = c.offerings.iter().map(|&(_, oi)| offerings[oi].zone.as_str()).collect();
         if !c.zone_spread || zones.len() < 2 {
@@ -238,9 +247,14 @@ fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(
             continue;
         }
         let zones: Vec<&str> = zones.into_iter().collect();
+        let start = c.spread_group.as_ref().map_or(0, |g| *next.get(g).unwrap_or(&0));
         let mut parts: Vec<Vec<String>> = vec![Vec::new(); zones.len()];
+        let count = c.pods.len();
         for (i, p) in c.pods.into_iter().enumerate() {
-            parts[i % zones.len()].push(p);
+            parts[(start + i) % zones.len()].push(p);
+        }
+        if let Some(g) = &c.spread_group {
+            next.insert(g.clone(), (start + count) % zones.len());
         }
         for (zone, pods) in zones.iter().zip(parts) {
             if pods.is_empty() {
@@ -256,6 +270,7 @@ fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(
                 zone_spread: true,
                 per_node_max: c.per_node_max,
                 zone_group: c.zone_group.clone(),
+                spread_group: c.spread_group.clone(),
                 preference: c.preference.clone(),
                 mask: Default::default(),
             });
@@ -512,6 +527,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 zone_spread: pod.zone_spread,
                 per_node_max: pod.per_node_max,
                 zone_group: pod.zone_group.clone(),
+                spread_group: pod.spread_group.clone(),
                 preference,
                 mask: Default::default(),
             },
@@ -553,18 +569,28 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 let mut free = room_of(pi, oi);
                 let mut take = Vec::new();
                 let mut work = 0.0;
+                // Pods of each spread group already on this candidate node.
+                let mut in_group: Vec<(&str, i64)> = Vec::new();
                 for (cj, c) in classes.iter().enumerate().skip(ci) {
                     if c.pods.is_empty() || (cj != ci && !c.mask.contains(&(pi, oi))) {
                         continue;
                     }
                     let r = c.requests;
                     let by = |f: i64, need: i64| if need <= 0 { i64::MAX } else { f / need };
-                    let cap = c.per_node_max.map_or(i64::MAX, |m| m as i64);
+                    let group = c.spread_group.as_deref();
+                    let already = group.and_then(|g| in_group.iter().find(|(k, _)| *k == g)).map_or(0, |(_, n)| *n);
+                    let cap = c.per_node_max.map_or(i64::MAX, |m| m as i64 - already);
                     let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(c.pods.len() as i64).min(cap);
                     if n <= 0 {
                         continue;
                     }
                     free = free - Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n);
+                    if let Some(g) = group {
+                        match in_group.iter_mut().find(|(k, _)| *k == g) {
+                            Some(e) => e.1 += n,
+                            None => in_group.push((g, n)),
+                        }
+                    }
                     take.push((cj, n as usize));
                     work += c.lower_bound * n as f64;
                 }

@@ -149,15 +149,27 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
     };
     let mut zone_spread = false;
     let mut per_node_max: Option<usize> = None;
+    // The group those constraints count over: the pod's namespace and its own labels they select.
+    let mut spread_group: Option<String> = None;
+    let mut note_group = |sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>| {
+        if spread_group.is_none() {
+            let m = sel.and_then(|s| s.match_labels.as_ref()).map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")).unwrap_or_default();
+            spread_group = Some(format!("{}|{m}", p.pod.metadata.namespace.as_deref().unwrap_or("default")));
+        }
+    };
     for c in spec.and_then(|s| s.topology_spread_constraints.as_ref()).into_iter().flatten() {
         if !selects_own(c.label_selector.as_ref()) {
             continue;
         }
         match c.topology_key.as_str() {
-            crate::core::labels::ZONE => zone_spread = true,
+            crate::core::labels::ZONE => {
+                zone_spread = true;
+                note_group(c.label_selector.as_ref());
+            }
             crate::core::labels::HOSTNAME if c.when_unsatisfiable == "DoNotSchedule" => {
                 let m = usize::try_from(c.max_skew.max(1)).unwrap_or(1);
                 per_node_max = Some(per_node_max.map_or(m, |x| x.min(m)));
+                note_group(c.label_selector.as_ref());
             }
             _ => {}
         }
@@ -166,8 +178,9 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
         .and_then(|s| s.affinity.as_ref())
         .and_then(|a| a.pod_anti_affinity.as_ref())
         .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
-    if anti.is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref()))) {
+    if let Some(t) = anti.and_then(|terms| terms.iter().find(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref()))) {
         per_node_max = Some(1);
+        note_group(t.label_selector.as_ref());
     }
     // Required pod affinity on the zone key: every pod whose affinity selects on the same label
     // keys (in its namespace) is put in one zone, which satisfies each of them whatever value it
@@ -191,6 +204,7 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
         .map(|terms| terms.iter().filter_map(|t| Requirements::from_term(&t.preference).ok().map(|r| (t.weight, r))).collect())
         .unwrap_or_default();
     PendingPod {
+        spread_group,
         preferred,
         zone_group,
         id: p.id.clone(),

@@ -237,6 +237,7 @@ async fn scenario_4_consolidation_respects_the_pdb() {
                 per_node_max: None,
                 zone_group: None,
                 preferred: vec![],
+                spread_group: None,
             })
             .collect();
         archer::core::packer::pack(&pods, &[pool.to_pool().expect("pool")], &offers, &[]).total_price_per_hour

@@ -43,6 +43,7 @@ fn pods(prefix: &str, n: usize, cpu: i64, mem_mib: i64, platforms: &str) -> Vec<
             per_node_max: None,
             zone_group: None,
             preferred: Vec::new(),
+            spread_group: None,
         })
         .collect()
 }
@@ -248,4 +249,37 @@ fn preferred_affinity_is_honoured_when_free_and_relaxed_when_costly() {
     let free = pack(&pods("api", 4, 500, 512, "linux/amd64,linux/arm64"), &[pool("default")], &offerings, &[]);
     assert!(plan.nodes.iter().all(|n| n.instance_type != "m7i.8xlarge"));
     assert!((plan.total_price_per_hour - free.total_price_per_hour).abs() < 1e-9);
+}
+
+#[test]
+fn spread_and_per_node_caps_count_a_whole_group_of_mixed_sizes() {
+    let offerings = catalog_offerings(&["us-east-1a", "us-east-1b", "us-east-1c"], &[CapacityType::OnDemand]);
+    // One group (one selector), three sizes: anti-affinity holds across sizes.
+    let mut p = pods("s", 3, 250, 256, "linux/amd64");
+    p.extend(pods("m", 3, 500, 512, "linux/amd64"));
+    p.extend(pods("l", 2, 1000, 1024, "linux/amd64"));
+    for x in &mut p {
+        x.per_node_max = Some(1);
+        x.spread_group = Some("ns|app=nginx".into());
+    }
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    assert_eq!(plan.nodes.len(), 8, "{:?}", plan.nodes);
+    assert!(plan.nodes.iter().all(|n| n.pods.len() == 1));
+
+    // Zone spread over a group of mixed sizes: the group, not each size, is balanced.
+    let mut p = pods("a", 4, 250, 256, "linux/amd64");
+    p.extend(pods("b", 4, 500, 512, "linux/amd64"));
+    p.extend(pods("c", 1, 1000, 1024, "linux/amd64"));
+    for x in &mut p {
+        x.zone_spread = true;
+        x.spread_group = Some("ns|app=web".into());
+    }
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    let mut per_zone = BTreeMap::new();
+    for n in &plan.nodes {
+        *per_zone.entry(n.zone.clone()).or_insert(0) += n.pods.len();
+    }
+    let (min, max) = (per_zone.values().min().copied().unwrap_or(0), per_zone.values().max().copied().unwrap_or(0));
+    assert_eq!(per_zone.len(), 3);
+    assert!(max - min <= 1, "{per_zone:?}");
 }
