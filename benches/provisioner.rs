@@ -98,11 +98,13 @@ fn catalog_workload(n: usize, rng: &mut Rng) -> Vec<PendingPod> {
         for r in 0..replicas.min(n - pods.len()) {
             let mut p = pod(format!("default/d{d}-{r}"), cpu, mem);
             p.platforms = platforms.clone();
-            p.spread_group = Some(format!("d{d}"));
             match kind {
                 0 | 1 => p.zone_spread = true,
                 2 => p.per_node_max = Some(1),
                 _ => {}
+            }
+            if kind <= 2 {
+                p.spread_group = Some(format!("d{d}"));
             }
             pods.push(p);
         }

@@ -229,7 +229,8 @@ fn signature(p: &PendingPod) -> String {
         p.per_node_max,
         p.zone_group,
         p.preferred,
-        p.spread_group
+        // The group only matters to pods that spread or cap over it.
+        p.spread_group.as_ref().filter(|_| p.zone_spread || p.per_node_max.is_some())
     )
 }
 
@@ -527,7 +528,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 zone_spread: pod.zone_spread,
                 per_node_max: pod.per_node_max,
                 zone_group: pod.zone_group.clone(),
-                spread_group: pod.spread_group.clone(),
+                spread_group: pod.spread_group.clone().filter(|_| pod.zone_spread || pod.per_node_max.is_some()),
                 preference,
                 mask: Default::default(),
             },
