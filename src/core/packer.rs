@@ -36,6 +36,10 @@ pub struct PendingPod {
     pub zone_group: Option<String>,
     /// Preferred node-affinity terms (weight, requirements): honoured when they cost nothing.
     pub preferred: Vec<(i32, Requirements)>,
+    /// Required anti-affinity to its own group on the zone key: at most one per zone.
+    pub one_per_zone: bool,
+    /// Required affinity to its own group on the hostname key: the class shares one node.
+    pub colocate: bool,
     /// The group `zone_spread` and `per_node_max` count over (the pods their selector picks,
     /// whatever their sizes); `None`: the pod's class alone.
     pub spread_group: Option<String>,
@@ -212,6 +216,8 @@ struct Class {
     zone_group: Option<String>,
     /// What spread and per-node caps count over (defaults to the class itself).
     spread_group: Option<String>,
+    one_per_zone: bool,
+    colocate: bool,
     /// Preferred-affinity weight each compatible (pool, offering) earns (absent: 0).
     preference: std::collections::HashMap<(usize, usize), i32>,
     /// Every compatible (pool, offering), for the "can this class fill that node" test.
@@ -220,7 +226,7 @@ struct Class {
 
 fn signature(p: &PendingPod) -> String {
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}",
+        "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{}|{}",
         p.requests,
         p.terms,
         p.tolerations,
@@ -230,20 +236,33 @@ fn signature(p: &PendingPod) -> String {
         p.zone_group,
         p.preferred,
         // The group only matters to pods that spread or cap over it.
-        p.spread_group.as_ref().filter(|_| p.zone_spread || p.per_node_max.is_some())
+        p.spread_group.as_ref().filter(|_| p.zone_spread || p.per_node_max.is_some()),
+        p.one_per_zone,
+        p.colocate
     )
 }
 
 /// Split zone-spread classes into one class per zone, pods dealt round-robin so the counts per
 /// zone differ by at most one.
-fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) -> Vec<Class> {
+fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources, unschedulable: &mut Vec<Unschedulable>) -> Vec<Class> {
     let mut out = Vec::new();
     // Pods of a spread group are dealt round-robin across its classes, so the group (not only
     // each class) stays within a skew of one.
     let mut next: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for c in classes {
         let zones: std::collections::BTreeSet<&str> = c.offerings.iter().map(|&(_, oi)| offerings[oi].zone.as_str()).collect();
-        if !c.zone_spread || zones.len() < 2 {
+        if c.one_per_zone && c.pods.len() > zones.len() {
+            // Anti-affinity on the zone key: one pod per zone; the rest cannot run anywhere.
+            let mut c = c;
+            for p in c.pods.drain(zones.len()..) {
+                unschedulable.push(Unschedulable { pod: p, reason: format!("anti-affinity on the zone key: all {} zone(s) already hold one of its group", zones.len()) });
+            }
+            let mut c2 = c;
+            c2.zone_spread = true;
+            out.extend(spread_over_zones(vec![c2], offerings, room, unschedulable));
+            continue;
+        }
+        if !(c.zone_spread || c.one_per_zone) || zones.len() < 2 {
             out.push(c);
             continue;
         }
@@ -272,6 +291,8 @@ fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(
                 per_node_max: c.per_node_max,
                 zone_group: c.zone_group.clone(),
                 spread_group: c.spread_group.clone(),
+                one_per_zone: c.one_per_zone,
+                colocate: c.colocate,
                 preference: c.preference.clone(),
                 mask: Default::default(),
             });
@@ -425,7 +446,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
     let mut order: Vec<&PendingPod> = pods.iter().collect();
     order.sort_by(|a, b| b.requests.cmp(&a.requests).then_with(|| a.id.cmp(&b.id)));
     for pod in order {
-        if pod.zone_group.is_some() {
+        if pod.zone_group.is_some() || pod.colocate {
             // Co-location with its group is decided below, zone by zone.
             remaining.push(pod);
             continue;
@@ -529,6 +550,8 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 per_node_max: pod.per_node_max,
                 zone_group: pod.zone_group.clone(),
                 spread_group: pod.spread_group.clone().filter(|_| pod.zone_spread || pod.per_node_max.is_some()),
+                one_per_zone: pod.one_per_zone,
+                colocate: pod.colocate,
                 preference,
                 mask: Default::default(),
             },
@@ -537,7 +560,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
 
     // Per pool: nodes opened so far against its limits.
     let mut used: Vec<(i64, i64, i64)> = vec![(0, 0, 0); pools.len()];
-    let mut classes: Vec<Class> = spread_over_zones(classes.into_values().collect(), offerings, &room_of);
+    let mut classes: Vec<Class> = spread_over_zones(classes.into_values().collect(), offerings, &room_of, &mut plan.unschedulable);
     pin_zone_groups(&mut classes, offerings, &room_of, &mut plan.unschedulable);
     // Biggest pods first.
     classes.sort_by_key(|c| std::cmp::Reverse(c.requests));
@@ -582,7 +605,8 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                     let already = group.and_then(|g| in_group.iter().find(|(k, _)| *k == g)).map_or(0, |(_, n)| *n);
                     let cap = c.per_node_max.map_or(i64::MAX, |m| m as i64 - already);
                     let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(c.pods.len() as i64).min(cap);
-                    if n <= 0 {
+                    // Affinity to its own group on the hostname key: all of the class or none.
+                    if n <= 0 || (c.colocate && n < c.pods.len() as i64) {
                         continue;
                     }
                     free = free - Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n);
@@ -613,7 +637,12 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 }
             }
             let Some((_, pi, oi, take)) = best else {
-                let reason = format!("pool limits reached ({})", classes[ci].offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or(""));
+                let pool_name = classes[ci].offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
+                let reason = if classes[ci].colocate {
+                    format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds all {} of them", classes[ci].pods.len())
+                } else {
+                    format!("pool limits reached ({pool_name})")
+                };
                 for p in classes[ci].pods.drain(..) {
                     plan.unschedulable.push(Unschedulable { pod: p, reason: reason.clone() });
                 }

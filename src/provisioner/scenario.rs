@@ -182,6 +182,12 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
         per_node_max = Some(1);
         note_group(t.label_selector.as_ref());
     }
+    let one_per_zone = anti.is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::ZONE && selects_own(t.label_selector.as_ref())));
+    let colocate = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_affinity.as_ref())
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
+        .is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref())));
     // Required pod affinity on the zone key: every pod whose affinity selects on the same label
     // keys (in its namespace) is put in one zone, which satisfies each of them whatever value it
     // selects (a conservative reading: one zone for the whole family of pods).
@@ -204,6 +210,8 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
         .map(|terms| terms.iter().filter_map(|t| Requirements::from_term(&t.preference).ok().map(|r| (t.weight, r))).collect())
         .unwrap_or_default();
     PendingPod {
+        one_per_zone,
+        colocate,
         spread_group,
         preferred,
         zone_group,
@@ -258,8 +266,13 @@ mod tests {
         let p = first_pod(&affinity);
         assert_eq!(p.per_node_max, Some(1));
         assert_eq!(p.zone_group.as_deref(), Some("shop|cache"));
+        assert!(!p.one_per_zone && !p.colocate);
         assert_eq!(p.preferred.len(), 1);
         assert_eq!(p.preferred[0].0, 50);
         assert!(p.preferred[0].1.matches_map(&[("kubernetes.io/arch".to_string(), "arm64".to_string())].into_iter().collect()));
+
+        let zone_anti = format!("{base}      affinity:\n        podAntiAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: topology.kubernetes.io/zone, labelSelector: {{matchLabels: {{app: web}}}}}}\n        podAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: web}}}}}}\n");
+        let p = first_pod(&zone_anti);
+        assert!(p.one_per_zone && p.colocate);
     }
 }

@@ -238,6 +238,8 @@ async fn scenario_4_consolidation_respects_the_pdb() {
                 zone_group: None,
                 preferred: vec![],
                 spread_group: None,
+                one_per_zone: false,
+                colocate: false,
             })
             .collect();
         archer::core::packer::pack(&pods, &[pool.to_pool().expect("pool")], &offers, &[]).total_price_per_hour

@@ -44,6 +44,8 @@ fn pods(prefix: &str, n: usize, cpu: i64, mem_mib: i64, platforms: &str) -> Vec<
             zone_group: None,
             preferred: Vec::new(),
             spread_group: None,
+            one_per_zone: false,
+            colocate: false,
         })
         .collect()
 }
@@ -282,4 +284,33 @@ fn spread_and_per_node_caps_count_a_whole_group_of_mixed_sizes() {
     let (min, max) = (per_zone.values().min().copied().unwrap_or(0), per_zone.values().max().copied().unwrap_or(0));
     assert_eq!(per_zone.len(), 3);
     assert!(max - min <= 1, "{per_zone:?}");
+}
+
+#[test]
+fn zone_anti_affinity_and_hostname_affinity_to_own_replicas() {
+    let offerings = catalog_offerings(&["us-east-1a", "us-east-1b", "us-east-1c"], &[CapacityType::OnDemand]);
+    let mut p = pods("zk", 5, 500, 512, "linux/amd64");
+    for x in &mut p {
+        x.one_per_zone = true;
+    }
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    let zones: std::collections::BTreeSet<&str> = plan.nodes.iter().map(|n| n.zone.as_str()).collect();
+    assert_eq!((plan.nodes.iter().map(|n| n.pods.len()).sum::<usize>(), zones.len()), (3, 3), "one per zone: {:?}", plan.nodes);
+    assert_eq!(plan.unschedulable.len(), 2);
+    assert!(plan.unschedulable[0].reason.contains("anti-affinity"));
+
+    let mut p = pods("pair", 6, 1000, 1024, "linux/amd64");
+    for x in &mut p {
+        x.colocate = true;
+    }
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    assert_eq!(plan.nodes.len(), 1, "all replicas on one node: {:?}", plan.nodes);
+    assert_eq!(plan.nodes[0].pods.len(), 6);
+    let mut huge = pods("huge", 4, 400_000, 1024, "linux/amd64");
+    for x in &mut huge {
+        x.colocate = true;
+    }
+    let plan = pack(&huge, &[pool("default")], &offerings, &[]);
+    assert!(plan.nodes.is_empty());
+    assert!(plan.unschedulable.iter().all(|u| u.reason.contains("hostname") || u.reason.contains("no instance type")), "{:?}", plan.unschedulable);
 }
