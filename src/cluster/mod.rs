@@ -12,7 +12,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use moka::future::Cache;
 
-use crate::registry::Keyring;
+use crate::core::placement::{pod_images, PLATFORMS_ANNOTATION};
+use crate::core::platform::PlatformSet;
+use crate::registry::{Inspector, Keyring};
 
 const SECRET_TTL: Duration = Duration::from_secs(60);
 
@@ -58,6 +60,43 @@ pub async fn pod_keyring(cluster: Option<&ClusterView>, base: &Keyring, namespac
         }
         None => base.clone(),
     }
+}
+
+/// The platforms a pod's images run on, and per image when they were inspected here.
+pub enum PodPlatforms {
+    Known { all: PlatformSet, per_image: Vec<(String, PlatformSet)> },
+    Unknown(String),
+}
+
+/// A pod's platforms: its `archer.dev/platforms` annotation (the webhook's record), else its
+/// images inspected with its namespace's credentials within `timeout`. Used by the extender and
+/// the provisioner alike.
+pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>, base: &Keyring, pod: &Pod, timeout: Duration) -> PodPlatforms {
+    if let Some(a) = pod.metadata.annotations.as_ref().and_then(|a| a.get(PLATFORMS_ANNOTATION)) {
+        match PlatformSet::parse_annotation(a) {
+            Ok(all) if !all.is_empty() => return PodPlatforms::Known { all, per_image: Vec::new() },
+            _ => tracing::debug!(annotation = %a, "unusable platforms annotation; inspecting the images"),
+        }
+    }
+    let images = pod_images(pod);
+    if images.is_empty() {
+        return PodPlatforms::Unknown("the pod names no images".into());
+    }
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let keyring = pod_keyring(cluster, base, namespace, pod).await;
+    let results = match tokio::time::timeout(timeout, inspector.inspect_all(&images, &keyring)).await {
+        Ok(r) => r,
+        Err(_) => return PodPlatforms::Unknown(format!("image inspection exceeded {timeout:?}")),
+    };
+    let mut per_image = Vec::new();
+    for (image, r) in images.into_iter().zip(results) {
+        match r {
+            Ok(found) => per_image.push((image, found.platforms.clone())),
+            Err(e) => return PodPlatforms::Unknown(format!("image {image}: {e}")),
+        }
+    }
+    let all = PlatformSet::intersect_all(per_image.iter().map(|(_, p)| p)).unwrap_or_default();
+    PodPlatforms::Known { all, per_image }
 }
 
 #[derive(Clone)]

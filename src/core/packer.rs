@@ -45,6 +45,13 @@ pub struct PendingPod {
     pub spread_group: Option<String>,
 }
 
+impl PendingPod {
+    /// The group its spread and per-node cap count over; only pods that spread or cap have one.
+    fn spread_key(&self) -> Option<&String> {
+        self.spread_group.as_ref().filter(|_| self.zone_spread || self.per_node_max.is_some())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Taint {
     pub key: String,
@@ -204,6 +211,7 @@ fn labels_fit(pod: &PendingPod, labels: &BTreeMap<String, String>) -> Result<(),
 }
 
 /// Pods that share requests and constraints.
+#[derive(Clone)]
 struct Class {
     pods: Vec<String>,
     requests: Resources,
@@ -235,11 +243,16 @@ fn signature(p: &PendingPod) -> String {
         p.per_node_max,
         p.zone_group,
         p.preferred,
-        // The group only matters to pods that spread or cap over it.
-        p.spread_group.as_ref().filter(|_| p.zone_spread || p.per_node_max.is_some()),
+        p.spread_key(),
         p.one_per_zone,
         p.colocate
     )
+}
+
+/// The lower-bound cost of one pod of `requests` over `slots`: the cheapest price per unit of its
+/// scarcer resource.
+fn lower_bound(slots: &[Slot], requests: Resources, offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) -> f64 {
+    slots.iter().map(|&(pi, oi)| offerings[oi].price * requests.dominant_share(room(pi, oi))).fold(f64::INFINITY, f64::min)
 }
 
 /// Split zone-spread classes into one class per zone, pods dealt round-robin so the counts per
@@ -249,28 +262,24 @@ fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(
     // Pods of a spread group are dealt round-robin across its classes, so the group (not only
     // each class) stays within a skew of one.
     let mut next: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for c in classes {
+    for mut c in classes {
         let zones: std::collections::BTreeSet<&str> = c.offerings.iter().map(|&(_, oi)| offerings[oi].zone.as_str()).collect();
         if c.one_per_zone && c.pods.len() > zones.len() {
             // Anti-affinity on the zone key: one pod per zone; the rest cannot run anywhere.
-            let mut c = c;
             for p in c.pods.drain(zones.len()..) {
                 unschedulable.push(Unschedulable { pod: p, reason: format!("anti-affinity on the zone key: all {} zone(s) already hold one of its group", zones.len()) });
             }
-            let mut c2 = c;
-            c2.zone_spread = true;
-            out.extend(spread_over_zones(vec![c2], offerings, room, unschedulable));
-            continue;
         }
         if !(c.zone_spread || c.one_per_zone) || zones.len() < 2 {
             out.push(c);
             continue;
         }
-        let zones: Vec<&str> = zones.into_iter().collect();
+        let zones: Vec<String> = zones.into_iter().map(String::from).collect();
         let start = c.spread_group.as_ref().map_or(0, |g| *next.get(g).unwrap_or(&0));
         let mut parts: Vec<Vec<String>> = vec![Vec::new(); zones.len()];
-        let count = c.pods.len();
-        for (i, p) in c.pods.into_iter().enumerate() {
+        let pods = std::mem::take(&mut c.pods);
+        let count = pods.len();
+        for (i, p) in pods.into_iter().enumerate() {
             parts[(start + i) % zones.len()].push(p);
         }
         if let Some(g) = &c.spread_group {
@@ -281,21 +290,8 @@ fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(
                 continue;
             }
             let offs: Vec<(usize, usize)> = c.offerings.iter().copied().filter(|&(_, oi)| offerings[oi].zone == *zone).collect();
-            let lower_bound = offs.iter().map(|&(pi, oi)| offerings[oi].price * c.requests.dominant_share(room(pi, oi))).fold(f64::INFINITY, f64::min);
-            out.push(Class {
-                pods,
-                requests: c.requests,
-                offerings: offs,
-                lower_bound,
-                zone_spread: true,
-                per_node_max: c.per_node_max,
-                zone_group: c.zone_group.clone(),
-                spread_group: c.spread_group.clone(),
-                one_per_zone: c.one_per_zone,
-                colocate: c.colocate,
-                preference: c.preference.clone(),
-                mask: Default::default(),
-            });
+            let lower_bound = lower_bound(&offs, c.requests, offerings, room);
+            out.push(Class { pods, offerings: offs, lower_bound, zone_spread: true, ..c.clone() });
         }
     }
     out
@@ -348,7 +344,7 @@ fn pin_zone_groups(classes: &mut Vec<Class>, offerings: &[Offering], room: &dyn 
                     unschedulable.push(Unschedulable { pod: p, reason: format!("pod affinity ({group}): its group is in zone {zone}, where the pod fits no offering") });
                 }
             } else {
-                c.lower_bound = c.offerings.iter().map(|&(pi, oi)| offerings[oi].price * c.requests.dominant_share(room(pi, oi))).fold(f64::INFINITY, f64::min);
+                c.lower_bound = lower_bound(&c.offerings, c.requests, offerings, room);
             }
         }
     }
@@ -501,7 +497,8 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 why = format!("does not tolerate the taints of pool {}", pool.name);
                 continue;
             }
-            let fits: Vec<(usize, usize)> = pool_offerings[pi]
+            // Each compatible offering with the preferred-affinity weight its labels earn.
+            let fits: Vec<(Slot, i32)> = pool_offerings[pi]
                 .iter()
                 .filter(|(oi, labels)| {
                     let ok = labels_fit(pod, labels);
@@ -510,7 +507,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                     }
                     ok.is_ok() && pod.requests.fits(room_of(pi, *oi))
                 })
-                .map(|(oi, _)| (pi, *oi))
+                .map(|(oi, labels)| ((pi, *oi), pod.preferred.iter().filter(|(_, r)| r.matches_map(labels)).map(|(w, _)| *w).sum()))
                 .collect();
             if !fits.is_empty() {
                 compatible = fits;
@@ -524,21 +521,9 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             plan.unschedulable.push(Unschedulable { pod: pod.id.clone(), reason: why });
             continue;
         }
-        let lower_bound = compatible
-            .iter()
-            .map(|&(pi, oi)| offerings[oi].price * pod.requests.dominant_share(room_of(pi, oi)))
-            .fold(f64::INFINITY, f64::min);
-        let mut preference = std::collections::HashMap::new();
-        if !pod.preferred.is_empty() {
-            for &(pi, oi) in &compatible {
-                if let Some((_, labels)) = pool_offerings[pi].iter().find(|(o, _)| *o == oi) {
-                    let w: i32 = pod.preferred.iter().filter(|(_, r)| r.matches_map(labels)).map(|(w, _)| *w).sum();
-                    if w > 0 {
-                        preference.insert((pi, oi), w);
-                    }
-                }
-            }
-        }
+        let preference: std::collections::HashMap<Slot, i32> = compatible.iter().copied().filter(|&(_, w)| w > 0).collect();
+        let compatible: Vec<Slot> = compatible.into_iter().map(|(slot, _)| slot).collect();
+        let lower_bound = lower_bound(&compatible, pod.requests, offerings, &room_of);
         classes.insert(
             sig,
             Class {
@@ -549,7 +534,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 zone_spread: pod.zone_spread,
                 per_node_max: pod.per_node_max,
                 zone_group: pod.zone_group.clone(),
-                spread_group: pod.spread_group.clone().filter(|_| pod.zone_spread || pod.per_node_max.is_some()),
+                spread_group: pod.spread_key().cloned(),
                 one_per_zone: pod.one_per_zone,
                 colocate: pod.colocate,
                 preference,

@@ -18,9 +18,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::catalog::Catalog;
-use crate::cluster::ClusterView;
+use crate::cluster::{ClusterView, PodPlatforms};
 use crate::core::labels;
-use crate::core::placement::{pod_images, PLATFORMS_ANNOTATION};
+use crate::core::placement::PLATFORMS_ANNOTATION;
 use crate::core::platform::PlatformSet;
 use crate::core::policy::{self, PolicyDefaults};
 use crate::core::resources::{pod_requests, Resources};
@@ -136,12 +136,6 @@ impl NodeFacts {
     }
 }
 
-/// The platforms a pod's images run on, and per image when they were inspected here.
-enum PodPlatforms {
-    Known { all: PlatformSet, per_image: Vec<(String, PlatformSet)> },
-    Unknown(String),
-}
-
 /// Run CPU-heavy work (parsing tens of MiB) without starving other tasks on this worker,
 /// where the runtime allows it.
 fn cpu_bound<R>(f: impl FnOnce() -> R) -> R {
@@ -170,31 +164,7 @@ impl Extender {
     }
 
     async fn pod_platforms(&self, pod: &Pod) -> PodPlatforms {
-        if let Some(a) = pod.metadata.annotations.as_ref().and_then(|a| a.get(PLATFORMS_ANNOTATION)) {
-            match PlatformSet::parse_annotation(a) {
-                Ok(all) if !all.is_empty() => return PodPlatforms::Known { all, per_image: Vec::new() },
-                _ => tracing::debug!(annotation = %a, "unusable platforms annotation; inspecting the images"),
-            }
-        }
-        let images = pod_images(pod);
-        if images.is_empty() {
-            return PodPlatforms::Unknown("the pod names no images".into());
-        }
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let keyring = crate::cluster::pod_keyring(self.cluster.as_ref(), &self.base_keyring, namespace, pod).await;
-        let results = match tokio::time::timeout(self.inspection_timeout, self.inspector.inspect_all(&images, &keyring)).await {
-            Ok(r) => r,
-            Err(_) => return PodPlatforms::Unknown(format!("image inspection exceeded {:?}", self.inspection_timeout)),
-        };
-        let mut per_image = Vec::new();
-        for (image, r) in images.into_iter().zip(results) {
-            match r {
-                Ok(found) => per_image.push((image, found.platforms.clone())),
-                Err(e) => return PodPlatforms::Unknown(format!("image {image}: {e}")),
-            }
-        }
-        let all = PlatformSet::intersect_all(per_image.iter().map(|(_, p)| p)).unwrap_or_default();
-        PodPlatforms::Known { all, per_image }
+        crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspection_timeout).await
     }
 }
 
@@ -203,11 +173,10 @@ impl Extender {
 fn batch_registering(store: &Store<Node>, name: &str) -> Option<String> {
     let node = store.get(&kube::runtime::reflector::ObjectRef::new(name))?;
     let siblings = node.metadata.annotations.as_ref()?.get(labels::BATCH_NODES_ANNOTATION)?;
-    let unregistered = |n: &Node| n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == labels::UNREGISTERED_TAINT));
     siblings
         .split(',')
         .filter(|s| !s.is_empty())
-        .find(|s| store.get(&kube::runtime::reflector::ObjectRef::new(s)).is_some_and(|n| unregistered(&n)))
+        .find(|s| store.get(&kube::runtime::reflector::ObjectRef::new(s)).is_some_and(|n| crate::provisioner::state::has_taint(&n, labels::UNREGISTERED_TAINT)))
         .map(|s| format!("node {s} of the same launch batch is still registering"))
 }
 

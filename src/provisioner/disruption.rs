@@ -43,11 +43,11 @@ impl Tracker {
     }
 }
 
-/// One node Archer may disrupt.
-struct Candidate {
+/// One node Archer may disrupt, with the live pods bound to it.
+struct Candidate<'a> {
     node: Arc<Node>,
     claim: Arc<NodeClaim>,
-    pods: Vec<Arc<Pod>>,
+    pods: Vec<&'a Pod>,
     price: f64,
 }
 
@@ -67,7 +67,8 @@ impl Provisioner {
         let nodes = self.stores.nodes.state();
         let claims = self.stores.claims.state();
         let pods = self.stores.pods.state();
-        let claim_of = |n: &Node| claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == n.metadata.name.as_deref()).cloned();
+        let by_node_name: HashMap<&str, &Arc<NodeClaim>> = claims.iter().filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()).map(|n| (n, c))).collect();
+        let claim_of = |n: &Node| n.metadata.name.as_deref().and_then(|name| by_node_name.get(name)).map(|c| Arc::clone(c));
         // Drains a previous leader started (the taint is the record).
         for n in nodes.iter().filter(|n| state::node_leaving(n) && state::node_pool_of(n).is_some()) {
             let name = n.metadata.name.clone().unwrap_or_default();
@@ -79,12 +80,7 @@ impl Provisioner {
             }
         }
         let grace = Duration::from_secs(self.settings.disruption_grace_seconds);
-        let mut by_node: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
-        for p in pods.iter().filter(|p| !state::is_terminal(p)) {
-            if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
-                by_node.entry(n).or_default().push(p.clone());
-            }
-        }
+        let by_node = state::usage_by_node(pods.iter().map(|p| p.as_ref()));
         for np in self.stores.pools.state() {
             let pool = np.name();
             let settings = match DisruptionSettings::of(&np) {
@@ -100,12 +96,11 @@ impl Provisioner {
             for n in pool_nodes.iter().filter(|n| !state::node_leaving(n) && state::node_ready(n)) {
                 let Some(claim) = claim_of(n) else { continue };
                 let young = claim.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_none_or(|a| a < grace);
-                let unregistered = n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == labels::UNREGISTERED_TAINT));
-                if young || unregistered {
+                if young || state::has_taint(n, labels::UNREGISTERED_TAINT) {
                     continue;
                 }
                 let name = n.metadata.name.clone().unwrap_or_default();
-                let on_node = by_node.get(&name).cloned().unwrap_or_default();
+                let on_node = by_node.get(&name).map(|(_, pods)| pods.clone()).unwrap_or_default();
                 let price = if claim.spec.price_per_hour > 0.0 { claim.spec.price_per_hour } else { f64::INFINITY };
                 candidates.push(Candidate { node: (*n).clone(), claim, pods: on_node, price });
             }
@@ -128,7 +123,7 @@ impl Provisioner {
             let empty: Vec<&Candidate> = candidates
                 .iter()
                 .filter(|c| {
-                    let workload = state::evictable(&c.pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).len();
+                    let workload = state::evictable(&c.pods).len();
                     let name = c.node.metadata.name.clone().unwrap_or_default();
                     // Every pass updates the clock, so a node that gets a pod starts over.
                     let empty_for = self.disruption.stable_for(&format!("empty/{name}"), if workload == 0 { "empty" } else { "busy" }.into());
@@ -149,16 +144,15 @@ impl Provisioner {
     }
 
     /// Replace or remove underutilised nodes of `pool` when that lowers the price.
-    async fn consolidate(self: &Arc<Self>, pool: &str, candidates: &[Candidate], after: Duration, budget: usize) {
+    async fn consolidate(self: &Arc<Self>, pool: &str, candidates: &[Candidate<'_>], after: Duration, budget: usize) {
         let eligible: Vec<&Candidate> = candidates
             .iter()
             .filter(|c| {
                 let name = c.node.metadata.name.clone().unwrap_or_default();
                 let mut ids: Vec<String> = c.pods.iter().map(|p| state::pod_id(p)).collect();
                 ids.sort();
-                let pods: Vec<&Pod> = c.pods.iter().map(|p| p.as_ref()).collect();
-                let blocked = state::disruption_blocker(&pods);
-                let annotated = c.node.metadata.annotations.as_ref().is_some_and(|a| a.get(labels::DO_NOT_DISRUPT).map(String::as_str) == Some("true") || a.get(labels::KARPENTER_DO_NOT_DISRUPT).map(String::as_str) == Some("true"));
+                let blocked = state::disruption_blocker(&c.pods);
+                let annotated = state::do_not_disrupt(&c.node.metadata);
                 if let Some(why) = &blocked {
                     tracing::debug!(node = %name, why = %why, "not a consolidation candidate");
                 }
@@ -194,7 +188,6 @@ impl Provisioner {
             self.taint(&c.node).await;
         }
         let replacements = self.launch_plan(&plan.nodes, "replacement").await;
-        self.wait_seen(&replacements).await;
         for c in set {
             self.start_drain(c.node.clone(), c.claim.clone(), replacements.clone(), "underutilized");
         }
@@ -202,39 +195,26 @@ impl Provisioner {
 
     /// Where the pods of `set` would go if its nodes were removed: other nodes first, then new
     /// nodes. `None` when some pod would have nowhere to go.
-    async fn evaluate(&self, set: &[&Candidate]) -> Option<crate::core::packer::Plan> {
+    async fn evaluate(&self, set: &[&Candidate<'_>]) -> Option<crate::core::packer::Plan> {
         let leaving: Vec<String> = set.iter().map(|c| c.node.metadata.name.clone().unwrap_or_default()).collect();
-        let moving: Vec<Arc<Pod>> = set.iter().flat_map(|c| state::evictable(&c.pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).into_iter().map(|p| Arc::new(p.clone()))).collect();
+        let moving: Vec<&Pod> = set.iter().flat_map(|c| state::evictable(&c.pods)).collect();
         let pods = self.pending_pods(&moving).await;
         let pools = self.pools();
-        let nodes = self.stores.nodes.state();
-        let claims = self.stores.claims.state();
-        let all_pods = self.stores.pods.state();
-        let usage = state::usage_by_node(all_pods.iter().map(|p| p.as_ref()));
-        let skip = |n: &str| leaving.iter().any(|l| l == n);
-        let existing = state::existing_capacity(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &usage, &pools, &skip);
+        let existing = self.capacity(&pools, &self.stores.pods.state(), &|n: &str| leaving.iter().any(|l| l == n));
         let plan = tokio::task::block_in_place(|| pack(&pods, &pools, &self.offerings, &existing));
         plan.unschedulable.is_empty().then_some(plan)
     }
 
     async fn taint(&self, node: &Node) {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let mut taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-        if taints.iter().any(|t| t.key == labels::DISRUPTED_TAINT) {
+        if state::has_taint(node, labels::DISRUPTED_TAINT) {
             return;
         }
+        let mut taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
         taints.push(k8s_openapi::api::core::v1::Taint { key: labels::DISRUPTED_TAINT.into(), value: None, effect: "NoSchedule".into(), time_added: None });
         let patch = serde_json::json!({"spec": {"taints": taints}});
         if let Err(e) = Api::<Node>::all(self.client.clone()).patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
             tracing::warn!(node = %name, error = %e, "could not taint the node");
-        }
-    }
-
-    async fn untaint(&self, name: &str) {
-        let api: Api<Node> = Api::all(self.client.clone());
-        if let Ok(n) = api.get(name).await {
-            let taints: Vec<_> = n.spec.and_then(|s| s.taints).unwrap_or_default().into_iter().filter(|t| t.key != labels::DISRUPTED_TAINT).collect();
-            let _ = api.patch(name, &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"taints": taints}}))).await;
         }
     }
 
@@ -254,8 +234,7 @@ impl Provisioner {
         // Replacements Ready before any pod leaves.
         while !replacements.is_empty() && Instant::now() < deadline {
             let nodes = self.stores.nodes.state();
-            let registered = |n: &Node| !n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == labels::UNREGISTERED_TAINT));
-            let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(r.as_str()) && state::node_ready(n) && registered(n)));
+            let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(r.as_str()) && state::node_ready(n) && !state::has_taint(n, labels::UNREGISTERED_TAINT)));
             if ready {
                 break;
             }
@@ -270,7 +249,7 @@ impl Provisioner {
             }
             if Instant::now() >= deadline {
                 tracing::warn!(remaining = left.len(), "drain timed out (PodDisruptionBudgets?); the node is given back");
-                self.untaint(&name).await;
+                self.remove_taint(&name, labels::DISRUPTED_TAINT).await;
                 return;
             }
             for p in &left {

@@ -77,11 +77,14 @@ pub fn node_ready(n: &Node) -> bool {
     n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// Does the node carry a taint with this key?
+pub fn has_taint(node: &Node, key: &str) -> bool {
+    node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == key))
+}
+
 /// Is the node on its way out (cordoned, tainted for disruption, being deleted)?
 pub fn node_leaving(node: &Node) -> bool {
-    node.metadata.deletion_timestamp.is_some()
-        || node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-        || taints_of(node).iter().any(|t| t.key == labels::DISRUPTED_TAINT)
+    node.metadata.deletion_timestamp.is_some() || node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) || has_taint(node, labels::DISRUPTED_TAINT)
 }
 
 /// Room on every node that can take pods, and on every claim whose node is not there yet.
@@ -89,13 +92,16 @@ pub fn node_leaving(node: &Node) -> bool {
 pub fn existing_capacity(nodes: &[&Node], claims: &[&NodeClaim], pods: &HashMap<String, (Resources, Vec<&Pod>)>, pools: &[Pool], skip: &dyn Fn(&str) -> bool) -> Vec<ExistingNode> {
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
+    // A node's claim: the one that recorded it as its node, or (not yet recorded) its namesake.
+    let mut claim_by_node: HashMap<&str, &NodeClaim> = claims.iter().map(|c| (c.metadata.name.as_deref().unwrap_or(""), *c)).collect();
+    claim_by_node.extend(claims.iter().filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()).map(|n| (n, *c))));
     for n in nodes {
         let name = n.metadata.name.clone().unwrap_or_default();
         seen.insert(name.clone());
         if node_leaving(n) || skip(&name) {
             continue;
         }
-        let claim = claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()) || c.name() == name);
+        let claim = claim_by_node.get(name.as_str()).copied();
         let startup: Vec<&str> = claim.map(|c| c.spec.startup_taints.iter().map(|t| t.key.as_str()).collect()).unwrap_or_default();
         let allocatable = Resources::from_map(n.status.as_ref().and_then(|s| s.allocatable.as_ref()));
         let used = pods.get(&name).map(|u| u.0).unwrap_or_default();
@@ -247,11 +253,17 @@ impl DisruptionSettings {
     }
 }
 
+/// Is the object (pod or node) annotated `archer.dev/do-not-disrupt` or
+/// `karpenter.sh/do-not-disrupt` = "true"?
+pub fn do_not_disrupt(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    let a = meta.annotations.as_ref();
+    [labels::DO_NOT_DISRUPT, labels::KARPENTER_DO_NOT_DISRUPT].iter().any(|k| a.and_then(|a| a.get(*k)).map(String::as_str) == Some("true"))
+}
+
 /// Pods on a node that block its voluntary disruption, and why.
 pub fn disruption_blocker(pods: &[&Pod]) -> Option<String> {
     for p in pods {
-        let a = p.metadata.annotations.as_ref();
-        if [labels::DO_NOT_DISRUPT, labels::KARPENTER_DO_NOT_DISRUPT].iter().any(|k| a.and_then(|a| a.get(*k)).map(String::as_str) == Some("true")) {
+        if do_not_disrupt(&p.metadata) {
             return Some(format!("pod {} is annotated do-not-disrupt", pod_id(p)));
         }
         if !is_daemon_pod(p) && p.metadata.owner_references.as_ref().is_none_or(|o| o.is_empty()) {

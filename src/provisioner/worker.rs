@@ -18,13 +18,12 @@ use kube::{Api, Client, Resource};
 use super::cloud::CloudProvider;
 use super::nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
 use super::nodepool::NodePool;
-use super::scenario::{annotated_platforms, pending_pod, ScenarioPod};
+use super::scenario::{pending_pod, ScenarioPod};
 use super::state::{self, pod_id};
 use crate::catalog::Catalog;
-use crate::cluster::{pod_keyring, reflect_with, ClusterView};
+use crate::cluster::{reflect_with, ClusterView, PodPlatforms};
 use crate::config::ProvisionerConfig;
 use crate::core::packer::{pack, Offering, PendingPod, Plan, PlannedNode, Pool};
-use crate::core::placement::pod_images;
 use crate::core::platform::PlatformSet;
 use crate::metrics::{label, Metrics};
 use crate::registry::{Inspector, Keyring};
@@ -154,33 +153,24 @@ impl Provisioner {
         }
     }
 
-    /// Platforms of a pending pod: the webhook's annotation, else its images, else unknown.
+    /// Platforms of a pending pod: the webhook's annotation, else its images, else unknown
+    /// (assumed to run anywhere).
     async fn platforms(&self, pod: &Pod) -> Option<PlatformSet> {
-        if let Some(p) = annotated_platforms(pod) {
-            return Some(p);
-        }
-        let images = pod_images(pod);
-        if images.is_empty() {
-            return None;
-        }
-        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let keyring = pod_keyring(self.cluster.as_ref(), &self.base_keyring, ns, pod).await;
-        let results = tokio::time::timeout(self.inspector.lookup_timeout() * 2, self.inspector.inspect_all(&images, &keyring)).await.ok()?;
-        let sets: Result<Vec<_>, _> = results.into_iter().map(|r| r.map(|i| i.platforms.clone())).collect();
-        match sets {
-            Ok(sets) => PlatformSet::intersect_all(sets.iter()),
-            Err(e) => {
-                tracing::info!(pod = %pod_id(pod), error = %e, "images not inspected; the pod is assumed to run on any architecture");
+        match crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
+            PodPlatforms::Known { all, .. } => Some(all),
+            PodPlatforms::Unknown(why) => {
+                tracing::info!(pod = %pod_id(pod), reason = %why, "platforms unknown; the pod is assumed to run on any architecture");
                 None
             }
         }
     }
 
     /// The packer's view of pods (platforms resolved concurrently).
-    pub(super) async fn pending_pods(&self, pods: &[Arc<Pod>]) -> Vec<PendingPod> {
+    pub(super) async fn pending_pods<P: std::borrow::Borrow<Pod> + Sync>(&self, pods: &[P]) -> Vec<PendingPod> {
         join_all(pods.iter().map(|p| async move {
+            let p: &Pod = p.borrow();
             let platforms = self.platforms(p).await;
-            pending_pod(&ScenarioPod { id: pod_id(p), pod: (**p).clone() }, platforms)
+            pending_pod(&ScenarioPod { id: pod_id(p), pod: p.clone() }, platforms)
         }))
         .await
     }
@@ -192,22 +182,28 @@ impl Provisioner {
         state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &daemons)
     }
 
+    /// Room on every usable node and every in-flight claim (`pods` bound to them taken off),
+    /// leaving out the nodes `skip` names.
+    pub(super) fn capacity(&self, pools: &[Pool], pods: &[Arc<Pod>], skip: &dyn Fn(&str) -> bool) -> Vec<crate::core::packer::ExistingNode> {
+        let nodes = self.stores.nodes.state();
+        let claims = self.stores.claims.state();
+        let usage = state::usage_by_node(pods.iter().map(|p| p.as_ref()));
+        state::existing_capacity(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &usage, pools, skip)
+    }
+
     /// One batch: decide and launch.
     #[tracing::instrument(skip_all, fields(pods = tracing::field::Empty, nodes = tracing::field::Empty))]
     pub async fn provision_once(self: &Arc<Self>) {
         let started = Instant::now();
-        let pending: Vec<Arc<Pod>> = self.stores.pods.state().into_iter().filter(|p| state::is_provisionable(p)).collect();
+        let all_pods = self.stores.pods.state();
+        let pending: Vec<Arc<Pod>> = all_pods.iter().filter(|p| state::is_provisionable(p)).cloned().collect();
         if pending.is_empty() {
             return;
         }
         tracing::Span::current().record("pods", pending.len());
         self.metrics.provisioner_batches.inc();
         let pools = self.pools();
-        let nodes = self.stores.nodes.state();
-        let claims = self.stores.claims.state();
-        let all_pods = self.stores.pods.state();
-        let usage = state::usage_by_node(all_pods.iter().map(|p| p.as_ref()));
-        let existing = state::existing_capacity(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &usage, &pools, &|_| false);
+        let existing = self.capacity(&pools, &all_pods, &|_| false);
         let packer_pods = self.pending_pods(&pending).await;
         let offerings = &self.offerings;
         let plan = if pools.is_empty() {
@@ -230,8 +226,7 @@ impl Provisioner {
                 self.report_unprovisionable(p, &u.reason).await;
             }
         }
-        let created = self.launch_plan(&plan.nodes, "provisioning").await;
-        self.wait_seen(&created).await;
+        self.launch_plan(&plan.nodes, "provisioning").await;
         self.metrics.provisioner_batch_seconds.observe(started.elapsed().as_secs_f64());
     }
 
@@ -253,7 +248,8 @@ impl Provisioner {
         }
     }
 
-    /// Write a claim per planned node, then launch them. Returns the names of the claims written.
+    /// Write a claim per planned node, then launch them. Returns the names of the claims written,
+    /// once the claim cache shows them.
     pub(super) async fn launch_plan(self: &Arc<Self>, nodes: &[PlannedNode], reason: &str) -> Vec<String> {
         let mut claims = Vec::new();
         for planned in nodes {
@@ -289,6 +285,7 @@ impl Provisioner {
             let batch = names.clone();
             tokio::spawn(async move { me.register_together(batch).await });
         }
+        self.wait_seen(&names).await;
         names
     }
 
@@ -311,39 +308,44 @@ impl Provisioner {
         join_all(batch.iter().map(|b| self.register(b))).await;
     }
 
-    /// Lift the unregistered taint from a node: a JSON patch that tests the taint is still at the
-    /// index it was read from, so it neither conflicts with kwok's status updates nor removes a
-    /// taint someone added meanwhile (retried on a failed test).
+    /// Lift the unregistered taint from a node (the node joins the cluster for scheduling).
     pub(super) async fn register(&self, node: &str) {
+        if self.remove_taint(node, crate::core::labels::UNREGISTERED_TAINT).await {
+            tracing::info!(node, "node registered");
+        }
+    }
+
+    /// Remove the taint `key` from a node: a JSON patch that tests the taint is still at the index
+    /// it was read from, so it neither conflicts with kwok's status updates nor removes a taint
+    /// someone added meanwhile (retried on a failed test). True when this call removed it.
+    pub(super) async fn remove_taint(&self, node: &str, key: &str) -> bool {
         let api: Api<Node> = Api::all(self.client.clone());
         for _ in 0..5 {
             let n = match api.get_opt(node).await {
                 Ok(Some(n)) => n,
-                Ok(None) => return,
+                Ok(None) => return false,
                 Err(e) => {
-                    tracing::debug!(node, error = %e, "registration deferred");
-                    return;
+                    tracing::debug!(node, key, error = %e, "taint removal deferred");
+                    return false;
                 }
             };
             let taints: Vec<_> = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-            let Some(i) = taints.iter().position(|t| t.key == crate::core::labels::UNREGISTERED_TAINT) else { return };
+            let Some(i) = taints.iter().position(|t| t.key == key) else { return false };
             let ops = serde_json::json!([
-                {"op": "test", "path": format!("/spec/taints/{i}/key"), "value": crate::core::labels::UNREGISTERED_TAINT},
+                {"op": "test", "path": format!("/spec/taints/{i}/key"), "value": key},
                 {"op": "remove", "path": format!("/spec/taints/{i}")}
             ]);
-            let Ok(patch) = serde_json::from_value::<json_patch::Patch>(ops) else { return };
+            let Ok(patch) = serde_json::from_value::<json_patch::Patch>(ops) else { return false };
             match api.patch(node, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
-                Ok(_) => {
-                    tracing::info!(node, "node registered");
-                    return;
-                }
+                Ok(_) => return true,
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => continue,
                 Err(e) => {
-                    tracing::debug!(node, error = %e, "registration deferred");
-                    return;
+                    tracing::debug!(node, key, error = %e, "taint removal deferred");
+                    return false;
                 }
             }
         }
+        false
     }
 
     /// The claim for one planned node.
@@ -408,7 +410,7 @@ impl Provisioner {
 
     /// Wait (briefly) until the claim cache shows what was just written, so the next batch sees
     /// the in-flight capacity and the pool usage.
-    pub(super) async fn wait_seen(&self, names: &[String]) {
+    async fn wait_seen(&self, names: &[String]) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             let have: HashSet<String> = self.stores.claims.state().iter().map(|c| c.name()).collect();

@@ -35,6 +35,14 @@ fn label<'a>(n: &'a Node, key: &str) -> &'a str {
     n.metadata.labels.as_ref().and_then(|l| l.get(key)).map(String::as_str).unwrap_or("")
 }
 
+/// The Deployment with its container's requests set to `cpu` and `memory`.
+fn with_requests(mut d: Deployment, cpu: &str, memory: &str) -> Deployment {
+    if let Some(spec) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        spec.containers[0].resources = serde_json::from_value(json!({"requests": {"cpu": cpu, "memory": memory}})).ok();
+    }
+    d
+}
+
 async fn scale(client: &Client, ns: &str, name: &str, replicas: i32) {
     Api::<Deployment>::namespaced(client.clone(), ns)
         .patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": replicas}})))
@@ -213,10 +221,7 @@ async fn scenario_4_consolidation_respects_the_pdb() {
     .await;
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "api"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "api"}}}})).expect("pdb");
     Api::<PodDisruptionBudget>::namespaced(client.clone(), "shop").create(&PostParams::default(), &pdb).await.expect("pdb");
-    let mut d = deployment("api", &c.registry.image("apps/api:1"), 10, json!({}));
-    if let Some(spec) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-        spec.containers[0].resources = serde_json::from_value(json!({"requests": {"cpu": "900m", "memory": "1Gi"}})).ok();
-    }
+    let d = with_requests(deployment("api", &c.registry.image("apps/api:1"), 10, json!({})), "900m", "1Gi");
     Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &d).await.expect("create");
     wait_running(&client, "shop", "api", 10, Duration::from_secs(120)).await;
     let catalog = Catalog::embedded().expect("catalog");
@@ -292,10 +297,7 @@ async fn scenario_5_no_pool_fits_and_limits_hold() {
     // Wants arm64: the only pool is amd64.
     api.create(&PostParams::default(), &deployment("arm-only", &image, 1, json!({"nodeSelector": {"kubernetes.io/arch": "arm64"}}))).await.expect("create");
     // Needs more than one m6i.large (2 vCPU): the pool may have one node.
-    let mut big = deployment("big", &image, 3, json!({}));
-    if let Some(spec) = big.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-        spec.containers[0].resources = serde_json::from_value(json!({"requests": {"cpu": "1", "memory": "1Gi"}})).ok();
-    }
+    let big = with_requests(deployment("big", &image, 3, json!({})), "1", "1Gi");
     api.create(&PostParams::default(), &big).await.expect("create");
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), "edge");
@@ -403,10 +405,7 @@ async fn one_replica_provisions_and_another_takes_over() {
         c.archer_admin
     };
     wait("the other replica leads", Duration::from_secs(60), || async { metric_at(survivor_admin, "archer_provisioner_leader").await == 1.0 }).await;
-    let mut big = deployment("two", &c.registry.image("apps/one:1"), 2, json!({}));
-    if let Some(spec) = big.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-        spec.containers[0].resources = serde_json::from_value(json!({"requests": {"cpu": "3", "memory": "2Gi"}})).ok();
-    }
+    let big = with_requests(deployment("two", &c.registry.image("apps/one:1"), 2, json!({})), "3", "2Gi");
     api.create(&PostParams::default(), &big).await.expect("create");
     wait_running(&client, "ha", "two", 2, Duration::from_secs(120)).await;
     assert!(metric_at(survivor_admin, "archer_nodes_launched_total{pool=\"default\"}").await >= 1.0, "the new leader provisioned");
