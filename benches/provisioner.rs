@@ -80,7 +80,7 @@ fn report(label: &str, n: usize, plan: &Plan, mean: Duration, peak_mib: f64) {
 }
 
 fn pod(id: String, cpu: i64, mem_mib: i64) -> PendingPod {
-    PendingPod { id, requests: Resources::new(cpu, mem_mib * MIB, 1), terms: Vec::new(), tolerations: Vec::new(), platforms: None, zone_spread: false, per_node_max: None, zone_group: None, preferred: Vec::new(), spread_group: None, one_per_zone: false, colocate: false }
+    PendingPod { id, requests: Resources::new(cpu, mem_mib * MIB, 1), terms: Vec::new(), tolerations: Vec::new(), platforms: None, zone_spread: false, per_node_max: None, zone_group: None, preferred: Vec::new(), spread_group: None, one_per_zone: false, colocate: false, spread_keys: Vec::new(), extended: Default::default() }
 }
 
 fn catalog_workload(n: usize, rng: &mut Rng) -> Vec<PendingPod> {

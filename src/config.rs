@@ -35,9 +35,14 @@ pub struct Config {
     pub webhook: WebhookConfig,
     pub extender: ExtenderConfig,
     pub provisioner: ProvisionerConfig,
+    /// Connection and memory limits shared by every listener and request.
+    pub limits: LimitsConfig,
     /// A user catalog file (YAML or CSV) on top of the embedded price catalog.
     pub catalog: Option<PathBuf>,
-    /// How long in-flight requests may take to finish after SIGTERM.
+    /// After SIGTERM, how long Archer stays not-ready but keeps accepting connections, so the
+    /// API server and kube-scheduler learn from the endpoints update before anything is refused.
+    pub shutdown_delay_seconds: f64,
+    /// How long in-flight requests may take to finish after the listeners close.
     pub shutdown_grace_seconds: u64,
 }
 
@@ -58,7 +63,9 @@ impl Default for Config {
             webhook: WebhookConfig::default(),
             extender: ExtenderConfig::default(),
             provisioner: ProvisionerConfig::default(),
+            limits: LimitsConfig::default(),
             catalog: None,
+            shutdown_delay_seconds: 5.0,
             shutdown_grace_seconds: 20,
         }
     }
@@ -80,6 +87,10 @@ pub struct RegistryConfig {
     pub tag_cache_ttl_seconds: u64,
     pub cache_capacity: u64,
     pub max_manifest_bytes: usize,
+    /// Distinct images of one pod inspected at the same time.
+    pub max_concurrent_lookups_per_pod: usize,
+    /// Manifest and config bytes read from registries for one pod, all its images together.
+    pub max_bytes_per_pod: usize,
     /// A mounted docker `config.json` with credentials for every namespace.
     pub docker_config: Option<PathBuf>,
     /// Extra PEM CA bundle trusted for registries.
@@ -97,6 +108,8 @@ impl Default for RegistryConfig {
             tag_cache_ttl_seconds: 300,
             cache_capacity: 10_000,
             max_manifest_bytes: 8 * 1024 * 1024,
+            max_concurrent_lookups_per_pod: 8,
+            max_bytes_per_pod: 16 * 1024 * 1024,
             docker_config: None,
             ca_file: None,
         }
@@ -108,11 +121,14 @@ impl Default for RegistryConfig {
 pub struct WebhookConfig {
     /// Largest AdmissionReview body accepted (at least 8 MiB).
     pub max_body_bytes: usize,
+    /// Every review is answered within this long (images not inspected by then count as
+    /// inspection failures); keep it below the webhook configuration's `timeoutSeconds`.
+    pub decision_timeout_seconds: f64,
 }
 
 impl Default for WebhookConfig {
     fn default() -> Self {
-        Self { max_body_bytes: 16 * 1024 * 1024 }
+        Self { max_body_bytes: 16 * 1024 * 1024, decision_timeout_seconds: 4.0 }
     }
 }
 
@@ -125,13 +141,75 @@ pub struct ExtenderConfig {
     pub inspection_timeout_seconds: f64,
     /// Fraction of cost taken off the namespace's most preferred architecture (near-ties go to it).
     pub preference_bonus: f64,
-    /// Largest ExtenderArgs body accepted (5,000 full Node objects are tens of MiB).
+    /// Largest ExtenderArgs body accepted: kube-scheduler sends about 2.5 KB per full Node
+    /// (5,000 nodes are 13 MB); with `nodeCacheCapable: true` only names are sent.
     pub max_body_bytes: usize,
+    /// Node prices above this (USD per hour), like NaN, infinite or negative ones, are treated
+    /// as unknown.
+    pub max_price_per_hour: f64,
 }
 
 impl Default for ExtenderConfig {
     fn default() -> Self {
-        Self { listen: None, inspection_timeout_seconds: 2.0, preference_bonus: 0.05, max_body_bytes: 256 * 1024 * 1024 }
+        Self { listen: None, inspection_timeout_seconds: 2.0, preference_bonus: 0.05, max_body_bytes: 32 * 1024 * 1024, max_price_per_hour: 1000.0 }
+    }
+}
+
+/// Connection and memory limits. Worst-case memory is stated in README.md ("Memory bound").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// The shared budget request bodies (times their expansion), extender node lists and
+    /// registry reads draw from.
+    pub memory_budget_bytes: usize,
+    /// How long a request or lookup waits for room in the budget before it is refused.
+    pub budget_wait_seconds: f64,
+    /// Open connections per listener; more are closed at once and counted.
+    pub max_connections: usize,
+    /// A TLS handshake must finish within this long.
+    pub handshake_timeout_seconds: f64,
+    /// A request's headers must arrive within this long (HTTP/1).
+    pub header_read_timeout_seconds: f64,
+    /// A request's body must arrive within this long.
+    pub body_read_timeout_seconds: f64,
+    /// A connection with no request in flight and no bytes moving for this long is closed.
+    pub idle_timeout_seconds: f64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            memory_budget_bytes: 128 * 1024 * 1024,
+            budget_wait_seconds: 2.0,
+            max_connections: 256,
+            handshake_timeout_seconds: 10.0,
+            header_read_timeout_seconds: 10.0,
+            body_read_timeout_seconds: 10.0,
+            idle_timeout_seconds: 60.0,
+        }
+    }
+}
+
+impl LimitsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let positive = |v: f64| v.is_finite() && v > 0.0 && v <= 3600.0;
+        let all = [
+            ("budgetWaitSeconds", self.budget_wait_seconds),
+            ("handshakeTimeoutSeconds", self.handshake_timeout_seconds),
+            ("headerReadTimeoutSeconds", self.header_read_timeout_seconds),
+            ("bodyReadTimeoutSeconds", self.body_read_timeout_seconds),
+            ("idleTimeoutSeconds", self.idle_timeout_seconds),
+        ];
+        if let Some((name, _)) = all.iter().find(|(_, v)| !positive(*v)) {
+            return Err(ConfigError::Invalid(format!("limits.{name} must be in (0, 3600]")));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::Invalid("limits.maxConnections must be at least 1".into()));
+        }
+        if self.memory_budget_bytes < 16 * 1024 * 1024 {
+            return Err(ConfigError::Invalid("limits.memoryBudgetBytes must be at least 16 MiB (16777216)".into()));
+        }
+        Ok(())
     }
 }
 
@@ -236,6 +314,19 @@ impl Config {
         if !(0.0..0.5).contains(&self.extender.preference_bonus) {
             return Err(ConfigError::Invalid("extender.preferenceBonus must be in [0, 0.5)".into()));
         }
+        if !(self.webhook.decision_timeout_seconds > 0.0 && self.webhook.decision_timeout_seconds <= 30.0) {
+            return Err(ConfigError::Invalid("webhook.decisionTimeoutSeconds must be in (0, 30]".into()));
+        }
+        if !(self.extender.max_price_per_hour.is_finite() && self.extender.max_price_per_hour > 0.0) {
+            return Err(ConfigError::Invalid("extender.maxPricePerHour must be a positive number".into()));
+        }
+        if self.registry.max_concurrent_lookups_per_pod == 0 || self.registry.max_bytes_per_pod < self.registry.max_manifest_bytes {
+            return Err(ConfigError::Invalid("registry: maxConcurrentLookupsPerPod must be at least 1 and maxBytesPerPod at least maxManifestBytes".into()));
+        }
+        if !(self.shutdown_delay_seconds.is_finite() && (0.0..=300.0).contains(&self.shutdown_delay_seconds)) {
+            return Err(ConfigError::Invalid("shutdownDelaySeconds must be in [0, 300]".into()));
+        }
+        self.limits.validate()?;
         if let Some(l) = &self.extender.listen {
             let addr: std::net::SocketAddr = l.parse().map_err(|_| ConfigError::Invalid(format!("extender.listen {l:?} is not an address:port")))?;
             if !addr.ip().is_loopback() {
@@ -251,7 +342,8 @@ impl Config {
         AddressGuard::new(&self.registry.deny, &self.registry.allow, &self.registry.insecure).map_err(ConfigError::Invalid)
     }
 
-    pub fn client_settings(&self) -> Result<ClientSettings, ConfigError> {
+    /// The registry client's settings; its reads draw from `budget`.
+    pub fn client_settings(&self, budget: crate::limits::MemoryBudget) -> Result<ClientSettings, ConfigError> {
         let extra_ca_pem = match &self.registry.ca_file {
             Some(p) => Some(std::fs::read(p).map_err(|source| ConfigError::Read { path: p.clone(), source })?),
             None => None,
@@ -268,6 +360,7 @@ impl Config {
             max_body_bytes: self.registry.max_manifest_bytes,
             connect_timeout: Duration::from_secs_f64(self.registry.timeout_seconds.min(2.0)),
             extra_ca_pem,
+            budget,
         })
     }
 
@@ -276,7 +369,28 @@ impl Config {
             capacity: self.registry.cache_capacity,
             tag_ttl: Duration::from_secs(self.registry.tag_cache_ttl_seconds),
             lookup_timeout: Duration::from_secs_f64(self.registry.timeout_seconds),
+            per_pod_concurrency: self.registry.max_concurrent_lookups_per_pod,
+            per_pod_bytes: self.registry.max_bytes_per_pod,
         }
+    }
+
+    /// The worst-case resident memory of `archer serve` with this config in a cluster of
+    /// `nodes` nodes (README "Memory bound"): the process at rest, the image caches (both full),
+    /// the node cache, the memory budget with the allocator's slack, and every connection at its
+    /// buffers' and HTTP/2 window's worst.
+    pub fn memory_bound_bytes(&self, nodes: u64) -> u64 {
+        const MIB: u64 = 1024 * 1024;
+        let baseline = 48 * MIB;
+        let image_caches = 2 * self.registry.cache_capacity * 1024;
+        let node_cache = nodes * 10 * 1024;
+        let budget = self.limits.memory_budget_bytes as u64 * 115 / 100;
+        let connections = self.limits.max_connections as u64 * crate::server::CONNECTION_BYTES as u64;
+        baseline + image_caches + node_cache + budget + connections
+    }
+
+    /// The shared memory budget of a server built from this config.
+    pub fn memory_budget(&self) -> crate::limits::MemoryBudget {
+        crate::limits::MemoryBudget::new(self.limits.memory_budget_bytes)
     }
 
     pub fn placement_settings(&self) -> PlacementSettings {
@@ -323,13 +437,13 @@ webhook:
         assert_eq!(cfg.architecture_taints[1].applies_to(), Some("s390x"));
         assert!(cfg.excluded().contains("archer-system") && cfg.excluded().contains("monitoring"));
         assert_eq!(cfg.cache_settings().lookup_timeout, Duration::from_millis(1500));
-        assert!(cfg.client_settings().expect("client").guard.is_insecure("127.0.0.1:5000"));
+        assert!(cfg.client_settings(crate::limits::MemoryBudget::unlimited()).expect("client").guard.is_insecure("127.0.0.1:5000"));
     }
 
     #[test]
     fn bad_configs_are_rejected_with_reasons() {
         assert!(serde_yaml::from_str::<Config>("lisen: x").is_err(), "unknown keys are errors");
-        let small = Config { webhook: WebhookConfig { max_body_bytes: 1024 }, ..Default::default() };
+        let small = Config { webhook: WebhookConfig { max_body_bytes: 1024, ..Default::default() }, ..Default::default() };
         assert!(small.validate().is_err());
         let bad_deny = Config { registry: RegistryConfig { deny: vec!["no way".into()], ..Default::default() }, ..Default::default() };
         assert!(bad_deny.validate().is_err());

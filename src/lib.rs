@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod config;
 pub mod core;
 pub mod extender;
+pub mod limits;
 pub mod metrics;
 pub mod provisioner;
 pub mod registry;

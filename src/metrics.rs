@@ -31,6 +31,14 @@ pub struct Metrics {
     pub extender_filtered_nodes: Counter,
     /// Nodes scored neutrally because their price is unknown.
     pub extender_unknown_price_nodes: Counter,
+    /// Node prices not believed (NaN, infinite, negative or above the ceiling).
+    pub extender_invalid_prices: Counter,
+    /// Connections closed at once because the listener was at its connection cap.
+    pub connections_refused: Counter,
+    /// Connections closed by a timeout, by phase (handshake, headers, idle).
+    pub connection_timeouts: Family<Labels, Counter>,
+    /// Connections open now.
+    pub connections_open: prometheus_client::metrics::gauge::Gauge,
     /// Registry HTTP exchanges that got a response (manifests, blobs, tokens, retries included).
     pub registry_requests: Counter,
     /// Provisioning batches run, and how long deciding + launching took.
@@ -72,6 +80,14 @@ impl Metrics {
         let extender_prioritize_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         let extender_filtered_nodes = Counter::default();
         let extender_unknown_price_nodes = Counter::default();
+        let extender_invalid_prices = Counter::default();
+        let connections_refused = Counter::default();
+        let connection_timeouts = Family::<Labels, Counter>::default();
+        let connections_open = prometheus_client::metrics::gauge::Gauge::default();
+        root.register("extender_invalid_prices", "Node prices treated as unknown because they are not sane numbers", extender_invalid_prices.clone());
+        root.register("connections_refused", "Connections closed at once because the listener was at its connection cap", connections_refused.clone());
+        root.register("connection_timeouts", "Connections closed by a timeout, by phase", connection_timeouts.clone());
+        root.register("connections_open", "Connections open now", connections_open.clone());
         root.register("extender_requests", "Scheduler extender calls, by verb and result", extender_requests.clone());
         root.register("extender_filter_duration_seconds", "Time to answer a filter call", extender_filter_seconds.clone());
         root.register("extender_prioritize_duration_seconds", "Time to answer a prioritize call", extender_prioritize_seconds.clone());
@@ -101,7 +117,17 @@ impl Metrics {
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { provisioner_batches, provisioner_batch_seconds, nodes_launched, launch_errors, nodes_terminated, unprovisionable_pods, launches_rate_limited, leader, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes }
+        Self { provisioner_batches, provisioner_batch_seconds, nodes_launched, launch_errors, nodes_terminated, unprovisionable_pods, launches_rate_limited, leader, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, connections_refused, connection_timeouts, connections_open }
+    }
+
+    /// Export the memory budget's gauge and refusal counter.
+    pub fn register_budget(&mut self, budget: &crate::limits::MemoryBudget) {
+        let (in_use, refusals) = budget.metric_families();
+        self.registry.register("memory_budget_in_use_bytes", "Bytes of the shared memory budget held now", in_use);
+        self.registry.register("memory_budget_refusals", "Reservations the memory budget refused, by consumer", refusals);
+        let total = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+        total.set(budget.total_bytes() as i64);
+        self.registry.register("memory_budget_bytes", "Size of the shared memory budget", total);
     }
 
     /// Register more families (the extender and provisioner add theirs).

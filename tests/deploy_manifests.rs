@@ -50,6 +50,26 @@ fn webhook_configuration_is_safe_by_default() {
 }
 
 #[test]
+fn the_shipped_memory_limit_holds_the_memory_bound_and_the_grace_period_the_shutdown() {
+    let cm: ConfigMap = one("configmap.yaml", "ConfigMap");
+    let text = cm.data.expect("data").get("config.yaml").cloned().expect("config.yaml");
+    let cfg: archer::config::Config = serde_yaml::from_str(&text).expect("archer config");
+    cfg.validate().expect("valid");
+    let d: Deployment = one("deployment.yaml", "Deployment");
+    let pod = d.spec.expect("spec").template.spec.expect("pod");
+    let limit = pod.containers[0].resources.as_ref().and_then(|r| r.limits.as_ref()).and_then(|l| l.get("memory")).expect("memory limit");
+    let limit = archer::core::quantity::value(&limit.0).expect("quantity") as u64;
+    // A cluster of 1,000 nodes (the README gives the formula for any size).
+    let bound = cfg.memory_bound_bytes(1000);
+    assert!(limit >= bound, "memory limit {} MiB is below the bound {} MiB", limit >> 20, bound >> 20);
+    assert!(limit < bound * 3 / 2, "the limit is sized from the bound, not far above it");
+    let env = pod.containers[0].env.clone().unwrap_or_default();
+    assert!(env.iter().any(|e| e.name == "MIMALLOC_PURGE_DELAY" && e.value.as_deref() == Some("0")), "the bound assumes freed memory is returned at once");
+    let grace = pod.termination_grace_period_seconds.expect("terminationGracePeriodSeconds") as f64;
+    assert!(grace >= cfg.shutdown_delay_seconds + cfg.shutdown_grace_seconds as f64 + 5.0, "{grace}");
+}
+
+#[test]
 fn deployment_is_hardened_and_highly_available() {
     let d: Deployment = one("deployment.yaml", "Deployment");
     let spec = d.spec.expect("spec");

@@ -114,3 +114,194 @@ fn daemonsets_take_room_on_every_node_they_run_on() {
     assert_eq!(run("ds.yaml", format!("{deploy}{}", ds("kubernetes.io/os: linux"))), 4, "a 200m agent leaves room for one");
     assert_eq!(run("elsewhere.yaml", format!("{deploy}{}", ds("kubernetes.io/arch: s390x"))), 2, "an agent for other nodes takes nothing here");
 }
+
+/// A cluster dump as `kubectl get nodes,pods -A -o yaml` prints it (one document per object).
+const DUMP: &str = r#"
+apiVersion: archer.dev/v1alpha1
+kind: NodePool
+metadata: {name: default}
+spec:
+  template:
+    spec:
+      requirements:
+        - {key: kubernetes.io/arch, operator: In, values: [amd64]}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: ip-10-0-1-1
+  labels: {kubernetes.io/hostname: ip-10-0-1-1, kubernetes.io/arch: amd64, kubernetes.io/os: linux, topology.kubernetes.io/zone: us-east-1a, node.kubernetes.io/instance-type: m6i.xlarge}
+status:
+  allocatable: {cpu: 3920m, memory: 14Gi, pods: "58"}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db-0, namespace: default, labels: {app: db}}
+spec:
+  nodeName: ip-10-0-1-1
+  containers: [{name: db, image: postgres, resources: {requests: {cpu: "1", memory: 2Gi}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db-1, namespace: default, labels: {app: db}, annotations: {archer.dev/platforms: linux/amd64}}
+spec:
+  affinity:
+    podAntiAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        - {labelSelector: {matchLabels: {app: db}}, topologyKey: kubernetes.io/hostname}
+  containers: [{name: db, image: postgres, resources: {requests: {cpu: "1", memory: 2Gi}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-0, namespace: default, labels: {app: web}, annotations: {archer.dev/platforms: linux/amd64}}
+spec:
+  containers: [{name: web, image: nginx, resources: {requests: {cpu: 500m, memory: 512Mi}}}]
+"#;
+
+#[test]
+fn a_cluster_dump_plans_with_running_pods_and_kube_schedulers_rules() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("dump.yaml");
+    std::fs::write(&path, DUMP).expect("write");
+    let plan = simulate(&["--scenario", path.to_str().expect("path"), "--offline"]);
+    // web-0 fits the running node's free room; db-1 may not share a node with db-0 (required
+    // anti-affinity to a running pod), so it gets a node of its own rather than a refused placement.
+    assert_eq!(plan["existing"], serde_json::json!([{"node": "ip-10-0-1-1", "pods": ["default/web-0"]}]), "{plan}");
+    let n = node_of(&plan, "default/db-1");
+    assert_eq!(n["arch"], "amd64");
+    assert_eq!(plan["nodes"].as_array().map(Vec::len), Some(1));
+    assert!(plan["unschedulable"].as_array().is_some_and(|u| u.is_empty()));
+}
+
+#[test]
+fn a_spread_on_a_key_no_node_can_have_buys_no_node() {
+    let scenario = r#"
+apiVersion: archer.dev/v1alpha1
+kind: NodePool
+metadata: {name: default}
+spec:
+  template:
+    spec:
+      requirements:
+        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: racked}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: racked}}
+  template:
+    metadata: {labels: {app: racked}, annotations: {archer.dev/platforms: linux/amd64}}
+    spec:
+      topologySpreadConstraints:
+        - {maxSkew: 1, topologyKey: example.com/rack, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: racked}}}
+        - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: racked}}}
+      containers: [{name: c, image: nginx, resources: {requests: {cpu: 500m, memory: 512Mi}}}]
+"#;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("racked.yaml");
+    std::fs::write(&path, scenario).expect("write");
+    let plan = simulate(&["--scenario", path.to_str().expect("path"), "--offline"]);
+    assert_eq!(plan["nodes"].as_array().map(Vec::len), Some(0), "no node is bought for a pod that could never use it: {plan}");
+    let reasons: Vec<&str> = plan["unschedulable"].as_array().expect("list").iter().filter_map(|u| u["reason"].as_str()).collect();
+    assert_eq!(reasons.len(), 2);
+    assert!(reasons.iter().all(|r| r.contains("topology spread on example.com/rack")), "{reasons:?}");
+    // A pool that labels its nodes with the key (a custom-key requirement) makes them usable.
+    let labelled = scenario.replace("values: [amd64, arm64]}", "values: [amd64, arm64]}\n        - {key: example.com/rack, operator: In, values: [r1]}");
+    std::fs::write(&path, labelled).expect("write");
+    let plan = simulate(&["--scenario", path.to_str().expect("path"), "--offline"]);
+    assert!(plan["unschedulable"].as_array().is_some_and(|u| u.is_empty()), "{plan}");
+}
+
+#[test]
+fn gpus_host_ports_and_unknown_extended_resources_on_new_nodes() {
+    let scenario = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: ingress}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: ingress}}
+  template:
+    metadata: {labels: {app: ingress}, annotations: {archer.dev/platforms: "linux/amd64,linux/arm64"}}
+    spec:
+      containers: [{name: c, image: nginx, ports: [{containerPort: 80, hostPort: 8080}], resources: {requests: {cpu: 100m, memory: 128Mi}}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: train}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: train}}
+  template:
+    metadata: {labels: {app: train}, annotations: {archer.dev/platforms: linux/amd64}}
+    spec:
+      containers: [{name: c, image: trainer, resources: {requests: {cpu: "1", memory: 4Gi}, limits: {nvidia.com/gpu: "1"}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: fpga, namespace: default, annotations: {archer.dev/platforms: linux/amd64}}
+spec:
+  containers: [{name: c, image: x, resources: {limits: {example.com/fpga: "1"}}}]
+"#;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("devices.yaml");
+    std::fs::write(&path, scenario).expect("write");
+    let plan = simulate(&["--scenario", path.to_str().expect("path"), "--offline"]);
+    // Three pods asking for host port 8080 land on three nodes.
+    let ingress_nodes: std::collections::BTreeSet<String> = (0..3).map(|i| node_of(&plan, &format!("default/ingress-{i}"))["name"].as_str().unwrap_or("").to_string()).collect();
+    assert_eq!(ingress_nodes.len(), 3, "{plan}");
+    // GPU pods go to GPU instance types, never more per node than it has GPUs.
+    let catalog = archer::catalog::Catalog::embedded().expect("catalog");
+    let mut per_node = std::collections::BTreeMap::new();
+    for i in 0..3 {
+        let n = node_of(&plan, &format!("default/train-{i}"));
+        let t = catalog.get(n["instanceType"].as_str().expect("type")).expect("in catalog");
+        assert!(t.gpu_count >= 1, "{} has no GPU", t.name);
+        per_node.entry(n["name"].as_str().unwrap_or("").to_string()).or_insert((0u32, t.gpu_count)).0 += 1;
+    }
+    assert!(per_node.values().all(|(pods, gpus)| pods <= gpus), "{per_node:?}");
+    // No instance type offers example.com/fpga: no node for it, and the reason says so.
+    let u = plan["unschedulable"].as_array().expect("list");
+    assert_eq!(u.len(), 1, "{plan}");
+    assert!(u[0]["reason"].as_str().is_some_and(|r| r.contains("example.com/fpga")), "{}", u[0]);
+}
+
+#[test]
+fn a_pod_with_a_claim_bound_to_a_zonal_volume_gets_a_node_in_that_zone() {
+    let scenario = r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: pv-db}
+spec:
+  capacity: {storage: 10Gi}
+  accessModes: [ReadWriteOnce]
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions: [{key: topology.kubernetes.io/zone, operator: In, values: [us-east-1b]}]
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data, namespace: default}
+spec: {volumeName: pv-db, accessModes: [ReadWriteOnce], resources: {requests: {storage: 10Gi}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: scratch, namespace: default}
+spec: {accessModes: [ReadWriteOnce], storageClassName: gp3-wait, resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db, namespace: default, annotations: {archer.dev/platforms: "linux/amd64,linux/arm64"}}
+spec:
+  volumes: [{name: d, persistentVolumeClaim: {claimName: data}}, {name: s, persistentVolumeClaim: {claimName: scratch}}]
+  containers: [{name: c, image: postgres, resources: {requests: {cpu: "1", memory: 2Gi}}}]
+"#;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("volumes.yaml");
+    std::fs::write(&path, scenario).expect("write");
+    let plan = simulate(&["--scenario", path.to_str().expect("path"), "--offline"]);
+    assert_eq!(node_of(&plan, "default/db")["zone"], "us-east-1b", "{plan}");
+}

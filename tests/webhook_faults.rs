@@ -206,7 +206,7 @@ async fn large_bodies_are_accepted_up_to_the_cap_and_refused_above_it() {
 
 #[tokio::test]
 async fn sigterm_drains_and_exits_cleanly() {
-    let archer = Archer::start("", &[]).await;
+    let archer = Archer::start("shutdownDelaySeconds: 0\n", &[]).await;
     let pid = archer_pid(&archer);
     let ok = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill");
     assert!(ok.success());

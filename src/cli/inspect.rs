@@ -27,9 +27,9 @@ pub enum Output {
 pub async fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let InspectArgs { registry, output, images } = args;
     let cfg = registry.load()?;
-    let inspector = super::inspector(&cfg, Arc::new(Metrics::new()))?;
+    let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;
     let keyring = super::base_keyring(&cfg)?;
-    let results = inspector.inspect_all(&images, &keyring).await;
+    let results = inspector.inspect_each(&images, &keyring).await;
     let mut failed = false;
     let mut docs = Vec::new();
     for (image, result) in images.iter().zip(results) {

@@ -123,8 +123,8 @@ pub fn main(cli: Cli) -> ExitCode {
 }
 
 /// Build the shared registry lookup path from a config.
-pub fn inspector(cfg: &Config, metrics: std::sync::Arc<crate::metrics::Metrics>) -> anyhow::Result<crate::registry::Inspector> {
-    let client = crate::registry::RegistryClient::new(cfg.client_settings()?)
+pub fn inspector(cfg: &Config, metrics: std::sync::Arc<crate::metrics::Metrics>, budget: crate::limits::MemoryBudget) -> anyhow::Result<crate::registry::Inspector> {
+    let client = crate::registry::RegistryClient::new(cfg.client_settings(budget)?)
         .map_err(anyhow::Error::msg)?
         .count_requests_in(metrics.registry_requests.clone());
     Ok(crate::registry::Inspector::new(client, &cfg.cache_settings(), metrics))

@@ -93,11 +93,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let cert = tls_cert.or(cfg.tls_cert.clone()).context("--tls-cert is required (or tlsCert in the config file)")?;
     let key = tls_key.or(cfg.tls_key.clone()).context("--tls-key is required (or tlsKey in the config file)")?;
 
-    let metrics = Arc::new(Metrics::new());
+    let budget = cfg.memory_budget();
+    let mut metrics = Metrics::new();
+    metrics.register_budget(&budget);
+    let metrics = Arc::new(metrics);
     let health = Arc::new(admin::Health::default());
     health.set_not_ready("starting");
     let store = CertStore::load(&cert, &key)?;
-    let inspector = super::inspector(&cfg, metrics.clone())?;
+    let inspector = super::inspector(&cfg, metrics.clone(), budget.clone())?;
 
     let (cluster, watch) = match connect(kubeconfig.as_ref()).await? {
         Some(client) => {
@@ -115,7 +118,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         cluster: cluster.clone(),
         base_keyring: base_keyring.clone(),
         metrics: metrics.clone(),
-        max_body_bytes: cfg.webhook.max_body_bytes,
+        body: body_limits(&cfg, &budget, cfg.webhook.max_body_bytes, WEBHOOK_EXPANSION, "webhook_body"),
+        decision_timeout: Duration::from_secs_f64(cfg.webhook.decision_timeout_seconds),
     });
     let catalog = Arc::new(crate::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
     let provisioning = provisioner_task(&cfg, cluster.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;
@@ -129,7 +133,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         metrics: metrics.clone(),
         inspection_timeout: Duration::from_secs_f64(cfg.extender.inspection_timeout_seconds),
         preference_bonus: cfg.extender.preference_bonus,
-        max_body_bytes: cfg.extender.max_body_bytes,
+        body: body_limits(&cfg, &budget, cfg.extender.max_body_bytes, EXTENDER_EXPANSION, "extender_body"),
+        max_price_per_hour: cfg.extender.max_price_per_hour,
         facts: Default::default(),
     });
     let extender_router = extender::router(ext);
@@ -145,21 +150,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let (trigger, shutdown) = server::shutdown_channel();
     let grace = Duration::from_secs(cfg.shutdown_grace_seconds);
-    let mut https = tokio::spawn(server::serve_https(https_listener, store.server_config(), router, shutdown.clone(), grace));
+    let limits = server::ConnectionLimits::from_config(&cfg, metrics.clone());
+    let mut https = tokio::spawn(server::serve_https(https_listener, store.server_config(), router, shutdown.clone(), limits.clone()));
     let admin_router = admin::router(health.clone(), metrics.clone());
-    let admin_stop = shutdown.clone();
-    let mut admin_server = tokio::spawn(async move { axum::serve(admin_listener, admin_router).with_graceful_shutdown(admin_stop.wait()).await });
+    let mut admin_server = tokio::spawn(server::serve_http(admin_listener, admin_router, shutdown.clone(), limits.clone()));
     let extender_stop = shutdown.clone();
     let mut extender_server = tokio::spawn(async move {
         match extender_http {
             Some((listener, addr)) => {
                 tracing::info!(%addr, "serving /scheduler/* over plain HTTP on loopback");
-                axum::serve(listener, extender_router).with_graceful_shutdown(extender_stop.wait()).await
+                server::serve_http(listener, extender_router, extender_stop, limits).await
             }
-            None => {
-                extender_stop.wait().await;
-                Ok(())
-            }
+            None => extender_stop.wait().await,
         }
     });
     let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.clone()));
@@ -195,6 +197,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     provisioning.abort();
     health.set_not_ready("shutting down");
+    if outcome.is_ok() {
+        // Keep accepting while the endpoints update spreads: the API server and kube-scheduler
+        // still send here for a moment, and a refused connection admits a pod unpatched.
+        let delay = Duration::from_secs_f64(cfg.shutdown_delay_seconds);
+        tracing::info!(?delay, "not ready; still serving until the delay ends");
+        tokio::time::sleep(delay).await;
+    }
     trigger.trigger();
     ready.abort();
     reload.abort();
@@ -207,6 +216,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     .await;
     tracing::info!("stopped");
     outcome
+}
+
+/// What a review's body costs the budget: the body and the filtered view parsed from it (the
+/// decoded pod's own cost is reserved separately once its size is known).
+const WEBHOOK_EXPANSION: usize = 3;
+/// What an extender call's body costs: the body, the node list parsed from it, and the answer
+/// that echoes the kept nodes.
+const EXTENDER_EXPANSION: usize = 3;
+
+fn body_limits(cfg: &crate::config::Config, budget: &crate::limits::MemoryBudget, max_bytes: usize, expansion: usize, consumer: &'static str) -> crate::limits::BodyLimits {
+    crate::limits::BodyLimits {
+        max_bytes,
+        expansion,
+        read_timeout: Duration::from_secs_f64(cfg.limits.body_read_timeout_seconds),
+        budget_wait: Duration::from_secs_f64(cfg.limits.budget_wait_seconds),
+        budget: budget.clone(),
+        consumer,
+    }
 }
 
 /// The provisioning worker under leader election, or a future that never ends when it is off.

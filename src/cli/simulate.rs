@@ -10,11 +10,13 @@ use super::inspect::Output;
 use super::RegistryArgs;
 use crate::catalog::Catalog;
 use crate::core::labels;
-use crate::core::packer::{pack, Plan, Pool};
+use crate::core::packer::{Plan, Pool};
+use crate::core::planner::{plan_batch, Pending};
+use crate::core::sched::PodInfo;
 use crate::core::platform::PlatformSet;
 use crate::metrics::Metrics;
 use crate::provisioner::nodepool::offerings;
-use crate::provisioner::scenario::{all_images, annotated_platforms, pending_pod, Scenario};
+use crate::provisioner::scenario::{all_images, annotated_platforms, pending_pod, with_volume_terms, Scenario};
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
@@ -38,7 +40,13 @@ pub struct SimulateArgs {
 }
 
 fn plan_json(plan: &Plan) -> serde_json::Value {
-    json!({"nodes": plan.nodes, "unschedulable": plan.unschedulable, "totalPricePerHour": round(plan.total_price_per_hour)})
+    // Pods placed on existing or in-flight nodes, grouped by node.
+    let mut by_node: std::collections::BTreeMap<&str, Vec<&str>> = std::collections::BTreeMap::new();
+    for (pod, node) in &plan.existing {
+        by_node.entry(node).or_default().push(pod);
+    }
+    let existing: Vec<serde_json::Value> = by_node.into_iter().map(|(node, pods)| json!({"node": node, "pods": pods})).collect();
+    json!({"nodes": plan.nodes, "existing": existing, "unschedulable": plan.unschedulable, "totalPricePerHour": round(plan.total_price_per_hour)})
 }
 
 fn round(p: f64) -> f64 {
@@ -77,9 +85,9 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     if !offline {
         let images = all_images(&s.pods);
         if !images.is_empty() {
-            let inspector = super::inspector(&cfg, Arc::new(Metrics::new()))?;
+            let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;
             let keyring = super::base_keyring(&cfg)?;
-            for (image, r) in images.iter().zip(inspector.inspect_all(&images, &keyring).await) {
+            for (image, r) in images.iter().zip(inspector.inspect_each(&images, &keyring).await) {
                 match r {
                     Ok(i) => {
                         found.insert(image.clone(), i.platforms.clone());
@@ -89,6 +97,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    let volumes = s.volumes();
     let mut assumed = 0;
     let pods: Vec<_> = s
         .pods
@@ -102,7 +111,8 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             if platforms.is_none() {
                 assumed += 1;
             }
-            pending_pod(p, platforms)
+            let volume_terms = volumes.terms_for(&p.pod);
+            Pending { packer: with_volume_terms(pending_pod(p, platforms), &volume_terms), sched: PodInfo::from_pod(&p.pod).with_volumes(&p.pod, &volumes) }
         })
         .collect();
     if assumed > 0 {
@@ -118,8 +128,8 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     zones.sort();
     zones.dedup();
     let offers = offerings(&catalog, &zones);
-    let existing = s.existing_nodes();
-    let plan = pack(&pods, &pools, &offers, &existing);
+    let snapshot = s.snapshot();
+    let plan = plan_batch(&snapshot, &pods, &pools, &offers);
     // The comparison is over the pods both plans can place: pods that need arm64 are left out of
     // both sides (and listed), so the saving is like for like.
     let comparison = compare.then(|| {
@@ -131,10 +141,10 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
                 p
             })
             .collect();
-        let without = pack(&pods, &restricted, &offers, &existing);
+        let without = plan_batch(&snapshot, &pods, &restricted, &offers);
         let needs_arm: std::collections::BTreeSet<&str> = without.unschedulable.iter().map(|u| u.pod.as_str()).collect();
-        let common: Vec<_> = pods.iter().filter(|p| !needs_arm.contains(p.id.as_str())).cloned().collect();
-        let with = pack(&common, &pools, &offers, &existing);
+        let common: Vec<_> = pods.iter().filter(|p| !needs_arm.contains(p.packer.id.as_str())).cloned().collect();
+        let with = plan_batch(&snapshot, &common, &pools, &offers);
         (with, without)
     });
 

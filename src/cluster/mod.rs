@@ -84,10 +84,7 @@ pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>,
     }
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let keyring = pod_keyring(cluster, base, namespace, pod).await;
-    let results = match tokio::time::timeout(timeout, inspector.inspect_all(&images, &keyring)).await {
-        Ok(r) => r,
-        Err(_) => return PodPlatforms::Unknown(format!("image inspection exceeded {timeout:?}")),
-    };
+    let results = inspector.inspect_all(&images, &keyring, tokio::time::Instant::now() + timeout).await;
     let mut per_image = Vec::new();
     for (image, r) in images.into_iter().zip(results) {
         match r {
@@ -139,6 +136,11 @@ impl ClusterView {
     pub async fn wait_ready(&self) {
         let _ = self.namespaces.wait_until_ready().await;
         let _ = self.nodes.wait_until_ready().await;
+    }
+
+    /// Every Namespace in the cache (their labels answer `namespaceSelector`s).
+    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
+        self.namespaces.state()
     }
 
     pub fn namespace_annotations(&self, name: &str) -> Option<BTreeMap<String, String>> {

@@ -5,11 +5,14 @@ pub mod packer;
 pub mod patch;
 pub mod placement;
 pub mod platform;
+pub mod planner;
 pub mod policy;
 pub mod quantity;
 pub mod requirements;
 pub mod resources;
+pub mod sched;
 pub mod scoring;
+pub mod taints;
 
 #[cfg(test)]
 mod placement_tests;

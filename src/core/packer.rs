@@ -43,6 +43,34 @@ pub struct PendingPod {
     /// The group `zone_spread` and `per_node_max` count over (the pods their selector picks,
     /// whatever their sizes); `None`: the pod's class alone.
     pub spread_group: Option<String>,
+    /// Topology keys of its DoNotSchedule spread constraints: kube-scheduler refuses a node
+    /// without one of them, so a new node must carry them all.
+    pub spread_keys: Vec<String>,
+    /// Extended resources it requests (`nvidia.com/gpu`: 1). Instance types offer GPUs (their
+    /// catalog count, as `nvidia.com/gpu`); no type offers anything else.
+    pub extended: BTreeMap<String, i64>,
+}
+
+/// The `nvidia.com/gpu` resource instance types offer their GPUs as.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+impl PendingPod {
+    fn gpus(&self) -> i64 {
+        self.extended.get(GPU_RESOURCE).copied().unwrap_or(0)
+    }
+}
+
+/// Can a node of this type hold one such pod's extended resources?
+fn extended_fit(pod: &PendingPod, o: &Offering, pool: &str) -> Result<(), String> {
+    for (name, amount) in &pod.extended {
+        if name != GPU_RESOURCE {
+            return Err(format!("pool {pool}: requests {name}, which no instance type offers"));
+        }
+        if i64::from(o.instance.gpu_count) < *amount {
+            return Err(format!("pool {pool}: no instance type has {amount} {name}"));
+        }
+    }
+    Ok(())
 }
 
 impl PendingPod {
@@ -136,7 +164,19 @@ impl Offering {
         ] {
             m.insert(k.to_string(), v);
         }
+        // Requirement keys no offering label covers (custom keys) label the node, as Karpenter
+        // does; keys the offering sets keep the offering's value.
+        for (k, v) in pool.requirements.implied_labels() {
+            m.entry(k.to_string()).or_insert_with(|| v.to_string());
+        }
         m
+    }
+
+    /// Can a node of this offering carry the pool's template labels? A template label on a key
+    /// the offering sets (`kubernetes.io/arch: arm64` on an amd64 type) rules the offering out
+    /// rather than being overwritten.
+    fn keeps_template_labels(labels: &BTreeMap<String, String>, pool: &Pool) -> bool {
+        pool.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
     }
 }
 
@@ -197,6 +237,9 @@ fn tolerates_all(pod: &PendingPod, taints: &[Taint]) -> bool {
 }
 
 fn labels_fit(pod: &PendingPod, labels: &BTreeMap<String, String>) -> Result<(), String> {
+    if let Some(key) = pod.spread_keys.iter().find(|k| !labels.contains_key(*k)) {
+        return Err(format!("topology spread on {key}: no node carries that label (DoNotSchedule)"));
+    }
     if !pod.terms.is_empty() && !pod.terms.iter().any(|t| t.matches_map(labels)) {
         return Err("node selector / required affinity".into());
     }
@@ -230,11 +273,16 @@ struct Class {
     preference: std::collections::HashMap<(usize, usize), i32>,
     /// Every compatible (pool, offering), for the "can this class fill that node" test.
     mask: std::collections::HashSet<(usize, usize)>,
+    /// GPUs (`nvidia.com/gpu`) one pod takes.
+    gpus: i64,
+    /// The compatible offerings of each lower-weight pool the pod fits, in weight order: the
+    /// class falls through to them when its pool reaches its limits (as Karpenter does).
+    fallback: Vec<Vec<Slot>>,
 }
 
 fn signature(p: &PendingPod) -> String {
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+        "{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{:?}",
         p.requests,
         p.terms,
         p.tolerations,
@@ -245,14 +293,24 @@ fn signature(p: &PendingPod) -> String {
         p.preferred,
         p.spread_key(),
         p.one_per_zone,
-        p.colocate
+        p.colocate,
+        p.spread_keys,
+        p.extended
     )
 }
 
 /// The lower-bound cost of one pod of `requests` over `slots`: the cheapest price per unit of its
 /// scarcer resource.
 fn lower_bound(slots: &[Slot], requests: Resources, offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) -> f64 {
-    slots.iter().map(|&(pi, oi)| offerings[oi].price * requests.dominant_share(room(pi, oi))).fold(f64::INFINITY, f64::min)
+    slots.iter().map(|&(pi, oi)| offerings[oi].price * share(requests, room(pi, oi))).fold(f64::INFINITY, f64::min)
+}
+
+/// The share of a node's room a pod takes: its scarcest of cpu, memory and pod slots. A pod that
+/// requests nothing still takes one of the node's `max pods` (kube-scheduler counts it), so its
+/// share is never zero.
+fn share(requests: Resources, room: Resources) -> f64 {
+    let pods = if room.pods > 0 { requests.pods.max(1) as f64 / room.pods as f64 } else { f64::INFINITY };
+    requests.dominant_share(room).max(pods)
 }
 
 /// Split zone-spread classes into one class per zone, pods dealt round-robin so the counts per
@@ -317,7 +375,7 @@ fn pin_zone_groups(classes: &mut Vec<Class>, offerings: &[Offering], room: &dyn 
             let mut best: HashMap<&str, f64> = HashMap::new();
             for &(pi, oi) in &c.offerings {
                 let o = &offerings[oi];
-                let unit = o.price * c.requests.dominant_share(room(pi, oi));
+                let unit = o.price * share(c.requests, room(pi, oi));
                 let e = best.entry(o.zone.as_str()).or_insert(f64::INFINITY);
                 *e = e.min(unit);
             }
@@ -382,6 +440,7 @@ impl Draft {
 fn right_size(drafts: &mut [Draft], classes: &[Class], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) {
     for d in drafts.iter_mut() {
         let need = d.used(classes);
+        let gpus: i64 = d.items.iter().map(|(cj, pods)| classes[*cj].gpus * pods.len() as i64).sum();
         let current = &offerings[d.oi];
         let Some(lead) = d.items.first().map(|(c, _)| *c) else { continue };
         let mut best: Option<usize> = None;
@@ -393,6 +452,7 @@ fn right_size(drafts: &mut [Draft], classes: &[Class], offerings: &[Offering], r
                 || o.instance.vcpu > current.instance.vcpu
                 || o.instance.memory_mib > current.instance.memory_mib
                 || !need.fits(room(pj, oj))
+                || i64::from(o.instance.gpu_count) < gpus
                 || !d.items.iter().all(|(cj, _)| classes[*cj].mask.contains(&(pj, oj)))
             {
                 continue;
@@ -429,6 +489,24 @@ fn pareto(list: &[Slot], offerings: &[Offering], room: &dyn Fn(usize, usize) -> 
         }
     }
     kept.into_iter().map(|k| k.2).collect()
+}
+
+/// Move a class whose pool is at its limits to the next pool it fits, within the zones it is held
+/// to (a zone-spread or zone-pinned class keeps its zone). False when there is none.
+fn fall_through(class: &mut Class, offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) -> bool {
+    let zones: std::collections::HashSet<&str> = class.mask.iter().map(|&(_, oi)| offerings[oi].zone.as_str()).collect();
+    while !class.fallback.is_empty() {
+        let next: Vec<Slot> = class.fallback.remove(0).into_iter().filter(|&(_, oi)| zones.contains(offerings[oi].zone.as_str())).collect();
+        if next.is_empty() {
+            continue;
+        }
+        class.mask = next.iter().copied().collect();
+        class.lower_bound = lower_bound(&next, class.requests, offerings, room);
+        class.preference.clear();
+        class.offerings = pareto(&next, offerings, room, &Default::default());
+        return true;
+    }
+    false
 }
 
 /// Pack `pods` onto `existing` nodes first, then onto new nodes from `pools` x `offerings`.
@@ -468,7 +546,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 .enumerate()
                 .filter_map(|(i, o)| {
                     let labels = o.labels(pool);
-                    pool.requirements.matches_map(&labels).then_some((i, labels))
+                    (pool.requirements.matches_map(&labels) && Offering::keeps_template_labels(&labels, pool)).then_some((i, labels))
                 })
                 .collect()
         })
@@ -490,6 +568,8 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             continue;
         }
         let mut compatible = Vec::new();
+        // Lower-weight pools the pod also fits, for when the first one reaches its limits.
+        let mut fallback: Vec<Vec<Slot>> = Vec::new();
         let mut why = String::from("no NodePool");
         for &pi in &pool_order {
             let pool = &pools[pi];
@@ -501,17 +581,24 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             let fits: Vec<(Slot, i32)> = pool_offerings[pi]
                 .iter()
                 .filter(|(oi, labels)| {
-                    let ok = labels_fit(pod, labels);
+                    let ok = labels_fit(pod, labels).and_then(|()| extended_fit(pod, &offerings[*oi], &pool.name));
                     if let Err(e) = &ok {
-                        why = format!("pool {}: {e}", pool.name);
+                        why = if e.starts_with("pool ") { e.clone() } else { format!("pool {}: {e}", pool.name) };
                     }
                     ok.is_ok() && pod.requests.fits(room_of(pi, *oi))
                 })
                 .map(|(oi, labels)| ((pi, *oi), pod.preferred.iter().filter(|(_, r)| r.matches_map(labels)).map(|(w, _)| *w).sum()))
                 .collect();
             if !fits.is_empty() {
-                compatible = fits;
-                break;
+                if compatible.is_empty() {
+                    compatible = fits;
+                } else {
+                    fallback.push(fits.into_iter().map(|(slot, _)| slot).collect());
+                }
+                continue;
+            }
+            if !compatible.is_empty() {
+                continue;
             }
             if why.starts_with("no NodePool") || why.starts_with("does not tolerate") {
                 why = format!("pool {}: no instance type fits the pod's requests and constraints", pool.name);
@@ -539,6 +626,8 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 colocate: pod.colocate,
                 preference,
                 mask: Default::default(),
+                gpus: pod.gpus(),
+                fallback,
             },
         );
     }
@@ -576,6 +665,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                     continue;
                 }
                 let mut free = room_of(pi, oi);
+                let mut free_gpus = i64::from(o.instance.gpu_count);
                 let mut take = Vec::new();
                 let mut work = 0.0;
                 // Pods of each spread group already on this candidate node.
@@ -589,12 +679,13 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                     let group = c.spread_group.as_deref();
                     let already = group.and_then(|g| in_group.iter().find(|(k, _)| *k == g)).map_or(0, |(_, n)| *n);
                     let cap = c.per_node_max.map_or(i64::MAX, |m| m as i64 - already);
-                    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(c.pods.len() as i64).min(cap);
+                    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(by(free_gpus, c.gpus)).min(c.pods.len() as i64).min(cap);
                     // Affinity to its own group on the hostname key: all of the class or none.
                     if n <= 0 || (c.colocate && n < c.pods.len() as i64) {
                         continue;
                     }
                     free = free - Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n);
+                    free_gpus -= c.gpus * n;
                     if let Some(g) = group {
                         match in_group.iter_mut().find(|(k, _)| *k == g) {
                             Some(e) => e.1 += n,
@@ -622,6 +713,9 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
                 }
             }
             let Some((_, pi, oi, take)) = best else {
+                if fall_through(&mut classes[ci], offerings, &room_of) {
+                    continue;
+                }
                 let pool_name = classes[ci].offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
                 let reason = if classes[ci].colocate {
                     format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds all {} of them", classes[ci].pods.len())

@@ -138,19 +138,7 @@ fn node_affinity_ops(pod: &Pod, wanted: NodeAffinity, field: &str) -> Vec<PatchO
     }
 }
 
-/// Whether `toleration` tolerates a taint with this key, value and effect (the kubelet's rule).
-pub fn tolerates(toleration: &Toleration, key: &str, value: &str, effect: &str) -> bool {
-    let effect_ok = toleration.effect.as_deref().is_none_or(|e| e.is_empty() || e == effect);
-    let key_ok = match toleration.key.as_deref() {
-        None | Some("") => toleration.operator.as_deref() == Some("Exists"),
-        Some(k) => k == key,
-    };
-    let value_ok = match toleration.operator.as_deref() {
-        Some("Exists") => true,
-        _ => toleration.value.as_deref().unwrap_or("") == value,
-    };
-    effect_ok && key_ok && value_ok
-}
+pub use super::taints::tolerates;
 
 /// Append the tolerations the pod does not already have.
 pub fn add_tolerations(pod: &mut Pod, wanted: &[Toleration]) -> Vec<PatchOperation> {

@@ -45,6 +45,14 @@ impl Platform {
         Self { os, architecture, variant }
     }
 
+    /// Could a node ever be labelled with this platform? `kubernetes.io/os` and
+    /// `kubernetes.io/arch` are Go's GOOS and GOARCH of the kubelet, and variants are short
+    /// tokens (`v7`, `v8.2`, `rva22u64`); an entry naming anything else can never be scheduled.
+    pub fn is_schedulable(&self) -> bool {
+        let variant_ok = self.variant.as_deref().is_none_or(|v| v.len() <= 16 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '.'));
+        KNOWN_OS.contains(&self.os.as_str()) && KNOWN_ARCH.contains(&self.architecture.as_str()) && variant_ok
+    }
+
     /// Attestation manifests and other non-runnable entries of an index.
     pub fn is_unknown(&self) -> bool {
         self.os == "unknown" || self.architecture == "unknown" || self.os.is_empty() || self.architecture.is_empty()
@@ -72,6 +80,16 @@ impl FromStr for Platform {
         }
     }
 }
+
+/// Go's GOOS values (what kubelet puts in `kubernetes.io/os`).
+const KNOWN_OS: &[&str] = &["aix", "android", "darwin", "dragonfly", "freebsd", "illumos", "ios", "js", "linux", "netbsd", "openbsd", "plan9", "solaris", "wasip1", "windows"];
+/// Go's GOARCH values (what kubelet puts in `kubernetes.io/arch`).
+const KNOWN_ARCH: &[&str] = &["386", "amd64", "arm", "arm64", "loong64", "mips", "mipsle", "mips64", "mips64le", "ppc64", "ppc64le", "riscv64", "s390x", "wasm"];
+
+/// At most this many platforms are kept per image; a larger index is summarised to os/arch.
+/// With only Go's values allowed that bounds the `archer.dev/platforms` annotation to a few KiB,
+/// far under the API server's 256 KiB for all of a pod's annotations.
+pub const MAX_PLATFORMS: usize = 64;
 
 /// A sorted set of platforms.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -120,6 +138,20 @@ impl PlatformSet {
         PlatformSet(self.0.iter().filter(|p| keep(&p.architecture)).cloned().collect())
     }
 
+    /// The platforms of an image index as a node could run them: entries no node can carry are
+    /// dropped, and past [`MAX_PLATFORMS`] variants are dropped (os/arch kept). The flag says
+    /// whether anything was dropped.
+    pub fn schedulable_summary(self) -> (PlatformSet, bool) {
+        let before = self.0.len();
+        let kept: BTreeSet<Platform> = self.0.into_iter().filter(Platform::is_schedulable).collect();
+        let mut dropped = kept.len() != before;
+        if kept.len() <= MAX_PLATFORMS {
+            return (PlatformSet(kept), dropped);
+        }
+        dropped = true;
+        (PlatformSet(kept.into_iter().map(|p| Platform { variant: None, ..p }).collect()), dropped)
+    }
+
     /// The annotation form: `linux/amd64,linux/arm64`, sorted.
     pub fn to_annotation(&self) -> String {
         self.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
@@ -142,6 +174,24 @@ impl fmt::Display for PlatformSet {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hostile_indexes_are_summarised_to_what_nodes_can_run() {
+        // 100k distinct platforms: made-up architectures, and endless variants of real ones.
+        let mut all: Vec<Platform> = (0..50_000).map(|i| Platform::new("linux", &format!("arch{i}"), None)).collect();
+        all.extend((0..50_000).map(|i| Platform::new("linux", "arm64", Some(&format!("v{i}")))));
+        all.push(Platform::new("linux", "amd64", None));
+        let (set, dropped) = PlatformSet::from_iter(all).schedulable_summary();
+        assert!(dropped);
+        assert_eq!(set.to_annotation(), "linux/amd64,linux/arm64");
+        let every: Vec<Platform> = KNOWN_OS.iter().flat_map(|os| KNOWN_ARCH.iter().flat_map(move |a| (0..20).map(move |v| Platform::new(os, a, Some(&format!("v{v}")))))).collect();
+        let (set, _) = PlatformSet::from_iter(every).schedulable_summary();
+        assert!(set.to_annotation().len() < 8 * 1024, "bounded: {} bytes", set.to_annotation().len());
+        // Ordinary indexes pass untouched.
+        let ordinary = PlatformSet::from_iter(["linux/amd64", "linux/arm64", "linux/arm/v7", "windows/amd64"].map(|p| p.parse::<Platform>().expect("p")));
+        assert_eq!(ordinary.clone().schedulable_summary(), (ordinary, false));
+        assert!(!Platform::new("linux", "arm", Some("v7; rm -rf")).is_schedulable());
+    }
+
     use super::*;
 
     fn set(s: &str) -> PlatformSet {

@@ -201,6 +201,12 @@ impl Requirements {
         self.keys.iter().all(|(k, c)| c.admits(labels(k).as_deref()))
     }
 
+    /// Labels a node made under these requirements carries for keys that list their values, as
+    /// Karpenter labels a NodePool's custom requirement keys: the first value each allows.
+    pub fn implied_labels(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.keys.iter().filter_map(|(k, c)| c.values().and_then(|v| v.first().copied()).map(|v| (k.as_str(), v)))
+    }
+
     pub fn matches_map(&self, labels: &BTreeMap<String, String>) -> bool {
         self.matches(&|k| labels.get(k).cloned())
     }

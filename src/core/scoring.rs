@@ -25,7 +25,9 @@ pub struct Candidate {
 pub fn cost(pod: Resources, c: &Candidate) -> Option<f64> {
     let price = c.price.filter(|p| p.is_finite() && *p >= 0.0)?;
     let share = pod.dominant_share(c.allocatable);
-    share.is_finite().then_some(price * share)
+    let cost = price * share;
+    // A huge price times a share above 1 overflows to infinity: that cost is not known either.
+    (share.is_finite() && cost.is_finite()).then_some(cost)
 }
 
 /// Fraction taken off a node's cost for the namespace's preference: `bonus` for the most
@@ -45,11 +47,13 @@ pub fn preference_discount(policy: &Policy, arch: Option<&str>, bonus: f64) -> f
     }
 }
 
-/// Scores 0..=10 in the order of `candidates`. Deterministic: equal inputs give equal scores.
+/// Scores 0..=10 in the order of `candidates` (kube-scheduler's MaxExtenderPriority), whatever
+/// the input. Deterministic: equal inputs give equal scores.
 pub fn score(pod: Resources, candidates: &[Candidate], policy: &Policy, bonus: f64) -> Vec<i64> {
+    let bonus = if bonus.is_finite() { bonus.clamp(0.0, 0.5) } else { 0.0 };
     let effective: Vec<Option<f64>> = candidates
         .iter()
-        .map(|c| cost(pod, c).map(|k| k * (1.0 - preference_discount(policy, c.arch.as_deref(), bonus))))
+        .map(|c| cost(pod, c).map(|k| k * (1.0 - preference_discount(policy, c.arch.as_deref(), bonus))).filter(|k| k.is_finite()))
         .collect();
     let known = effective.iter().flatten();
     let (min, max) = known.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &k| (lo.min(k), hi.max(k)));
@@ -58,7 +62,11 @@ pub fn score(pod: Resources, candidates: &[Candidate], policy: &Policy, bonus: f
         .map(|k| match k {
             None => NEUTRAL_SCORE,
             Some(_) if max - min <= f64::EPSILON * max.abs().max(1.0) => MAX_SCORE,
-            Some(k) => (MAX_SCORE as f64 * (max - k) / (max - min)).round() as i64,
+            Some(k) => {
+                // (max - k) / (max - min) without overflowing when the costs span f64's range.
+                let s = MAX_SCORE as f64 * ((max / 2.0 - k / 2.0) / (max / 2.0 - min / 2.0));
+                if s.is_finite() { (s.round() as i64).clamp(0, MAX_SCORE) } else { NEUTRAL_SCORE }
+            }
         })
         .collect()
 }
@@ -99,6 +107,27 @@ mod tests {
         // c6g.large (little memory) vs m6g.large (twice the memory, a bit dearer)
         let c = [cand("c6g", "arm64", Some(0.068), 1930, 3055), cand("m6g", "arm64", Some(0.077), 1930, 6844)];
         assert_eq!(score(pod, &c, &policy(), 0.05), vec![0, 10]);
+    }
+
+    #[test]
+    fn scores_stay_within_0_to_10_whatever_the_prices() {
+        let pod = Resources::new(500, 512 * MIB, 1);
+        let hostile = [Some(1e308), Some(f64::MAX), Some(f64::INFINITY), Some(f64::NAN), Some(-1.0), Some(0.0), Some(f64::MIN_POSITIVE), Some(0.05), None];
+        for a in hostile {
+            for b in hostile {
+                // A node smaller than the pod (share > 1) multiplies the price past f64's range.
+                for (cpu_a, cpu_b) in [(1930, 1930), (100, 1930), (1, 1)] {
+                    let c = [cand("a", "arm64", a, cpu_a, 8192), cand("b", "amd64", b, cpu_b, 8192), cand("c", "amd64", Some(0.1), 1930, 8192)];
+                    for bonus in [0.05, f64::NAN, 10.0] {
+                        let s = score(pod, &c, &policy(), bonus);
+                        assert!(s.iter().all(|v| (0..=MAX_SCORE).contains(v)), "{a:?} {b:?} -> {s:?}");
+                    }
+                }
+            }
+        }
+        // The finding itself: one node at 1e308 USD/h against a cheap one.
+        let c = [cand("cheap", "amd64", Some(0.05), 1930, 8192), cand("absurd", "amd64", Some(1e308), 100, 8192)];
+        assert_eq!(score(pod, &c, &policy(), 0.05), vec![MAX_SCORE, NEUTRAL_SCORE]);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::core::resources::{pod_requests, Resources};
 use crate::core::scoring::{self, Candidate};
 use crate::metrics::{labels2, Metrics};
 use crate::registry::{Inspector, Keyring};
-use crate::webhook::read_body;
+use crate::limits::{read_body, BodyLimits};
 use wire::{parse_args, FilterResult, HostPriority, Nodes};
 
 pub struct Extender {
@@ -43,7 +43,11 @@ pub struct Extender {
     pub inspection_timeout: Duration,
     /// Fraction of cost taken off the namespace's most preferred architecture.
     pub preference_bonus: f64,
-    pub max_body_bytes: usize,
+    /// The body cap, read timeout and memory budget of both calls. The budget is charged three
+    /// times the body: the body, what is parsed from it, and the answer echoing kept nodes.
+    pub body: BodyLimits,
+    /// Prices above this (USD per hour) are treated as unknown, like NaN, infinities and negatives.
+    pub max_price_per_hour: f64,
     /// Facts derived from cached Nodes, by name, valid for the resourceVersion they came from.
     pub facts: FactsCache,
 }
@@ -55,7 +59,7 @@ pub struct FactsCache(std::sync::RwLock<std::collections::HashMap<String, (Strin
 
 impl FactsCache {
     /// Facts for each name (None: not in the node cache), computing what is missing or stale.
-    fn lookup(&self, names: &[String], store: Option<&Store<Node>>, catalog: &Catalog) -> Vec<Option<Arc<NodeFacts>>> {
+    fn lookup(&self, names: &[String], store: Option<&Store<Node>>, prices: &PriceRules<'_>) -> Vec<Option<Arc<NodeFacts>>> {
         let Some(store) = store else { return vec![None; names.len()] };
         let mut out = Vec::with_capacity(names.len());
         let mut fresh = Vec::new();
@@ -70,7 +74,7 @@ impl FactsCache {
                 match cache.get(name) {
                     Some((cached_rv, facts)) if cached_rv == rv && !rv.is_empty() => out.push(Some(facts.clone())),
                     _ => {
-                        let facts = Arc::new(NodeFacts::from_node(&node, catalog));
+                        let facts = Arc::new(NodeFacts::from_node(&node, prices));
                         fresh.push((name.clone(), rv.to_string(), facts.clone()));
                         out.push(Some(facts));
                     }
@@ -98,6 +102,32 @@ pub fn router(extender: Arc<Extender>) -> Router {
         .with_state(extender)
 }
 
+/// Where node prices come from and which ones are believed.
+pub struct PriceRules<'a> {
+    pub catalog: &'a Catalog,
+    /// USD per hour; a price above it is absurd.
+    pub max_per_hour: f64,
+}
+
+impl PriceRules<'_> {
+    /// The node's price, or why a price it names cannot be used. A price annotation that is not
+    /// a finite number in `0..=max_per_hour` makes the price unknown (it is not replaced by the
+    /// catalog's: the annotation is the operator's word, and it is wrong).
+    fn price(&self, label: &dyn Fn(&str) -> Option<String>, annotation: Option<&str>) -> Result<Option<f64>, String> {
+        let sane = |p: f64| p.is_finite() && (0.0..=self.max_per_hour).contains(&p);
+        if let Some(a) = annotation {
+            return match a.trim().parse::<f64>() {
+                Ok(p) if sane(p) => Ok(Some(p)),
+                _ => Err(format!("{} {a:?} is not a price in 0..={} USD/h", labels::PRICE_ANNOTATION, self.max_per_hour)),
+            };
+        }
+        match self.catalog.node_price(label, None) {
+            Some(p) if !sane(p) => Err(format!("catalog price {p} is not in 0..={} USD/h", self.max_per_hour)),
+            p => Ok(p),
+        }
+    }
+}
+
 /// What a node offers the decision, from either a full Node object or the Node cache.
 #[derive(Debug, Clone)]
 pub struct NodeFacts {
@@ -105,15 +135,21 @@ pub struct NodeFacts {
     pub arch: Option<String>,
     pub os: Option<String>,
     pub price: Option<f64>,
+    /// Why a price the node names was not believed (it is then unknown).
+    pub bad_price: Option<String>,
     pub allocatable: Resources,
 }
 
 impl NodeFacts {
-    fn build(name: String, label: &dyn Fn(&str) -> Option<String>, price_annotation: Option<&str>, allocatable: Resources, catalog: &Catalog) -> Self {
-        NodeFacts { arch: label(labels::ARCH), os: label(labels::OS), price: catalog.node_price(label, price_annotation), allocatable, name }
+    fn build(name: String, label: &dyn Fn(&str) -> Option<String>, price_annotation: Option<&str>, allocatable: Resources, prices: &PriceRules<'_>) -> Self {
+        let (price, bad_price) = match prices.price(label, price_annotation) {
+            Ok(p) => (p, None),
+            Err(why) => (None, Some(why)),
+        };
+        NodeFacts { arch: label(labels::ARCH), os: label(labels::OS), price, bad_price, allocatable, name }
     }
 
-    pub fn from_lite(n: &wire::NodeLite<'_>, catalog: &Catalog) -> Self {
+    pub fn from_lite(n: &wire::NodeLite<'_>, prices: &PriceRules<'_>) -> Self {
         let labels = n.metadata.labels.as_ref();
         let label = |k: &str| labels.and_then(|l| l.get(k)).map(str::to_string);
         let annotation = n.metadata.annotations.as_ref().and_then(|a| a.price.as_deref());
@@ -124,15 +160,15 @@ impl NodeFacts {
             q(alloc.and_then(|a| a.memory.as_deref()), crate::core::quantity::value),
             q(alloc.and_then(|a| a.pods.as_deref()), crate::core::quantity::value),
         );
-        Self::build(n.metadata.name.to_string(), &label, annotation, allocatable, catalog)
+        Self::build(n.metadata.name.to_string(), &label, annotation, allocatable, prices)
     }
 
-    pub fn from_node(n: &Node, catalog: &Catalog) -> Self {
+    pub fn from_node(n: &Node, prices: &PriceRules<'_>) -> Self {
         let labels = n.metadata.labels.as_ref();
         let label = |k: &str| labels.and_then(|l| l.get(k)).cloned();
         let annotation = n.metadata.annotations.as_ref().and_then(|a| a.get(labels::PRICE_ANNOTATION)).map(String::as_str);
         let allocatable = Resources::from_map(n.status.as_ref().and_then(|s| s.allocatable.as_ref()));
-        Self::build(n.metadata.name.clone().unwrap_or_default(), &label, annotation, allocatable, catalog)
+        Self::build(n.metadata.name.clone().unwrap_or_default(), &label, annotation, allocatable, prices)
     }
 }
 
@@ -161,6 +197,10 @@ impl Extender {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
         let annotations = self.cluster.as_ref().and_then(|c| c.namespace_annotations(ns)).unwrap_or_default();
         policy::resolve(&self.defaults, &annotations).0
+    }
+
+    fn prices(&self) -> PriceRules<'_> {
+        PriceRules { catalog: &self.catalog, max_per_hour: self.max_price_per_hour }
     }
 
     async fn pod_platforms(&self, pod: &Pod) -> PodPlatforms {
@@ -196,9 +236,10 @@ fn unrunnable_reason(node: &NodeFacts, all: &PlatformSet, per_image: &[(String, 
 #[tracing::instrument(skip_all, fields(pod = tracing::field::Empty, namespace = tracing::field::Empty, nodes = tracing::field::Empty))]
 async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response {
     let started = Instant::now();
-    let body = match read_body(req, x.max_body_bytes).await {
+    // Held until the answer is sent: the body, the parsed node list and the answer.
+    let (body, _budget) = match read_body(req, &x.body).await {
         Ok(b) => b,
-        Err((reason, msg)) => return filter_error(&x.metrics, reason, msg),
+        Err(e) => return filter_error(&x.metrics, e.reason(), e.to_string()),
     };
     let args = match cpu_bound(|| parse_args(&body)) {
         Ok(a) => a,
@@ -222,7 +263,7 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             span.record("nodes", nodes.len());
             let mut keep = Vec::with_capacity(nodes.len());
             for n in &nodes {
-                let facts = NodeFacts::from_lite(&n.lite, &x.catalog);
+                let facts = NodeFacts::from_lite(&n.lite, &x.prices());
                 match all.and_then(|a| unrunnable_reason(&facts, a, per_image)) {
                     Some(why) => {
                         removed += 1;
@@ -236,7 +277,7 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
         Nodes::Names(names) => {
             span.record("nodes", names.len());
             let mut keep = Vec::with_capacity(names.len());
-            let facts = x.facts.lookup(&names, x.nodes.as_ref(), &x.catalog);
+            let facts = x.facts.lookup(&names, x.nodes.as_ref(), &x.prices());
             for (name, facts) in names.into_iter().zip(facts) {
                 let Some(facts) = facts else {
                     result.failed_nodes.insert(name, "node not found in Archer's node cache".into());
@@ -271,11 +312,11 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     // HostPriorityList has no error field: bad input is answered with an empty list (every node
     // neutral), counted and logged, so scheduling never stalls on Archer.
     let empty = || json_response(StatusCode::OK, b"[]".to_vec());
-    let body = match read_body(req, x.max_body_bytes).await {
+    let (body, _budget) = match read_body(req, &x.body).await {
         Ok(b) => b,
-        Err((reason, msg)) => {
-            x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", reason)).inc();
-            tracing::warn!(reason, %msg, "prioritize call with bad input");
+        Err(e) => {
+            x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", e.reason())).inc();
+            tracing::warn!(reason = e.reason(), error = %e, "prioritize call with bad input");
             return empty();
         }
     };
@@ -291,19 +332,23 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     span.record("pod", args.pod.metadata.name.as_deref().unwrap_or(""));
     span.record("namespace", args.pod.metadata.namespace.as_deref().unwrap_or(""));
     let facts: Vec<NodeFacts> = match &args.nodes {
-        Nodes::Full(nodes) => nodes.iter().map(|n| NodeFacts::from_lite(&n.lite, &x.catalog)).collect(),
+        Nodes::Full(nodes) => nodes.iter().map(|n| NodeFacts::from_lite(&n.lite, &x.prices())).collect(),
         Nodes::Names(names) => x
             .facts
-            .lookup(names, x.nodes.as_ref(), &x.catalog)
+            .lookup(names, x.nodes.as_ref(), &x.prices())
             .into_iter()
             .zip(names)
             .map(|(f, name)| match f {
                 Some(f) => (*f).clone(),
-                None => NodeFacts { name: name.clone(), arch: None, os: None, price: None, allocatable: Resources::default() },
+                None => NodeFacts { name: name.clone(), arch: None, os: None, price: None, bad_price: None, allocatable: Resources::default() },
             })
             .collect(),
     };
     span.record("nodes", facts.len());
+    for f in facts.iter().filter(|f| f.bad_price.is_some()) {
+        x.metrics.extender_invalid_prices.inc();
+        tracing::warn!(node = %f.name, reason = f.bad_price.as_deref().unwrap_or(""), "node price not believed; scored as unknown");
+    }
     let unknown = facts.iter().filter(|f| f.price.is_none()).count() as u64;
     x.metrics.extender_unknown_price_nodes.inc_by(unknown);
     let policy = x.policy_for(&args.pod);

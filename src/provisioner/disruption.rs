@@ -17,7 +17,7 @@ use super::nodeclaim::NodeClaim;
 use super::state::{self, DisruptionSettings};
 use super::worker::{age_of, Provisioner};
 use crate::core::labels;
-use crate::core::packer::pack;
+use crate::core::planner::{plan_batch, Pending};
 use crate::metrics::label;
 
 /// Per-node clocks: since when a node has been empty / had the same pods.
@@ -119,6 +119,17 @@ impl Provisioner {
                 }
             }
             let Some(after) = settings.consolidate_after else { continue };
+            // Only on a settled cluster: not while pods wait for capacity or claims are launching.
+            let waiting: Vec<String> = {
+                let w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+                w.iter().filter(|id| pods.iter().any(|p| state::pod_id(p) == **id && state::is_provisionable(p))).cloned().collect()
+            };
+            let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+            let claim_refs: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
+            if let Some(why) = state::consolidation_hold(&pool, &claim_refs, &node_refs, &waiting) {
+                tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
+                continue;
+            }
             // Empty nodes (DaemonSet pods do not count).
             let empty: Vec<&Candidate> = candidates
                 .iter()
@@ -199,9 +210,20 @@ impl Provisioner {
         let leaving: Vec<String> = set.iter().map(|c| c.node.metadata.name.clone().unwrap_or_default()).collect();
         let moving: Vec<&Pod> = set.iter().flat_map(|c| state::evictable(&c.pods)).collect();
         let pods = self.pending_pods(&moving).await;
+        // The moving pods as kube-scheduler will see them once evicted: unbound replicas.
+        let volumes = self.volumes();
+        let batch: Vec<Pending> = pods
+            .into_iter()
+            .zip(&moving)
+            .map(|(packer, pod)| {
+                let mut p = super::worker::pending_with_volumes(packer, pod, &volumes);
+                p.sched.node_name = None;
+                p
+            })
+            .collect();
         let pools = self.pools();
-        let existing = self.capacity(&pools, &self.stores.pods.state(), &|n: &str| leaving.iter().any(|l| l == n));
-        let plan = tokio::task::block_in_place(|| pack(&pods, &pools, &self.offerings, &existing));
+        let snapshot = self.snapshot(&pools, &self.stores.pods.state(), &|n: &str| leaving.iter().any(|l| l == n));
+        let plan = tokio::task::block_in_place(|| plan_batch(&snapshot, &batch, &pools, &self.offerings));
         plan.unschedulable.is_empty().then_some(plan)
     }
 

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use serde::Deserialize;
 
 use super::nodepool::{NodePool, API_VERSION, KARPENTER_API_VERSION};
-use crate::core::packer::{ExistingNode, PendingPod, Taint};
+use crate::core::packer::PendingPod;
 use crate::core::placement::{pod_images, PLATFORMS_ANNOTATION};
 use crate::core::platform::PlatformSet;
 use crate::core::requirements::Requirements;
@@ -32,6 +32,10 @@ pub struct Scenario {
     pub pods: Vec<ScenarioPod>,
     pub pools: Vec<NodePool>,
     pub nodes: Vec<Node>,
+    /// Pods already bound to nodes.
+    pub bound: Vec<Pod>,
+    pub claims: Vec<PersistentVolumeClaim>,
+    pub volumes: Vec<PersistentVolume>,
     /// Pod templates of DaemonSets: their requests are taken on every new node they would run on.
     pub daemonsets: Vec<Pod>,
     /// Kinds that were ignored, for the report.
@@ -69,9 +73,19 @@ impl Scenario {
                     let p: Pod = serde_json::from_value(json).map_err(|e| err(format!("Pod: {e}")))?;
                     let ns = p.metadata.namespace.clone().unwrap_or_else(|| "default".into());
                     let id = format!("{ns}/{}", p.metadata.name.clone().unwrap_or_default());
-                    if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none() {
+                    // Pods bound to a node (as `kubectl get pods -o yaml` prints running ones)
+                    // are the cluster's load; the others wait for a place.
+                    if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| !n.is_empty()) {
+                        s.bound.push(p);
+                    } else {
                         s.pods.push(ScenarioPod { id, pod: p });
                     }
+                }
+                ("PersistentVolumeClaim", _) => {
+                    s.claims.push(serde_json::from_value(json).map_err(|e| err(format!("PersistentVolumeClaim: {e}")))?);
+                }
+                ("PersistentVolume", _) => {
+                    s.volumes.push(serde_json::from_value(json).map_err(|e| err(format!("PersistentVolume: {e}")))?);
                 }
                 ("NodePool", API_VERSION | KARPENTER_API_VERSION) => {
                     s.pools.push(serde_json::from_value(json).map_err(|e| err(format!("NodePool: {e}")))?);
@@ -106,21 +120,13 @@ impl Scenario {
             .collect()
     }
 
-    pub fn existing_nodes(&self) -> Vec<ExistingNode> {
-        self.nodes
-            .iter()
-            .map(|n| ExistingNode {
-                name: n.metadata.name.clone().unwrap_or_default(),
-                labels: n.metadata.labels.clone().unwrap_or_default(),
-                taints: n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .map(|t| t.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() }).collect())
-                    .unwrap_or_default(),
-                free: Resources::from_map(n.status.as_ref().and_then(|s| s.allocatable.as_ref())),
-            })
-            .collect()
+    /// The cluster as kube-scheduler's rules see it: the scenario's nodes with their bound pods.
+    pub fn volumes(&self) -> crate::core::sched::Volumes {
+        crate::core::sched::Volumes::new(&self.claims.iter().collect::<Vec<_>>(), &self.volumes.iter().collect::<Vec<_>>())
+    }
+
+    pub fn snapshot(&self) -> crate::core::sched::Snapshot {
+        crate::core::sched::Snapshot::new(&self.nodes, &self.bound, &[])
     }
 }
 
@@ -131,6 +137,29 @@ pub fn annotated_platforms(pod: &Pod) -> Option<PlatformSet> {
 }
 
 /// The packer's view of a pod, with `platforms` decided by the caller.
+/// Labels the kubelet (or the cloud's node controller) puts on every node, beyond the ones an
+/// offering names: a spread on them never rules a new node out.
+const KUBELET_LABELS: [&str; 5] = [
+    crate::core::labels::HOSTNAME,
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+];
+
+/// AND the node affinity of the pod's bound volumes into its terms, so new nodes are bought where
+/// its volumes are (each volume's terms are alternatives).
+pub fn with_volume_terms(mut pod: PendingPod, volume_terms: &[Vec<k8s_openapi::api::core::v1::NodeSelectorTerm>]) -> PendingPod {
+    for terms in volume_terms {
+        let alternatives: Vec<Requirements> = terms.iter().filter_map(|t| Requirements::from_term(t).ok()).collect();
+        if alternatives.is_empty() {
+            continue;
+        }
+        pod.terms = if pod.terms.is_empty() { alternatives } else { pod.terms.iter().flat_map(|a| alternatives.iter().map(move |b| a.intersect(b))).collect() };
+    }
+    pod
+}
+
 pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPod {
     let spec = p.pod.spec.as_ref();
     let selector = spec.and_then(|s| s.node_selector.clone()).unwrap_or_default();
@@ -157,6 +186,15 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
             spread_group = Some(format!("{}|{m}", p.pod.metadata.namespace.as_deref().unwrap_or("default")));
         }
     };
+    let spread_keys: Vec<String> = spec
+        .and_then(|s| s.topology_spread_constraints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.when_unsatisfiable == "DoNotSchedule" && !KUBELET_LABELS.contains(&c.topology_key.as_str()))
+        .map(|c| c.topology_key.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     for c in spec.and_then(|s| s.topology_spread_constraints.as_ref()).into_iter().flatten() {
         if !selects_own(c.label_selector.as_ref()) {
             continue;
@@ -181,6 +219,20 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
     if let Some(t) = anti.and_then(|terms| terms.iter().find(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref()))) {
         per_node_max = Some(1);
         note_group(t.label_selector.as_ref());
+    }
+    // Host ports: pods that ask for the same host port never share a node (NodePorts).
+    let mut ports: Vec<String> = spec
+        .into_iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.is_some_and(|h| h > 0))
+        .map(|p| format!("{}/{}", p.host_port.unwrap_or(0), p.protocol.as_deref().unwrap_or("TCP")))
+        .collect();
+    ports.sort();
+    ports.dedup();
+    if !ports.is_empty() && per_node_max.is_none() && spread_group.is_none() {
+        per_node_max = Some(1);
+        spread_group = Some(format!("host-ports|{}", ports.join(",")));
     }
     let one_per_zone = anti.is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::ZONE && selects_own(t.label_selector.as_ref())));
     let colocate = spec
@@ -212,6 +264,8 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
     PendingPod {
         one_per_zone,
         colocate,
+        spread_keys,
+        extended: crate::core::sched::resources::pod_requests(&p.pod).0.into_iter().filter(|(k, v)| *v > 0 && k.contains('/') && !k.starts_with("hugepages-")).collect(),
         spread_group,
         preferred,
         zone_group,

@@ -6,13 +6,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 
 use super::nodeclaim::NodeClaim;
 use super::nodepool::NodePool;
 use crate::core::labels;
-use crate::core::packer::{DaemonLoad, ExistingNode, Pool, Taint};
+use crate::core::packer::{DaemonLoad, Pool};
 use crate::core::requirements::Requirements;
+use crate::core::sched::resources::ResourceList;
+use crate::core::sched::{NodeInfo, PodInfo, Snapshot};
 use crate::core::resources::{pod_requests, Resources};
 
 /// Taints a node carries only while it starts (or is briefly unreachable): a pending pod that
@@ -65,14 +67,6 @@ pub fn usage_by_node<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> HashMap<Str
     m
 }
 
-fn taints_of(node: &Node) -> Vec<Taint> {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .map(|t| t.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() }).collect())
-        .unwrap_or_default()
-}
-
 pub fn node_ready(n: &Node) -> bool {
     n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
@@ -87,14 +81,21 @@ pub fn node_leaving(node: &Node) -> bool {
     node.metadata.deletion_timestamp.is_some() || node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) || has_taint(node, labels::DISRUPTED_TAINT)
 }
 
-/// Room on every node that can take pods, and on every claim whose node is not there yet.
-/// `skip` names nodes to leave out (those a disruption is about to remove).
-pub fn existing_capacity(nodes: &[&Node], claims: &[&NodeClaim], pods: &HashMap<String, (Resources, Vec<&Pod>)>, pools: &[Pool], skip: &dyn Fn(&str) -> bool) -> Vec<ExistingNode> {
-    let mut out = Vec::new();
+/// The cluster as kube-scheduler's rules see it ([`crate::core::sched::Snapshot`]): every node
+/// that can take pods with the pods bound there, and every claim whose node is not there yet,
+/// with their room: taints a starting node sheds are left out, and a node (or claim) with no pods
+/// yet holds its DaemonSets' room. `skip` names nodes to leave out (those a disruption is about
+/// to remove).
+pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], namespaces: &[&Namespace], pools: &[Pool], skip: &dyn Fn(&str) -> bool) -> Snapshot {
+    let mut snap = Snapshot {
+        namespace_labels: namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default()))).collect(),
+        ..Default::default()
+    };
+    let bound = usage_by_node(pods.iter().copied());
     let mut seen = std::collections::HashSet::new();
-    // A node's claim: the one that recorded it as its node, or (not yet recorded) its namesake.
     let mut claim_by_node: HashMap<&str, &NodeClaim> = claims.iter().map(|c| (c.metadata.name.as_deref().unwrap_or(""), *c)).collect();
     claim_by_node.extend(claims.iter().filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()).map(|n| (n, *c))));
+    let pool_of = |c: Option<&NodeClaim>| c.and_then(|c| pools.iter().find(|p| p.name == c.spec.node_pool));
     for n in nodes {
         let name = n.metadata.name.clone().unwrap_or_default();
         seen.insert(name.clone());
@@ -103,38 +104,55 @@ pub fn existing_capacity(nodes: &[&Node], claims: &[&NodeClaim], pods: &HashMap<
         }
         let claim = claim_by_node.get(name.as_str()).copied();
         let startup: Vec<&str> = claim.map(|c| c.spec.startup_taints.iter().map(|t| t.key.as_str()).collect()).unwrap_or_default();
-        let allocatable = Resources::from_map(n.status.as_ref().and_then(|s| s.allocatable.as_ref()));
-        let used = pods.get(&name).map(|u| u.0).unwrap_or_default();
-        let node_labels = n.metadata.labels.clone().unwrap_or_default();
-        // Until the node reports its DaemonSet pods, reserve their room as the pool would.
-        let reserve = match claim.and_then(|c| pools.iter().find(|p| p.name == c.spec.node_pool)) {
-            Some(pool) if used == Resources::default() => allocatable - pool.room(&node_labels, allocatable),
-            _ => Resources::default(),
-        };
-        out.push(ExistingNode {
-            name,
-            labels: node_labels,
-            taints: taints_of(n).into_iter().filter(|t| !EPHEMERAL_TAINTS.contains(&t.key.as_str()) && !startup.contains(&t.key.as_str())).collect(),
-            free: allocatable - used - reserve,
-        });
+        let mut info = NodeInfo::from_node(n);
+        info.taints.retain(|t| !EPHEMERAL_TAINTS.contains(&t.key.as_str()) && !startup.contains(&t.key.as_str()));
+        let on_node = bound.get(&name).map(|b| b.1.clone()).unwrap_or_default();
+        if on_node.is_empty() {
+            if let Some(pool) = pool_of(claim) {
+                hold_daemon_room(&mut info, pool);
+            }
+        }
+        let i = snap.nodes.len();
+        snap.nodes.push(info);
+        for p in on_node {
+            snap.bind(PodInfo::from_pod(p), i);
+        }
     }
     for c in claims {
         let name = c.name();
         if c.deleting() || seen.contains(&name) || skip(&name) {
             continue;
         }
-        let allocatable = Resources::from_map(Some(&c.spec.allocatable.iter().map(|(k, v)| (k.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()))).collect()));
-        let mut node_labels = c.spec.labels.clone();
-        node_labels.insert(labels::HOSTNAME.into(), name.clone());
-        let room = pools.iter().find(|p| p.name == c.spec.node_pool).map(|p| p.room(&node_labels, allocatable)).unwrap_or(allocatable);
-        out.push(ExistingNode {
+        let mut labels = c.spec.labels.clone();
+        labels.insert(labels::HOSTNAME.into(), name.clone());
+        let alloc: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> =
+            c.spec.allocatable.iter().map(|(k, v)| (k.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()))).collect();
+        let mut allocatable = ResourceList::from_api(Some(&alloc));
+        let max_pods = allocatable.0.remove("pods").unwrap_or(110);
+        let mut info = NodeInfo {
             name,
-            labels: node_labels,
-            taints: c.spec.taints.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() }).collect(),
-            free: room,
-        });
+            labels,
+            taints: c.spec.taints.iter().map(|t| k8s_openapi::api::core::v1::Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None }).collect(),
+            unschedulable: false,
+            allocatable,
+            max_pods,
+            requested: ResourceList::default(),
+            pods: Vec::new(),
+        };
+        if let Some(pool) = pool_of(Some(c)) {
+            hold_daemon_room(&mut info, pool);
+        }
+        snap.nodes.push(info);
     }
-    out
+    snap
+}
+
+/// Hold the room the pool's DaemonSets will take on a node that has none of its pods yet.
+fn hold_daemon_room(info: &mut NodeInfo, pool: &Pool) {
+    let allocatable = Resources::new(info.allocatable.get("cpu"), info.allocatable.get("memory"), info.max_pods);
+    let held = allocatable - pool.room(&info.labels, allocatable);
+    info.requested.add(&ResourceList([("cpu".to_string(), held.cpu_millis), ("memory".to_string(), held.memory_bytes)].into()));
+    info.max_pods -= held.pods;
 }
 
 /// A DaemonSet's pod as a load on the nodes it would run on.
@@ -282,6 +300,25 @@ pub fn evictable<'a>(pods: &[&'a Pod]) -> Vec<&'a Pod> {
 }
 
 /// The NodePool's name recorded on a node Archer launched.
+/// Why a pool's nodes must not be taken away as empty or underutilised now, if so: the cluster
+/// has not settled. Pods still wait for capacity Archer is providing (`waiting`: pending pods
+/// the last plan could place), or a claim of the pool has no Ready, registered node yet. A node
+/// launched for pending pods is empty until they land; taking it then undoes the launch.
+pub fn consolidation_hold(pool: &str, claims: &[&NodeClaim], nodes: &[&Node], waiting: &[String]) -> Option<String> {
+    if let Some(p) = waiting.first() {
+        return Some(format!("pod {p} is waiting for capacity"));
+    }
+    let settled: std::collections::HashSet<&str> = nodes.iter().filter(|n| node_ready(n) && !has_taint(n, labels::UNREGISTERED_TAINT)).filter_map(|n| n.metadata.name.as_deref()).collect();
+    claims
+        .iter()
+        .filter(|c| c.spec.node_pool == pool && !c.deleting())
+        .find(|c| {
+            let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| c.name());
+            !settled.contains(node.as_str())
+        })
+        .map(|c| format!("node claim {} is still launching", c.name()))
+}
+
 pub fn node_pool_of(node: &Node) -> Option<&str> {
     node.metadata.labels.as_ref()?.get(labels::NODEPOOL).map(String::as_str)
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -23,7 +23,16 @@ use super::state::{self, pod_id};
 use crate::catalog::Catalog;
 use crate::cluster::{reflect_with, ClusterView, PodPlatforms};
 use crate::config::ProvisionerConfig;
-use crate::core::packer::{pack, Offering, PendingPod, Plan, PlannedNode, Pool};
+use crate::core::packer::{Offering, PendingPod, Plan, PlannedNode, Pool};
+use crate::core::planner::{plan_batch, Pending};
+use crate::core::sched::{PodInfo, Snapshot, Volumes};
+
+/// A pending pod for the planner: the packer's view and the scheduler's, both held to the zones
+/// of the volumes its claims are bound to.
+pub(super) fn pending_with_volumes(packer: PendingPod, pod: &Pod, volumes: &Volumes) -> Pending {
+    let terms = volumes.terms_for(pod);
+    Pending { packer: super::scenario::with_volume_terms(packer, &terms), sched: PodInfo::from_pod(pod).with_volumes(pod, volumes) }
+}
 use crate::core::platform::PlatformSet;
 use crate::metrics::{label, Metrics};
 use crate::registry::{Inspector, Keyring};
@@ -43,6 +52,8 @@ pub struct Stores {
     pub claims: Store<NodeClaim>,
     pub pools: Store<NodePool>,
     pub daemonsets: Store<DaemonSet>,
+    pub claims_pv: Store<PersistentVolumeClaim>,
+    pub volumes: Store<PersistentVolume>,
 }
 
 impl Stores {
@@ -57,14 +68,17 @@ impl Stores {
         let (claims, c) = reflect_with(Api::<NodeClaim>::all(client.clone()), watcher::Config::default(), "nodeclaim", |_: &NodeClaim| {});
         let (pools, np) = reflect_with(Api::<NodePool>::all(client.clone()), watcher::Config::default(), "nodepool", |_: &NodePool| {});
         let (daemonsets, d) = reflect_with(Api::<DaemonSet>::all(client.clone()), watcher::Config::default(), "daemonset", |_: &DaemonSet| {});
+        let (claims_pv, pvc) = reflect_with(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default(), "persistentvolumeclaim", |_: &PersistentVolumeClaim| {});
+        let (volumes, pv) = reflect_with(Api::<PersistentVolume>::all(client.clone()), watcher::Config::default(), "persistentvolume", |_: &PersistentVolume| {});
         let drive = async move {
-            futures::future::join5(p, n, c, np, d).await;
+            futures::future::join(futures::future::join5(p, n, c, np, d), futures::future::join(pvc, pv)).await;
         };
-        (Stores { pods, nodes, claims, pools, daemonsets }, drive)
+        (Stores { pods, nodes, claims, pools, daemonsets, claims_pv, volumes }, drive)
     }
 
     async fn wait_ready(&self) {
         let _ = futures::future::join5(self.pods.wait_until_ready(), self.nodes.wait_until_ready(), self.claims.wait_until_ready(), self.pools.wait_until_ready(), self.daemonsets.wait_until_ready()).await;
+        let _ = futures::future::join(self.claims_pv.wait_until_ready(), self.volumes.wait_until_ready()).await;
     }
 }
 
@@ -85,6 +99,9 @@ pub struct Provisioner {
     pub(super) stores: Stores,
     pending: Arc<tokio::sync::Notify>,
     pub(super) disruption: super::disruption::Tracker,
+    /// Pending pods the last batch could place (on existing room or new nodes): consolidation
+    /// waits for them to land.
+    pub(super) waiting: Mutex<Vec<String>>,
 }
 
 impl Provisioner {
@@ -121,6 +138,7 @@ impl Provisioner {
             stores,
             pending,
             disruption: Default::default(),
+            waiting: Default::default(),
         });
         (p, watches)
     }
@@ -182,13 +200,27 @@ impl Provisioner {
         state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &daemons)
     }
 
-    /// Room on every usable node and every in-flight claim (`pods` bound to them taken off),
-    /// leaving out the nodes `skip` names.
-    pub(super) fn capacity(&self, pools: &[Pool], pods: &[Arc<Pod>], skip: &dyn Fn(&str) -> bool) -> Vec<crate::core::packer::ExistingNode> {
+    /// The cluster as kube-scheduler's rules see it: usable nodes with their pods, in-flight
+    /// claims, namespaces; leaving out the nodes `skip` names.
+    pub(super) fn snapshot(&self, pools: &[Pool], pods: &[Arc<Pod>], skip: &dyn Fn(&str) -> bool) -> Snapshot {
         let nodes = self.stores.nodes.state();
         let claims = self.stores.claims.state();
-        let usage = state::usage_by_node(pods.iter().map(|p| p.as_ref()));
-        state::existing_capacity(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &usage, pools, skip)
+        let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
+        state::cluster_snapshot(
+            &nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
+            &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(),
+            &pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>(),
+            &namespaces.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
+            pools,
+            skip,
+        )
+    }
+
+    /// The cluster's claims and the volumes they are bound to.
+    pub(super) fn volumes(&self) -> Volumes {
+        let claims = self.stores.claims_pv.state();
+        let volumes = self.stores.volumes.state();
+        Volumes::new(&claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &volumes.iter().map(|v| v.as_ref()).collect::<Vec<_>>())
     }
 
     /// One batch: decide and launch.
@@ -203,13 +235,15 @@ impl Provisioner {
         tracing::Span::current().record("pods", pending.len());
         self.metrics.provisioner_batches.inc();
         let pools = self.pools();
-        let existing = self.capacity(&pools, &all_pods, &|_| false);
+        let snapshot = self.snapshot(&pools, &all_pods, &|_| false);
         let packer_pods = self.pending_pods(&pending).await;
+        let volumes = self.volumes();
+        let batch: Vec<Pending> = packer_pods.into_iter().zip(&pending).map(|(packer, pod)| pending_with_volumes(packer, pod, &volumes)).collect();
         let offerings = &self.offerings;
         let plan = if pools.is_empty() {
-            Plan { unschedulable: packer_pods.iter().map(|p| crate::core::packer::Unschedulable { pod: p.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
+            Plan { unschedulable: batch.iter().map(|p| crate::core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
         } else {
-            tokio::task::block_in_place(|| pack(&packer_pods, &pools, offerings, &existing))
+            tokio::task::block_in_place(|| plan_batch(&snapshot, &batch, &pools, offerings))
         };
         tracing::Span::current().record("nodes", plan.nodes.len());
         tracing::info!(
@@ -220,6 +254,11 @@ impl Provisioner {
             price_per_hour = plan.total_price_per_hour,
             "batch decided"
         );
+        {
+            let unplaceable: HashSet<&str> = plan.unschedulable.iter().map(|u| u.pod.as_str()).collect();
+            let placeable = pending.iter().map(|p| pod_id(p)).filter(|id| !unplaceable.contains(id.as_str())).collect();
+            *self.waiting.lock().unwrap_or_else(|e| e.into_inner()) = placeable;
+        }
         let by_id: HashMap<String, &Arc<Pod>> = pending.iter().map(|p| (pod_id(p), p)).collect();
         for u in &plan.unschedulable {
             if let Some(p) = by_id.get(&u.pod) {
@@ -354,6 +393,12 @@ impl Provisioner {
         let pool = np.to_pool().ok()?;
         let offering = self.offerings.iter().find(|o| o.instance.name == planned.instance_type && o.zone == planned.zone && o.capacity.as_str() == planned.capacity_type)?;
         let t = &offering.instance;
+        let with_gpus = |mut m: BTreeMap<String, String>, gpus: u32| {
+            if gpus > 0 {
+                m.insert(crate::core::packer::GPU_RESOURCE.to_string(), gpus.to_string());
+            }
+            m
+        };
         let q = |cpu_millis: i64, mem: i64, pods: i64| BTreeMap::from([("cpu".to_string(), format!("{cpu_millis}m")), ("memory".to_string(), format!("{}Ki", mem / 1024)), ("pods".to_string(), pods.to_string())]);
         let taint = |t: &super::nodepool::TaintDoc| t.clone();
         Some(NodeClaim {
@@ -372,8 +417,8 @@ impl Provisioner {
                 labels: offering.labels(&pool),
                 taints: np.spec.template.spec.taints.iter().map(taint).collect(),
                 startup_taints: np.spec.template.spec.startup_taints.iter().map(taint).collect(),
-                capacity: q(i64::from(t.vcpu) * 1000, t.memory_mib as i64 * 1024 * 1024, t.max_pods),
-                allocatable: q(t.allocatable.cpu_millis, t.allocatable.memory_bytes, t.allocatable.pods),
+                capacity: with_gpus(q(i64::from(t.vcpu) * 1000, t.memory_mib as i64 * 1024 * 1024, t.max_pods), t.gpu_count),
+                allocatable: with_gpus(q(t.allocatable.cpu_millis, t.allocatable.memory_bytes, t.allocatable.pods), t.gpu_count),
                 price_per_hour: offering.price,
                 expire_after: np.spec.template.spec.expire_after.clone(),
                 reason: Some(reason.into()),

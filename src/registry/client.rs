@@ -22,6 +22,30 @@ use super::error::RegistryError;
 use super::guard::{AddressGuard, GuardedResolver, MAX_REDIRECTS};
 use super::reference::{api_host, ImageRef};
 use crate::core::platform::{Platform, PlatformSet};
+use crate::limits::{MemoryBudget, MemoryPermit};
+
+/// What the budget is charged per registry byte read: the bytes, and the document parsed from them.
+const REGISTRY_EXPANSION: usize = 2;
+
+/// The registry bytes one pod's lookups may still read, all its images together.
+#[derive(Debug, Clone)]
+pub struct ReadAllowance(Arc<std::sync::atomic::AtomicUsize>);
+
+impl ReadAllowance {
+    pub fn new(bytes: usize) -> Self {
+        Self(Arc::new(std::sync::atomic::AtomicUsize::new(bytes)))
+    }
+
+    /// Take `n` bytes; false (and nothing taken) when fewer are left.
+    fn take(&self, n: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(n)).is_ok()
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
 
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
@@ -41,6 +65,9 @@ pub struct ClientSettings {
     pub connect_timeout: Duration,
     /// Extra PEM CA bundle trusted for registries (besides the system roots).
     pub extra_ca_pem: Option<Vec<u8>>,
+    /// Registry bytes in flight draw from this shared budget (twice over: the bytes and what is
+    /// parsed from them), waiting at most until the lookup's deadline.
+    pub budget: MemoryBudget,
 }
 
 impl Default for ClientSettings {
@@ -51,6 +78,7 @@ impl Default for ClientSettings {
             max_body_bytes: 8 * 1024 * 1024,
             connect_timeout: Duration::from_secs(2),
             extra_ca_pem: None,
+            budget: MemoryBudget::unlimited(),
         }
     }
 }
@@ -72,12 +100,22 @@ fn ser_platforms<S: serde::Serializer>(p: &PlatformSet, s: S) -> Result<S::Ok, S
 #[derive(Clone)]
 pub struct RegistryClient {
     http: reqwest::Client,
+    insecure_http: reqwest::Client,
     settings: Arc<ClientSettings>,
     requests: prometheus_client::metrics::counter::Counter,
 }
 
 impl RegistryClient {
     pub fn new(settings: ClientSettings) -> Result<Self, String> {
+        let http = Self::build_http(&settings, false)?;
+        let insecure_http = Self::build_http(&settings, true)?;
+        Ok(Self { http, insecure_http, settings: Arc::new(settings), requests: Default::default() })
+    }
+
+    /// One HTTP client. With `exempting`, names of insecure registries resolve even to guarded
+    /// addresses; that client is used only for URLs naming an insecure registry's exact
+    /// host:port, and its redirects may reach such a name only at such a host:port.
+    fn build_http(settings: &ClientSettings, exempting: bool) -> Result<reqwest::Client, String> {
         let guard = settings.guard.clone();
         let redirect_guard = guard.clone();
         let policy = redirect::Policy::custom(move |attempt| {
@@ -88,6 +126,10 @@ impl RegistryClient {
             if downgrade {
                 return attempt.error("refusing a redirect from https to http");
             }
+            if exempting && !redirect_guard.is_insecure_url(attempt.url()) && attempt.url().host_str().is_some_and(|h| redirect_guard.name_exempt(h)) {
+                let msg = format!("refusing to contact {}: only the listed port of an insecure registry is exempt", attempt.url());
+                return attempt.error(msg);
+            }
             match redirect_guard.check_url(attempt.url()) {
                 Ok(()) => attempt.follow(),
                 Err(e) => attempt.error(e.to_string()),
@@ -97,7 +139,7 @@ impl RegistryClient {
             .use_rustls_tls()
             .https_only(false) // plain HTTP is allowed only for listed registries, checked per URL
             .redirect(policy)
-            .dns_resolver(Arc::new(GuardedResolver(guard)))
+            .dns_resolver(Arc::new(GuardedResolver { guard, exempt_insecure: exempting }))
             .connect_timeout(settings.connect_timeout)
             .pool_idle_timeout(Duration::from_secs(60))
             .user_agent(concat!("archer/", env!("CARGO_PKG_VERSION")))
@@ -107,8 +149,16 @@ impl RegistryClient {
                 builder = builder.add_root_certificate(cert);
             }
         }
-        let http = builder.build().map_err(|e| format!("building the registry HTTP client: {e}"))?;
-        Ok(Self { http, settings: Arc::new(settings), requests: Default::default() })
+        builder.build().map_err(|e| format!("building the registry HTTP client: {e}"))
+    }
+
+    /// The HTTP client for `url`: the exempting one only for an insecure registry's exact host:port.
+    fn http_for(&self, url: &Url) -> &reqwest::Client {
+        if self.settings.guard.is_insecure_url(url) {
+            &self.insecure_http
+        } else {
+            &self.http
+        }
     }
 
     /// Count every HTTP request this client sends in `counter`.
@@ -121,8 +171,9 @@ impl RegistryClient {
         &self.settings
     }
 
-    /// Resolve an image to its digest and platforms, trying mirrors first, by `deadline`.
-    pub async fn inspect(&self, image: &ImageRef, cred: Option<&Credential>, deadline: Instant) -> Result<Inspection, RegistryError> {
+    /// Resolve an image to its digest and platforms, trying mirrors first, by `deadline`, reading
+    /// no more than `allowance` leaves.
+    pub async fn inspect(&self, image: &ImageRef, cred: Option<&Credential>, deadline: Instant, allowance: &ReadAllowance) -> Result<Inspection, RegistryError> {
         self.settings.guard.check_registry(&image.registry)?;
         let mut endpoints: Vec<String> = self.settings.mirrors.get(&image.registry).cloned().unwrap_or_default();
         endpoints.push(image.registry.clone());
@@ -136,6 +187,8 @@ impl RegistryClient {
                 cred: if is_origin { cred } else { None },
                 deadline,
                 auth: None,
+                allowance,
+                held: MemoryPermit::default(),
             };
             match repo.inspect(image.reference(), image.digest.as_deref()).await {
                 Ok(found) => return Ok(found),
@@ -166,6 +219,9 @@ struct Repo<'a> {
     cred: Option<&'a Credential>,
     deadline: Instant,
     auth: Option<String>,
+    allowance: &'a ReadAllowance,
+    /// This lookup's share of the memory budget, given back when the lookup ends.
+    held: MemoryPermit,
 }
 
 #[derive(Deserialize)]
@@ -247,6 +303,10 @@ impl Repo<'_> {
                         .filter_map(|e| e.platform)
                         .map(|p| Platform::new(&p.os, &p.architecture, p.variant.as_deref())),
                 );
+                let (set, summarised) = set.schedulable_summary();
+                if summarised {
+                    tracing::warn!(repository = %self.repository, "image index lists platforms no node can carry, or more than {}; summarised", crate::core::platform::MAX_PLATFORMS);
+                }
                 if set.is_empty() {
                     return Err(RegistryError::Malformed("index lists no runnable platform".into()));
                 }
@@ -280,6 +340,29 @@ impl Repo<'_> {
         Ok(set)
     }
 
+    /// Read a response body of at most `max` bytes, charging the per-pod allowance and the
+    /// shared memory budget as the bytes arrive (waiting for budget no longer than the deadline).
+    async fn read_capped(&mut self, resp: reqwest::Response, max: usize) -> Result<Bytes, RegistryError> {
+        if resp.content_length().is_some_and(|l| l > max as u64) {
+            return Err(RegistryError::TooLarge(max));
+        }
+        let mut buf = Vec::new();
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| if e.is_timeout() { RegistryError::Timeout(Duration::ZERO) } else { RegistryError::Unavailable(format!("reading body: {e}")) })?;
+            if buf.len() + chunk.len() > max {
+                return Err(RegistryError::TooLarge(max));
+            }
+            if !self.allowance.take(chunk.len()) {
+                return Err(RegistryError::PodBytesExceeded);
+            }
+            let permit = self.client.settings.budget.reserve("registry", chunk.len() * REGISTRY_EXPANSION, self.deadline).await.map_err(|e| RegistryError::Busy(e.to_string()))?;
+            self.held.absorb(permit);
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(Bytes::from(buf))
+    }
+
     fn remaining(&self) -> Result<Duration, RegistryError> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -294,7 +377,7 @@ impl Repo<'_> {
         let mut challenged = false;
         let mut rate_limited = 0;
         loop {
-            let mut req = self.client.http.get(url.clone()).header(ACCEPT, accept).timeout(self.remaining()?);
+            let mut req = self.client.http_for(&url).get(url.clone()).header(ACCEPT, accept).timeout(self.remaining()?);
             if let Some(a) = &self.auth {
                 req = req.header(AUTHORIZATION, a);
             }
@@ -303,7 +386,7 @@ impl Repo<'_> {
             match resp.status() {
                 s if s.is_success() => {
                     let headers = resp.headers().clone();
-                    let body = read_capped(resp, self.client.settings.max_body_bytes).await?;
+                    let body = self.read_capped(resp, self.client.settings.max_body_bytes).await?;
                     return Ok((headers, body));
                 }
                 StatusCode::UNAUTHORIZED if !challenged => {
@@ -330,7 +413,7 @@ impl Repo<'_> {
     }
 
     /// Answer a `WWW-Authenticate` challenge: Basic with the credential, or Bearer via the realm.
-    async fn answer_challenge(&self, challenge: &str) -> Result<String, RegistryError> {
+    async fn answer_challenge(&mut self, challenge: &str) -> Result<String, RegistryError> {
         let (scheme, params) = parse_challenge(challenge);
         match scheme.to_ascii_lowercase().as_str() {
             "basic" => {
@@ -350,7 +433,7 @@ impl Repo<'_> {
                     }
                     q.append_pair("scope", params.get("scope").map_or(&format!("repository:{}:pull", self.repository), |s| s));
                 }
-                let mut req = self.client.http.get(url.clone()).timeout(self.remaining()?);
+                let mut req = self.client.http_for(&url).get(url.clone()).timeout(self.remaining()?);
                 if let Some(c) = self.cred {
                     req = req.basic_auth(&c.username, Some(&c.password));
                 }
@@ -366,7 +449,7 @@ impl Repo<'_> {
                     #[serde(default)]
                     access_token: Option<String>,
                 }
-                let body = read_capped(resp, 1024 * 1024).await?;
+                let body = self.read_capped(resp, 1024 * 1024).await?;
                 let doc: TokenDoc = serde_json::from_slice(&body).map_err(|e| RegistryError::Malformed(format!("token response: {e}")))?;
                 let token = doc.token.or(doc.access_token).filter(|t| !t.is_empty()).ok_or_else(|| RegistryError::Malformed("token response without a token".into()))?;
                 Ok(format!("Bearer {token}"))
@@ -441,22 +524,6 @@ pub fn verify_digest(expected: &str, body: &[u8]) -> Result<(), RegistryError> {
         return Err(RegistryError::DigestMismatch { expected: expected.to_string(), actual });
     }
     Ok(())
-}
-
-async fn read_capped(resp: reqwest::Response, max: usize) -> Result<Bytes, RegistryError> {
-    if resp.content_length().is_some_and(|l| l > max as u64) {
-        return Err(RegistryError::TooLarge(max));
-    }
-    let mut buf = Vec::new();
-    let mut stream = resp.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| if e.is_timeout() { RegistryError::Timeout(Duration::ZERO) } else { RegistryError::Unavailable(format!("reading body: {e}")) })?;
-        if buf.len() + chunk.len() > max {
-            return Err(RegistryError::TooLarge(max));
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(buf))
 }
 
 fn transport_error(e: &reqwest::Error, url: &Url) -> RegistryError {

@@ -26,6 +26,10 @@ pub enum RegistryError {
     RateLimited,
     #[error("registry unavailable: {0}")]
     Unavailable(String),
+    #[error("the pod's images together exceed the per-pod limit on registry bytes")]
+    PodBytesExceeded,
+    #[error("archer is at its memory budget: {0}")]
+    Busy(String),
 }
 
 impl RegistryError {
@@ -42,6 +46,8 @@ impl RegistryError {
             RegistryError::Malformed(_) => "malformed",
             RegistryError::RateLimited => "rate_limited",
             RegistryError::Unavailable(_) => "unavailable",
+            RegistryError::PodBytesExceeded => "pod_bytes_exceeded",
+            RegistryError::Busy(_) => "memory_budget",
         }
     }
 

@@ -16,7 +16,17 @@ use super::error::RegistryError;
 use super::reference::normalise_registry;
 
 pub const MAX_REDIRECTS: usize = 3;
-const EC2_IPV6_METADATA: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
+/// Cloud metadata and host-agent addresses outside the link-local ranges (which are refused
+/// whole): AWS IMDS over IPv6, GCP's IPv6 metadata server, Alibaba Cloud's metadata server,
+/// Azure's wire server (168.63.129.16, which also answers instance metadata and health probes)
+/// and Oracle Cloud's legacy metadata address.
+const METADATA_ADDRESSES: [IpAddr; 5] = [
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V6(Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V4(std::net::Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V4(std::net::Ipv4Addr::new(168, 63, 129, 16)),
+    IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 0, 192)),
+];
 
 #[derive(Debug, Clone, Default)]
 pub struct AddressGuard {
@@ -52,8 +62,24 @@ impl AddressGuard {
         Ok(g)
     }
 
+    /// Is `registry` (as an image reference names it: host, or host:port) listed as insecure?
+    /// Exactly: an entry with a port covers that port only, one without covers no other port.
     pub fn is_insecure(&self, registry: &str) -> bool {
         self.insecure.contains(registry)
+    }
+
+    /// Does `url` address an insecure registry's exact host:port? A URL without a port uses its
+    /// scheme's default, which only an entry without a port names.
+    pub fn is_insecure_url(&self, url: &Url) -> bool {
+        let host = match url.host() {
+            Some(Host::Ipv6(v6)) => format!("[{v6}]"),
+            Some(h) => h.to_string(),
+            None => return false,
+        };
+        match url.port() {
+            Some(p) => self.insecure.contains(&format!("{host}:{p}")),
+            None => self.insecure.contains(&host),
+        }
     }
 
     /// May Archer ask this registry (by name) at all?
@@ -78,7 +104,7 @@ impl AddressGuard {
             IpAddr::V4(v4) if v4.is_link_local() => Some("link-local/metadata"),
             IpAddr::V4(v4) if v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast() => Some("not a unicast address"),
             IpAddr::V6(v6) if v6.is_loopback() => Some("loopback"),
-            IpAddr::V6(v6) if v6 == EC2_IPV6_METADATA => Some("cloud metadata"),
+            ip if METADATA_ADDRESSES.contains(&ip) => Some("cloud metadata"),
             IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => Some("link-local"),
             IpAddr::V6(v6) if v6.is_unspecified() || v6.is_multicast() => Some("not a unicast address"),
             _ => None,
@@ -94,8 +120,7 @@ impl AddressGuard {
             (Some(h), None) => h.to_string(),
             (None, _) => return Err(RegistryError::Forbidden(format!("{url} (no host)"))),
         };
-        let exempt = self.insecure.contains(&host_port) || url.host_str().is_some_and(|h| self.insecure.contains(h));
-        if exempt {
+        if self.is_insecure_url(url) {
             return Ok(());
         }
         if url.scheme() != "https" {
@@ -119,9 +144,9 @@ impl AddressGuard {
         Ok(())
     }
 
-    /// A name exempt from address checks (an insecure registry named by host, any port).
-    fn name_exempt(&self, name: &str) -> bool {
-        self.insecure.iter().any(|i| host_of(i) == name)
+    /// A name some insecure registry is listed under (at one port or the default one).
+    pub fn name_exempt(&self, name: &str) -> bool {
+        self.insecure.iter().any(|i| host_of(i).trim_start_matches('[').trim_end_matches(']') == name.trim_start_matches('[').trim_end_matches(']'))
     }
 }
 
@@ -133,17 +158,23 @@ fn host_of(registry: &str) -> &str {
 }
 
 /// DNS resolution that refuses names resolving to forbidden addresses. A name with any
-/// forbidden address is refused whole, so round-robin DNS cannot slip one in.
+/// forbidden address is refused whole, so round-robin DNS cannot slip one in. A resolver
+/// sees no port, so the one that exempts insecure registries' names (`exempt_insecure`) serves
+/// only requests to their exact host:port (see `RegistryClient`).
 #[derive(Clone)]
-pub struct GuardedResolver(pub Arc<AddressGuard>);
+pub struct GuardedResolver {
+    pub guard: Arc<AddressGuard>,
+    pub exempt_insecure: bool,
+}
 
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
-        let guard = self.0.clone();
+        let guard = self.guard.clone();
+        let exempt_insecure = self.exempt_insecure;
         Box::pin(async move {
             let host = name.as_str().to_string();
             let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if !guard.name_exempt(&host) {
+            if !(exempt_insecure && guard.name_exempt(&host)) {
                 if let Some((ip, why)) = addrs.iter().find_map(|a| guard.forbidden_ip(a.ip()).map(|w| (a.ip(), w))) {
                     let err: Box<dyn std::error::Error + Send + Sync> = format!("refusing to contact {host}: resolves to {ip} ({why})").into();
                     return Err(err);
@@ -173,6 +204,10 @@ mod tests {
             "https://[fe80::1]/v2/",
             "https://[fd00:ec2::254]/v2/",
             "https://[::ffff:169.254.169.254]/v2/",
+            "https://100.100.100.200/v2/",
+            "https://168.63.129.16/v2/",
+            "https://192.0.0.192/v2/",
+            "https://[fd20:ce::254]/v2/",
             "https://0.0.0.0/v2/",
             "http://registry.example.com/v2/",
         ] {
@@ -192,6 +227,22 @@ mod tests {
     }
 
     #[test]
+    fn an_insecure_entry_covers_exactly_its_host_and_port() {
+        let g = AddressGuard::new(&[], &[], &["localhost:5000".into(), "plain.example".into()]).expect("guard");
+        // The listed host:port only; no other port of the host, and not the host's default port.
+        assert!(g.is_insecure("localhost:5000"));
+        assert!(!g.is_insecure("localhost:6000") && !g.is_insecure("localhost"));
+        assert!(g.is_insecure_url(&url("http://localhost:5000/v2/")));
+        for other in ["https://localhost:6000/v2/", "https://localhost/v2/", "http://localhost/v2/", "http://localhost:6000/v2/"] {
+            assert!(!g.is_insecure_url(&url(other)), "{other}");
+        }
+        // An entry without a port covers the scheme's default port only.
+        assert!(g.is_insecure_url(&url("http://plain.example/v2/")) && g.is_insecure_url(&url("http://plain.example:80/v2/")));
+        assert!(!g.is_insecure_url(&url("http://plain.example:8080/v2/")));
+        assert!(g.check_url(&url("http://plain.example:8080/v2/")).is_err(), "plain HTTP to an unlisted port");
+    }
+
+    #[test]
     fn deny_and_allow_lists() {
         let g = AddressGuard::new(&["10.0.0.0/8".into(), "evil.example.com".into()], &["ghcr.io".into()], &[]).expect("guard");
         assert!(g.check_url(&url("https://10.1.2.3/v2/")).is_err());
@@ -203,11 +254,15 @@ mod tests {
 
     #[tokio::test]
     async fn resolver_refuses_names_that_resolve_to_loopback() {
-        let r = GuardedResolver(Arc::new(AddressGuard::default()));
+        let r = GuardedResolver { guard: Arc::new(AddressGuard::default()), exempt_insecure: true };
         let name: Name = "localhost".parse().expect("name");
         let err = r.resolve(name).await.err().expect("localhost must be refused");
         assert!(err.to_string().contains("refusing to contact localhost"), "{err}");
-        let exempt = GuardedResolver(Arc::new(AddressGuard::new(&[], &[], &["localhost:5000".into()]).expect("guard")));
+        let guard = Arc::new(AddressGuard::new(&[], &[], &["localhost:5000".into()]).expect("guard"));
+        let exempt = GuardedResolver { guard: guard.clone(), exempt_insecure: true };
         assert!(exempt.resolve("localhost".parse().expect("name")).await.is_ok());
+        // The client for every other URL never exempts the name.
+        let strict = GuardedResolver { guard, exempt_insecure: false };
+        assert!(strict.resolve("localhost".parse().expect("name")).await.is_err());
     }
 }

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::join_all;
+use futures::StreamExt;
 use moka::future::Cache;
 use tokio::time::Instant;
 
-use super::client::{Inspection, RegistryClient};
+use super::client::{Inspection, ReadAllowance, RegistryClient};
 use super::credentials::Keyring;
 use super::error::RegistryError;
 use super::reference::ImageRef;
@@ -21,11 +21,15 @@ pub struct CacheSettings {
     pub tag_ttl: Duration,
     /// Bound on one image lookup (all requests, redirects and retries included).
     pub lookup_timeout: Duration,
+    /// Distinct images of one pod looked up at the same time.
+    pub per_pod_concurrency: usize,
+    /// Registry bytes one pod's lookups may read, all its images together.
+    pub per_pod_bytes: usize,
 }
 
 impl Default for CacheSettings {
     fn default() -> Self {
-        Self { capacity: 10_000, tag_ttl: Duration::from_secs(300), lookup_timeout: Duration::from_secs(3) }
+        Self { capacity: 10_000, tag_ttl: Duration::from_secs(300), lookup_timeout: Duration::from_secs(3), per_pod_concurrency: 8, per_pod_bytes: 16 * 1024 * 1024 }
     }
 }
 
@@ -35,6 +39,8 @@ pub struct Inspector {
     by_digest: Cache<String, Arc<Inspection>>,
     by_tag: Cache<String, Arc<Inspection>>,
     lookup_timeout: Duration,
+    per_pod_concurrency: usize,
+    per_pod_bytes: usize,
     metrics: Arc<Metrics>,
 }
 
@@ -45,6 +51,8 @@ impl Inspector {
             by_digest: Cache::builder().max_capacity(settings.capacity).build(),
             by_tag: Cache::builder().max_capacity(settings.capacity).time_to_live(settings.tag_ttl).build(),
             lookup_timeout: settings.lookup_timeout,
+            per_pod_concurrency: settings.per_pod_concurrency.max(1),
+            per_pod_bytes: settings.per_pod_bytes,
             metrics,
         }
     }
@@ -57,7 +65,11 @@ impl Inspector {
     /// (and credential) share one registry round trip; failures are not cached.
     #[tracing::instrument(skip_all, fields(image = %image))]
     pub async fn inspect(&self, image: &str, keyring: &Keyring) -> Result<Arc<Inspection>, RegistryError> {
-        let result = self.inspect_inner(image, keyring).await;
+        self.inspect_within(image, keyring, &ReadAllowance::new(self.per_pod_bytes)).await
+    }
+
+    async fn inspect_within(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance) -> Result<Arc<Inspection>, RegistryError> {
+        let result = self.inspect_inner(image, keyring, allowance).await;
         if let Err(e) = &result {
             self.metrics.image_lookups.get_or_create(&label("result", "error")).inc();
             self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
@@ -66,7 +78,7 @@ impl Inspector {
         result
     }
 
-    async fn inspect_inner(&self, image: &str, keyring: &Keyring) -> Result<Arc<Inspection>, RegistryError> {
+    async fn inspect_inner(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance) -> Result<Arc<Inspection>, RegistryError> {
         let parsed = ImageRef::parse(image)?;
         let cred = keyring.lookup(&parsed.registry).cloned();
         let who = cred.as_ref().map(|c| c.fingerprint()).unwrap_or_default();
@@ -79,10 +91,11 @@ impl Inspector {
         self.metrics.image_lookups.get_or_create(&label("result", "miss")).inc();
         let timeout = self.lookup_timeout;
         let client = self.client.clone();
+        let allowance = allowance.clone();
         let found = cache
             .try_get_with(key, async move {
                 let deadline = Instant::now() + timeout;
-                match tokio::time::timeout_at(deadline, client.inspect(&parsed, cred.as_ref(), deadline)).await {
+                match tokio::time::timeout_at(deadline, client.inspect(&parsed, cred.as_ref(), deadline, &allowance)).await {
                     Ok(Ok(found)) => Ok(Arc::new(found)),
                     Ok(Err(RegistryError::Timeout(_))) | Err(_) => Err(RegistryError::Timeout(timeout)),
                     Ok(Err(e)) => Err(e),
@@ -93,9 +106,37 @@ impl Inspector {
         Ok(found)
     }
 
-    /// Inspect several images concurrently, one result per image, in order.
-    pub async fn inspect_all(&self, images: &[String], keyring: &Keyring) -> Vec<Result<Arc<Inspection>, RegistryError>> {
-        join_all(images.iter().map(|i| self.inspect(i, keyring))).await
+    /// Inspect one pod's images, one result per image, in order: at most `per_pod_concurrency`
+    /// at a time, reading at most `per_pod_bytes` from registries together, and all answered by
+    /// `deadline` (an image not inspected by then is a timeout).
+    pub async fn inspect_all(&self, images: &[String], keyring: &Keyring, deadline: Instant) -> Vec<Result<Arc<Inspection>, RegistryError>> {
+        let allowance = ReadAllowance::new(self.per_pod_bytes);
+        let allowance = &allowance;
+        futures::stream::iter(images.iter().cloned())
+            .map(|image: String| async move {
+                match tokio::time::timeout_at(deadline, self.inspect_within(&image, keyring, allowance)).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        let e = RegistryError::Timeout(self.lookup_timeout.min(deadline.saturating_duration_since(Instant::now())));
+                        self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
+                        tracing::warn!(image = %image, "image not inspected before the pod's deadline");
+                        Err(e)
+                    }
+                }
+            })
+            .buffered(self.per_pod_concurrency)
+            .collect()
+            .await
+    }
+
+    /// Inspect unrelated images (a command line's list), each on its own allowance and timeout,
+    /// `per_pod_concurrency` at a time.
+    pub async fn inspect_each(&self, images: &[String], keyring: &Keyring) -> Vec<Result<Arc<Inspection>, RegistryError>> {
+        futures::stream::iter(images.iter().cloned())
+            .map(|image: String| async move { self.inspect(&image, keyring).await })
+            .buffered(self.per_pod_concurrency)
+            .collect()
+            .await
     }
 
     pub fn lookup_timeout(&self) -> Duration {

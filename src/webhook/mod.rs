@@ -14,7 +14,6 @@ use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 use tracing::{field::Empty, Instrument};
@@ -22,9 +21,10 @@ use tracing::{field::Empty, Instrument};
 use crate::cluster::ClusterView;
 use crate::core::placement::{self, ImageFinding, PlacementSettings};
 use crate::core::policy::{self, Mode, PolicyDefaults};
+use crate::limits::{read_body, BodyError, BodyLimits};
 use crate::metrics::{label, Metrics};
 use crate::registry::{Inspector, Keyring};
-pub use review::{decode, Answer, ReviewError};
+pub use review::{decode, pod_view, Answer, ReviewError};
 
 pub struct Webhook {
     pub defaults: PolicyDefaults,
@@ -36,7 +36,10 @@ pub struct Webhook {
     /// Credentials from a mounted docker config, for every namespace.
     pub base_keyring: Keyring,
     pub metrics: Arc<Metrics>,
-    pub max_body_bytes: usize,
+    /// The body cap, read timeout and memory budget of `/mutate`.
+    pub body: BodyLimits,
+    /// Every review is answered within this long; images not inspected by then are failures.
+    pub decision_timeout: std::time::Duration,
 }
 
 pub fn router(webhook: Arc<Webhook>) -> Router {
@@ -44,27 +47,32 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
 }
 
 /// A JSON error body with HTTP 400, counted by reason.
-pub fn bad_request(metrics: &Metrics, reason: &'static str, message: String) -> Response {
-    metrics.bad_requests.get_or_create(&label("reason", reason)).inc();
-    tracing::warn!(reason, %message, "bad request");
-    (StatusCode::BAD_REQUEST, Json(json!({"error": message, "reason": reason}))).into_response()
+fn bad_request(metrics: &Metrics, reason: &'static str, message: String) -> Response {
+    refuse(metrics, StatusCode::BAD_REQUEST, reason, message)
 }
 
-/// Read a request body up to `max` bytes.
-pub async fn read_body(req: Request<Body>, max: usize) -> Result<bytes::Bytes, (&'static str, String)> {
-    let limited = http_body_util::Limited::new(req.into_body(), max);
-    match limited.collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(("body_too_large", format!("request body exceeds the {max}-byte limit"))),
-        Err(e) => Err(("body_unreadable", format!("reading the request body: {e}"))),
-    }
+fn refuse(metrics: &Metrics, status: StatusCode, reason: &'static str, message: String) -> Response {
+    metrics.bad_requests.get_or_create(&label("reason", reason)).inc();
+    tracing::warn!(reason, %message, "request refused");
+    (status, Json(json!({"error": message, "reason": reason}))).into_response()
+}
+
+/// Bodies over the cap keep the documented HTTP 400; a slow body is 408, a spent budget 503.
+fn body_refused(metrics: &Metrics, e: BodyError) -> Response {
+    let status = match e {
+        BodyError::TooLarge(_) | BodyError::Unreadable(_) => StatusCode::BAD_REQUEST,
+        _ => e.status(),
+    };
+    refuse(metrics, status, e.reason(), e.to_string())
 }
 
 async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
     let started = Instant::now();
-    let body = match read_body(req, w.max_body_bytes).await {
+    let deadline = tokio::time::Instant::now() + w.decision_timeout;
+    // Held until the answer is built: the body, the decoded pod and the patch live that long.
+    let (body, _budget) = match read_body(req, &w.body).await {
         Ok(b) => b,
-        Err((reason, msg)) => return bad_request(&w.metrics, reason, msg),
+        Err(e) => return body_refused(&w.metrics, e),
     };
     let request = match decode(&body) {
         Ok(r) => r,
@@ -81,7 +89,7 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
         allowed = Empty,
     );
     let response = async {
-        let response = review_pod(&w, &request).await;
+        let response = review_pod(&w, &request, deadline).await;
         tracing::Span::current().record("allowed", response.allowed);
         response
     }
@@ -97,7 +105,7 @@ fn count(w: &Webhook, outcome: &str) {
     tracing::Span::current().record("outcome", outcome);
 }
 
-async fn review_pod(w: &Webhook, req: &review::Request<'_>) -> Answer {
+async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::time::Instant) -> Answer {
     let allow = Answer::allow(&req.uid);
     let is_pod = req.kind.group.is_empty() && req.kind.version == "v1" && req.kind.kind == "Pod";
     if !is_pod || req.operation != "CREATE" || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
@@ -109,8 +117,8 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>) -> Answer {
         count(w, "excluded");
         return allow;
     }
-    let pod: Pod = match req.object.map(|o| serde_json::from_str::<Pod>(o.get())) {
-        Some(Ok(p)) => p,
+    let view = match req.object.map(|o| review::pod_view(o.get())) {
+        Some(Ok(v)) => v,
         Some(Err(e)) => {
             count(w, "undecodable");
             return with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]);
@@ -118,6 +126,21 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>) -> Answer {
         None => {
             count(w, "undecodable");
             return with_warnings(allow, vec!["archer got no pod object and left it unchanged".into()]);
+        }
+    };
+    if let Some(why) = view.too_large() {
+        return undecided(w, &namespace, allow, "too_large", why);
+    }
+    // The decoded pod's memory is reserved before it is built.
+    let _decoded = match w.body.budget.reserve("webhook_pod", view.decoded_cost(), deadline).await {
+        Ok(p) => p,
+        Err(e) => return undecided(w, &namespace, allow, "busy", format!("archer is at its memory budget: {e}")),
+    };
+    let pod: Pod = match view.into_pod() {
+        Ok(p) => p,
+        Err(e) => {
+            count(w, "undecodable");
+            return with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]);
         }
     };
     let name = pod.metadata.name.clone().or_else(|| pod.metadata.generate_name.clone()).unwrap_or_default();
@@ -141,8 +164,12 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>) -> Answer {
     }
 
     let images = placement::pod_images(&pod);
-    let keyring = crate::cluster::pod_keyring(w.cluster.as_ref(), &w.base_keyring, &namespace, &pod).await;
-    let results = w.inspector.inspect_all(&images, &keyring).await;
+    // Reading pull secrets counts against the same deadline; past it the mounted config is used.
+    let keyring = match tokio::time::timeout_at(deadline, crate::cluster::pod_keyring(w.cluster.as_ref(), &w.base_keyring, &namespace, &pod)).await {
+        Ok(k) => k,
+        Err(_) => w.base_keyring.clone(),
+    };
+    let results = w.inspector.inspect_all(&images, &keyring, deadline).await;
     let findings: Vec<ImageFinding> = images
         .iter()
         .zip(results)
@@ -167,6 +194,25 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>) -> Answer {
         resp.patch = Some(json_patch::Patch(decision.patch));
     }
     resp
+}
+
+/// A pod Archer could not decide on (too large, or no memory to decode it): admitted unchanged
+/// with a warning, or denied where the namespace's policy is `fail-closed`, so neither is a way
+/// around a fail-closed namespace.
+fn undecided(w: &Webhook, namespace: &str, allow: Answer, outcome: &str, why: String) -> Answer {
+    let annotations = w.cluster.as_ref().and_then(|c| c.namespace_annotations(namespace)).unwrap_or_default();
+    let (policy, _) = policy::resolve(&w.defaults, &annotations);
+    if policy.mode == Mode::Off {
+        count(w, "off");
+        return allow;
+    }
+    if policy.on_inspection_failure == policy::FailurePolicy::FailClosed {
+        count(w, "denied");
+        tracing::info!(reason = outcome, %why, "pod denied");
+        return allow.deny(&format!("archer could not decide on the pod: {why}"));
+    }
+    count(w, outcome);
+    with_warnings(allow, vec![format!("archer left the pod unchanged: {why}")])
 }
 
 /// Warnings go back to the client (kubectl prints them); keep each within the API's 256 chars.

@@ -276,6 +276,8 @@ impl Archer {
             .env("KUBECONFIG", "/nonexistent/kubeconfig")
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env("ARCHER_LOG", "info,archer=debug")
+            // As deploy/deployment.yaml runs it: freed memory goes back to the OS at once.
+            .env("MIMALLOC_PURGE_DELAY", "0")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
@@ -299,6 +301,33 @@ impl Archer {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Resident memory now and at its peak (VmRSS, VmHWM), in bytes.
+    pub fn rss(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).unwrap_or(0) * 1024
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Send SIGTERM.
+    pub fn terminate(&self) {
+        let ok = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status().expect("kill");
+        assert!(ok.success());
+    }
+
+    /// Wait up to `limit` for the process to exit; its exit status.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let until = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < until {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
     }
 
     pub fn log_text(&self) -> String {
@@ -530,7 +559,8 @@ pub async fn serve_extender_with_metrics(
     let metrics = Arc::new(archer::metrics::Metrics::new());
     let server_metrics = metrics.clone();
     let cfg = archer::config::Config::default();
-    let client = archer::registry::RegistryClient::new(cfg.client_settings().expect("settings")).expect("client");
+    let budget = cfg.memory_budget();
+    let client = archer::registry::RegistryClient::new(cfg.client_settings(budget.clone()).expect("settings")).expect("client");
     let ext = Arc::new(archer::extender::Extender {
         catalog: Arc::new(archer::catalog::Catalog::embedded().expect("catalog")),
         inspector: archer::registry::Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
@@ -541,7 +571,15 @@ pub async fn serve_extender_with_metrics(
         metrics,
         inspection_timeout: Duration::from_secs(1),
         preference_bonus: cfg.extender.preference_bonus,
-        max_body_bytes: cfg.extender.max_body_bytes,
+        body: archer::limits::BodyLimits {
+            max_bytes: cfg.extender.max_body_bytes,
+            expansion: 3,
+            read_timeout: Duration::from_secs(10),
+            budget_wait: Duration::from_secs(2),
+            budget,
+            consumer: "extender_body",
+        },
+        max_price_per_hour: cfg.extender.max_price_per_hour,
         facts: Default::default(),
     });
     let dir = tempfile::tempdir().expect("tmp");
@@ -551,7 +589,8 @@ pub async fn serve_extender_with_metrics(
     let (stop, shutdown) = archer::server::shutdown_channel();
     // The server lives as long as the test process; the trigger is leaked on purpose.
     std::mem::forget(stop);
-    tokio::spawn(archer::server::serve_https(listener, tls.server_config(), archer::extender::router(ext), shutdown, Duration::from_secs(1)));
+    let limits = archer::server::ConnectionLimits::from_config(&cfg, server_metrics.clone());
+    tokio::spawn(archer::server::serve_https(listener, tls.server_config(), archer::extender::router(ext), shutdown, limits));
     let http = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(certs.join("ca.crt")).expect("ca")).expect("pem"))
         .build()

@@ -46,6 +46,8 @@ fn pods(prefix: &str, n: usize, cpu: i64, mem_mib: i64, platforms: &str) -> Vec<
             spread_group: None,
             one_per_zone: false,
             colocate: false,
+            spread_keys: Vec::new(),
+            extended: BTreeMap::new(),
         })
         .collect()
 }
@@ -313,4 +315,69 @@ fn zone_anti_affinity_and_hostname_affinity_to_own_replicas() {
     let plan = pack(&huge, &[pool("default")], &offerings, &[]);
     assert!(plan.nodes.is_empty());
     assert!(plan.unschedulable.iter().all(|u| u.reason.contains("hostname") || u.reason.contains("no instance type")), "{:?}", plan.unschedulable);
+}
+
+#[test]
+fn pods_that_request_nothing_are_placed_and_count_against_max_pods() {
+    // The most common manifest there is: a Deployment whose containers set no requests.
+    // kube-scheduler fits it on any node with a free pod slot, so the packer must too.
+    let offerings = on_demand();
+    let p = pods("plain", 30, 0, 0, "linux/amd64,linux/arm64");
+    let plan = pack(&p, &[pool("default")], &offerings, &[]);
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    let placed: usize = plan.nodes.iter().map(|n| n.pods.len()).sum();
+    assert_eq!(placed, 30);
+    let catalog = Catalog::embedded().expect("catalog");
+    for n in &plan.nodes {
+        let t = catalog.get(&n.instance_type).expect("type");
+        assert!(n.pods.len() as i64 <= t.max_pods, "{} pods on {} (max pods {})", n.pods.len(), n.instance_type, t.max_pods);
+    }
+    assert!(plan.total_price_per_hour > 0.0 && plan.lower_bound_per_hour > 0.0, "their pod slots are priced");
+}
+
+#[test]
+fn pool_requirements_on_custom_keys_label_the_node_and_template_labels_are_kept() {
+    // Karpenter: a NodePool requirement on a key no instance type sets becomes a node label, so
+    // the pool is usable and pods selecting that label land on it.
+    let offerings = on_demand();
+    let mut team = pool("team");
+    team.requirements = Requirements::new().with("example.com/team", "blue");
+    let mut p = pods("blue", 2, 500, 512, "linux/amd64,linux/arm64");
+    for x in &mut p {
+        x.terms = vec![Requirements::new().with("example.com/team", "blue")];
+    }
+    let plan = pack(&p, &[team.clone()], &offerings, &[]);
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert!(plan.nodes.iter().all(|n| n.pool == "team"));
+    // A template label on a well-known key is kept: only offerings that carry it are used.
+    let mut arm_only = pool("arm");
+    arm_only.labels.insert("kubernetes.io/arch".into(), "arm64".into());
+    let plan = pack(&pods("any", 4, 500, 512, "linux/amd64,linux/arm64"), &[arm_only.clone()], &offerings, &[]);
+    assert!(!plan.nodes.is_empty() && plan.nodes.iter().all(|n| n.arch == "arm64"), "{:?}", plan.nodes);
+    // ... and an amd64-only pod cannot use that pool.
+    let plan = pack(&pods("x86", 1, 500, 512, "linux/amd64"), &[arm_only], &offerings, &[]);
+    assert_eq!(plan.unschedulable.len(), 1);
+}
+
+#[test]
+fn a_pool_at_its_limits_falls_through_to_the_next_by_weight() {
+    // Karpenter: pools are tried by weight; when the heaviest cannot launch (limits), the pods
+    // go to the next pool that fits them instead of staying Pending.
+    let offerings = on_demand();
+    let mut first = pool("first");
+    first.weight = 10;
+    first.limit_nodes = Some(1);
+    first.limit_cpu_millis = Some(4000);
+    let second = pool("second");
+    let p = pods("web", 12, 1000, 1024, "linux/amd64,linux/arm64");
+    let plan = pack(&p, &[first.clone(), second.clone()], &offerings, &[]);
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    let on_first: Vec<_> = plan.nodes.iter().filter(|n| n.pool == "first").collect();
+    assert_eq!(on_first.len(), 1, "the heavier pool is used up to its limit: {:?}", plan.nodes);
+    assert!(plan.nodes.iter().any(|n| n.pool == "second"));
+    let placed: usize = plan.nodes.iter().map(|n| n.pods.len()).sum();
+    assert_eq!(placed, 12);
+    // With nowhere to fall through, the limit's reason stays.
+    let plan = pack(&p, &[first], &offerings, &[]);
+    assert!(plan.unschedulable.iter().all(|u| u.reason.contains("pool limits reached")) && !plan.unschedulable.is_empty());
 }

@@ -72,22 +72,23 @@ fn free_room_counts_bound_pods_in_flight_claims_and_daemonsets() {
     on_busy.metadata.name = Some("a".into());
     let mut done = pending(json!({"nodeName": "busy"}), json!({"phase": "Succeeded"}));
     done.metadata.name = Some("done".into());
-    let usage = usage_by_node([&on_busy, &done]);
     // A node still starting: its not-ready and startup taints do not turn pods away in simulation.
     let starting = node("starting", Some("p"), json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}, {"key": "cilium-agent", "effect": "NoSchedule"}, {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]));
     let leaving = node("leaving", Some("p"), json!([{"key": labels::DISRUPTED_TAINT, "effect": "NoSchedule"}]));
     let claims = [claim("starting", "p", &["cilium-agent"]), claim("in-flight", "p", &[])];
     let pools = [packer_pool("p", Some(Resources::new(100, 64 << 20, 1)))];
-    let out = existing_capacity(&[&busy, &starting, &leaving], &claims.iter().collect::<Vec<_>>(), &usage, &pools, &|_| false);
-    let by: BTreeMap<&str, &ExistingNode> = out.iter().map(|n| (n.name.as_str(), n)).collect();
+    let snap = cluster_snapshot(&[&busy, &starting, &leaving], &claims.iter().collect::<Vec<_>>(), &[&on_busy, &done], &[], &pools, &|_| false);
+    let by: BTreeMap<&str, &crate::core::sched::NodeInfo> = snap.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let free = |n: &crate::core::sched::NodeInfo| (n.allocatable.get("cpu") - n.requested.get("cpu"), n.allocatable.get("memory") - n.requested.get("memory"), n.max_pods - n.pods.len() as i64);
     assert!(!by.contains_key("leaving"), "a node being disrupted offers no room");
-    assert_eq!(by["busy"].free, Resources::new(1500, (4 << 30) - (1 << 30), 19), "the finished pod frees its room");
+    assert_eq!(free(by["busy"]), (1500, (4 << 30) - (1 << 30), 19), "the finished pod frees its room");
+    assert_eq!(by["busy"].pods.len(), 1, "the running pod is in the snapshot");
     assert_eq!(by["starting"].taints.iter().map(|t| t.key.as_str()).collect::<Vec<_>>(), vec!["dedicated"], "ephemeral and startup taints dropped, real ones kept");
-    assert_eq!(by["starting"].free, Resources::new(2000 - 100, (4 << 30) - (64 << 20), 19), "the DaemonSet's room is held until its pod shows up");
-    assert_eq!(by["in-flight"].free, Resources::new(1930 - 100, 6000 * (1 << 20) - (64 << 20), 28), "a claim without a node yet");
+    assert_eq!(free(by["starting"]), (2000 - 100, (4 << 30) - (64 << 20), 19), "the DaemonSet's room is held until its pod shows up");
+    assert_eq!(free(by["in-flight"]), (1930 - 100, 6000 * (1 << 20) - (64 << 20), 28), "a claim without a node yet");
     assert_eq!(by["in-flight"].labels.get(labels::HOSTNAME).map(String::as_str), Some("in-flight"));
-    let skipped = existing_capacity(&[&busy], &[], &usage, &pools, &|n| n == "busy");
-    assert!(skipped.is_empty());
+    let skipped = cluster_snapshot(&[&busy], &[], &[&on_busy], &[], &pools, &|n| n == "busy");
+    assert!(skipped.nodes.is_empty() && skipped.pods.is_empty());
 }
 
 #[test]
@@ -142,4 +143,25 @@ fn what_blocks_a_drain_and_what_is_evicted() {
     let mut mirror = owned.clone();
     mirror.metadata.annotations = Some([("kubernetes.io/config.mirror".to_string(), "x".to_string())].into_iter().collect());
     assert_eq!(evictable(&[&owned, &daemon, &mirror]).len(), 1);
+}
+
+#[test]
+fn consolidation_waits_while_pods_wait_or_claims_launch() {
+    let ready = node("ready", Some("p"), json!([]));
+    let registering = node("registering", Some("p"), json!([{"key": labels::UNREGISTERED_TAINT, "effect": "NoExecute"}]));
+    let mut done = claim("ready", "p", &[]);
+    done.status = Some(serde_json::from_value(json!({"nodeName": "ready"})).expect("status"));
+    let in_flight = claim("in-flight", "p", &[]);
+    let other_pool = claim("elsewhere", "q", &[]);
+    // Settled: every claim of the pool has a Ready, registered node, and nothing waits.
+    assert_eq!(consolidation_hold("p", &[&done, &other_pool], &[&ready], &[]), None);
+    // A pod the last batch placed has not landed yet.
+    assert!(consolidation_hold("p", &[&done], &[&ready], &["ns/web-1".into()]).is_some_and(|w| w.contains("ns/web-1")));
+    // A claim still launching, or its node still registering.
+    assert!(consolidation_hold("p", &[&done, &in_flight], &[&ready], &[]).is_some_and(|w| w.contains("in-flight")));
+    let mut reg = claim("registering", "p", &[]);
+    reg.status = Some(serde_json::from_value(json!({"nodeName": "registering"})).expect("status"));
+    assert!(consolidation_hold("p", &[&reg], &[&registering], &[]).is_some());
+    // Another pool's launches do not hold this one.
+    assert_eq!(consolidation_hold("q", &[&done, &in_flight], &[&ready], &[]), None);
 }

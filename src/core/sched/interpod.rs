@@ -1,0 +1,87 @@
+//! InterPodAffinity's filter.
+//!
+//! - The incoming pod's required affinity: every term's topology key is on the node, and some
+//!   pod matching *all* its terms runs in the node's domain of each term; unless no pod anywhere
+//!   matches them and the pod matches its own terms (the first of a group with affinity to
+//!   itself).
+//! - Its required anti-affinity: no pod matching a term runs in the node's domain of that term.
+//! - Running pods' required anti-affinity (symmetry): a pod whose term matches the incoming pod
+//!   keeps it out of its own domain of that term.
+
+use std::collections::BTreeSet;
+
+use super::{NodeInfo, PodInfo, Snapshot, Unfit};
+
+type Domain = (String, String);
+
+pub struct State {
+    /// Domains holding a pod that matches all the incoming pod's affinity terms (per term key).
+    affinity: BTreeSet<Domain>,
+    /// Whether the pod matches its own affinity terms.
+    self_match: bool,
+    anti: BTreeSet<Domain>,
+    existing_anti: BTreeSet<Domain>,
+    terms: Vec<String>,
+    anti_terms: Vec<String>,
+}
+
+impl State {
+    pub fn new(s: &Snapshot, pod: &PodInfo) -> Self {
+        let own_ns = s.ns_labels(&pod.namespace);
+        let mut st = State {
+            affinity: BTreeSet::new(),
+            self_match: !pod.affinity.is_empty() && pod.affinity.iter().all(|t| t.matches(pod, own_ns)),
+            anti: BTreeSet::new(),
+            existing_anti: BTreeSet::new(),
+            terms: pod.affinity.iter().map(|t| t.topology_key.clone()).collect(),
+            anti_terms: pod.anti_affinity.iter().map(|t| t.topology_key.clone()).collect(),
+        };
+        for node in &s.nodes {
+            for other in node.pods.iter().map(|&p| &s.pods[p]) {
+                if other.terminating {
+                    continue;
+                }
+                let other_ns = s.ns_labels(&other.namespace);
+                if !pod.affinity.is_empty() && pod.affinity.iter().all(|t| t.matches(other, other_ns)) {
+                    for t in &pod.affinity {
+                        if let Some(v) = node.labels.get(&t.topology_key) {
+                            st.affinity.insert((t.topology_key.clone(), v.clone()));
+                        }
+                    }
+                }
+                for t in pod.anti_affinity.iter().filter(|t| t.matches(other, other_ns)) {
+                    if let Some(v) = node.labels.get(&t.topology_key) {
+                        st.anti.insert((t.topology_key.clone(), v.clone()));
+                    }
+                }
+                for t in other.anti_affinity.iter().filter(|t| t.matches(pod, own_ns)) {
+                    if let Some(v) = node.labels.get(&t.topology_key) {
+                        st.existing_anti.insert((t.topology_key.clone(), v.clone()));
+                    }
+                }
+            }
+        }
+        st
+    }
+
+    pub fn filter(&self, node: &NodeInfo) -> Result<(), Unfit> {
+        let domain = |key: &String| node.labels.get(key).map(|v| (key.clone(), v.clone()));
+        if node.labels.iter().any(|(k, v)| self.existing_anti.contains(&(k.clone(), v.clone()))) {
+            return Err(Unfit::ExistingAntiAffinity);
+        }
+        if self.anti_terms.iter().filter_map(domain).any(|d| self.anti.contains(&d)) {
+            return Err(Unfit::AntiAffinity);
+        }
+        if !self.terms.is_empty() {
+            let domains: Option<Vec<Domain>> = self.terms.iter().map(domain).collect();
+            let Some(domains) = domains else { return Err(Unfit::Affinity) };
+            let all_present = domains.iter().all(|d| self.affinity.contains(d));
+            // No matching pod in any domain: the first of a group with affinity to itself.
+            let first_of_group = self.affinity.is_empty() && self.self_match;
+            if !(all_present || first_of_group) {
+                return Err(Unfit::Affinity);
+            }
+        }
+        Ok(())
+    }
+}

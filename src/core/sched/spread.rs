@@ -1,0 +1,103 @@
+//! PodTopologySpread's filter: for each DoNotSchedule constraint, the candidate node's domain may
+//! hold at most `maxSkew` more matching pods (counting the incoming one if it matches) than the
+//! emptiest eligible domain; with fewer eligible domains than `minDomains`, the emptiest counts 0.
+//!
+//! Eligible nodes carry every constraint's topology key and pass the constraint's inclusion
+//! policies (`nodeAffinityPolicy` Honor by default: the pod's node affinity; `nodeTaintsPolicy`
+//! Ignore by default). Matching pods are those in the incoming pod's namespace, not terminating,
+//! selected by the constraint's selector (an empty selector counts none).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PodSpec;
+
+use super::selector::{Labels, Selector};
+use super::{NodeInfo, PodInfo, Snapshot, Unfit};
+
+#[derive(Debug, Clone)]
+pub struct Constraint {
+    pub max_skew: i32,
+    pub topology_key: String,
+    pub min_domains: i32,
+    pub selector: Selector,
+    pub honor_affinity: bool,
+    pub honor_taints: bool,
+}
+
+impl Constraint {
+    /// The pod's DoNotSchedule constraints, `matchLabelKeys` folded into their selectors.
+    pub fn from_pod(spec: &PodSpec, labels: &Labels) -> Vec<Constraint> {
+        spec.topology_spread_constraints
+            .iter()
+            .flatten()
+            .filter(|c| c.when_unsatisfiable == "DoNotSchedule")
+            .map(|c| {
+                let mut selector = Selector::from_api(c.label_selector.as_ref());
+                for key in c.match_label_keys.iter().flatten() {
+                    if let Some(v) = labels.get(key) {
+                        selector = selector.and_equals(key, v);
+                    }
+                }
+                Constraint {
+                    max_skew: c.max_skew,
+                    topology_key: c.topology_key.clone(),
+                    min_domains: c.min_domains.unwrap_or(1),
+                    selector,
+                    honor_affinity: c.node_affinity_policy.as_deref() != Some("Ignore"),
+                    honor_taints: c.node_taints_policy.as_deref() == Some("Honor"),
+                }
+            })
+            .collect()
+    }
+
+    fn includes(&self, pod: &PodInfo, node: &NodeInfo) -> bool {
+        (!self.honor_affinity || pod.node_affinity_matches(node)) && (!self.honor_taints || crate::core::taints::untolerated(&node.taints, &pod.tolerations).is_none())
+    }
+}
+
+/// Matching pods per domain for each constraint, computed once per incoming pod.
+pub struct State {
+    counts: Vec<BTreeMap<String, i64>>,
+}
+
+impl State {
+    pub fn new(s: &Snapshot, pod: &PodInfo) -> Self {
+        let mut counts = vec![BTreeMap::new(); pod.spread.len()];
+        for node in &s.nodes {
+            if !pod.spread.iter().all(|c| node.labels.contains_key(&c.topology_key)) {
+                continue;
+            }
+            for (ci, c) in pod.spread.iter().enumerate() {
+                if !c.includes(pod, node) {
+                    continue;
+                }
+                let matching = if c.selector.is_empty() {
+                    0
+                } else {
+                    node.pods.iter().map(|&p| &s.pods[p]).filter(|p| !p.terminating && p.namespace == pod.namespace && c.selector.matches(&p.labels)).count() as i64
+                };
+                *counts[ci].entry(node.labels[&c.topology_key].clone()).or_insert(0) += matching;
+            }
+        }
+        State { counts }
+    }
+
+    pub fn filter(&self, _s: &Snapshot, pod: &PodInfo, node: &NodeInfo) -> Result<(), Unfit> {
+        for (ci, c) in pod.spread.iter().enumerate() {
+            let Some(domain) = node.labels.get(&c.topology_key) else {
+                return Err(Unfit::SpreadLabelMissing(c.topology_key.clone()));
+            };
+            let counts = &self.counts[ci];
+            let mut min = counts.values().copied().min().unwrap_or(0);
+            if (counts.len() as i64) < c.min_domains as i64 {
+                min = 0;
+            }
+            let own = i64::from(c.selector.matches(&pod.labels));
+            let skew = counts.get(domain).copied().unwrap_or(0) + own - min;
+            if skew > c.max_skew as i64 {
+                return Err(Unfit::Spread { key: c.topology_key.clone(), domain: domain.clone(), skew, max_skew: c.max_skew });
+            }
+        }
+        Ok(())
+    }
+}

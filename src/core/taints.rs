@@ -1,0 +1,27 @@
+//! Taints and tolerations as kube-scheduler's TaintToleration plugin matches them.
+
+use k8s_openapi::api::core::v1::Toleration;
+
+/// Does `toleration` tolerate the taint `key=value:effect`? An empty effect tolerates every
+/// effect; `Exists` with an empty key tolerates every taint; `Equal` (or no operator) needs the
+/// value to match.
+pub fn tolerates(toleration: &Toleration, key: &str, value: &str, effect: &str) -> bool {
+    let effect_ok = toleration.effect.as_deref().is_none_or(|e| e.is_empty() || e == effect);
+    let key_ok = match toleration.key.as_deref() {
+        None | Some("") => toleration.operator.as_deref() == Some("Exists"),
+        Some(k) => k == key,
+    };
+    let value_ok = match toleration.operator.as_deref() {
+        Some("Exists") => true,
+        _ => toleration.value.as_deref().unwrap_or("") == value,
+    };
+    effect_ok && key_ok && value_ok
+}
+
+/// The first taint with a scheduling effect (NoSchedule, NoExecute) no toleration tolerates.
+pub fn untolerated<'a>(taints: &'a [k8s_openapi::api::core::v1::Taint], tolerations: &[Toleration]) -> Option<&'a k8s_openapi::api::core::v1::Taint> {
+    taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .find(|t| !tolerations.iter().any(|tol| tolerates(tol, &t.key, t.value.as_deref().unwrap_or(""), &t.effect)))
+}
