@@ -11,12 +11,9 @@ use super::RegistryArgs;
 use crate::catalog::Catalog;
 use crate::core::labels;
 use crate::core::packer::{Plan, Pool};
-use crate::core::planner::{plan_batch, Pending};
-use crate::core::sched::PodInfo;
-use crate::core::platform::PlatformSet;
+use crate::core::planner::plan_batch;
 use crate::metrics::Metrics;
-use crate::provisioner::nodepool::offerings;
-use crate::provisioner::scenario::{all_images, annotated_platforms, pending_pod, with_volume_terms, Scenario};
+use crate::provisioner::scenario::{all_images, Scenario};
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
@@ -97,38 +94,11 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let volumes = s.volumes();
-    let mut assumed = 0;
-    let pods: Vec<_> = s
-        .pods
-        .iter()
-        .map(|p| {
-            let platforms = annotated_platforms(&p.pod).or_else(|| {
-                let images = crate::core::placement::pod_images(&p.pod);
-                let sets: Option<Vec<&PlatformSet>> = images.iter().map(|i| found.get(i)).collect();
-                sets.and_then(PlatformSet::intersect_all)
-            });
-            if platforms.is_none() {
-                assumed += 1;
-            }
-            let volume_terms = volumes.terms_for(&p.pod);
-            Pending { packer: with_volume_terms(pending_pod(p, platforms), &volume_terms), sched: PodInfo::from_pod(&p.pod).with_volumes(&p.pod, &volumes) }
-        })
-        .collect();
-    if assumed > 0 {
-        notes.push(format!("{assumed} pod(s) with unknown image platforms were assumed to run on any architecture"));
+    let inputs = s.inputs(&catalog, &found)?;
+    if inputs.assumed > 0 {
+        notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));
     }
-
-    let mut pools: Vec<Pool> = s.pools.iter().map(|p| p.to_pool()).collect::<Result<_, _>>()?;
-    let daemons = s.daemon_loads();
-    for p in &mut pools {
-        p.daemons = daemons.clone();
-    }
-    let mut zones: Vec<String> = s.pools.iter().flat_map(|p| p.zones()).collect();
-    zones.sort();
-    zones.dedup();
-    let offers = offerings(&catalog, &zones);
-    let snapshot = s.snapshot();
+    let crate::provisioner::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, .. } = inputs;
     let plan = plan_batch(&snapshot, &pods, &pools, &offers);
     // The comparison is over the pods both plans can place: pods that need arm64 are left out of
     // both sides (and listed), so the saving is like for like.

@@ -180,6 +180,19 @@ impl Offering {
     }
 }
 
+/// The labels a new node of offering `o` in `pool` would carry, if such a node could take the pod
+/// (its size aside): the pool's requirements, template labels and taints, the pod's node
+/// affinity, its images' platforms, its spread keys and extended resources.
+pub fn could_host(pod: &PendingPod, pool: &Pool, o: &Offering) -> Option<BTreeMap<String, String>> {
+    let labels = o.labels(pool);
+    let ok = pool.requirements.matches_map(&labels)
+        && Offering::keeps_template_labels(&labels, pool)
+        && tolerates_all(pod, &pool.taints)
+        && labels_fit(pod, &labels).is_ok()
+        && extended_fit(pod, o, &pool.name).is_ok();
+    ok.then_some(labels)
+}
+
 /// The region of a zone name (`us-east-1a` -> `us-east-1`, `eastus-2` stays).
 pub fn region_of(zone: &str) -> &str {
     match zone.as_bytes().last() {

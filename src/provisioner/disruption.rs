@@ -209,18 +209,11 @@ impl Provisioner {
     async fn evaluate(&self, set: &[&Candidate<'_>]) -> Option<crate::core::packer::Plan> {
         let leaving: Vec<String> = set.iter().map(|c| c.node.metadata.name.clone().unwrap_or_default()).collect();
         let moving: Vec<&Pod> = set.iter().flat_map(|c| state::evictable(&c.pods)).collect();
-        let pods = self.pending_pods(&moving).await;
         // The moving pods as kube-scheduler will see them once evicted: unbound replicas.
-        let volumes = self.volumes();
-        let batch: Vec<Pending> = pods
-            .into_iter()
-            .zip(&moving)
-            .map(|(packer, pod)| {
-                let mut p = super::worker::pending_with_volumes(packer, pod, &volumes);
-                p.sched.node_name = None;
-                p
-            })
-            .collect();
+        let mut batch: Vec<Pending> = self.pending_pods(&moving, &self.volumes()).await;
+        for p in &mut batch {
+            p.sched.node_name = None;
+        }
         let pools = self.pools();
         let snapshot = self.snapshot(&pools, &self.stores.pods.state(), &|n: &str| leaving.iter().any(|l| l == n));
         let plan = tokio::task::block_in_place(|| plan_batch(&snapshot, &batch, &pools, &self.offerings));

@@ -1,6 +1,8 @@
 //! The provisioning worker and its deciding code (shared with `archer simulate`):
 //! - `nodepool`, `nodeclaim`: the NodePool and NodeClaim custom resources;
-//! - `scenario`: ordinary Kubernetes YAML turned into packer inputs (simulate);
+//! - `model`: the one adapter from Kubernetes objects to the planner's inputs (pending pods,
+//!   the cluster snapshot), used by the worker, consolidation and simulate;
+//! - `scenario`: ordinary Kubernetes YAML read into those objects (simulate);
 //! - `state`: the cluster as the deciding code sees it (pending pods, free room, pool usage);
 //! - `worker`: pending-pod watch, batching, launching, claim keeping;
 //! - `disruption`: empty, underutilised and expired nodes;
@@ -10,6 +12,7 @@
 pub mod cloud;
 pub mod disruption;
 pub mod leader;
+pub mod model;
 pub mod nodeclaim;
 pub mod nodepool;
 pub mod scenario;

@@ -8,8 +8,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, 
 use serde::Deserialize;
 
 use super::nodepool::{NodePool, API_VERSION, KARPENTER_API_VERSION};
-use crate::core::packer::PendingPod;
-use crate::core::placement::{pod_images, PLATFORMS_ANNOTATION};
+use crate::core::placement::pod_images;
 use crate::core::platform::PlatformSet;
 use crate::core::requirements::Requirements;
 use crate::core::resources::{pod_requests, Resources};
@@ -18,6 +17,18 @@ use crate::core::resources::{pod_requests, Resources};
 pub enum ScenarioError {
     #[error("document {index}: {message}")]
     Document { index: usize, message: String },
+    #[error("NodePool {pool}: {source}")]
+    Pool { pool: String, source: crate::core::requirements::RequirementError },
+}
+
+/// What the planner decides on for a scenario, built by the same adapter as the live worker's.
+pub struct Inputs {
+    pub pending: Vec<crate::core::planner::Pending>,
+    pub pools: Vec<crate::core::packer::Pool>,
+    pub offerings: Vec<crate::core::packer::Offering>,
+    pub snapshot: crate::core::sched::Snapshot,
+    /// Pods whose image platforms are unknown (assumed to run anywhere).
+    pub assumed: usize,
 }
 
 /// A pod to place, with what the packer needs and where its platforms come from.
@@ -125,157 +136,38 @@ impl Scenario {
         crate::core::sched::Volumes::new(&self.claims.iter().collect::<Vec<_>>(), &self.volumes.iter().collect::<Vec<_>>())
     }
 
-    pub fn snapshot(&self) -> crate::core::sched::Snapshot {
-        crate::core::sched::Snapshot::new(&self.nodes, &self.bound, &[])
-    }
-}
-
-/// The platforms recorded on the pod (the webhook's annotation), if any.
-pub fn annotated_platforms(pod: &Pod) -> Option<PlatformSet> {
-    let a = pod.metadata.annotations.as_ref()?.get(PLATFORMS_ANNOTATION)?;
-    PlatformSet::parse_annotation(a).ok().filter(|p| !p.is_empty())
-}
-
-/// The packer's view of a pod, with `platforms` decided by the caller.
-/// Labels the kubelet (or the cloud's node controller) puts on every node, beyond the ones an
-/// offering names: a spread on them never rules a new node out.
-const KUBELET_LABELS: [&str; 5] = [
-    crate::core::labels::HOSTNAME,
-    "beta.kubernetes.io/arch",
-    "beta.kubernetes.io/os",
-    "failure-domain.beta.kubernetes.io/zone",
-    "failure-domain.beta.kubernetes.io/region",
-];
-
-/// AND the node affinity of the pod's bound volumes into its terms, so new nodes are bought where
-/// its volumes are (each volume's terms are alternatives).
-pub fn with_volume_terms(mut pod: PendingPod, volume_terms: &[Vec<k8s_openapi::api::core::v1::NodeSelectorTerm>]) -> PendingPod {
-    for terms in volume_terms {
-        let alternatives: Vec<Requirements> = terms.iter().filter_map(|t| Requirements::from_term(t).ok()).collect();
-        if alternatives.is_empty() {
-            continue;
+    /// The planner's inputs: each pending pod with its platforms (its annotation, else the
+    /// platforms `found` for all its images, else unknown), the pools with the scenario's
+    /// DaemonSets, offerings in the pools' zones, and the cluster as the live worker sees it.
+    pub fn inputs(&self, catalog: &crate::catalog::Catalog, found: &BTreeMap<String, PlatformSet>) -> Result<Inputs, ScenarioError> {
+        use crate::provisioner::model;
+        let volumes = self.volumes();
+        let mut assumed = 0;
+        let pending = self
+            .pods
+            .iter()
+            .map(|p| {
+                let platforms = model::annotated_platforms(&p.pod).or_else(|| {
+                    let sets: Option<Vec<&PlatformSet>> = pod_images(&p.pod).iter().map(|i| found.get(i)).collect();
+                    sets.and_then(PlatformSet::intersect_all)
+                });
+                assumed += usize::from(platforms.is_none());
+                let mut pending = model::pending(&p.pod, platforms, &volumes);
+                pending.packer.id = p.id.clone();
+                pending
+            })
+            .collect();
+        let mut pools: Vec<crate::core::packer::Pool> = self.pools.iter().map(|p| p.to_pool().map_err(|source| ScenarioError::Pool { pool: p.name(), source })).collect::<Result<_, _>>()?;
+        let daemons = self.daemon_loads();
+        for p in &mut pools {
+            p.daemons = daemons.clone();
         }
-        pod.terms = if pod.terms.is_empty() { alternatives } else { pod.terms.iter().flat_map(|a| alternatives.iter().map(move |b| a.intersect(b))).collect() };
-    }
-    pod
-}
-
-pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPod {
-    let spec = p.pod.spec.as_ref();
-    let selector = spec.and_then(|s| s.node_selector.clone()).unwrap_or_default();
-    let base = Requirements::from_node_selector(&selector);
-    let terms: Vec<Requirements> = spec
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
-        .map(|r| r.node_selector_terms.iter().filter_map(|t| Requirements::from_term(t).ok()).map(|t| t.intersect(&base)).collect())
-        .filter(|t: &Vec<Requirements>| !t.is_empty())
-        .unwrap_or_else(|| if selector.is_empty() { Vec::new() } else { vec![base] });
-    // Topology spread and anti-affinity on the pod's own group (its replicas).
-    let own = p.pod.metadata.labels.clone().unwrap_or_default();
-    let selects_own = |sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>| {
-        sel.and_then(|s| s.match_labels.as_ref()).is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| own.get(k) == Some(v)))
-    };
-    let mut zone_spread = false;
-    let mut per_node_max: Option<usize> = None;
-    // The group those constraints count over: the pod's namespace and its own labels they select.
-    let mut spread_group: Option<String> = None;
-    let mut note_group = |sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>| {
-        if spread_group.is_none() {
-            let m = sel.and_then(|s| s.match_labels.as_ref()).map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")).unwrap_or_default();
-            spread_group = Some(format!("{}|{m}", p.pod.metadata.namespace.as_deref().unwrap_or("default")));
-        }
-    };
-    let spread_keys: Vec<String> = spec
-        .and_then(|s| s.topology_spread_constraints.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|c| c.when_unsatisfiable == "DoNotSchedule" && !KUBELET_LABELS.contains(&c.topology_key.as_str()))
-        .map(|c| c.topology_key.clone())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    for c in spec.and_then(|s| s.topology_spread_constraints.as_ref()).into_iter().flatten() {
-        if !selects_own(c.label_selector.as_ref()) {
-            continue;
-        }
-        match c.topology_key.as_str() {
-            crate::core::labels::ZONE => {
-                zone_spread = true;
-                note_group(c.label_selector.as_ref());
-            }
-            crate::core::labels::HOSTNAME if c.when_unsatisfiable == "DoNotSchedule" => {
-                let m = usize::try_from(c.max_skew.max(1)).unwrap_or(1);
-                per_node_max = Some(per_node_max.map_or(m, |x| x.min(m)));
-                note_group(c.label_selector.as_ref());
-            }
-            _ => {}
-        }
-    }
-    let anti = spec
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.pod_anti_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
-    if let Some(t) = anti.and_then(|terms| terms.iter().find(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref()))) {
-        per_node_max = Some(1);
-        note_group(t.label_selector.as_ref());
-    }
-    // Host ports: pods that ask for the same host port never share a node (NodePorts).
-    let mut ports: Vec<String> = spec
-        .into_iter()
-        .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
-        .flat_map(|c| c.ports.iter().flatten())
-        .filter(|p| p.host_port.is_some_and(|h| h > 0))
-        .map(|p| format!("{}/{}", p.host_port.unwrap_or(0), p.protocol.as_deref().unwrap_or("TCP")))
-        .collect();
-    ports.sort();
-    ports.dedup();
-    if !ports.is_empty() && per_node_max.is_none() && spread_group.is_none() {
-        per_node_max = Some(1);
-        spread_group = Some(format!("host-ports|{}", ports.join(",")));
-    }
-    let one_per_zone = anti.is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::ZONE && selects_own(t.label_selector.as_ref())));
-    let colocate = spec
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.pod_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
-        .is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref())));
-    // Required pod affinity on the zone key: every pod whose affinity selects on the same label
-    // keys (in its namespace) is put in one zone, which satisfies each of them whatever value it
-    // selects (a conservative reading: one zone for the whole family of pods).
-    let affinity = spec
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.pod_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
-    let zone_group = affinity.and_then(|terms| terms.iter().find(|t| t.topology_key == crate::core::labels::ZONE)).map(|t| {
-        let sel = t.label_selector.as_ref();
-        let mut keys: Vec<&str> = sel.and_then(|s| s.match_labels.as_ref()).map(|m| m.keys().map(String::as_str).collect()).unwrap_or_default();
-        keys.extend(sel.and_then(|s| s.match_expressions.as_ref()).map(|e| e.iter().map(|e| e.key.as_str()).collect::<Vec<_>>()).unwrap_or_default());
-        keys.sort();
-        keys.dedup();
-        format!("{}|{}", p.pod.metadata.namespace.as_deref().unwrap_or("default"), keys.join(","))
-    });
-    let preferred: Vec<(i32, Requirements)> = spec
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
-        .map(|terms| terms.iter().filter_map(|t| Requirements::from_term(&t.preference).ok().map(|r| (t.weight, r))).collect())
-        .unwrap_or_default();
-    PendingPod {
-        one_per_zone,
-        colocate,
-        spread_keys,
-        extended: crate::core::sched::resources::pod_requests(&p.pod).0.into_iter().filter(|(k, v)| *v > 0 && k.contains('/') && !k.starts_with("hugepages-")).collect(),
-        spread_group,
-        preferred,
-        zone_group,
-        id: p.id.clone(),
-        requests: pod_requests(&p.pod, false),
-        terms,
-        tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
-        platforms,
-        zone_spread,
-        per_node_max,
+        let mut zones: Vec<String> = self.pools.iter().flat_map(|p| p.zones()).collect();
+        zones.sort();
+        zones.dedup();
+        let offerings = super::nodepool::offerings(catalog, &zones);
+        let snapshot = model::cluster_snapshot(&self.nodes.iter().collect::<Vec<_>>(), &[], &self.bound.iter().collect::<Vec<_>>(), &[], &pools, &|_| false);
+        Ok(Inputs { pending, pools, offerings, snapshot, assumed })
     }
 }
 
@@ -283,7 +175,7 @@ pub fn pending_pod(p: &ScenarioPod, platforms: Option<PlatformSet>) -> PendingPo
 pub fn all_images(pods: &[ScenarioPod]) -> Vec<String> {
     let mut seen = BTreeMap::new();
     for p in pods {
-        if annotated_platforms(&p.pod).is_none() {
+        if crate::provisioner::model::annotated_platforms(&p.pod).is_none() {
             for i in pod_images(&p.pod) {
                 seen.insert(i, ());
             }
@@ -296,9 +188,9 @@ pub fn all_images(pods: &[ScenarioPod]) -> Vec<String> {
 mod tests {
     use super::*;
 
-    fn first_pod(yaml: &str) -> PendingPod {
+    fn first_pod(yaml: &str) -> crate::core::packer::PendingPod {
         let s = Scenario::parse(yaml).expect("scenario");
-        pending_pod(&s.pods[0], None)
+        crate::provisioner::model::pending_pod(&s.pods[0].id, &s.pods[0].pod, None)
     }
 
     #[test]

@@ -6,20 +6,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::nodeclaim::NodeClaim;
 use super::nodepool::NodePool;
 use crate::core::labels;
 use crate::core::packer::{DaemonLoad, Pool};
 use crate::core::requirements::Requirements;
-use crate::core::sched::resources::ResourceList;
-use crate::core::sched::{NodeInfo, PodInfo, Snapshot};
 use crate::core::resources::{pod_requests, Resources};
 
 /// Taints a node carries only while it starts (or is briefly unreachable): a pending pod that
 /// fits an in-flight node waits for it rather than getting a second node.
-const EPHEMERAL_TAINTS: [&str; 4] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered"];
+pub(super) const EPHEMERAL_TAINTS: [&str; 4] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered"];
 
 pub fn pod_id(p: &Pod) -> String {
     format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or("default"), p.metadata.name.as_deref().unwrap_or(""))
@@ -79,80 +77,6 @@ pub fn has_taint(node: &Node, key: &str) -> bool {
 /// Is the node on its way out (cordoned, tainted for disruption, being deleted)?
 pub fn node_leaving(node: &Node) -> bool {
     node.metadata.deletion_timestamp.is_some() || node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) || has_taint(node, labels::DISRUPTED_TAINT)
-}
-
-/// The cluster as kube-scheduler's rules see it ([`crate::core::sched::Snapshot`]): every node
-/// that can take pods with the pods bound there, and every claim whose node is not there yet,
-/// with their room: taints a starting node sheds are left out, and a node (or claim) with no pods
-/// yet holds its DaemonSets' room. `skip` names nodes to leave out (those a disruption is about
-/// to remove).
-pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], namespaces: &[&Namespace], pools: &[Pool], skip: &dyn Fn(&str) -> bool) -> Snapshot {
-    let mut snap = Snapshot {
-        namespace_labels: namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default()))).collect(),
-        ..Default::default()
-    };
-    let bound = usage_by_node(pods.iter().copied());
-    let mut seen = std::collections::HashSet::new();
-    let mut claim_by_node: HashMap<&str, &NodeClaim> = claims.iter().map(|c| (c.metadata.name.as_deref().unwrap_or(""), *c)).collect();
-    claim_by_node.extend(claims.iter().filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()).map(|n| (n, *c))));
-    let pool_of = |c: Option<&NodeClaim>| c.and_then(|c| pools.iter().find(|p| p.name == c.spec.node_pool));
-    for n in nodes {
-        let name = n.metadata.name.clone().unwrap_or_default();
-        seen.insert(name.clone());
-        if node_leaving(n) || skip(&name) {
-            continue;
-        }
-        let claim = claim_by_node.get(name.as_str()).copied();
-        let startup: Vec<&str> = claim.map(|c| c.spec.startup_taints.iter().map(|t| t.key.as_str()).collect()).unwrap_or_default();
-        let mut info = NodeInfo::from_node(n);
-        info.taints.retain(|t| !EPHEMERAL_TAINTS.contains(&t.key.as_str()) && !startup.contains(&t.key.as_str()));
-        let on_node = bound.get(&name).map(|b| b.1.clone()).unwrap_or_default();
-        if on_node.is_empty() {
-            if let Some(pool) = pool_of(claim) {
-                hold_daemon_room(&mut info, pool);
-            }
-        }
-        let i = snap.nodes.len();
-        snap.nodes.push(info);
-        for p in on_node {
-            snap.bind(PodInfo::from_pod(p), i);
-        }
-    }
-    for c in claims {
-        let name = c.name();
-        if c.deleting() || seen.contains(&name) || skip(&name) {
-            continue;
-        }
-        let mut labels = c.spec.labels.clone();
-        labels.insert(labels::HOSTNAME.into(), name.clone());
-        let alloc: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> =
-            c.spec.allocatable.iter().map(|(k, v)| (k.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()))).collect();
-        let mut allocatable = ResourceList::from_api(Some(&alloc));
-        let max_pods = allocatable.0.remove("pods").unwrap_or(110);
-        let mut info = NodeInfo {
-            name,
-            labels,
-            taints: c.spec.taints.iter().map(|t| k8s_openapi::api::core::v1::Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None }).collect(),
-            unschedulable: false,
-            allocatable,
-            max_pods,
-            requested: ResourceList::default(),
-            pods: Vec::new(),
-        };
-        if let Some(pool) = pool_of(Some(c)) {
-            hold_daemon_room(&mut info, pool);
-        }
-        snap.nodes.push(info);
-    }
-    snap
-}
-
-/// Hold the room the pool's DaemonSets will take on a node that has none of its pods yet.
-fn hold_daemon_room(info: &mut NodeInfo, pool: &Pool) {
-    let allocatable = Resources::new(info.allocatable.get("cpu"), info.allocatable.get("memory"), info.max_pods);
-    let held = allocatable - pool.room(&info.labels, allocatable);
-    info.requested.add(&ResourceList([("cpu".to_string(), held.cpu_millis), ("memory".to_string(), held.memory_bytes)].into()));
-    info.max_pods -= held.pods;
 }
 
 /// A DaemonSet's pod as a load on the nodes it would run on.

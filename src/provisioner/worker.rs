@@ -18,21 +18,15 @@ use kube::{Api, Client, Resource};
 use super::cloud::CloudProvider;
 use super::nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
 use super::nodepool::NodePool;
-use super::scenario::{pending_pod, ScenarioPod};
+use super::model;
 use super::state::{self, pod_id};
 use crate::catalog::Catalog;
 use crate::cluster::{reflect_with, ClusterView, PodPlatforms};
 use crate::config::ProvisionerConfig;
-use crate::core::packer::{Offering, PendingPod, Plan, PlannedNode, Pool};
+use crate::core::packer::{Offering, Plan, PlannedNode, Pool};
 use crate::core::planner::{plan_batch, Pending};
-use crate::core::sched::{PodInfo, Snapshot, Volumes};
+use crate::core::sched::{Snapshot, Volumes};
 
-/// A pending pod for the planner: the packer's view and the scheduler's, both held to the zones
-/// of the volumes its claims are bound to.
-pub(super) fn pending_with_volumes(packer: PendingPod, pod: &Pod, volumes: &Volumes) -> Pending {
-    let terms = volumes.terms_for(pod);
-    Pending { packer: super::scenario::with_volume_terms(packer, &terms), sched: PodInfo::from_pod(pod).with_volumes(pod, volumes) }
-}
 use crate::core::platform::PlatformSet;
 use crate::metrics::{label, Metrics};
 use crate::registry::{Inspector, Keyring};
@@ -183,12 +177,12 @@ impl Provisioner {
         }
     }
 
-    /// The packer's view of pods (platforms resolved concurrently).
-    pub(super) async fn pending_pods<P: std::borrow::Borrow<Pod> + Sync>(&self, pods: &[P]) -> Vec<PendingPod> {
+    /// The planner's view of pods (platforms resolved concurrently), through the one adapter.
+    pub(super) async fn pending_pods<P: std::borrow::Borrow<Pod> + Sync>(&self, pods: &[P], volumes: &Volumes) -> Vec<Pending> {
         join_all(pods.iter().map(|p| async move {
             let p: &Pod = p.borrow();
             let platforms = self.platforms(p).await;
-            pending_pod(&ScenarioPod { id: pod_id(p), pod: p.clone() }, platforms)
+            model::pending(p, platforms, volumes)
         }))
         .await
     }
@@ -206,7 +200,7 @@ impl Provisioner {
         let nodes = self.stores.nodes.state();
         let claims = self.stores.claims.state();
         let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
-        state::cluster_snapshot(
+        model::cluster_snapshot(
             &nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
             &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(),
             &pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>(),
@@ -236,9 +230,7 @@ impl Provisioner {
         self.metrics.provisioner_batches.inc();
         let pools = self.pools();
         let snapshot = self.snapshot(&pools, &all_pods, &|_| false);
-        let packer_pods = self.pending_pods(&pending).await;
-        let volumes = self.volumes();
-        let batch: Vec<Pending> = packer_pods.into_iter().zip(&pending).map(|(packer, pod)| pending_with_volumes(packer, pod, &volumes)).collect();
+        let batch: Vec<Pending> = self.pending_pods(&pending, &self.volumes()).await;
         let offerings = &self.offerings;
         let plan = if pools.is_empty() {
             Plan { unschedulable: batch.iter().map(|p| crate::core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }

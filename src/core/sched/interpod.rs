@@ -8,9 +8,9 @@
 //! - Running pods' required anti-affinity (symmetry): a pod whose term matches the incoming pod
 //!   keeps it out of its own domain of that term.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::{NodeInfo, PodInfo, Snapshot, Unfit};
+use super::{DomainRule, NodeInfo, PodInfo, Snapshot, Unfit};
 
 type Domain = (String, String);
 
@@ -36,6 +36,10 @@ impl State {
             terms: pod.affinity.iter().map(|t| t.topology_key.clone()).collect(),
             anti_terms: pod.anti_affinity.iter().map(|t| t.topology_key.clone()).collect(),
         };
+        // Nothing to look for: no terms of its own, and no placed pod has anti-affinity.
+        if pod.affinity.is_empty() && pod.anti_affinity.is_empty() && s.with_anti_affinity == 0 {
+            return st;
+        }
         for node in &s.nodes {
             for other in node.pods.iter().map(|&p| &s.pods[p]) {
                 if other.terminating {
@@ -62,6 +66,31 @@ impl State {
             }
         }
         st
+    }
+
+    /// What a new node's domains must be for the pod (see [`Snapshot::new_node_domains`]).
+    pub fn domain_rules(&self) -> Result<Vec<DomainRule>, Unfit> {
+        use crate::core::labels::HOSTNAME;
+        let mut rules: BTreeMap<(String, bool), BTreeSet<String>> = BTreeMap::new();
+        for (k, v) in self.anti.iter().chain(&self.existing_anti) {
+            if k != HOSTNAME {
+                rules.entry((k.clone(), false)).or_default().insert(v.clone());
+            }
+        }
+        let first_of_group = self.affinity.is_empty() && self.self_match;
+        if !self.terms.is_empty() && !first_of_group {
+            for key in &self.terms {
+                if key == HOSTNAME {
+                    return Err(Unfit::AffinityElsewhere(key.clone()));
+                }
+                let values: BTreeSet<String> = self.affinity.iter().filter(|(k, _)| k == key).map(|(_, v)| v.clone()).collect();
+                if values.is_empty() {
+                    return Err(Unfit::Affinity);
+                }
+                rules.entry((key.clone(), true)).or_default().extend(values);
+            }
+        }
+        Ok(rules.into_iter().map(|((key, allowed), values)| DomainRule { key, allowed, values }).collect())
     }
 
     pub fn filter(&self, node: &NodeInfo) -> Result<(), Unfit> {

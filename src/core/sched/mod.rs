@@ -44,6 +44,11 @@ pub struct PodInfo {
     pub terminating: bool,
     /// The required node affinity of each PersistentVolume its claims are bound to (all hold).
     pub volume_terms: Vec<Vec<NodeSelectorTerm>>,
+    /// Domains a new node for this pod could be in, per topology key (from the NodePools and
+    /// offerings that could host it). They count as empty domains of its spread constraints when
+    /// the planner decides on new nodes, as Karpenter counts them; kube-scheduler's own pass over
+    /// existing nodes leaves this empty.
+    pub potential: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// A host port a container asks for: (host IP, protocol, port). `0.0.0.0` means every address.
@@ -125,6 +130,7 @@ impl PodInfo {
             anti_affinity: pod_terms(affinity.and_then(|a| a.pod_anti_affinity.as_ref()).and_then(|p| p.required_during_scheduling_ignored_during_execution.as_ref())),
             terminating: meta.deletion_timestamp.is_some(),
             volume_terms: Vec::new(),
+            potential: BTreeMap::new(),
             labels,
             namespace,
         }
@@ -217,6 +223,14 @@ impl NodeInfo {
     }
 }
 
+/// A requirement on a topology domain of a new node: `key In values` or `key NotIn values`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainRule {
+    pub key: String,
+    pub allowed: bool,
+    pub values: BTreeSet<String>,
+}
+
 /// Why a node cannot take a pod, worded as kube-scheduler words it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unfit {
@@ -240,6 +254,10 @@ pub enum Unfit {
     SpreadLabelMissing(String),
     #[error("node(s) didn't match pod topology spread constraints: on {key}, {domain} would have a skew of {skew} (maxSkew {max_skew})")]
     Spread { key: String, domain: String, skew: i64, max_skew: i32 },
+    #[error("topology spread on {key}: maxSkew {max_skew} cannot be met in {}", domains.join(", "))]
+    SpreadNowhere { key: String, max_skew: i32, domains: Vec<String> },
+    #[error("pod affinity on {0}: the pods it must join run on nodes a new node cannot be")]
+    AffinityElsewhere(String),
     #[error("node(s) didn't match pod affinity rules")]
     Affinity,
     #[error("node(s) didn't match pod anti-affinity rules")]
@@ -255,6 +273,9 @@ pub struct Snapshot {
     pub pods: Vec<PodInfo>,
     /// Namespace name -> its labels (for `namespaceSelector`).
     pub namespace_labels: BTreeMap<String, Labels>,
+    /// How many placed pods carry required anti-affinity (when none do, pods without terms of
+    /// their own skip the inter-pod scan).
+    with_anti_affinity: usize,
 }
 
 impl Snapshot {
@@ -264,6 +285,7 @@ impl Snapshot {
             nodes: nodes.iter().map(NodeInfo::from_node).collect(),
             pods: Vec::new(),
             namespace_labels: namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default()))).collect(),
+            with_anti_affinity: 0,
         };
         // One lookup table, not a scan of every node per bound pod.
         let index: std::collections::HashMap<String, usize> = s.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
@@ -274,6 +296,11 @@ impl Snapshot {
             }
         }
         s
+    }
+
+    /// No nodes yet, namespaces with these labels.
+    pub fn with_namespaces(namespace_labels: BTreeMap<String, Labels>) -> Self {
+        Snapshot { namespace_labels, ..Default::default() }
     }
 
     pub fn node_index(&self, name: &str) -> Option<usize> {
@@ -288,6 +315,9 @@ impl Snapshot {
     /// Record `pod` on node `i` (bound, or placed by a plan): it counts from now on.
     pub fn bind(&mut self, mut pod: PodInfo, i: usize) {
         pod.node_name = Some(self.nodes[i].name.clone());
+        if !pod.anti_affinity.is_empty() {
+            self.with_anti_affinity += 1;
+        }
         self.nodes[i].requested.add(&pod.requests);
         self.nodes[i].pods.push(self.pods.len());
         self.pods.push(pod);
@@ -310,6 +340,23 @@ impl Snapshot {
             }
         }
         Err(why)
+    }
+
+    /// Does node `i` take the pod? (One node's verdict; [`Snapshot::feasible`] gives them all.)
+    pub fn fits(&self, pod: &PodInfo, i: usize) -> Result<(), Unfit> {
+        self.filter(pod, i, &spread::State::new(self, pod), &interpod::State::new(self, pod))
+    }
+
+    /// What a *new* node must satisfy for the pod, as requirements on topology domains: for each
+    /// DoNotSchedule spread constraint the domains where one more matching pod keeps the skew
+    /// within `maxSkew` (counting [`PodInfo::potential`] domains as empty), and for required pod
+    /// affinity and anti-affinity (its own and running pods') the domains it must or must not be
+    /// in. Hostname-keyed rules need nothing: a new node is a domain of its own, except affinity
+    /// to a pod already running on some node, which no new node meets. `Err`: no domain can work.
+    pub fn new_node_domains(&self, pod: &PodInfo) -> Result<Vec<DomainRule>, Unfit> {
+        let mut rules = spread::State::new(self, pod).allowed(pod)?;
+        rules.extend(interpod::State::new(self, pod).domain_rules()?);
+        Ok(rules)
     }
 
     fn filter(&self, pod: &PodInfo, i: usize, spread: &spread::State, interpod: &interpod::State) -> Result<(), Unfit> {

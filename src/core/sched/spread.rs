@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::PodSpec;
 
 use super::selector::{Labels, Selector};
-use super::{NodeInfo, PodInfo, Snapshot, Unfit};
+use super::{DomainRule, NodeInfo, PodInfo, Snapshot, Unfit};
 
 #[derive(Debug, Clone)]
 pub struct Constraint {
@@ -63,6 +63,9 @@ pub struct State {
 impl State {
     pub fn new(s: &Snapshot, pod: &PodInfo) -> Self {
         let mut counts = vec![BTreeMap::new(); pod.spread.len()];
+        if pod.spread.is_empty() {
+            return State { counts };
+        }
         for node in &s.nodes {
             if !pod.spread.iter().all(|c| node.labels.contains_key(&c.topology_key)) {
                 continue;
@@ -79,7 +82,41 @@ impl State {
                 *counts[ci].entry(node.labels[&c.topology_key].clone()).or_insert(0) += matching;
             }
         }
+        // Domains a new node could open count as empty ones (the planner's pass over new nodes).
+        for (ci, c) in pod.spread.iter().enumerate() {
+            for v in pod.potential.get(&c.topology_key).into_iter().flatten() {
+                counts[ci].entry(v.clone()).or_insert(0);
+            }
+        }
         State { counts }
+    }
+
+    /// The smallest count over eligible domains (0 with fewer domains than `minDomains`).
+    fn min(&self, ci: usize, c: &Constraint) -> i64 {
+        let counts = &self.counts[ci];
+        if (counts.len() as i64) < c.min_domains as i64 {
+            return 0;
+        }
+        counts.values().copied().min().unwrap_or(0)
+    }
+
+    /// For a new node: per constraint on a key other than the hostname, the known domains one
+    /// more matching pod may go to. A constraint whose key no domain has yet allows any value.
+    pub fn allowed(&self, pod: &PodInfo) -> Result<Vec<DomainRule>, Unfit> {
+        let mut rules = Vec::new();
+        for (ci, c) in pod.spread.iter().enumerate() {
+            if c.topology_key == crate::core::labels::HOSTNAME || self.counts[ci].is_empty() {
+                continue;
+            }
+            let min = self.min(ci, c);
+            let own = i64::from(c.selector.matches(&pod.labels));
+            let values: std::collections::BTreeSet<String> = self.counts[ci].iter().filter(|(_, &n)| n + own - min <= c.max_skew as i64).map(|(d, _)| d.clone()).collect();
+            if values.is_empty() {
+                return Err(Unfit::SpreadNowhere { key: c.topology_key.clone(), max_skew: c.max_skew, domains: self.counts[ci].keys().cloned().collect() });
+            }
+            rules.push(DomainRule { key: c.topology_key.clone(), allowed: true, values });
+        }
+        Ok(rules)
     }
 
     pub fn filter(&self, _s: &Snapshot, pod: &PodInfo, node: &NodeInfo) -> Result<(), Unfit> {
@@ -88,10 +125,7 @@ impl State {
                 return Err(Unfit::SpreadLabelMissing(c.topology_key.clone()));
             };
             let counts = &self.counts[ci];
-            let mut min = counts.values().copied().min().unwrap_or(0);
-            if (counts.len() as i64) < c.min_domains as i64 {
-                min = 0;
-            }
+            let min = self.min(ci, c);
             let own = i64::from(c.selector.matches(&pod.labels));
             let skew = counts.get(domain).copied().unwrap_or(0) + own - min;
             if skew > c.max_skew as i64 {

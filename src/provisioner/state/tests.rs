@@ -77,7 +77,7 @@ fn free_room_counts_bound_pods_in_flight_claims_and_daemonsets() {
     let leaving = node("leaving", Some("p"), json!([{"key": labels::DISRUPTED_TAINT, "effect": "NoSchedule"}]));
     let claims = [claim("starting", "p", &["cilium-agent"]), claim("in-flight", "p", &[])];
     let pools = [packer_pool("p", Some(Resources::new(100, 64 << 20, 1)))];
-    let snap = cluster_snapshot(&[&busy, &starting, &leaving], &claims.iter().collect::<Vec<_>>(), &[&on_busy, &done], &[], &pools, &|_| false);
+    let snap = crate::provisioner::model::cluster_snapshot(&[&busy, &starting, &leaving], &claims.iter().collect::<Vec<_>>(), &[&on_busy, &done], &[], &pools, &|_| false);
     let by: BTreeMap<&str, &crate::core::sched::NodeInfo> = snap.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     let free = |n: &crate::core::sched::NodeInfo| (n.allocatable.get("cpu") - n.requested.get("cpu"), n.allocatable.get("memory") - n.requested.get("memory"), n.max_pods - n.pods.len() as i64);
     assert!(!by.contains_key("leaving"), "a node being disrupted offers no room");
@@ -87,7 +87,7 @@ fn free_room_counts_bound_pods_in_flight_claims_and_daemonsets() {
     assert_eq!(free(by["starting"]), (2000 - 100, (4 << 30) - (64 << 20), 19), "the DaemonSet's room is held until its pod shows up");
     assert_eq!(free(by["in-flight"]), (1930 - 100, 6000 * (1 << 20) - (64 << 20), 28), "a claim without a node yet");
     assert_eq!(by["in-flight"].labels.get(labels::HOSTNAME).map(String::as_str), Some("in-flight"));
-    let skipped = cluster_snapshot(&[&busy], &[], &[&on_busy], &[], &pools, &|n| n == "busy");
+    let skipped = crate::provisioner::model::cluster_snapshot(&[&busy], &[], &[&on_busy], &[], &pools, &|n| n == "busy");
     assert!(skipped.nodes.is_empty() && skipped.pods.is_empty());
 }
 

@@ -1,0 +1,87 @@
+//! One batch's plan: pending pods onto the room the cluster already has (running nodes and
+//! in-flight claims) by kube-scheduler's own filter rules, then the rest onto new nodes by the
+//! packer. Pure: the same snapshot and pods give the same plan in the worker and in `simulate`.
+
+use super::packer::{pack, Offering, PendingPod, Plan, Pool};
+use super::sched::{NodeInfo, PodInfo, Snapshot};
+
+mod verify;
+
+/// A pending pod: the packer's view and the scheduler's.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub packer: PendingPod,
+    pub sched: PodInfo,
+}
+
+/// Can the pod's images run on this node's architecture and OS (unknown platforms: anywhere)?
+fn runs_on(pod: &PendingPod, node: &NodeInfo) -> bool {
+    let Some(platforms) = &pod.platforms else { return true };
+    let Some(arch) = node.labels.get(super::labels::ARCH) else { return true };
+    let os = node.labels.get(super::labels::OS).map_or("linux", String::as_str);
+    platforms.0.iter().any(|p| &p.architecture == arch && p.os == os)
+}
+
+/// Plan `pending` on `snapshot`: each pod, largest first, goes to the first node of the snapshot
+/// that kube-scheduler would bind it to (resources, affinity, taints, ports, topology spread and
+/// inter-pod affinity, counting running pods and the ones placed before it); the rest are packed
+/// onto new nodes, and every placement on a new node is then checked by the same rules
+/// ([`verify`]). Pods whose group must share a zone or a node are left to the packer, which
+/// places such groups together.
+pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings: &[Offering]) -> Plan {
+    let mut snap = snapshot.clone();
+    let mut order: Vec<&Pending> = pending.iter().collect();
+    order.sort_by(|a, b| b.packer.requests.cmp(&a.packer.requests).then_with(|| a.packer.id.cmp(&b.packer.id)));
+    let mut placed = std::collections::BTreeMap::new();
+    let mut refused = std::collections::BTreeMap::new();
+    let mut remaining = Vec::new();
+    for p in order {
+        let grouped = p.packer.zone_group.is_some() || p.packer.colocate;
+        if grouped {
+            remaining.push(p.packer.clone());
+            continue;
+        }
+        let verdicts = snap.feasible(&p.sched);
+        match verdicts.iter().filter_map(|r| r.as_ref().ok()).copied().find(|&i| runs_on(&p.packer, &snap.nodes[i])) {
+            Some(i) => {
+                placed.insert(p.packer.id.clone(), snap.nodes[i].name.clone());
+                snap.bind(p.sched.clone(), i);
+            }
+            None => {
+                if !snap.nodes.is_empty() {
+                    refused.insert(p.packer.id.clone(), refusals(&snap, &p.packer, &verdicts));
+                }
+                remaining.push(p.packer.clone());
+            }
+        }
+    }
+    let mut plan = pack(&remaining, pools, offerings, &[]);
+    plan.existing.extend(placed);
+    let by_id: std::collections::HashMap<&str, &Pending> = pending.iter().map(|p| (p.packer.id.as_str(), p)).collect();
+    verify::verify(&mut snap, &mut plan, &by_id, pools, offerings);
+    for u in &mut plan.unschedulable {
+        if let Some(why) = refused.get(&u.pod) {
+            u.reason = format!("{}; {why}", u.reason);
+        }
+    }
+    plan
+}
+
+/// kube-scheduler's summary of why no existing node took the pod: `0/3 nodes are available: 2
+/// node(s) didn't match pod anti-affinity rules, 1 Insufficient cpu.`
+fn refusals(snap: &Snapshot, pod: &PendingPod, verdicts: &[Result<usize, (usize, super::sched::Unfit)>]) -> String {
+    let mut counts: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for v in verdicts {
+        let why = match v {
+            Err((_, unfit)) => unfit.to_string(),
+            Ok(i) if !runs_on(pod, &snap.nodes[*i]) => "node(s) had an architecture the pod's images do not support".to_string(),
+            Ok(_) => continue,
+        };
+        *counts.entry(why).or_insert(0) += 1;
+    }
+    let parts: Vec<String> = counts.into_iter().map(|(why, n)| format!("{n} {why}")).collect();
+    format!("0/{} nodes are available: {}.", snap.nodes.len(), parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,91 @@
+use super::*;
+use crate::core::platform::PlatformSet;
+use crate::core::requirements::Requirements;
+use crate::core::resources::{pod_requests, Resources};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+
+fn node(name: &str, arch: &str) -> Node {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/arch": arch, "kubernetes.io/os": "linux", "topology.kubernetes.io/zone": "us-east-1a"}},
+        "status": {"allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"}}}))
+    .expect("node")
+}
+
+fn pod(name: &str, labels: serde_json::Value, spec: serde_json::Value, node: Option<&str>) -> Pod {
+    let mut spec = spec;
+    spec["containers"] = json!([{"name": "c", "image": "x", "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]);
+    if let Some(n) = node {
+        spec["nodeName"] = json!(n);
+    }
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default", "labels": labels}, "spec": spec})).expect("pod")
+}
+
+fn pending(p: &Pod, platforms: &str) -> Pending {
+    Pending {
+        packer: PendingPod {
+            id: format!("default/{}", p.metadata.name.clone().unwrap_or_default()),
+            requests: Resources { pods: 1, ..pod_requests(p, false) },
+            terms: Vec::new(),
+            tolerations: Vec::new(),
+            platforms: Some(PlatformSet::parse_annotation(platforms).expect("platforms")),
+            zone_spread: false,
+            per_node_max: None,
+            zone_group: None,
+            preferred: Vec::new(),
+            spread_group: None,
+            one_per_zone: false,
+            colocate: false,
+            spread_keys: Vec::new(),
+            extended: Default::default(),
+        },
+        sched: PodInfo::from_pod(p),
+    }
+}
+
+fn offerings() -> Vec<Offering> {
+    let c = crate::catalog::Catalog::embedded().expect("catalog");
+    c.types()
+        .iter()
+        .filter_map(|t| c.price_of(t, None, crate::catalog::CapacityType::OnDemand).map(|price| Offering { instance: t.clone(), zone: "us-east-1a".into(), capacity: crate::catalog::CapacityType::OnDemand, price }))
+        .collect()
+}
+
+fn pool() -> Pool {
+    Pool { name: "default".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new() }
+}
+
+#[test]
+fn anti_affinity_to_a_running_pod_buys_a_node_instead_of_a_refused_placement() {
+    // The finding: first-fit put a pod with required anti-affinity on a node kube-scheduler
+    // refuses, so no node was bought and the pod stayed Pending forever.
+    let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "kubernetes.io/hostname"}]}}});
+    let running = pod("db-0", json!({"app": "db"}), json!({}), Some("n1"));
+    let snapshot = Snapshot::new(&[node("n1", "amd64")], &[running], &[]);
+    let incoming = pod("db-1", json!({"app": "db"}), anti, None);
+    let plan = plan_batch(&snapshot, &[pending(&incoming, "linux/amd64")], &[pool()], &offerings());
+    assert!(plan.existing.is_empty(), "{:?}", plan.existing);
+    assert_eq!(plan.nodes.len(), 1, "a new node is bought for it");
+    // No pool at all: the pod's reason names what every existing node said, as kube-scheduler does.
+    let plan = plan_batch(&snapshot, &[pending(&incoming, "linux/amd64")], &[], &offerings());
+    assert_eq!(plan.unschedulable.len(), 1);
+    assert!(plan.unschedulable[0].reason.ends_with("0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."), "{}", plan.unschedulable[0].reason);
+    // Without the anti-affinity the room on n1 is used.
+    let plain = pod("web-1", json!({"app": "web"}), json!({}), None);
+    let plan = plan_batch(&snapshot, &[pending(&plain, "linux/amd64")], &[pool()], &offerings());
+    assert_eq!(plan.existing.get("default/web-1").map(String::as_str), Some("n1"));
+    assert!(plan.nodes.is_empty());
+}
+
+#[test]
+fn running_pods_count_for_spread_and_images_decide_the_architecture() {
+    // As the webhook leaves them: pinned to the architectures their images run on.
+    let spread = json!({"nodeSelector": {"kubernetes.io/arch": "amd64"}, "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}]});
+    let running = vec![pod("web-0", json!({"app": "web"}), json!({}), Some("n1")), pod("web-1", json!({"app": "web"}), json!({}), Some("n1"))];
+    let snapshot = Snapshot::new(&[node("n1", "amd64"), node("n2", "amd64"), node("n3", "arm64")], &running, &[]);
+    let incoming: Vec<Pending> = (2..4).map(|i| pending(&pod(&format!("web-{i}"), json!({"app": "web"}), spread.clone(), None), "linux/amd64")).collect();
+    let plan = plan_batch(&snapshot, &incoming, &[pool()], &offerings());
+    // n1 holds 2 and n3 (arm64) is no domain of theirs: n2 takes both (skew 1 each time).
+    assert_eq!(plan.existing.values().collect::<Vec<_>>(), ["n2", "n2"], "{:?}", plan);
+    assert!(plan.nodes.is_empty());
+}

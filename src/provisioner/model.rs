@@ -1,0 +1,249 @@
+//! The one adapter from Kubernetes objects to the planner's inputs: a pending pod's packer and
+//! scheduler views, and the cluster snapshot (nodes with their bound pods, in-flight claims as
+//! nodes-to-be). The live worker (from its watch caches), `archer simulate` (from YAML) and
+//! consolidation all build their inputs here, so they cannot decide on different pictures.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+
+use super::nodeclaim::NodeClaim;
+use super::state;
+use crate::core::labels;
+use crate::core::packer::{PendingPod, Pool};
+use crate::core::placement::PLATFORMS_ANNOTATION;
+use crate::core::planner::Pending;
+use crate::core::platform::PlatformSet;
+use crate::core::requirements::Requirements;
+use crate::core::resources::{pod_requests, Resources};
+use crate::core::sched::resources::ResourceList;
+use crate::core::sched::{NodeInfo, PodInfo, Snapshot, Volumes};
+
+/// A pending pod for the planner: the packer's view and the scheduler's, both held to the zones
+/// of the volumes its claims are bound to.
+pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes) -> Pending {
+    let terms = volumes.terms_for(pod);
+    let packer = with_volume_terms(pending_pod(&state::pod_id(pod), pod, platforms), &terms);
+    Pending { packer, sched: PodInfo::from_pod(pod).with_volumes(pod, volumes) }
+}
+
+/// The platforms recorded on the pod (the webhook's annotation), if any.
+pub fn annotated_platforms(pod: &Pod) -> Option<PlatformSet> {
+    let a = pod.metadata.annotations.as_ref()?.get(PLATFORMS_ANNOTATION)?;
+    PlatformSet::parse_annotation(a).ok().filter(|p| !p.is_empty())
+}
+
+/// Labels the kubelet (or the cloud's node controller) puts on every node, beyond the ones an
+/// offering names: a spread on them never rules a new node out.
+const KUBELET_LABELS: [&str; 5] = [
+    crate::core::labels::HOSTNAME,
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "failure-domain.beta.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+];
+
+/// AND the node affinity of the pod's bound volumes into its terms, so new nodes are bought where
+/// its volumes are (each volume's terms are alternatives).
+fn with_volume_terms(mut pod: PendingPod, volume_terms: &[Vec<k8s_openapi::api::core::v1::NodeSelectorTerm>]) -> PendingPod {
+    for terms in volume_terms {
+        let alternatives: Vec<Requirements> = terms.iter().filter_map(|t| Requirements::from_term(t).ok()).collect();
+        if alternatives.is_empty() {
+            continue;
+        }
+        pod.terms = if pod.terms.is_empty() { alternatives } else { pod.terms.iter().flat_map(|a| alternatives.iter().map(move |b| a.intersect(b))).collect() };
+    }
+    pod
+}
+
+/// The packer's view of a pod, with `platforms` decided by the caller.
+pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> PendingPod {
+    let spec = pod.spec.as_ref();
+    let selector = spec.and_then(|s| s.node_selector.clone()).unwrap_or_default();
+    let base = Requirements::from_node_selector(&selector);
+    let terms: Vec<Requirements> = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .map(|r| r.node_selector_terms.iter().filter_map(|t| Requirements::from_term(t).ok()).map(|t| t.intersect(&base)).collect())
+        .filter(|t: &Vec<Requirements>| !t.is_empty())
+        .unwrap_or_else(|| if selector.is_empty() { Vec::new() } else { vec![base] });
+    // Topology spread and anti-affinity on the pod's own group (its replicas).
+    let own = pod.metadata.labels.clone().unwrap_or_default();
+    let selects_own = |sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>| {
+        sel.and_then(|s| s.match_labels.as_ref()).is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| own.get(k) == Some(v)))
+    };
+    let mut zone_spread = false;
+    let mut per_node_max: Option<usize> = None;
+    // The group those constraints count over: the pod's namespace and its own labels they select.
+    let mut spread_group: Option<String> = None;
+    let mut note_group = |sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>| {
+        if spread_group.is_none() {
+            let m = sel.and_then(|s| s.match_labels.as_ref()).map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")).unwrap_or_default();
+            spread_group = Some(format!("{}|{m}", pod.metadata.namespace.as_deref().unwrap_or("default")));
+        }
+    };
+    let spread_keys: Vec<String> = spec
+        .and_then(|s| s.topology_spread_constraints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.when_unsatisfiable == "DoNotSchedule" && !KUBELET_LABELS.contains(&c.topology_key.as_str()))
+        .map(|c| c.topology_key.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    for c in spec.and_then(|s| s.topology_spread_constraints.as_ref()).into_iter().flatten() {
+        if !selects_own(c.label_selector.as_ref()) {
+            continue;
+        }
+        match c.topology_key.as_str() {
+            crate::core::labels::ZONE => {
+                zone_spread = true;
+                note_group(c.label_selector.as_ref());
+            }
+            crate::core::labels::HOSTNAME if c.when_unsatisfiable == "DoNotSchedule" => {
+                let m = usize::try_from(c.max_skew.max(1)).unwrap_or(1);
+                per_node_max = Some(per_node_max.map_or(m, |x| x.min(m)));
+                note_group(c.label_selector.as_ref());
+            }
+            _ => {}
+        }
+    }
+    let anti = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+    if let Some(t) = anti.and_then(|terms| terms.iter().find(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref()))) {
+        per_node_max = Some(1);
+        note_group(t.label_selector.as_ref());
+    }
+    // Host ports: pods that ask for the same host port never share a node (NodePorts).
+    let mut ports: Vec<String> = spec
+        .into_iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.is_some_and(|h| h > 0))
+        .map(|p| format!("{}/{}", p.host_port.unwrap_or(0), p.protocol.as_deref().unwrap_or("TCP")))
+        .collect();
+    ports.sort();
+    ports.dedup();
+    if !ports.is_empty() && per_node_max.is_none() && spread_group.is_none() {
+        per_node_max = Some(1);
+        spread_group = Some(format!("host-ports|{}", ports.join(",")));
+    }
+    let one_per_zone = anti.is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::ZONE && selects_own(t.label_selector.as_ref())));
+    let colocate = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_affinity.as_ref())
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
+        .is_some_and(|terms| terms.iter().any(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref())));
+    // Required pod affinity on the zone key: every pod whose affinity selects on the same label
+    // keys (in its namespace) is put in one zone, which satisfies each of them whatever value it
+    // selects (a conservative reading: one zone for the whole family of pods).
+    let affinity = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_affinity.as_ref())
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+    let zone_group = affinity.and_then(|terms| terms.iter().find(|t| t.topology_key == crate::core::labels::ZONE)).map(|t| {
+        let sel = t.label_selector.as_ref();
+        let mut keys: Vec<&str> = sel.and_then(|s| s.match_labels.as_ref()).map(|m| m.keys().map(String::as_str).collect()).unwrap_or_default();
+        keys.extend(sel.and_then(|s| s.match_expressions.as_ref()).map(|e| e.iter().map(|e| e.key.as_str()).collect::<Vec<_>>()).unwrap_or_default());
+        keys.sort();
+        keys.dedup();
+        format!("{}|{}", pod.metadata.namespace.as_deref().unwrap_or("default"), keys.join(","))
+    });
+    let preferred: Vec<(i32, Requirements)> = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
+        .map(|terms| terms.iter().filter_map(|t| Requirements::from_term(&t.preference).ok().map(|r| (t.weight, r))).collect())
+        .unwrap_or_default();
+    PendingPod {
+        one_per_zone,
+        colocate,
+        spread_keys,
+        extended: crate::core::sched::resources::pod_requests(pod).0.into_iter().filter(|(k, v)| *v > 0 && k.contains('/') && !k.starts_with("hugepages-")).collect(),
+        spread_group,
+        preferred,
+        zone_group,
+        id: id.to_string(),
+        requests: pod_requests(pod, false),
+        terms,
+        tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
+        platforms,
+        zone_spread,
+        per_node_max,
+    }
+}
+
+/// The cluster as kube-scheduler's rules see it ([`crate::core::sched::Snapshot`]): every node
+/// that can take pods with the pods bound there, and every claim whose node is not there yet,
+/// with their room: taints a starting node sheds are left out, and a node (or claim) with no pods
+/// yet holds its DaemonSets' room. `skip` names nodes to leave out (those a disruption is about
+/// to remove).
+pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], namespaces: &[&Namespace], pools: &[Pool], skip: &dyn Fn(&str) -> bool) -> Snapshot {
+    let mut snap = Snapshot::with_namespaces(namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default()))).collect());
+    let bound = state::usage_by_node(pods.iter().copied());
+    let mut seen = std::collections::HashSet::new();
+    let mut claim_by_node: HashMap<&str, &NodeClaim> = claims.iter().map(|c| (c.metadata.name.as_deref().unwrap_or(""), *c)).collect();
+    claim_by_node.extend(claims.iter().filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()).map(|n| (n, *c))));
+    let pool_of = |c: Option<&NodeClaim>| c.and_then(|c| pools.iter().find(|p| p.name == c.spec.node_pool));
+    for n in nodes {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        seen.insert(name.clone());
+        if state::node_leaving(n) || skip(&name) {
+            continue;
+        }
+        let claim = claim_by_node.get(name.as_str()).copied();
+        let startup: Vec<&str> = claim.map(|c| c.spec.startup_taints.iter().map(|t| t.key.as_str()).collect()).unwrap_or_default();
+        let mut info = NodeInfo::from_node(n);
+        info.taints.retain(|t| !state::EPHEMERAL_TAINTS.contains(&t.key.as_str()) && !startup.contains(&t.key.as_str()));
+        let on_node = bound.get(&name).map(|b| b.1.clone()).unwrap_or_default();
+        if on_node.is_empty() {
+            if let Some(pool) = pool_of(claim) {
+                hold_daemon_room(&mut info, pool);
+            }
+        }
+        let i = snap.nodes.len();
+        snap.nodes.push(info);
+        for p in on_node {
+            snap.bind(PodInfo::from_pod(p), i);
+        }
+    }
+    for c in claims {
+        let name = c.name();
+        if c.deleting() || seen.contains(&name) || skip(&name) {
+            continue;
+        }
+        let mut labels = c.spec.labels.clone();
+        labels.insert(labels::HOSTNAME.into(), name.clone());
+        let alloc: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> =
+            c.spec.allocatable.iter().map(|(k, v)| (k.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()))).collect();
+        let mut allocatable = ResourceList::from_api(Some(&alloc));
+        let max_pods = allocatable.0.remove("pods").unwrap_or(110);
+        let mut info = NodeInfo {
+            name,
+            labels,
+            taints: c.spec.taints.iter().map(|t| k8s_openapi::api::core::v1::Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None }).collect(),
+            unschedulable: false,
+            allocatable,
+            max_pods,
+            requested: ResourceList::default(),
+            pods: Vec::new(),
+        };
+        if let Some(pool) = pool_of(Some(c)) {
+            hold_daemon_room(&mut info, pool);
+        }
+        snap.nodes.push(info);
+    }
+    snap
+}
+
+/// Hold the room the pool's DaemonSets will take on a node that has none of its pods yet.
+fn hold_daemon_room(info: &mut NodeInfo, pool: &Pool) {
+    let allocatable = Resources::new(info.allocatable.get("cpu"), info.allocatable.get("memory"), info.max_pods);
+    let held = allocatable - pool.room(&info.labels, allocatable);
+    info.requested.add(&ResourceList([("cpu".to_string(), held.cpu_millis), ("memory".to_string(), held.memory_bytes)].into()));
+    info.max_pods -= held.pods;
+}
+
