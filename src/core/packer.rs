@@ -427,6 +427,14 @@ fn pin_zone_groups(classes: &mut Vec<Class>, offerings: &[Offering], room: &dyn 
     });
 }
 
+/// How many pods of the class a node with this room and these GPUs holds.
+fn pods_that_fit(c: &Class, free: Resources, gpus: i64) -> usize {
+    let r = c.requests;
+    let by = |f: i64, need: i64| if need <= 0 { i64::MAX } else { f / need };
+    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(by(gpus, c.gpus));
+    usize::try_from(n.max(0)).unwrap_or(0)
+}
+
 /// A (pool, offering) pair, by index.
 type Slot = (usize, usize);
 
@@ -728,6 +736,21 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             let Some((_, pi, oi, take)) = best else {
                 if fall_through(&mut classes[ci], offerings, &room_of) {
                     continue;
+                }
+                // Affinity to its own replicas on the hostname key, and no node holds them all:
+                // the first goes to a node and the next follow it while it has room, as
+                // kube-scheduler binds them; the rest can run nowhere.
+                if classes[ci].colocate {
+                    let c = &classes[ci];
+                    let most = c.offerings.iter().filter(|&&(pi, oi)| within_limits(&pools[pi], used[pi], &offerings[oi], 1)).map(|&(pi, oi)| pods_that_fit(c, room_of(pi, oi), i64::from(offerings[oi].instance.gpu_count))).max().unwrap_or(0);
+                    if most > 0 && most < c.pods.len() {
+                        let pool_name = c.offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
+                        let reason = format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds more than {most} of them");
+                        for p in classes[ci].pods.drain(most..) {
+                            plan.unschedulable.push(Unschedulable { pod: p, reason: reason.clone() });
+                        }
+                        continue;
+                    }
                 }
                 let pool_name = classes[ci].offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
                 let reason = if classes[ci].colocate {
