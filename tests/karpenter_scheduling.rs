@@ -673,7 +673,7 @@ fn pod_affinity_should_respect_self_pod_affinity_for_first_empty_topology_domain
     let o = run(&docs(vec![vec![pool(json!([{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m5.large"]}]))], pods("p", 10, app("a"), "1", affinity("podAffinity", HOST, app_sel("a")))]));
     let placed = names("p", 10).iter().filter(|p| o.scheduled(p)).count();
     assert_eq!(o.nodes_of(&names("p", 10)), 1);
-    assert!(placed >= 1 && placed < 10, "{placed}");
+    assert!((1..10).contains(&placed), "{placed}");
     assert_eq!(o.unschedulable(), 10 - placed);
 }
 
