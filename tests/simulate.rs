@@ -305,3 +305,71 @@ spec:
     let plan = simulate(&["--scenario", path.to_str().expect("path"), "--offline"]);
     assert_eq!(node_of(&plan, "default/db")["zone"], "us-east-1b", "{plan}");
 }
+
+/// A node of the default pool, as `kubectl get nodes -o yaml` prints it.
+fn dump_node(name: &str, instance_type: &str, cpu: &str, memory: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/hostname: {name}, kubernetes.io/arch: amd64, kubernetes.io/os: linux, topology.kubernetes.io/zone: us-east-1a, node.kubernetes.io/instance-type: {instance_type}, karpenter.sh/capacity-type: on-demand, karpenter.sh/nodepool: default}}\nstatus:\n  allocatable: {{cpu: \"{cpu}\", memory: {memory}, pods: \"58\"}}\n"
+    )
+}
+
+/// A running pod a ReplicaSet owns (consolidation may move it).
+fn dump_pod(name: &str, node: &str, cpu: &str, annotations: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{app: web}}\n  annotations: {{archer.dev/platforms: linux/amd64{annotations}}}\n  ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: web-abc, uid: u1, controller: true}}]\nspec:\n  nodeName: {node}\n  containers: [{{name: c, image: nginx, resources: {{requests: {{cpu: {cpu}, memory: 256Mi}}}}}}]\n"
+    )
+}
+
+fn disruption_of(scenario: &str) -> Value {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, scenario).expect("write");
+    let out = simulate(&["--scenario", path.to_str().expect("path"), "--offline", "--disruption"]);
+    out["disruption"].clone()
+}
+
+const POOL: &str = "apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  disruption: {consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 30s}\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: topology.kubernetes.io/zone, operator: In, values: [us-east-1a]}\n";
+
+#[test]
+fn simulate_disruption_removes_an_empty_node_first() {
+    let s = [POOL, &dump_node("busy", "m5.xlarge", "3920m", "14Gi"), &dump_pod("web-0", "busy", "3", ""), &dump_node("idle", "m5.xlarge", "3920m", "14Gi")].join("---\n");
+    let d = disruption_of(&s);
+    assert_eq!(d.as_array().map(Vec::len), Some(1), "{d}");
+    assert_eq!((d[0]["reason"].as_str(), d[0]["nodes"].clone()), (Some("empty"), serde_json::json!(["idle"])));
+    assert!((d[0]["savingPerHour"].as_f64().unwrap_or(0.0) - 0.192).abs() < 1e-6, "m5.xlarge on demand: {d}");
+}
+
+#[test]
+fn simulate_disruption_consolidates_underutilised_nodes_by_the_planners_rules() {
+    // Two half-empty m5.xlarge: one goes, its pod moves onto the other (kube-scheduler's rules:
+    // it fits), no replacement is bought.
+    let s = [POOL, &dump_node("a", "m5.xlarge", "3920m", "14Gi"), &dump_pod("web-0", "a", "1", ""), &dump_node("b", "m5.xlarge", "3920m", "14Gi"), &dump_pod("web-1", "b", "1", "")].join("---\n");
+    let d = disruption_of(&s);
+    assert_eq!(d.as_array().map(Vec::len), Some(1), "{d}");
+    assert_eq!(d[0]["reason"], "underutilized");
+    assert_eq!(d[0]["replacements"], serde_json::json!([]), "{d}");
+    let gone = d[0]["nodes"][0].as_str().expect("node").to_string();
+    let stays = if gone == "a" { "b" } else { "a" };
+    assert_eq!(d[0]["moves"].as_object().map(|m| m.values().all(|n| n == stays)), Some(true), "{d}");
+    assert!(d[0]["savingPerHour"].as_f64().unwrap_or(0.0) > 0.19, "{d}");
+
+    // Required anti-affinity between the two pods: neither may join the other, so the only
+    // saving left is a cheaper replacement for a half-empty node.
+    let with_anti = s.replace(
+        "spec:\n  nodeName: a\n",
+        "spec:\n  nodeName: a\n  affinity: {podAntiAffinity: {requiredDuringSchedulingIgnoredDuringExecution: [{labelSelector: {matchLabels: {app: web}}, topologyKey: kubernetes.io/hostname}]}}\n",
+    );
+    let d = disruption_of(&with_anti);
+    assert!(d[0]["replacements"].as_array().is_some_and(|r| !r.is_empty()), "a cheaper replacement: {d}");
+    for decision in d.as_array().expect("decisions") {
+        assert!(!decision["replacements"].as_array().is_some_and(|r| r.is_empty()) || decision["moves"].as_object().is_some_and(|m| m.is_empty()), "a pod moved next to the one its anti-affinity excludes: {decision}");
+        assert!(decision["replacements"].as_array().is_some_and(|r| r.iter().all(|n| n["pricePerHour"].as_f64().unwrap_or(1.0) < 0.192)), "{decision}");
+    }
+}
+
+#[test]
+fn simulate_disruption_leaves_a_node_with_a_do_not_disrupt_pod() {
+    let s = [POOL, &dump_node("a", "m5.xlarge", "3920m", "14Gi"), &dump_pod("web-0", "a", "1", ", karpenter.sh/do-not-disrupt: \"true\""), &dump_node("b", "m5.xlarge", "3920m", "14Gi"), &dump_pod("web-1", "b", "1", ", karpenter.sh/do-not-disrupt: \"true\"")].join("---\n");
+    let d = disruption_of(&s);
+    assert_eq!(d, serde_json::json!([]), "{d}");
+}

@@ -12,6 +12,7 @@ use crate::catalog::Catalog;
 use crate::core::labels;
 use crate::core::packer::{Plan, Pool};
 use crate::core::planner::plan_batch;
+use crate::provisioner::consolidation::{self, Decision};
 use crate::metrics::Metrics;
 use crate::provisioner::scenario::{all_images, Scenario};
 
@@ -32,8 +33,85 @@ pub struct SimulateArgs {
     /// Also plan with arm64 forbidden, to show what multi-arch placement saves.
     #[arg(long)]
     pub compare: bool,
+    /// Also print what consolidation would do to the scenario's nodes (which nodes go, why, what
+    /// replaces them, the saving), as if every node had been stable for `consolidateAfter`.
+    #[arg(long)]
+    pub disruption: bool,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+}
+
+/// Consolidation's decisions on the scenario's nodes, per pool: empty nodes first, else the best
+/// underutilised set, within the pool's budgets. Nodes are the pool's by their
+/// `archer.dev/nodepool` or `karpenter.sh/nodepool` label, priced by the catalog from their
+/// instance type, zone and capacity type.
+fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platforms: &(dyn Fn(&k8s_openapi::api::core::v1::Pod) -> Option<crate::core::platform::PlatformSet> + Sync), notes: &mut Vec<String>) -> Vec<Decision> {
+    use crate::provisioner::state;
+    let nodes: Vec<&k8s_openapi::api::core::v1::Node> = s.nodes.iter().collect();
+    let pods: Vec<&k8s_openapi::api::core::v1::Pod> = s.bound.iter().collect();
+    let volumes = s.volumes();
+    let world = consolidation::World { nodes: &nodes, claims: &[], pods: &pods, namespaces: &[], pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms };
+    let by_node = state::usage_by_node(pods.iter().copied());
+    let mut out = Vec::new();
+    for np in &s.pools {
+        let pool = np.name();
+        let settings = match state::DisruptionSettings::of(np) {
+            Ok(x) => x,
+            Err(e) => {
+                notes.push(format!("NodePool {pool}: disruption settings unusable ({e}); its nodes are left alone"));
+                continue;
+            }
+        };
+        let pool_nodes: Vec<&k8s_openapi::api::core::v1::Node> = nodes
+            .iter()
+            .copied()
+            .filter(|n| {
+                let l = n.metadata.labels.as_ref();
+                [labels::NODEPOOL, labels::KARPENTER_NODEPOOL].iter().any(|k| l.and_then(|l| l.get(*k)) == Some(&pool))
+            })
+            .collect();
+        let mut candidates = Vec::new();
+        for n in pool_nodes.iter().copied().filter(|n| !state::node_leaving(n)) {
+            let l = state::labels_of(n);
+            let get = |k: &str| l.get(k).map(String::as_str).unwrap_or("");
+            let capacity = if get(labels::KARPENTER_CAPACITY_TYPE).is_empty() { get(labels::CAPACITY_TYPE) } else { get(labels::KARPENTER_CAPACITY_TYPE) };
+            let price = inputs.offerings.iter().find(|o| o.instance.name == get(labels::INSTANCE_TYPE) && o.zone == get(labels::ZONE) && o.capacity.as_str() == capacity).map(|o| o.price);
+            let Some(price) = price else {
+                notes.push(format!("node {} has no catalog price ({} {} {capacity}); left alone", n.metadata.name.as_deref().unwrap_or(""), get(labels::INSTANCE_TYPE), get(labels::ZONE)));
+                continue;
+            };
+            let on_node = by_node.get(n.metadata.name.as_deref().unwrap_or("")).map(|(_, p)| p.clone()).unwrap_or_default();
+            candidates.push(consolidation::Candidate { node: n, pods: on_node, price });
+        }
+        let disrupting = pool_nodes.iter().filter(|n| state::node_leaving(n)).count();
+        let budget = |reason: &str| settings.allowed(pool_nodes.len(), reason).saturating_sub(disrupting);
+        if settings.consolidate_after.is_none() {
+            continue;
+        }
+        let all: Vec<&consolidation::Candidate> = candidates.iter().collect();
+        if let Some(d) = consolidation::empty(&pool, &all, budget("Empty")) {
+            out.push(d);
+            continue;
+        }
+        if settings.underutilized {
+            let eligible: Vec<&consolidation::Candidate> = all.iter().copied().filter(|c| state::disruption_blocker(&c.pods).is_none() && !state::do_not_disrupt(&c.node.metadata)).collect();
+            out.extend(consolidation::underutilized(&world, &pool, &eligible, budget("Underutilized")));
+        }
+    }
+    out
+}
+
+fn print_disruption(decisions: &[Decision]) {
+    println!("\nDisruption: {} decision(s)", decisions.len());
+    for d in decisions {
+        println!("  pool {}: {} {} (saves ${:.4}/hour)", d.pool, d.reason, d.nodes.join(", "), d.saving_per_hour);
+        for n in &d.replacements {
+            println!("    replacement {} {} {} {} ${:.4}/hour: {}", n.instance_type, n.arch, n.zone, n.capacity_type, n.price_per_hour, n.pods.join(", "));
+        }
+        for (pod, node) in &d.moves {
+            println!("    {pod} -> {node}");
+        }
+    }
 }
 
 fn plan_json(plan: &Plan) -> serde_json::Value {
@@ -70,7 +148,7 @@ fn print_plan(title: &str, plan: &Plan) {
 }
 
 pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
-    let SimulateArgs { scenario, catalog, registry, offline, compare, output } = args;
+    let SimulateArgs { scenario, catalog, registry, offline, compare, disruption: disrupt, output } = args;
     let text = std::fs::read_to_string(&scenario).with_context(|| format!("reading {}", scenario.display()))?;
     let s = Scenario::parse(&text)?;
     let cfg = registry.load()?;
@@ -80,7 +158,12 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     // Platforms: the pod's annotation, else the images (the webhook's lookup path), else unknown.
     let mut found = std::collections::BTreeMap::new();
     if !offline {
-        let images = all_images(&s.pods);
+        // Pods that consolidation would move are inspected too.
+        let mut all = s.pods.clone();
+        if disrupt {
+            all.extend(s.bound.iter().map(|p| crate::provisioner::scenario::ScenarioPod { id: crate::provisioner::state::pod_id(p), pod: p.clone() }));
+        }
+        let images = all_images(&all);
         if !images.is_empty() {
             let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;
             let keyring = super::base_keyring(&cfg)?;
@@ -98,6 +181,13 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     if inputs.assumed > 0 {
         notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));
     }
+    let platforms_of = |p: &k8s_openapi::api::core::v1::Pod| {
+        crate::provisioner::model::annotated_platforms(p).or_else(|| {
+            let sets: Option<Vec<&crate::core::platform::PlatformSet>> = crate::core::placement::pod_images(p).iter().map(|i| found.get(i)).collect();
+            sets.and_then(crate::core::platform::PlatformSet::intersect_all)
+        })
+    };
+    let decisions = if disrupt { Some(disruption(&s, &inputs, &platforms_of, &mut notes)) } else { None };
     let crate::provisioner::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, .. } = inputs;
     let plan = plan_batch(&snapshot, &pods, &pools, &offers);
     // The comparison is over the pods both plans can place: pods that need arm64 are left out of
@@ -128,6 +218,9 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
                     "savingsPerHour": round(without.total_price_per_hour - with.total_price_per_hour),
                 });
             }
+            if let Some(d) = &decisions {
+                doc["disruption"] = json!(d);
+            }
             if !notes.is_empty() {
                 doc["notes"] = json!(notes);
             }
@@ -147,6 +240,9 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
                     without.total_price_per_hour,
                     saved * 730.0
                 );
+            }
+            if let Some(d) = &decisions {
+                print_disruption(d);
             }
             for n in &notes {
                 println!("note: {n}");

@@ -13,11 +13,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams};
 use kube::Api;
 
+use super::consolidation;
 use super::nodeclaim::NodeClaim;
 use super::state::{self, DisruptionSettings};
 use super::worker::{age_of, Provisioner};
 use crate::core::labels;
-use crate::core::planner::{plan_batch, Pending};
 use crate::metrics::label;
 
 /// Per-node clocks: since when a node has been empty / had the same pods.
@@ -174,50 +174,34 @@ impl Provisioner {
         if eligible.is_empty() {
             return;
         }
-        // Candidate sets: each node alone, and (within the budget) the least utilised ones together.
-        let mut sets: Vec<Vec<&Candidate>> = eligible.iter().map(|c| vec![*c]).collect();
-        if eligible.len() > 1 && budget > 1 {
-            let mut by_price_per_pod = eligible.clone();
-            by_price_per_pod.sort_by(|a, b| (b.price / (b.pods.len() as f64 + 1.0)).total_cmp(&(a.price / (a.pods.len() as f64 + 1.0))));
-            sets.push(by_price_per_pod.into_iter().take(budget).collect());
-        }
-        let mut best: Option<(f64, Vec<&Candidate>, crate::core::packer::Plan)> = None;
-        for set in sets {
-            let Some(plan) = self.evaluate(&set).await else { continue };
-            let old: f64 = set.iter().map(|c| c.price).sum();
-            let saving = old - plan.total_price_per_hour;
-            // Only a real saving (a sliver of price noise does not churn nodes).
-            if saving > old * 0.01 && best.as_ref().is_none_or(|(s, _, _)| saving > *s) {
-                best = Some((saving, set, plan));
-            }
-        }
-        let Some((saving, set, plan)) = best else { return };
-        let names: Vec<String> = set.iter().map(|c| c.node.metadata.name.clone().unwrap_or_default()).collect();
-        tracing::info!(pool, nodes = ?names, replacements = plan.nodes.len(), saving_per_hour = saving, "consolidating");
+        // The deciding is pure (`consolidation`); the platforms of the pods that would move are
+        // resolved first (registry lookups are the only awaits).
+        let moving: Vec<&Pod> = eligible.iter().flat_map(|c| state::evictable(&c.pods)).collect();
+        let found = futures::future::join_all(moving.iter().map(|p| async move { (state::pod_id(p), self.platforms(p).await) })).await;
+        let found: HashMap<String, Option<crate::core::platform::PlatformSet>> = found.into_iter().collect();
+        let platforms = |p: &Pod| found.get(&state::pod_id(p)).cloned().flatten();
+        let views: Vec<consolidation::Candidate> = eligible.iter().map(|c| consolidation::Candidate { node: c.node.as_ref(), pods: c.pods.clone(), price: c.price }).collect();
+        let nodes = self.stores.nodes.state();
+        let claims = self.stores.claims.state();
+        let pods = self.stores.pods.state();
+        let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
+        let (node_refs, claim_refs, pod_refs, ns_refs): (Vec<&Node>, Vec<&NodeClaim>, Vec<&Pod>, Vec<&k8s_openapi::api::core::v1::Namespace>) =
+            (nodes.iter().map(|n| n.as_ref()).collect(), claims.iter().map(|c| c.as_ref()).collect(), pods.iter().map(|p| p.as_ref()).collect(), namespaces.iter().map(|n| n.as_ref()).collect());
+        let pools = self.pools();
+        let volumes = self.volumes();
+        let world = consolidation::World { nodes: &node_refs, claims: &claim_refs, pods: &pod_refs, namespaces: &ns_refs, pools: &pools, offerings: &self.offerings, volumes: &volumes, platforms: &platforms };
+        let view_refs: Vec<&consolidation::Candidate> = views.iter().collect();
+        let Some(decision) = tokio::task::block_in_place(|| consolidation::underutilized(&world, pool, &view_refs, budget)) else { return };
+        let set: Vec<&Candidate> = eligible.iter().copied().filter(|c| decision.nodes.iter().any(|n| Some(n.as_str()) == c.node.metadata.name.as_deref())).collect();
+        tracing::info!(pool, nodes = ?decision.nodes, replacements = decision.replacements.len(), saving_per_hour = decision.saving_per_hour, "consolidating");
         // Taint first, so the scheduler stops adding pods while replacements start.
         for c in &set {
             self.taint(&c.node).await;
         }
-        let replacements = self.launch_plan(&plan.nodes, "replacement").await;
+        let replacements = self.launch_plan(&decision.replacements, "replacement").await;
         for c in set {
             self.start_drain(c.node.clone(), c.claim.clone(), replacements.clone(), "underutilized");
         }
-    }
-
-    /// Where the pods of `set` would go if its nodes were removed: other nodes first, then new
-    /// nodes. `None` when some pod would have nowhere to go.
-    async fn evaluate(&self, set: &[&Candidate<'_>]) -> Option<crate::core::packer::Plan> {
-        let leaving: Vec<String> = set.iter().map(|c| c.node.metadata.name.clone().unwrap_or_default()).collect();
-        let moving: Vec<&Pod> = set.iter().flat_map(|c| state::evictable(&c.pods)).collect();
-        // The moving pods as kube-scheduler will see them once evicted: unbound replicas.
-        let mut batch: Vec<Pending> = self.pending_pods(&moving, &self.volumes()).await;
-        for p in &mut batch {
-            p.sched.node_name = None;
-        }
-        let pools = self.pools();
-        let snapshot = self.snapshot(&pools, &self.stores.pods.state(), &|n: &str| leaving.iter().any(|l| l == n));
-        let plan = tokio::task::block_in_place(|| plan_batch(&snapshot, &batch, &pools, &self.offerings));
-        plan.unschedulable.is_empty().then_some(plan)
     }
 
     async fn taint(&self, node: &Node) {

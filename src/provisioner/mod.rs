@@ -5,11 +5,13 @@
 //! - `scenario`: ordinary Kubernetes YAML read into those objects (simulate);
 //! - `state`: the cluster as the deciding code sees it (pending pods, free room, pool usage);
 //! - `worker`: pending-pod watch, batching, launching, claim keeping;
-//! - `disruption`: empty, underutilised and expired nodes;
+//! - `consolidation`: which nodes to remove or replace, decided purely (worker and simulate);
+//! - `disruption`: the clocks, budgets and actions around those decisions (taint, evict, delete);
 //! - `cloud`: the cloud-provider trait and the kwok provider;
 //! - `leader`: the Lease that makes one replica the provisioner.
 
 pub mod cloud;
+pub mod consolidation;
 pub mod disruption;
 pub mod leader;
 pub mod model;

@@ -167,7 +167,7 @@ impl Provisioner {
 
     /// Platforms of a pending pod: the webhook's annotation, else its images, else unknown
     /// (assumed to run anywhere).
-    async fn platforms(&self, pod: &Pod) -> Option<PlatformSet> {
+    pub(super) async fn platforms(&self, pod: &Pod) -> Option<PlatformSet> {
         match crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
             PodPlatforms::Known { all, .. } => Some(all),
             PodPlatforms::Unknown(why) => {
