@@ -25,3 +25,8 @@ pub fn untolerated<'a>(taints: &'a [k8s_openapi::api::core::v1::Taint], tolerati
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
         .find(|t| !tolerations.iter().any(|tol| tolerates(tol, &t.key, t.value.as_deref().unwrap_or(""), &t.effect)))
 }
+
+/// Does the node carry a taint with this key?
+pub fn node_has_taint(node: &k8s_openapi::api::core::v1::Node, key: &str) -> bool {
+    node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == key))
+}

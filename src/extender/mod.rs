@@ -216,7 +216,7 @@ fn batch_registering(store: &Store<Node>, name: &str) -> Option<String> {
     siblings
         .split(',')
         .filter(|s| !s.is_empty())
-        .find(|s| store.get(&kube::runtime::reflector::ObjectRef::new(s)).is_some_and(|n| crate::provisioner::state::has_taint(&n, labels::UNREGISTERED_TAINT)))
+        .find(|s| store.get(&kube::runtime::reflector::ObjectRef::new(s)).is_some_and(|n| crate::core::taints::node_has_taint(&n, labels::UNREGISTERED_TAINT)))
         .map(|s| format!("node {s} of the same launch batch is still registering"))
 }
 

@@ -16,7 +16,8 @@ use kube::Api;
 use super::consolidation;
 use super::nodeclaim::NodeClaim;
 use super::state::{self, DisruptionSettings};
-use super::worker::{age_of, Provisioner};
+use super::state::age_of;
+use super::worker::Provisioner;
 use crate::core::labels;
 use crate::metrics::label;
 

@@ -71,7 +71,14 @@ pub fn node_ready(n: &Node) -> bool {
 
 /// Does the node carry a taint with this key?
 pub fn has_taint(node: &Node, key: &str) -> bool {
-    node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == key))
+    crate::core::taints::node_has_taint(node, key)
+}
+
+/// How long ago an RFC 3339 timestamp was (`None`: unparseable or in the future).
+pub fn age_of(t: &str) -> Option<std::time::Duration> {
+    let then = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
+    let d = time::OffsetDateTime::now_utc() - then;
+    d.try_into().ok()
 }
 
 /// Is the node on its way out (cordoned, tainted for disruption, being deleted)?

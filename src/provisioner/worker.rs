@@ -486,7 +486,7 @@ impl Provisioner {
         // Ready nodes still unregistered a while after launch (their batch's registration was
         // lost to a restart): register them one by one.
         for c in claims.iter().filter(|c| c.launched() && !c.deleting()) {
-            let late = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_some_and(|a| a > Duration::from_secs(15));
+            let late = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(state::age_of).is_some_and(|a| a > Duration::from_secs(15));
             let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
             if late && self.stores.nodes.get(&kube::runtime::reflector::ObjectRef::new(&node)).is_some_and(|n| state::node_ready(&n)) {
                 self.register(&node).await;
@@ -506,7 +506,7 @@ impl Provisioner {
             }
         }
         for c in claims.iter().filter(|c| c.launched() && !c.deleting() && !known.contains(c.name().as_str())) {
-            let age = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).unwrap_or_default();
+            let age = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(state::age_of).unwrap_or_default();
             if age > Duration::from_secs(30) {
                 tracing::warn!(claim = %c.name(), "the claim's instance is gone; deleting the claim");
                 let _ = api.delete(&c.name(), &DeleteParams::default()).await;
@@ -519,9 +519,4 @@ pub(super) fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
-/// How long ago an RFC 3339 time was.
-pub(super) fn age_of(t: &str) -> Option<Duration> {
-    let then = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
-    let d = time::OffsetDateTime::now_utc() - then;
-    d.try_into().ok()
-}
+
