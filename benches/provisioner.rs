@@ -1,4 +1,4 @@
-//! `cargo bench --bench provisioner`: the bin-packer's decision throughput, peak memory and cost
+//! `cargo bench --bench provisioner`: the planner's decision throughput, peak memory and cost
 //! quality, on two workloads (select with ARCHER_BENCH_WORKLOAD=catalog|karpenter, default both):
 //!
 //! - catalog: batches of 100, 1,000 and 5,000 pending pods of mixed sizes and platforms against
@@ -11,7 +11,12 @@
 //!   labelled with one of 7 values; required hostname anti-affinity within the group), requests
 //!   drawn with a fixed seed from cpu {100,250,500,1000,1500}m x memory {100,...,4096}Mi.
 //!
-//! Reported per batch: pods/s (pods / mean pack time), new nodes, cost ratio (plan price over the
+//! Pods are API objects with their real constraints, turned into planner input by the
+//! provisioner's one adapter, and planned by `plan_batch` exactly as the worker does: packed,
+//! then every new-node placement checked by the scheduling model (spread counted over every
+//! domain the pool offers, inter-pod affinity and anti-affinity, host ports, resources).
+//!
+//! Reported per batch: pods/s (pods / mean plan time), new nodes, cost ratio (plan price over the
 //! lower bound: each pod at the cheapest price per unit of its scarcer resource), peak memory
 //! added while packing (VmHWM after a reset, minus VmRSS before).
 
@@ -19,7 +24,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use archer::catalog::{CapacityType, Catalog, InstanceType};
-use archer::core::packer::{pack, Offering, PendingPod, Plan, Pool};
+use archer::core::packer::{Offering, Plan, Pool};
+use archer::core::planner::{plan_batch, Pending};
+use archer::core::sched::{Snapshot, Volumes};
+use archer::provisioner::model;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{json, Value};
 use archer::core::platform::PlatformSet;
 use archer::core::resources::Resources;
 use archer::provisioner::nodepool::{offerings, NodePool};
@@ -29,6 +39,8 @@ use archer::provisioner::nodepool::{offerings, NodePool};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const MIB: i64 = 1024 * 1024;
+const ZONE: &str = "topology.kubernetes.io/zone";
+const HOSTNAME: &str = "kubernetes.io/hostname";
 
 /// A small fixed-seed generator (xorshift64*), so every run packs the same pods.
 struct Rng(u64);
@@ -50,17 +62,18 @@ fn proc_status_kib(field: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-/// Pack `pods` repeatedly for about a second; (plan, mean time, peak MiB added).
-fn measure(pods: &[PendingPod], pools: &[Pool], offers: &[Offering]) -> (Plan, Duration, f64) {
-    // Peak memory of one pack: reset the high-water mark (Linux clear_refs 5), pack, read it.
+/// Plan `pods` repeatedly for about a second; (plan, mean time, peak MiB added).
+fn measure(pods: &[Pending], pools: &[Pool], offers: &[Offering]) -> (Plan, Duration, f64) {
+    let empty = Snapshot::default();
+    // Peak memory of one plan: reset the high-water mark (Linux clear_refs 5), plan, read it.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let before = proc_status_kib("VmRSS:").unwrap_or(0);
-    let plan = pack(pods, pools, offers, &[]);
+    let plan = plan_batch(&empty, pods, pools, offers);
     let peak = proc_status_kib("VmHWM:").unwrap_or(before).saturating_sub(before) as f64 / 1024.0;
     let start = Instant::now();
     let mut runs = 0u32;
     while runs < 3 || start.elapsed() < Duration::from_secs(1) {
-        std::hint::black_box(pack(pods, pools, offers, &[]));
+        std::hint::black_box(plan_batch(&empty, pods, pools, offers));
         runs += 1;
     }
     (plan, start.elapsed() / runs, peak)
@@ -79,11 +92,20 @@ fn report(label: &str, n: usize, plan: &Plan, mean: Duration, peak_mib: f64) {
     );
 }
 
-fn pod(id: String, cpu: i64, mem_mib: i64) -> PendingPod {
-    PendingPod { id, requests: Resources::new(cpu, mem_mib * MIB, 1), terms: Vec::new(), tolerations: Vec::new(), platforms: None, zone_spread: false, per_node_max: None, zone_group: None, preferred: Vec::new(), spread_group: None, one_per_zone: false, colocate: false, spread_keys: Vec::new(), extended: Default::default() }
+/// A pending pod as the API server would hold it, through the provisioner's one adapter (the
+/// packer's and the scheduling model's views, as the worker builds them).
+fn pod(name: &str, cpu: i64, mem_mib: i64, labels: Value, spec: Value, platforms: Option<PlatformSet>) -> Pending {
+    let mut spec = spec;
+    spec["containers"] = json!([{"name": "app", "image": "app", "resources": {"requests": {"cpu": format!("{cpu}m"), "memory": format!("{mem_mib}Mi")}}}]);
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default", "labels": labels}, "spec": spec})).expect("pod");
+    model::pending(&pod, platforms, &Volumes::default())
 }
 
-fn catalog_workload(n: usize, rng: &mut Rng) -> Vec<PendingPod> {
+fn spread(key: &str, group: &str) -> Value {
+    json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"group": group}}}]})
+}
+
+fn catalog_workload(n: usize, rng: &mut Rng) -> Vec<Pending> {
     let multi = PlatformSet::parse_annotation("linux/amd64,linux/arm64").ok();
     let amd = PlatformSet::parse_annotation("linux/amd64").ok();
     // Deployments of 1-20 replicas, each with one shape, platform set and constraint.
@@ -95,18 +117,14 @@ fn catalog_workload(n: usize, rng: &mut Rng) -> Vec<PendingPod> {
         let mem = rng.pick(&[128, 256, 512, 1024, 2048, 4096, 8192]);
         let platforms = if rng.next() % 10 < 6 { multi.clone() } else { amd.clone() };
         let kind = rng.next() % 10;
+        let group = format!("d{d}");
+        let spec = match kind {
+            0 | 1 => spread(ZONE, &group),
+            2 => spread(HOSTNAME, &group),
+            _ => json!({}),
+        };
         for r in 0..replicas.min(n - pods.len()) {
-            let mut p = pod(format!("default/d{d}-{r}"), cpu, mem);
-            p.platforms = platforms.clone();
-            match kind {
-                0 | 1 => p.zone_spread = true,
-                2 => p.per_node_max = Some(1),
-                _ => {}
-            }
-            if kind <= 2 {
-                p.spread_group = Some(format!("d{d}"));
-            }
-            pods.push(p);
+            pods.push(pod(&format!("d{d}-{r}"), cpu, mem, json!({"group": group}), spec.clone(), platforms.clone()));
         }
         d += 1;
     }
@@ -148,24 +166,24 @@ fn karpenter_types() -> Vec<Offering> {
     out
 }
 
-fn karpenter_workload(n: usize, rng: &mut Rng) -> Vec<PendingPod> {
+fn karpenter_workload(n: usize, rng: &mut Rng) -> Vec<Pending> {
     let group = n / 5;
     let mut pods = Vec::with_capacity(n);
     for i in 0..n {
         let kind = if i < 5 * group { i / group } else { 0 };
-        let mut p = pod(format!("default/p{i}"), rng.pick(&[100, 250, 500, 1000, 1500]), rng.pick(&[100, 256, 512, 1024, 2048, 4096]));
-        // Group labels drawn like Karpenter's randomLabelValue (7 values); they key nothing here
-        // but keep the draw sequence comparable.
-        let _label = rng.pick(&["a", "b", "c", "d", "e", "f", "g"]);
-        // Each group's constraint counts over the whole group, whatever a pod's size.
-        p.spread_group = Some(format!("group-{kind}"));
-        match kind {
-            1 => p.zone_spread = true,
-            2 | 4 => p.per_node_max = Some(1),
-            3 => p.zone_group = Some("default|my-affininity".into()),
-            _ => {}
-        }
-        pods.push(p);
+        let (cpu, mem) = (rng.pick(&[100, 250, 500, 1000, 1500]), rng.pick(&[100, 256, 512, 1024, 2048, 4096]));
+        // Karpenter's randomLabelValue: one of 7 values.
+        let value = rng.pick(&["a", "b", "c", "d", "e", "f", "g"]);
+        let g = format!("group-{kind}");
+        let term = |key: &str, sel: Value| json!([{"labelSelector": sel, "topologyKey": key}]);
+        let (labels, spec) = match kind {
+            1 => (json!({"group": g}), spread(ZONE, &g)),
+            2 => (json!({"group": g}), spread(HOSTNAME, &g)),
+            3 => (json!({"group": g, "my-affininity": value}), json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": term(ZONE, json!({"matchLabels": {"my-affininity": value}}))}}})),
+            4 => (json!({"group": g}), json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": term(HOSTNAME, json!({"matchLabels": {"group": g}}))}}})),
+            _ => (json!({"group": g}), json!({})),
+        };
+        pods.push(pod(&format!("p{i}"), cpu, mem, labels, spec, None));
     }
     pods
 }

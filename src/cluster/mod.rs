@@ -103,9 +103,32 @@ pub struct ClusterView {
     nodes: Store<Node>,
     secrets: Cache<(String, String), Option<Arc<Keyring>>>,
     service_accounts: Cache<(String, String), Vec<String>>,
+    /// Where the provisioner's plans put pending pods: `namespace/name` -> node name. The
+    /// extender scores that node highest, so kube-scheduler binds pods where the plan that bought
+    /// their nodes placed them (and not on a sibling node it happens to score higher, which
+    /// leaves nodes the plan counted on half empty). Bounded, and forgotten after
+    /// [`PLACEMENT_TTL`]: a plan is only worth following while its pods are pending.
+    placements: Cache<String, (String, std::time::Instant)>,
 }
 
+/// How long a planned placement is followed.
+const PLACEMENT_TTL: Duration = Duration::from_secs(600);
+/// At most this many planned placements are remembered.
+const MAX_PLACEMENTS: u64 = 200_000;
+
 impl ClusterView {
+    /// Record that a plan put these pods (`namespace/name`) on `node`.
+    pub async fn plan_placed(&self, pods: Vec<String>, node: &str) {
+        for p in pods {
+            self.placements.insert(p, (node.to_string(), std::time::Instant::now())).await;
+        }
+    }
+
+    /// The node a plan put the pod on, if one did recently, and how long ago.
+    pub async fn planned_node(&self, pod: &str) -> Option<(String, Duration)> {
+        self.placements.get(pod).await.map(|(n, at)| (n, at.elapsed()))
+    }
+
     /// Start the Namespace and Node watches; the returned future drives them and must be polled
     /// for the life of the process (they retry with back-off when the API server goes away).
     pub fn start(client: Client) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
@@ -117,6 +140,7 @@ impl ClusterView {
             nodes,
             secrets: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
             service_accounts: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
+            placements: Cache::builder().max_capacity(MAX_PLACEMENTS).time_to_live(PLACEMENT_TTL).build(),
         };
         (view, async move {
             futures::future::join(ns_stream, node_stream).await;

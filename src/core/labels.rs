@@ -29,3 +29,6 @@ pub const UNREGISTERED_TAINT: &str = "karpenter.sh/unregistered";
 /// On a node launched in a batch: the other nodes of its batch (comma-separated). The extender
 /// keeps pods off it while any of them is still unregistered, so a batch is seen whole.
 pub const BATCH_NODES_ANNOTATION: &str = "archer.dev/batch-nodes";
+/// On a NodeClaim: the pods (`namespace/name`, comma-separated) the plan that wrote it put on its
+/// node, so what kube-scheduler did can be held against what was planned.
+pub const PLANNED_PODS_ANNOTATION: &str = "archer.dev/planned-pods";

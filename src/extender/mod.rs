@@ -203,10 +203,36 @@ impl Extender {
         PriceRules { catalog: &self.catalog, max_per_hour: self.max_price_per_hour }
     }
 
+    /// The provisioning plan's node for the pod, when kube-scheduler should wait for it or take
+    /// it: (that node, why the others are refused). The planned node among the candidates: only
+    /// it. Not among them but still registering: none yet (the pod waits for the node bought for
+    /// it rather than landing on a sibling the plan counted on for other pods). Gone, or there
+    /// and refused by kube-scheduler's own filters: no steering (the plan was wrong; any node).
+    async fn plan_steer(&self, pod: &Pod, candidates: &[String]) -> Option<(String, String)> {
+        let cluster = self.cluster.as_ref()?;
+        let id = format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or(""));
+        let (planned, age) = cluster.planned_node(&id).await?;
+        if candidates.iter().any(|c| *c == planned) {
+            self.metrics.extender_planned_placements.inc();
+            return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
+        }
+        let node = self.nodes.as_ref()?.get(&kube::runtime::reflector::ObjectRef::new(&planned))?;
+        let registering = crate::core::taints::node_has_taint(&node, labels::UNREGISTERED_TAINT) || crate::core::taints::node_has_taint(&node, "node.kubernetes.io/not-ready");
+        if registering {
+            return Some((planned.clone(), format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register")));
+        }
+        // There but refused for now (a spread whose other zones are still filling): wait a
+        // little for it, then let the pod go anywhere.
+        (age < PLAN_PATIENCE).then(|| (planned.clone(), format!("waiting for node {planned}, where the provisioning plan put the pod")))
+    }
+
     async fn pod_platforms(&self, pod: &Pod) -> PodPlatforms {
         crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspection_timeout).await
     }
 }
+
+/// How long a pod waits for the node its plan named while kube-scheduler refuses that node.
+const PLAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Why pods must not land on `name` yet: another node of its launch batch is still unregistered
 /// (the scheduler would otherwise pack a batch meant to spread onto its first node to come up).
@@ -262,8 +288,16 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
         Nodes::Full(nodes) => {
             span.record("nodes", nodes.len());
             let mut keep = Vec::with_capacity(nodes.len());
+            let names: Vec<String> = nodes.iter().map(|n| n.lite.metadata.name.to_string()).collect();
+            let steer = x.plan_steer(&args.pod, &names).await;
             for n in &nodes {
                 let facts = NodeFacts::from_lite(&n.lite, &x.prices());
+                if let Some((planned, why)) = &steer {
+                    if facts.name != *planned {
+                        result.failed_nodes.insert(facts.name, why.clone());
+                        continue;
+                    }
+                }
                 match all.and_then(|a| unrunnable_reason(&facts, a, per_image)) {
                     Some(why) => {
                         removed += 1;
@@ -278,7 +312,14 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             span.record("nodes", names.len());
             let mut keep = Vec::with_capacity(names.len());
             let facts = x.facts.lookup(&names, x.nodes.as_ref(), &x.prices());
+            let steer = x.plan_steer(&args.pod, &names).await;
             for (name, facts) in names.into_iter().zip(facts) {
+                if let Some((planned, why)) = &steer {
+                    if name != *planned {
+                        result.failed_nodes.insert(name, why.clone());
+                        continue;
+                    }
+                }
                 let Some(facts) = facts else {
                     result.failed_nodes.insert(name, "node not found in Archer's node cache".into());
                     continue;
@@ -357,7 +398,20 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
         .into_iter()
         .map(|f| Candidate { name: f.name, arch: f.arch, price: f.price, allocatable: f.allocatable })
         .collect();
-    let scores = scoring::score(request, &candidates, &policy, x.preference_bonus);
+    let mut scores = scoring::score(request, &candidates, &policy, x.preference_bonus);
+    // The node the provisioner's plan put this pod on scores highest; the others keep their
+    // order at half weight. kube-scheduler then binds the pod where the plan counted on it.
+    let id = format!("{}/{}", args.pod.metadata.namespace.as_deref().unwrap_or("default"), args.pod.metadata.name.as_deref().unwrap_or(""));
+    if let Some((planned, _)) = match &x.cluster {
+        Some(c) => c.planned_node(&id).await,
+        None => None,
+    } {
+        if candidates.iter().any(|c| c.name == planned) {
+            for (c, s) in candidates.iter().zip(scores.iter_mut()) {
+                *s = if c.name == planned { scoring::MAX_SCORE } else { *s / 2 };
+            }
+        }
+    }
     let list: Vec<HostPriority> = candidates.into_iter().zip(scores).map(|(c, score)| HostPriority { host: c.name, score }).collect();
     x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", "ok")).inc();
     x.metrics.extender_prioritize_seconds.observe(started.elapsed().as_secs_f64());

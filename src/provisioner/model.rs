@@ -236,7 +236,53 @@ pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], n
         }
         snap.nodes.push(info);
     }
+    // Pending pods a live plan put on a node still coming hold their room there.
+    let index: HashMap<String, usize> = snap.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
+    for (pod, node) in covered(claims, nodes, pods) {
+        if let Some(&i) = index.get(&node) {
+            snap.bind(PodInfo::from_pod(pod), i);
+        }
+    }
     snap
+}
+
+/// How long after its claim was written a node's planned pods keep their room on it, when the
+/// node registered but kube-scheduler has not bound them yet.
+const COVER_AFTER_CLAIM: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Pending pods a live plan already placed, with the node (or claim) they were put on: the pods
+/// a NodeClaim's plan named ([`labels::PLANNED_PODS_ANNOTATION`]) while its node is still coming
+/// (not there, not registered or not Ready yet, or written under 20 seconds ago). They are not
+/// planned again, and their room on that node is held, so the next batch neither buys a second
+/// node for them nor gives their room away. Afterwards a pod still pending is planned afresh.
+pub fn covered<'a>(claims: &[&NodeClaim], nodes: &[&Node], pods: &[&'a Pod]) -> Vec<(&'a Pod, String)> {
+    let by_name: HashMap<&str, &Node> = nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, *n))).collect();
+    let mut planned: HashMap<&str, String> = HashMap::new();
+    for c in claims.iter().filter(|c| !c.deleting()) {
+        let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| c.name());
+        let coming = match by_name.get(node.as_str()) {
+            None => true,
+            Some(n) => {
+                let young = c.metadata.creation_timestamp.as_ref().and_then(|t| state::age_of(&t.0.to_string())).is_none_or(|a| a < COVER_AFTER_CLAIM);
+                young || !state::node_ready(n) || state::has_taint(n, labels::UNREGISTERED_TAINT)
+            }
+        };
+        if !coming {
+            continue;
+        }
+        let Some(list) = c.metadata.annotations.as_ref().and_then(|a| a.get(labels::PLANNED_PODS_ANNOTATION)) else { continue };
+        for p in list.split(',').filter(|p| !p.is_empty()) {
+            planned.insert(p, node.clone());
+        }
+    }
+    if planned.is_empty() {
+        return Vec::new();
+    }
+    pods.iter()
+        .copied()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty) && p.metadata.deletion_timestamp.is_none() && !state::is_terminal(p))
+        .filter_map(|p| planned.get(state::pod_id(p).as_str()).map(|n| (p, n.clone())))
+        .collect()
 }
 
 /// Hold the room the pool's DaemonSets will take on a node that has none of its pods yet.

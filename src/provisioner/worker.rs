@@ -222,7 +222,14 @@ impl Provisioner {
     pub async fn provision_once(self: &Arc<Self>) {
         let started = Instant::now();
         let all_pods = self.stores.pods.state();
-        let pending: Vec<Arc<Pod>> = all_pods.iter().filter(|p| state::is_provisionable(p)).cloned().collect();
+        // Pods a live plan already placed on a node still coming are not planned again.
+        let covered: HashSet<String> = {
+            let nodes = self.stores.nodes.state();
+            let claims = self.stores.claims.state();
+            let (n, c, p): (Vec<&Node>, Vec<&NodeClaim>, Vec<&Pod>) = (nodes.iter().map(|x| x.as_ref()).collect(), claims.iter().map(|x| x.as_ref()).collect(), all_pods.iter().map(|x| x.as_ref()).collect());
+            model::covered(&c, &n, &p).into_iter().map(|(p, _)| pod_id(p)).collect()
+        };
+        let pending: Vec<Arc<Pod>> = all_pods.iter().filter(|p| state::is_provisionable(p) && !covered.contains(&pod_id(p))).cloned().collect();
         if pending.is_empty() {
             return;
         }
@@ -246,9 +253,14 @@ impl Provisioner {
             price_per_hour = plan.total_price_per_hour,
             "batch decided"
         );
+        if let Some(cluster) = &self.cluster {
+            for (pod, node) in &plan.existing {
+                cluster.plan_placed(vec![pod.clone()], node).await;
+            }
+        }
         {
             let unplaceable: HashSet<&str> = plan.unschedulable.iter().map(|u| u.pod.as_str()).collect();
-            let placeable = pending.iter().map(|p| pod_id(p)).filter(|id| !unplaceable.contains(id.as_str())).collect();
+            let placeable = pending.iter().map(|p| pod_id(p)).filter(|id| !unplaceable.contains(id.as_str())).chain(covered.iter().cloned()).collect();
             *self.waiting.lock().unwrap_or_else(|e| e.into_inner()) = placeable;
         }
         let by_id: HashMap<String, &Arc<Pod>> = pending.iter().map(|p| (pod_id(p), p)).collect();
@@ -396,6 +408,7 @@ impl Provisioner {
         Some(NodeClaim {
             metadata: ObjectMeta {
                 generate_name: Some(format!("{}-", planned.pool)),
+                annotations: Some(BTreeMap::from([(crate::core::labels::PLANNED_PODS_ANNOTATION.to_string(), planned.pods.join(","))])),
                 labels: Some(BTreeMap::from([(crate::core::labels::NODEPOOL.to_string(), planned.pool.clone()), (crate::core::labels::KARPENTER_NODEPOOL.to_string(), planned.pool.clone())])),
                 ..Default::default()
             },
@@ -427,6 +440,11 @@ impl Provisioner {
             Ok(i) => {
                 self.metrics.nodes_launched.get_or_create(&label("pool", claim.spec.node_pool.clone())).inc();
                 tracing::info!(node = %i.node_name, provider_id = %i.provider_id, "node launched");
+                if let Some(cluster) = &self.cluster {
+                    let planned = claim.metadata.annotations.as_ref().and_then(|a| a.get(crate::core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
+                    let pods: Vec<String> = planned.split(',').filter(|p| !p.is_empty()).map(String::from).collect();
+                    cluster.plan_placed(pods, &i.node_name).await;
+                }
                 NodeClaimStatus { provider_id: Some(i.provider_id), node_name: Some(i.node_name), launched_at: Some(now_rfc3339()), last_error: None }
             }
             Err(e) => {

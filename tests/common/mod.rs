@@ -18,8 +18,19 @@ pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 
+/// A free port, never one this process handed out before: the kernel may give the same
+/// ephemeral port to two probes in a row once the first listener is closed, and two components
+/// told to listen on one port fail to start (seen once: etcd and kube-apiserver on one port).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 pub fn registry_binary() -> PathBuf {
