@@ -185,12 +185,16 @@ impl Offering {
 /// affinity, its images' platforms, its spread keys and extended resources.
 pub fn could_host(pod: &PendingPod, pool: &Pool, o: &Offering) -> Option<BTreeMap<String, String>> {
     let labels = o.labels(pool);
-    let ok = pool.requirements.matches_map(&labels)
-        && Offering::keeps_template_labels(&labels, pool)
+    could_host_with(pod, pool, o, &labels).then_some(labels)
+}
+
+/// [`could_host`] with the offering's labels in the pool already computed.
+pub fn could_host_with(pod: &PendingPod, pool: &Pool, o: &Offering, labels: &BTreeMap<String, String>) -> bool {
+    pool.requirements.matches_map(labels)
+        && Offering::keeps_template_labels(labels, pool)
         && tolerates_all(pod, &pool.taints)
-        && labels_fit(pod, &labels).is_ok()
-        && extended_fit(pod, o, &pool.name).is_ok();
-    ok.then_some(labels)
+        && labels_fit(pod, labels).is_ok()
+        && extended_fit(pod, o, &pool.name).is_ok()
 }
 
 /// The region of a zone name (`us-east-1a` -> `us-east-1`, `eastus-2` stays).

@@ -212,7 +212,7 @@ impl Extender {
         let cluster = self.cluster.as_ref()?;
         let id = format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or(""));
         let (planned, age) = cluster.planned_node(&id).await?;
-        if candidates.iter().any(|c| *c == planned) {
+        if candidates.contains(&planned) {
             self.metrics.extender_planned_placements.inc();
             return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
         }

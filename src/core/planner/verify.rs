@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use super::{refusals, runs_on, Pending};
 use crate::core::labels::HOSTNAME;
-use crate::core::packer::{could_host, pack, Offering, PendingPod, Plan, PlannedNode, Pool, Unschedulable, GPU_RESOURCE};
+use crate::core::packer::{could_host_with, pack, Offering, PendingPod, Plan, PlannedNode, Pool, Unschedulable, GPU_RESOURCE};
 use crate::core::requirements::Requirements;
 use crate::core::sched::resources::ResourceList;
 use crate::core::sched::{DomainRule, NodeInfo, PodInfo, Snapshot};
@@ -172,6 +172,8 @@ fn finish(plan: &mut Plan, nodes: Vec<PlannedNode>) {
 #[derive(Default)]
 struct DomainCache {
     by_kind: HashMap<String, BTreeMap<String, BTreeSet<String>>>,
+    /// The labels of every (pool, offering), computed once per plan.
+    labels: Option<Vec<Vec<BTreeMap<String, String>>>>,
 }
 
 impl DomainCache {
@@ -184,11 +186,14 @@ impl DomainCache {
         }
         let pod = &p.packer;
         let kind = format!("{keys:?}|{:?}|{:?}|{:?}|{:?}", pod.terms, pod.tolerations, pod.platforms.as_ref().map(|s| s.to_annotation()), pod.extended);
+        let all = self.labels.get_or_insert_with(|| pools.iter().map(|pool| offerings.iter().map(|o| o.labels(pool)).collect()).collect());
         let potential = self.by_kind.entry(kind).or_insert_with(|| {
             let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-            for pool in pools {
-                for o in offerings {
-                    let Some(labels) = could_host(pod, pool, o) else { continue };
+            for (pool, labels) in pools.iter().zip(all.iter()) {
+                for (o, labels) in offerings.iter().zip(labels) {
+                    if !could_host_with(pod, pool, o, labels) {
+                        continue;
+                    }
                     for k in &keys {
                         if let Some(v) = labels.get(*k) {
                             out.entry((*k).to_string()).or_default().insert(v.clone());

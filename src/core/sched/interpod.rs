@@ -36,8 +36,11 @@ impl State {
             terms: pod.affinity.iter().map(|t| t.topology_key.clone()).collect(),
             anti_terms: pod.anti_affinity.iter().map(|t| t.topology_key.clone()).collect(),
         };
-        // Nothing to look for: no terms of its own, and no placed pod has anti-affinity.
-        if pod.affinity.is_empty() && pod.anti_affinity.is_empty() && s.with_anti_affinity == 0 {
+        // No terms of its own: only placed pods with anti-affinity can refuse it.
+        if pod.affinity.is_empty() && pod.anti_affinity.is_empty() {
+            for &(p, n) in &s.with_anti_affinity {
+                st.note_existing_anti(&s.pods[p], pod, own_ns, &s.nodes[n]);
+            }
             return st;
         }
         for node in &s.nodes {
@@ -58,14 +61,23 @@ impl State {
                         st.anti.insert((t.topology_key.clone(), v.clone()));
                     }
                 }
-                for t in other.anti_affinity.iter().filter(|t| t.matches(pod, own_ns)) {
-                    if let Some(v) = node.labels.get(&t.topology_key) {
-                        st.existing_anti.insert((t.topology_key.clone(), v.clone()));
-                    }
-                }
+                st.note_existing_anti(other, pod, own_ns, node);
             }
         }
         st
+    }
+
+    /// A running pod's required anti-affinity that selects the incoming pod keeps it out of the
+    /// running pod's domain of that term.
+    fn note_existing_anti(&mut self, other: &PodInfo, pod: &PodInfo, own_ns: &super::selector::Labels, node: &NodeInfo) {
+        if other.terminating {
+            return;
+        }
+        for t in other.anti_affinity.iter().filter(|t| t.matches(pod, own_ns)) {
+            if let Some(v) = node.labels.get(&t.topology_key) {
+                self.existing_anti.insert((t.topology_key.clone(), v.clone()));
+            }
+        }
     }
 
     /// What a new node's domains must be for the pod (see [`Snapshot::new_node_domains`]).

@@ -273,9 +273,9 @@ pub struct Snapshot {
     pub pods: Vec<PodInfo>,
     /// Namespace name -> its labels (for `namespaceSelector`).
     pub namespace_labels: BTreeMap<String, Labels>,
-    /// How many placed pods carry required anti-affinity (when none do, pods without terms of
-    /// their own skip the inter-pod scan).
-    with_anti_affinity: usize,
+    /// Placed pods that carry required anti-affinity (indices into `pods`, and of their nodes): a pod without terms
+    /// of its own need only look at these.
+    with_anti_affinity: Vec<(usize, usize)>,
 }
 
 impl Snapshot {
@@ -285,7 +285,7 @@ impl Snapshot {
             nodes: nodes.iter().map(NodeInfo::from_node).collect(),
             pods: Vec::new(),
             namespace_labels: namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default()))).collect(),
-            with_anti_affinity: 0,
+            with_anti_affinity: Vec::new(),
         };
         // One lookup table, not a scan of every node per bound pod.
         let index: std::collections::HashMap<String, usize> = s.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
@@ -316,7 +316,7 @@ impl Snapshot {
     pub fn bind(&mut self, mut pod: PodInfo, i: usize) {
         pod.node_name = Some(self.nodes[i].name.clone());
         if !pod.anti_affinity.is_empty() {
-            self.with_anti_affinity += 1;
+            self.with_anti_affinity.push((self.pods.len(), i));
         }
         self.nodes[i].requested.add(&pod.requests);
         self.nodes[i].pods.push(self.pods.len());
