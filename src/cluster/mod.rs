@@ -117,9 +117,14 @@ const PLACEMENT_TTL: Duration = Duration::from_secs(600);
 const MAX_PLACEMENTS: u64 = 200_000;
 
 impl ClusterView {
-    /// Record that a plan put these pods (`namespace/name`) on `node`.
+    /// Record that a plan put these pods (`namespace/name`) on `node`. A pod planned onto the
+    /// same node again keeps its first time: the patience the extender grants a plan runs from
+    /// the first plan, so batches repeating a plan kube-scheduler refuses cannot hold a pod back.
     pub async fn plan_placed(&self, pods: Vec<String>, node: &str) {
         for p in pods {
+            if self.placements.get(&p).await.is_some_and(|(n, _)| n == node) {
+                continue;
+            }
             self.placements.insert(p, (node.to_string(), std::time::Instant::now())).await;
         }
     }

@@ -246,13 +246,9 @@ pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], n
     snap
 }
 
-/// How long after its claim was written a node's planned pods keep their room on it, when the
-/// node registered but kube-scheduler has not bound them yet.
-const COVER_AFTER_CLAIM: std::time::Duration = std::time::Duration::from_secs(20);
-
 /// Pending pods a live plan already placed, with the node (or claim) they were put on: the pods
 /// a NodeClaim's plan named ([`labels::PLANNED_PODS_ANNOTATION`]) while its node is still coming
-/// (not there, not registered or not Ready yet, or written under 20 seconds ago). They are not
+/// (not there, or not registered or Ready yet). They are not
 /// planned again, and their room on that node is held, so the next batch neither buys a second
 /// node for them nor gives their room away. Afterwards a pod still pending is planned afresh.
 pub fn covered<'a>(claims: &[&NodeClaim], nodes: &[&Node], pods: &[&'a Pod]) -> Vec<(&'a Pod, String)> {
@@ -260,13 +256,9 @@ pub fn covered<'a>(claims: &[&NodeClaim], nodes: &[&Node], pods: &[&'a Pod]) -> 
     let mut planned: HashMap<&str, String> = HashMap::new();
     for c in claims.iter().filter(|c| !c.deleting()) {
         let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| c.name());
-        let coming = match by_name.get(node.as_str()) {
-            None => true,
-            Some(n) => {
-                let young = c.metadata.creation_timestamp.as_ref().and_then(|t| state::age_of(&t.0.to_string())).is_none_or(|a| a < COVER_AFTER_CLAIM);
-                young || !state::node_ready(n) || state::has_taint(n, labels::UNREGISTERED_TAINT)
-            }
-        };
+        // Once the node is registered and Ready its free room is in the snapshot: a pod still
+        // pending is planned again (onto that room if it fits, or told why not).
+        let coming = by_name.get(node.as_str()).is_none_or(|n| !state::node_ready(n) || state::has_taint(n, labels::UNREGISTERED_TAINT));
         if !coming {
             continue;
         }
