@@ -75,7 +75,7 @@ fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platf
             let l = state::labels_of(n);
             let get = |k: &str| l.get(k).map(String::as_str).unwrap_or("");
             let capacity = if get(labels::KARPENTER_CAPACITY_TYPE).is_empty() { get(labels::CAPACITY_TYPE) } else { get(labels::KARPENTER_CAPACITY_TYPE) };
-            let price = inputs.offerings.iter().find(|o| o.instance.name == get(labels::INSTANCE_TYPE) && o.zone == get(labels::ZONE) && o.capacity.as_str() == capacity).map(|o| o.price);
+            let price = crate::core::packer::Offering::find(&inputs.offerings, get(labels::INSTANCE_TYPE), get(labels::ZONE), capacity).map(|o| o.price);
             let Some(price) = price else {
                 notes.push(format!("node {} has no catalog price ({} {} {capacity}); left alone", n.metadata.name.as_deref().unwrap_or(""), get(labels::INSTANCE_TYPE), get(labels::ZONE)));
                 continue;

@@ -139,6 +139,11 @@ pub struct Offering {
 }
 
 impl Offering {
+    /// The offering of this instance type in this zone as this capacity type (`on-demand`/`spot`).
+    pub fn find<'a>(offerings: &'a [Offering], instance_type: &str, zone: &str, capacity: &str) -> Option<&'a Offering> {
+        offerings.iter().find(|o| o.instance.name == instance_type && o.zone == zone && o.capacity.as_str() == capacity)
+    }
+
     /// The labels a node from this offering in `pool` would carry.
     pub fn labels(&self, pool: &Pool) -> BTreeMap<String, String> {
         use super::labels as l;

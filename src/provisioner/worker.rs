@@ -395,7 +395,7 @@ impl Provisioner {
     fn claim_for(&self, planned: &PlannedNode, reason: &str) -> Option<NodeClaim> {
         let np = self.stores.pools.state().into_iter().find(|p| p.name() == planned.pool)?;
         let pool = np.to_pool().ok()?;
-        let offering = self.offerings.iter().find(|o| o.instance.name == planned.instance_type && o.zone == planned.zone && o.capacity.as_str() == planned.capacity_type)?;
+        let offering = Offering::find(&self.offerings, &planned.instance_type, &planned.zone, &planned.capacity_type)?;
         let t = &offering.instance;
         let with_gpus = |mut m: BTreeMap<String, String>, gpus: u32| {
             if gpus > 0 {
