@@ -200,6 +200,15 @@ impl Provisioner {
             self.taint(&c.node).await;
         }
         let replacements = self.launch_plan(&decision.replacements, "replacement").await;
+        if replacements.len() < decision.replacements.len() {
+            // A decision is carried out whole or not at all: without every replacement the
+            // evicted pods would have no place.
+            tracing::warn!(pool, wanted = decision.replacements.len(), launched = replacements.len(), "not every replacement could be launched; the consolidation is called off");
+            for c in &set {
+                self.remove_taint(c.node.metadata.name.as_deref().unwrap_or(""), labels::DISRUPTED_TAINT).await;
+            }
+            return;
+        }
         for c in set {
             self.start_drain(c.node.clone(), c.claim.clone(), replacements.clone(), "underutilized");
         }
@@ -231,12 +240,17 @@ impl Provisioner {
         let name = node.metadata.name.clone().unwrap_or_default();
         self.taint(&node).await;
         let deadline = Instant::now() + Duration::from_secs(self.settings.drain_timeout_seconds);
-        // Replacements Ready before any pod leaves.
-        while !replacements.is_empty() && Instant::now() < deadline {
+        // Replacements Ready before any pod leaves; without them no pod leaves at all.
+        while !replacements.is_empty() {
             let nodes = self.stores.nodes.state();
             let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(r.as_str()) && state::node_ready(n) && !state::has_taint(n, labels::UNREGISTERED_TAINT)));
             if ready {
                 break;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(?replacements, "replacements not Ready in time; nothing evicted, the node is given back");
+                self.remove_taint(&name, labels::DISRUPTED_TAINT).await;
+                return;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }

@@ -24,7 +24,23 @@ use crate::core::sched::{NodeInfo, PodInfo, Snapshot, Volumes};
 pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes) -> Pending {
     let terms = volumes.terms_for(pod);
     let packer = with_volume_terms(pending_pod(&state::pod_id(pod), pod, platforms), &terms);
-    Pending { packer, sched: PodInfo::from_pod(pod).with_volumes(pod, volumes) }
+    Pending { packer, sched: PodInfo::from_pod(pod).with_volumes(pod, volumes), planned: None }
+}
+
+/// Where the live claims' plans put pods (`namespace/name` -> the claim's node, or the claim
+/// while it has none): a later batch keeps a pod there while that node takes it.
+pub fn planned_nodes(claims: &[&NodeClaim]) -> HashMap<String, String> {
+    claim_plans(claims).map(|(node, pod)| (pod.to_string(), node)).collect()
+}
+
+/// (node, pod) for every pod a live claim's plan names; the node is the claim's node, or the
+/// claim's own name while it has none (kwok and the snapshot name it so).
+fn claim_plans<'a>(claims: &'a [&'a NodeClaim]) -> impl Iterator<Item = (String, &'a str)> + 'a {
+    claims.iter().filter(|c| !c.deleting()).flat_map(|c| {
+        let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| c.name());
+        let list = c.metadata.annotations.as_ref().and_then(|a| a.get(labels::PLANNED_PODS_ANNOTATION)).map(String::as_str).unwrap_or("");
+        list.split(',').filter(|p| !p.is_empty()).map(move |p| (node.clone(), p))
+    })
 }
 
 /// The platforms recorded on the pod (the webhook's annotation), if any.
@@ -177,7 +193,7 @@ pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> Pendi
 }
 
 /// The cluster as kube-scheduler's rules see it ([`crate::core::sched::Snapshot`]): every node
-/// that can take pods with the pods bound there, and every claim whose node is not there yet,
+/// with the pods bound there (one on its way out takes none, but its pods count), and every claim whose node is not there yet,
 /// with their room: taints a starting node sheds are left out, and a node (or claim) with no pods
 /// yet holds its DaemonSets' room. `skip` names nodes to leave out (those a disruption is about
 /// to remove).
@@ -191,13 +207,16 @@ pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], n
     for n in nodes {
         let name = n.metadata.name.clone().unwrap_or_default();
         seen.insert(name.clone());
-        if state::node_leaving(n) || skip(&name) {
+        if skip(&name) {
             continue;
         }
         let claim = claim_by_node.get(name.as_str()).copied();
         let startup: Vec<&str> = claim.map(|c| c.spec.startup_taints.iter().map(|t| t.key.as_str()).collect()).unwrap_or_default();
         let mut info = NodeInfo::from_node(n);
         info.taints.retain(|t| !state::EPHEMERAL_TAINTS.contains(&t.key.as_str()) && !startup.contains(&t.key.as_str()));
+        // A node on its way out takes no pod, but its pods still count for topology spread and
+        // inter-pod affinity until they are gone, as they do for kube-scheduler.
+        info.unschedulable |= state::node_leaving(n);
         let on_node = bound.get(&name).map(|b| b.1.clone()).unwrap_or_default();
         if on_node.is_empty() {
             if let Some(pool) = pool_of(claim) {
@@ -253,20 +272,10 @@ pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], n
 /// node for them nor gives their room away. Afterwards a pod still pending is planned afresh.
 pub fn covered<'a>(claims: &[&NodeClaim], nodes: &[&Node], pods: &[&'a Pod]) -> Vec<(&'a Pod, String)> {
     let by_name: HashMap<&str, &Node> = nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, *n))).collect();
-    let mut planned: HashMap<&str, String> = HashMap::new();
-    for c in claims.iter().filter(|c| !c.deleting()) {
-        let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| c.name());
-        // Once the node is registered and Ready its free room is in the snapshot: a pod still
-        // pending is planned again (onto that room if it fits, or told why not).
-        let coming = by_name.get(node.as_str()).is_none_or(|n| !state::node_ready(n) || state::has_taint(n, labels::UNREGISTERED_TAINT));
-        if !coming {
-            continue;
-        }
-        let Some(list) = c.metadata.annotations.as_ref().and_then(|a| a.get(labels::PLANNED_PODS_ANNOTATION)) else { continue };
-        for p in list.split(',').filter(|p| !p.is_empty()) {
-            planned.insert(p, node.clone());
-        }
-    }
+    // Once the node is registered and Ready its free room is in the snapshot: a pod still
+    // pending is planned again (it stays on that node if it still fits: `Pending::planned`).
+    let coming = |node: &str| by_name.get(node).is_none_or(|n| !state::node_ready(n) || state::has_taint(n, labels::UNREGISTERED_TAINT));
+    let planned: HashMap<&str, String> = claim_plans(claims).filter(|(node, _)| coming(node)).map(|(node, pod)| (pod, node)).collect();
     if planned.is_empty() {
         return Vec::new();
     }

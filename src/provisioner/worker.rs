@@ -35,6 +35,8 @@ use crate::registry::{Inspector, Keyring};
 /// the provider for the node: the crash a restart must recover from without a second node.
 pub const CRASH_AFTER_CLAIM_ENV: &str = "ARCHER_TEST_CRASH_AFTER_CLAIM";
 pub const FIELD_MANAGER: &str = "archer-provisioner";
+/// The claim reason of nodes bought for pending pods.
+pub(super) const PROVISIONING: &str = "provisioning";
 /// Event reason on a pod no NodePool can run.
 pub const UNPROVISIONABLE_REASON: &str = "FailedProvisioning";
 
@@ -137,11 +139,15 @@ impl Provisioner {
         (p, watches)
     }
 
-    /// Run the batching loop, the claim keeper and disruption until the future is dropped.
+    /// Run the batching loop, the claim keeper and disruption until the future is dropped. Each
+    /// runs as a task of its own, so a long disruption pass never holds a provisioning batch back;
+    /// dropping the future (leadership lost) stops all three.
     pub async fn run(self: Arc<Self>) {
         self.stores.wait_ready().await;
         tracing::info!(provider = self.provider.name(), offerings = self.offerings.len(), "provisioner started");
-        futures::future::join3(self.clone().batch_loop(), self.clone().claim_loop(), self.clone().disruption_loop()).await;
+        let mut tasks = AbortOnDrop(vec![tokio::spawn(self.clone().batch_loop()), tokio::spawn(self.clone().claim_loop()), tokio::spawn(self.clone().disruption_loop())]);
+        let (ended, _, _) = futures::future::select_all(tasks.0.iter_mut().collect::<Vec<_>>()).await;
+        tracing::error!(outcome = ?ended.err(), "a provisioner loop ended; stopping the others");
     }
 
     async fn batch_loop(self: Arc<Self>) {
@@ -178,11 +184,24 @@ impl Provisioner {
     }
 
     /// The planner's view of pods (platforms resolved concurrently), through the one adapter.
+    /// Each carries the node an earlier plan put it on: this process's latest plan, else the
+    /// live claims' record (after a restart).
     pub(super) async fn pending_pods<P: std::borrow::Borrow<Pod> + Sync>(&self, pods: &[P], volumes: &Volumes) -> Vec<Pending> {
+        let claimed = {
+            let claims = self.stores.claims.state();
+            model::planned_nodes(&claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>())
+        };
+        let claimed = &claimed;
         join_all(pods.iter().map(|p| async move {
             let p: &Pod = p.borrow();
             let platforms = self.platforms(p).await;
-            model::pending(p, platforms, volumes)
+            let mut pending = model::pending(p, platforms, volumes);
+            let latest = match &self.cluster {
+                Some(c) => c.planned_node(&pending.packer.id).await.map(|(node, _)| node),
+                None => None,
+            };
+            pending.planned = latest.or_else(|| claimed.get(&pending.packer.id).cloned());
+            pending
         }))
         .await
     }
@@ -253,6 +272,9 @@ impl Provisioner {
             price_per_hour = plan.total_price_per_hour,
             "batch decided"
         );
+        for (pod, node) in &plan.existing {
+            tracing::debug!(pod = %pod, node = %node, "placed on room the cluster already has");
+        }
         if let Some(cluster) = &self.cluster {
             for (pod, node) in &plan.existing {
                 cluster.plan_placed(vec![pod.clone()], node).await;
@@ -269,7 +291,7 @@ impl Provisioner {
                 self.report_unprovisionable(p, &u.reason).await;
             }
         }
-        self.launch_plan(&plan.nodes, "provisioning").await;
+        self.launch_plan(&plan.nodes, PROVISIONING).await;
         self.metrics.provisioner_batch_seconds.observe(started.elapsed().as_secs_f64());
     }
 
@@ -295,8 +317,11 @@ impl Provisioner {
     /// once the claim cache shows them.
     pub(super) async fn launch_plan(self: &Arc<Self>, nodes: &[PlannedNode], reason: &str) -> Vec<String> {
         let mut claims = Vec::new();
+        // The cap is a safety valve on provisioning; a consolidation's replacements are bounded by
+        // the pool's disruption budget instead, and never wait behind provisioning's launches.
+        let capped = reason == PROVISIONING;
         for planned in nodes {
-            if self.limiter.check().is_err() {
+            if capped && self.limiter.check().is_err() {
                 self.metrics.launches_rate_limited.inc_by((nodes.len() - claims.len()) as u64);
                 tracing::warn!(deferred = nodes.len() - claims.len(), per_minute = self.settings.max_launches_per_minute, "launch cap reached; the rest wait for the next batch");
                 break;
@@ -529,6 +554,17 @@ impl Provisioner {
                 tracing::warn!(claim = %c.name(), "the claim's instance is gone; deleting the claim");
                 let _ = api.delete(&c.name(), &DeleteParams::default()).await;
             }
+        }
+    }
+}
+
+/// Tasks aborted when this is dropped (the provisioner's loops live as long as its leadership).
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
         }
     }
 }

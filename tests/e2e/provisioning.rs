@@ -487,8 +487,20 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
     expected.push(("gpu", 1));
 
     let mut all: Vec<Pod> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(240);
     for (name, n) in &expected {
-        all.extend(wait_running(&client, "fidelity", name, *n, Duration::from_secs(240)).await);
+        loop {
+            let pods = running_pods(&client, "fidelity", name).await;
+            if pods.len() >= *n {
+                all.extend(pods);
+                break;
+            }
+            if Instant::now() > deadline {
+                explain_pending(&client).await;
+                panic!("{name}: {} of {n} pods Running after 240 s (see the dump above)", pods.len());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     eprintln!("plan fidelity: {} pods Running in {:?}", all.len(), t0.elapsed());
     assert_eq!(all.len(), 191);
@@ -542,6 +554,46 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
     let catalog = Catalog::embedded().expect("catalog");
     assert!(catalog.types().iter().any(|t| t.name == label(gpu_node, "node.kubernetes.io/instance-type") && t.gpu_count > 0));
     eprintln!("plan fidelity total: {:?}", started.elapsed());
+}
+
+/// When pods stay Pending: each one's scheduler message, and every node's allocatable against
+/// the requests of the pods bound to it, as the API server has them (to set against the
+/// provisioner's `placed on room the cluster already has` log lines).
+async fn explain_pending(client: &Client) {
+    let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+    let q = |v: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>, f: fn(&str) -> Option<i64>| v.and_then(|q| f(&q.0)).unwrap_or(0);
+    let mut used: BTreeMap<String, (i64, i64, usize, Vec<String>)> = BTreeMap::new();
+    for p in &pods {
+        let id = format!("{}/{}", p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default());
+        let node = node_of(p);
+        if node.is_empty() {
+            let msg = p.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled")).and_then(|c| c.message.clone()).unwrap_or_default();
+            eprintln!("pending {id}: {msg}");
+            continue;
+        }
+        let e = used.entry(node).or_default();
+        for c in p.spec.iter().flat_map(|s| s.containers.iter()) {
+            let r = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+            e.0 += q(r.and_then(|r| r.get("cpu")), archer::core::quantity::cpu_millis);
+            e.1 += q(r.and_then(|r| r.get("memory")), archer::core::quantity::value);
+        }
+        e.2 += 1;
+        e.3.push(format!("{}{}", if p.metadata.deletion_timestamp.is_some() { "(terminating)" } else { "" }, p.metadata.name.clone().unwrap_or_default()));
+    }
+    for n in Api::<Node>::all(client.clone()).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let alloc = n.status.as_ref().and_then(|s| s.allocatable.clone()).unwrap_or_default();
+        let (cpu, mem, count, on) = used.get(&name).cloned().unwrap_or_default();
+        let taints: Vec<String> = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().into_iter().map(|t| t.key).collect();
+        eprintln!(
+            "node {name} zone {} cpu {cpu}/{} memory {}Mi/{}Mi pods {count} taints {taints:?}: {}",
+            label(&n, "topology.kubernetes.io/zone"),
+            q(alloc.get("cpu"), archer::core::quantity::cpu_millis),
+            mem >> 20,
+            q(alloc.get("memory"), archer::core::quantity::value) >> 20,
+            on.join(" ")
+        );
+    }
 }
 
 trait GpuRequest {

@@ -12,6 +12,9 @@ mod verify;
 pub struct Pending {
     pub packer: PendingPod,
     pub sched: PodInfo,
+    /// The node (or claim) an earlier plan put this pod on, if any: while that node takes it,
+    /// the pod stays there, so batches do not move a pod kube-scheduler is about to bind.
+    pub planned: Option<String>,
 }
 
 /// Can the pod's images run on this node's architecture and OS (unknown platforms: anywhere)?
@@ -22,7 +25,8 @@ fn runs_on(pod: &PendingPod, node: &NodeInfo) -> bool {
     platforms.0.iter().any(|p| &p.architecture == arch && p.os == os)
 }
 
-/// Plan `pending` on `snapshot`: each pod, largest first, goes to the first node of the snapshot
+/// Plan `pending` on `snapshot`: a pod an earlier plan put on a node of the snapshot stays there
+/// while that node takes it; every other pod, largest first, goes to the first node of the snapshot
 /// that kube-scheduler would bind it to (resources, affinity, taints, ports, topology spread and
 /// inter-pod affinity, counting running pods and the ones placed before it); the rest are packed
 /// onto new nodes, and every placement on a new node is then checked by the same rules
@@ -35,9 +39,24 @@ pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offe
     let mut placed = std::collections::BTreeMap::new();
     let mut refused = std::collections::BTreeMap::new();
     let mut remaining = Vec::new();
+    let grouped = |p: &Pending| p.packer.zone_group.is_some() || p.packer.colocate;
+    // Pods an earlier plan put on a node of the snapshot go first and stay there while it takes
+    // them, so no other pod of this batch is given their room.
+    let index: std::collections::HashMap<&str, usize> = snap.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+    let sticky: std::collections::HashMap<&str, usize> = order.iter().filter(|p| !grouped(p)).filter_map(|p| Some((p.packer.id.as_str(), *index.get(p.planned.as_deref()?)?))).collect();
+    drop(index);
+    let mut rest = Vec::with_capacity(order.len());
     for p in order {
-        let grouped = p.packer.zone_group.is_some() || p.packer.colocate;
-        if grouped {
+        match sticky.get(p.packer.id.as_str()) {
+            Some(&i) if runs_on(&p.packer, &snap.nodes[i]) && snap.fits(&p.sched, i).is_ok() => {
+                placed.insert(p.packer.id.clone(), snap.nodes[i].name.clone());
+                snap.bind(p.sched.clone(), i);
+            }
+            _ => rest.push(p),
+        }
+    }
+    for p in rest {
+        if grouped(p) {
             remaining.push(p.packer.clone());
             continue;
         }

@@ -38,6 +38,7 @@ fn pending(p: &Pod, platforms: &str) -> Pending {
             spread_keys: Vec::new(),
             extended: Default::default(),
         },
+        planned: None,
         sched: PodInfo::from_pod(p),
     }
 }
@@ -88,4 +89,36 @@ fn running_pods_count_for_spread_and_images_decide_the_architecture() {
     // n1 holds 2 and n3 (arm64) is no domain of theirs: n2 takes both (skew 1 each time).
     assert_eq!(plan.existing.values().collect::<Vec<_>>(), ["n2", "n2"], "{:?}", plan);
     assert!(plan.nodes.is_empty());
+}
+
+#[test]
+fn a_pod_an_earlier_plan_placed_stays_on_that_node_while_it_fits() {
+    // Found by the plan-fidelity e2e: once a pod's planned node registered, the next batch
+    // re-planned the pod first-fit onto another node, and kube-scheduler followed the new plan,
+    // leaving room bought for the pod unused.
+    let snapshot = Snapshot::new(&[node("n1", "amd64"), node("n2", "amd64")], &[], &[]);
+    // Named to sort after the others, which would otherwise be placed first.
+    let mut stays = pending(&pod("zz-0", json!({}), json!({}), None), "linux/amd64");
+    stays.planned = Some("n2".into());
+    let plan = plan_batch(&snapshot, std::slice::from_ref(&stays), &[pool()], &offerings());
+    assert_eq!(plan.existing.get("default/zz-0").map(String::as_str), Some("n2"));
+    // Its room is held before any other pod of the batch is placed: sixteen more 500m pods fill
+    // both 4-cpu nodes but for its place, and one of them gets a new node.
+    let others: Vec<Pending> = (1..=16).map(|i| pending(&pod(&format!("web-{i}"), json!({}), json!({}), None), "linux/amd64")).collect();
+    let mut batch = others.clone();
+    batch.push(stays.clone());
+    let plan = plan_batch(&snapshot, &batch, &[pool()], &offerings());
+    assert_eq!(plan.existing.get("default/zz-0").map(String::as_str), Some("n2"), "{:?}", plan.existing);
+    assert_eq!(plan.existing.len(), 16);
+    assert_eq!(plan.nodes.len(), 1);
+    // A planned node that no longer takes the pod (full): it goes wherever it fits.
+    let full: Vec<Pod> = (0..8).map(|i| pod(&format!("busy-{i}"), json!({}), json!({}), Some("n2"))).collect();
+    let snapshot = Snapshot::new(&[node("n1", "amd64"), node("n2", "amd64")], &full, &[]);
+    let plan = plan_batch(&snapshot, std::slice::from_ref(&stays), &[pool()], &offerings());
+    assert_eq!(plan.existing.get("default/zz-0").map(String::as_str), Some("n1"));
+    // A planned node not in the snapshot (gone): first fit, as for any pod.
+    stays.planned = Some("gone".into());
+    let snapshot = Snapshot::new(&[node("n1", "amd64"), node("n2", "amd64")], &[], &[]);
+    let plan = plan_batch(&snapshot, std::slice::from_ref(&stays), &[pool()], &offerings());
+    assert_eq!(plan.existing.get("default/zz-0").map(String::as_str), Some("n1"));
 }

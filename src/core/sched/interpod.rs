@@ -14,6 +14,7 @@ use super::{DomainRule, NodeInfo, PodInfo, Snapshot, Unfit};
 
 type Domain = (String, String);
 
+#[derive(Debug, Clone)]
 pub struct State {
     /// Domains holding a pod that matches all the incoming pod's affinity terms (per term key).
     affinity: BTreeSet<Domain>,
@@ -45,26 +46,32 @@ impl State {
         }
         for node in &s.nodes {
             for other in node.pods.iter().map(|&p| &s.pods[p]) {
-                if other.terminating {
-                    continue;
-                }
-                let other_ns = s.ns_labels(&other.namespace);
-                if !pod.affinity.is_empty() && pod.affinity.iter().all(|t| t.matches(other, other_ns)) {
-                    for t in &pod.affinity {
-                        if let Some(v) = node.labels.get(&t.topology_key) {
-                            st.affinity.insert((t.topology_key.clone(), v.clone()));
-                        }
-                    }
-                }
-                for t in pod.anti_affinity.iter().filter(|t| t.matches(other, other_ns)) {
-                    if let Some(v) = node.labels.get(&t.topology_key) {
-                        st.anti.insert((t.topology_key.clone(), v.clone()));
-                    }
-                }
-                st.note_existing_anti(other, pod, own_ns, node);
+                st.add_pod(s, pod, node, other);
             }
         }
         st
+    }
+
+    /// One more pod (`other`) on `node`.
+    pub(super) fn add_pod(&mut self, s: &Snapshot, pod: &PodInfo, node: &NodeInfo, other: &PodInfo) {
+        if other.terminating {
+            return;
+        }
+        let own_ns = s.ns_labels(&pod.namespace);
+        let other_ns = s.ns_labels(&other.namespace);
+        if !pod.affinity.is_empty() && pod.affinity.iter().all(|t| t.matches(other, other_ns)) {
+            for t in &pod.affinity {
+                if let Some(v) = node.labels.get(&t.topology_key) {
+                    self.affinity.insert((t.topology_key.clone(), v.clone()));
+                }
+            }
+        }
+        for t in pod.anti_affinity.iter().filter(|t| t.matches(other, other_ns)) {
+            if let Some(v) = node.labels.get(&t.topology_key) {
+                self.anti.insert((t.topology_key.clone(), v.clone()));
+            }
+        }
+        self.note_existing_anti(other, pod, own_ns, node);
     }
 
     /// A running pod's required anti-affinity that selects the incoming pod keeps it out of the

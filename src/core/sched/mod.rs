@@ -11,6 +11,7 @@
 //! Each pod placed with [`Snapshot::bind`] counts for the pods decided after it.
 
 mod interpod;
+mod memo;
 pub mod resources;
 pub mod selector;
 mod spread;
@@ -276,6 +277,8 @@ pub struct Snapshot {
     /// Placed pods that carry required anti-affinity (indices into `pods`, and of their nodes): a pod without terms
     /// of its own need only look at these.
     with_anti_affinity: Vec<(usize, usize)>,
+    /// Each kind of pod's spread counts and inter-pod domains, kept up to date by [`Snapshot::bind`].
+    memo: std::cell::RefCell<memo::Memo>,
 }
 
 impl Snapshot {
@@ -286,6 +289,7 @@ impl Snapshot {
             pods: Vec::new(),
             namespace_labels: namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default()))).collect(),
             with_anti_affinity: Vec::new(),
+            memo: Default::default(),
         };
         // One lookup table, not a scan of every node per bound pod.
         let index: std::collections::HashMap<String, usize> = s.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
@@ -315,6 +319,9 @@ impl Snapshot {
     /// Record `pod` on node `i` (bound, or placed by a plan): it counts from now on.
     pub fn bind(&mut self, mut pod: PodInfo, i: usize) {
         pod.node_name = Some(self.nodes[i].name.clone());
+        let mut memo = std::mem::take(self.memo.get_mut());
+        memo.bind(self, &pod, i);
+        *self.memo.get_mut() = memo;
         if !pod.anti_affinity.is_empty() {
             self.with_anti_affinity.push((self.pods.len(), i));
         }
@@ -325,9 +332,7 @@ impl Snapshot {
 
     /// Every node the pod may be bound to, or for each node why not.
     pub fn feasible(&self, pod: &PodInfo) -> Vec<Result<usize, (usize, Unfit)>> {
-        let spread = spread::State::new(self, pod);
-        let interpod = interpod::State::new(self, pod);
-        (0..self.nodes.len()).map(|i| self.filter(pod, i, &spread, &interpod).map(|()| i).map_err(|e| (i, e))).collect()
+        self.memo.borrow_mut().with(self, pod, |spread, interpod| (0..self.nodes.len()).map(|i| self.filter(pod, i, spread, interpod).map(|()| i).map_err(|e| (i, e))).collect())
     }
 
     /// The first node (in snapshot order) that takes the pod, or the reasons for each refusal.
@@ -344,7 +349,7 @@ impl Snapshot {
 
     /// Does node `i` take the pod? (One node's verdict; [`Snapshot::feasible`] gives them all.)
     pub fn fits(&self, pod: &PodInfo, i: usize) -> Result<(), Unfit> {
-        self.filter(pod, i, &spread::State::new(self, pod), &interpod::State::new(self, pod))
+        self.memo.borrow_mut().with(self, pod, |spread, interpod| self.filter(pod, i, spread, interpod))
     }
 
     /// What a *new* node must satisfy for the pod, as requirements on topology domains: for each
@@ -354,9 +359,18 @@ impl Snapshot {
     /// in. Hostname-keyed rules need nothing: a new node is a domain of its own, except affinity
     /// to a pod already running on some node, which no new node meets. `Err`: no domain can work.
     pub fn new_node_domains(&self, pod: &PodInfo) -> Result<Vec<DomainRule>, Unfit> {
-        let mut rules = spread::State::new(self, pod).allowed(pod)?;
-        rules.extend(interpod::State::new(self, pod).domain_rules()?);
-        Ok(rules)
+        self.memo.borrow_mut().with(self, pod, |spread, interpod| {
+            let mut rules = spread.allowed(pod)?;
+            rules.extend(interpod.domain_rules()?);
+            Ok(rules)
+        })
+    }
+
+    /// [`Snapshot::feasible`] with the state computed afresh (tests compare the memo with it).
+    #[cfg(test)]
+    fn feasible_fresh(&self, pod: &PodInfo) -> Vec<Result<usize, (usize, Unfit)>> {
+        let (spread, interpod) = (spread::State::new(self, pod), interpod::State::new(self, pod));
+        (0..self.nodes.len()).map(|i| self.filter(pod, i, &spread, &interpod).map(|()| i).map_err(|e| (i, e))).collect()
     }
 
     fn filter(&self, pod: &PodInfo, i: usize, spread: &spread::State, interpod: &interpod::State) -> Result<(), Unfit> {

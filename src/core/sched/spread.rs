@@ -56,39 +56,64 @@ impl Constraint {
 }
 
 /// Matching pods per domain for each constraint, computed once per incoming pod.
+#[derive(Debug, Clone)]
 pub struct State {
     counts: Vec<BTreeMap<String, i64>>,
 }
 
 impl State {
     pub fn new(s: &Snapshot, pod: &PodInfo) -> Self {
-        let mut counts = vec![BTreeMap::new(); pod.spread.len()];
+        let mut st = State { counts: vec![BTreeMap::new(); pod.spread.len()] };
         if pod.spread.is_empty() {
-            return State { counts };
+            return st;
         }
         for node in &s.nodes {
-            if !pod.spread.iter().all(|c| node.labels.contains_key(&c.topology_key)) {
-                continue;
-            }
-            for (ci, c) in pod.spread.iter().enumerate() {
-                if !c.includes(pod, node) {
-                    continue;
-                }
-                let matching = if c.selector.is_empty() {
-                    0
-                } else {
-                    node.pods.iter().map(|&p| &s.pods[p]).filter(|p| !p.terminating && p.namespace == pod.namespace && c.selector.matches(&p.labels)).count() as i64
-                };
-                *counts[ci].entry(node.labels[&c.topology_key].clone()).or_insert(0) += matching;
-            }
+            st.add_node(s, pod, node);
         }
         // Domains a new node could open count as empty ones (the planner's pass over new nodes).
         for (ci, c) in pod.spread.iter().enumerate() {
             for v in pod.potential.get(&c.topology_key).into_iter().flatten() {
-                counts[ci].entry(v.clone()).or_insert(0);
+                st.counts[ci].entry(v.clone()).or_insert(0);
             }
         }
-        State { counts }
+        st
+    }
+
+    /// Count a node: its domain of each constraint it is eligible for, and the matching pods on it.
+    pub(super) fn add_node(&mut self, s: &Snapshot, pod: &PodInfo, node: &NodeInfo) {
+        if !Self::eligible(pod, node) {
+            return;
+        }
+        for (ci, c) in pod.spread.iter().enumerate() {
+            if !c.includes(pod, node) {
+                continue;
+            }
+            let matching = node.pods.iter().filter(|&&p| Self::counts_for(c, pod, &s.pods[p])).count() as i64;
+            *self.counts[ci].entry(node.labels[&c.topology_key].clone()).or_insert(0) += matching;
+        }
+    }
+
+    /// One more pod on a node [`State::add_node`] already counted.
+    pub(super) fn add_pod(&mut self, pod: &PodInfo, node: &NodeInfo, other: &PodInfo) {
+        if !Self::eligible(pod, node) {
+            return;
+        }
+        for (ci, c) in pod.spread.iter().enumerate() {
+            if c.includes(pod, node) && Self::counts_for(c, pod, other) {
+                *self.counts[ci].entry(node.labels[&c.topology_key].clone()).or_insert(0) += 1;
+            }
+        }
+    }
+
+    /// Only nodes that carry every constraint's key take part.
+    fn eligible(pod: &PodInfo, node: &NodeInfo) -> bool {
+        !pod.spread.is_empty() && pod.spread.iter().all(|c| node.labels.contains_key(&c.topology_key))
+    }
+
+    /// Does `other` count toward constraint `c` of `pod`? (Same namespace, not terminating,
+    /// selected; an empty selector counts none.)
+    fn counts_for(c: &Constraint, pod: &PodInfo, other: &PodInfo) -> bool {
+        !c.selector.is_empty() && !other.terminating && other.namespace == pod.namespace && c.selector.matches(&other.labels)
     }
 
     /// The smallest count over eligible domains (0 with fewer domains than `minDomains`).

@@ -450,3 +450,43 @@ fn volume_a_pod_whose_claim_is_bound_to_a_zonal_volume_stays_in_that_zone() {
     assert_eq!(s.feasible(&bound)[0], Err((0, Unfit::VolumeNodeAffinity)));
     assert_eq!(fits(&s, &with_claim("later")).len(), 4, "a WaitForFirstConsumer claim not bound yet does not constrain");
 }
+
+// ---- The memo (incremental state) against the state computed afresh ----
+
+/// Pods of several kinds (zone and hostname spread, affinity, anti-affinity, symmetric
+/// anti-affinity, no terms) bound one by one onto nodes added along the way: after every step
+/// each kind's verdicts from the memo equal those computed from scratch.
+#[test]
+fn memo_matches_fresh_state_through_binds_and_new_nodes() {
+    let kinds = [
+        pod("spread", json!({"foo": "a"}), spread("zone", 1, json!({}))),
+        pod("hosts", json!({"foo": "b"}), spread("kubernetes.io/hostname", 2, json!({"minDomains": 3}))),
+        pod("anti", json!({"app": "db"}), json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "zone"}]}}})),
+        pod("near", json!({"app": "web"}), json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"foo": "a"}}, "topologyKey": "zone"}]}}})),
+        pod("plain", json!({"foo": "c"}), json!({})),
+        in_ns(pod("other-ns", json!({"foo": "a"}), spread("zone", 1, json!({}))), "team"),
+    ];
+    let infos: Vec<PodInfo> = kinds.iter().cloned().map(info).collect();
+    let mut s = Snapshot::new(&[node("n0", json!({"zone": "z1"}))], &[], &[]);
+    let mut seed = 7u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for step in 0..120 {
+        if step % 9 == 0 {
+            let zone = format!("z{}", next() % 4);
+            let n = node(&format!("n{}", s.nodes.len()), json!({"zone": zone}));
+            s.nodes.push(NodeInfo::from_node(&n));
+        }
+        for p in &infos {
+            assert_eq!(s.feasible(p), s.feasible_fresh(p), "kind {} at step {step}", p.name);
+        }
+        let p = &infos[(next() % infos.len() as u64) as usize];
+        let fits: Vec<usize> = s.feasible(p).into_iter().filter_map(Result::ok).collect();
+        let i = if fits.is_empty() { (next() % s.nodes.len() as u64) as usize } else { fits[(next() % fits.len() as u64) as usize] };
+        s.bind(PodInfo { name: format!("{}-{step}", p.name), ..p.clone() }, i);
+    }
+}

@@ -80,7 +80,8 @@ fn free_room_counts_bound_pods_in_flight_claims_and_daemonsets() {
     let snap = crate::provisioner::model::cluster_snapshot(&[&busy, &starting, &leaving], &claims.iter().collect::<Vec<_>>(), &[&on_busy, &done], &[], &pools, &|_| false);
     let by: BTreeMap<&str, &crate::core::sched::NodeInfo> = snap.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     let free = |n: &crate::core::sched::NodeInfo| (n.allocatable.get("cpu") - n.requested.get("cpu"), n.allocatable.get("memory") - n.requested.get("memory"), n.max_pods - n.pods.len() as i64);
-    assert!(!by.contains_key("leaving"), "a node being disrupted offers no room");
+    assert!(by["leaving"].unschedulable, "a node being disrupted offers no room");
+    assert!(by["leaving"].pods.is_empty(), "but it stays in the snapshot so its pods count for spread and anti-affinity");
     assert_eq!(free(by["busy"]), (1500, (4 << 30) - (1 << 30), 19), "the finished pod frees its room");
     assert_eq!(by["busy"].pods.len(), 1, "the running pod is in the snapshot");
     assert_eq!(by["starting"].taints.iter().map(|t| t.key.as_str()).collect::<Vec<_>>(), vec!["dedicated"], "ephemeral and startup taints dropped, real ones kept");
