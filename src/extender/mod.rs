@@ -203,36 +203,35 @@ impl Extender {
         PriceRules { catalog: &self.catalog, max_per_hour: self.max_price_per_hour }
     }
 
-    /// The provisioning plan's node for the pod, when kube-scheduler should wait for it or take
-    /// it: (that node, why the others are refused). The planned node among the candidates: only
-    /// it. Not among them but still registering: none yet (the pod waits for the node bought for
-    /// it rather than landing on a sibling the plan counted on for other pods). Gone, or there
-    /// and refused by kube-scheduler's own filters: no steering (the plan was wrong; any node).
+    /// The provisioning plan's node for the pod, when kube-scheduler should take only it:
+    /// (that node, why the others are refused). The planned node among the candidates: only it.
+    /// Not among them but still registering: none of them (the pod waits for the node bought
+    /// for it rather than landing on a sibling the plan counted on for other pods; the node's
+    /// taints going away is a cluster event that makes kube-scheduler try the pod again). Gone,
+    /// or there and refused by kube-scheduler's own filters: no steering (any node).
+    ///
+    /// A pod never waits on a clock here: kube-scheduler retries a pod it could not place only
+    /// on cluster events its own filters care about, so a wait that ended on a timer would hold
+    /// the pod until its periodic flush of unschedulable pods (5 minutes). An extender error
+    /// (retried after back-off) would not do either: an extender configured `ignorable`, as it
+    /// should be, has its errors skipped.
     async fn plan_steer(&self, pod: &Pod, candidates: &[String]) -> Option<(String, String)> {
         let cluster = self.cluster.as_ref()?;
         let id = format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or(""));
-        let (planned, age) = cluster.planned_node(&id).await?;
+        let (planned, _) = cluster.planned_node(&id).await?;
         if candidates.contains(&planned) {
             self.metrics.extender_planned_placements.inc();
             return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
         }
         let node = self.nodes.as_ref()?.get(&kube::runtime::reflector::ObjectRef::new(&planned))?;
         let registering = crate::core::taints::node_has_taint(&node, labels::UNREGISTERED_TAINT) || crate::core::taints::node_has_taint(&node, "node.kubernetes.io/not-ready");
-        if registering {
-            return Some((planned.clone(), format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register")));
-        }
-        // There but refused for now (a spread whose other zones are still filling): wait a
-        // little for it, then let the pod go anywhere.
-        (age < PLAN_PATIENCE).then(|| (planned.clone(), format!("waiting for node {planned}, where the provisioning plan put the pod")))
+        registering.then(|| (planned.clone(), format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register")))
     }
 
     async fn pod_platforms(&self, pod: &Pod) -> PodPlatforms {
         crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspection_timeout).await
     }
 }
-
-/// How long a pod waits for the node its plan named while kube-scheduler refuses that node.
-const PLAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Why pods must not land on `name` yet: another node of its launch batch is still unregistered
 /// (the scheduler would otherwise pack a batch meant to spread onto its first node to come up).

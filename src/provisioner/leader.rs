@@ -15,6 +15,8 @@ pub enum LeaderError {
     Lease { name: String, namespace: String, source: kube_lease_manager::LeaseManagerError },
     #[error("the lease manager stopped")]
     Stopped,
+    #[error("the provisioner stopped while this replica held the lease")]
+    WorkEnded,
 }
 
 /// Run `work()` while this replica holds the lease `name` in `namespace`; stop it when the lease
@@ -53,13 +55,21 @@ where
             }
             _ => {}
         }
-        if is_leader.changed().await.is_err() {
-            break;
+        // Work that ends while the lease is held (a loop panicked) must not leave a leader that
+        // provisions nothing: give up, and let the process restart.
+        let ended = match running.as_mut() {
+            Some(h) => tokio::select! {
+                changed = is_leader.changed() => changed.is_err().then_some(LeaderError::Stopped),
+                _ = h => Some(LeaderError::WorkEnded),
+            },
+            None => is_leader.changed().await.is_err().then_some(LeaderError::Stopped),
+        };
+        if let Some(e) = ended {
+            if let Some(h) = running.take() {
+                h.abort();
+            }
+            manager_task.abort();
+            return Err(e);
         }
     }
-    if let Some(h) = running.take() {
-        h.abort();
-    }
-    let _ = manager_task.await;
-    Err(LeaderError::Stopped)
 }

@@ -98,7 +98,13 @@ pub struct Provisioner {
     /// Pending pods the last batch could place (on existing room or new nodes): consolidation
     /// waits for them to land.
     pub(super) waiting: Mutex<Vec<String>>,
+    /// Claims this process launched and when: the claim keeper, running beside the batches,
+    /// leaves them alone until the claim cache has caught up with the launch's status write.
+    launched_here: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a launch this process made is left to the claim cache to show.
+const LAUNCH_SETTLE: Duration = Duration::from_secs(60);
 
 impl Provisioner {
     /// Build the worker and the future that drives its watches.
@@ -122,6 +128,7 @@ impl Provisioner {
             recorder: Recorder::new(client.clone(), reporter),
             limiter: governor::RateLimiter::direct(governor::Quota::per_minute(per_minute)),
             reported: Mutex::new(HashMap::new()),
+            launched_here: Mutex::new(HashMap::new()),
             client,
             provider,
             catalog,
@@ -460,6 +467,11 @@ impl Provisioner {
     /// Ask the provider for the claim's node and record the result on the claim.
     #[tracing::instrument(skip_all, fields(claim = %claim.name()))]
     pub(super) async fn launch(&self, claim: &NodeClaim) {
+        {
+            let mut here = self.launched_here.lock().unwrap_or_else(|e| e.into_inner());
+            here.retain(|_, at| at.elapsed() < LAUNCH_SETTLE);
+            here.insert(claim.name(), Instant::now());
+        }
         let api: Api<NodeClaim> = Api::all(self.client.clone());
         let status = match self.provider.create(claim).await {
             Ok(i) => {
@@ -514,7 +526,8 @@ impl Provisioner {
     pub async fn keep_claims(&self) {
         let api: Api<NodeClaim> = Api::all(self.client.clone());
         let claims = self.stores.claims.state();
-        for c in claims.iter().filter(|c| !c.launched() && !c.deleting()) {
+        let recent = |name: &str| self.launched_here.lock().unwrap_or_else(|e| e.into_inner()).get(name).is_some_and(|at| at.elapsed() < LAUNCH_SETTLE);
+        for c in claims.iter().filter(|c| !c.launched() && !c.deleting() && !recent(&c.name())) {
             tracing::info!(claim = %c.name(), "claim was never launched (restart?); launching it now");
             self.launch(c).await;
         }
