@@ -109,6 +109,9 @@ pub struct ClusterView {
     /// leaves nodes the plan counted on half empty). Bounded, and forgotten after
     /// [`PLACEMENT_TTL`]: a plan is only worth following while its pods are pending.
     placements: Cache<String, (String, std::time::Instant)>,
+    /// The provisioner's watch-backed Pod cache, while this process provisions (it holds the
+    /// plans too): the extender reads it to tell why kube-scheduler refuses a planned node.
+    pods: Arc<std::sync::RwLock<Option<Store<Pod>>>>,
 }
 
 /// How long a planned placement is followed.
@@ -134,6 +137,16 @@ impl ClusterView {
         self.placements.get(pod).await.map(|(n, at)| (n, at.elapsed()))
     }
 
+    /// Share the provisioner's Pod cache (see the field); `None` when it stops.
+    pub fn attach_pods(&self, store: Option<Store<Pod>>) {
+        *self.pods.write().unwrap_or_else(|e| e.into_inner()) = store;
+    }
+
+    /// The provisioner's Pod cache, when this process provisions.
+    pub fn pods(&self) -> Option<Store<Pod>> {
+        self.pods.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Start the Namespace and Node watches; the returned future drives them and must be polled
     /// for the life of the process (they retry with back-off when the API server goes away).
     pub fn start(client: Client) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
@@ -146,6 +159,7 @@ impl ClusterView {
             secrets: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
             service_accounts: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
             placements: Cache::builder().max_capacity(MAX_PLACEMENTS).time_to_live(PLACEMENT_TTL).build(),
+            pods: Arc::default(),
         };
         (view, async move {
             futures::future::join(ns_stream, node_stream).await;

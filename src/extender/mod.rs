@@ -3,6 +3,7 @@
 //! the webhook never saw); prioritize scores nodes by what the pod costs there.
 //! One job each: nothing the default scheduler already checks (resources, taints) is re-checked.
 
+mod plan_wait;
 pub mod wire;
 
 use std::sync::Arc;
@@ -207,31 +208,42 @@ impl Extender {
     /// (that node, why the others are refused). The planned node among the candidates: only it.
     /// Not among them but still registering: none of them (the pod waits for the node bought
     /// for it rather than landing on a sibling the plan counted on for other pods; the node's
-    /// taints going away is a cluster event that makes kube-scheduler try the pod again). Gone,
-    /// or there and refused by kube-scheduler's own filters: no steering (any node).
+    /// taints going away is a cluster event that makes kube-scheduler try the pod again).
+    /// Registered but refused by kube-scheduler's topology spread alone while pods planned for
+    /// the other domains are still pending: none of them, for at most [`PLAN_PATIENCE`] (their
+    /// binding requeues the pod; see [`plan_wait`]). Otherwise: no steering (any node).
     ///
-    /// A pod never waits on a clock here: kube-scheduler retries a pod it could not place only
-    /// on cluster events its own filters care about, so a wait that ended on a timer would hold
-    /// the pod until its periodic flush of unschedulable pods (5 minutes). An extender error
-    /// (retried after back-off) would not do either: an extender configured `ignorable`, as it
-    /// should be, has its errors skipped.
+    /// A pod never waits for a clock here: kube-scheduler retries a pod it could not place only
+    /// on cluster events its own filters care about, so a wait that only a timer ended would
+    /// hold the pod until its periodic flush of unschedulable pods (5 minutes). An extender
+    /// error, which kube-scheduler does retry after back-off, would not do either: an extender
+    /// configured `ignorable`, as it should be, has its errors skipped.
     async fn plan_steer(&self, pod: &Pod, candidates: &[String]) -> Option<(String, String)> {
         let cluster = self.cluster.as_ref()?;
         let id = format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or(""));
-        let (planned, _) = cluster.planned_node(&id).await?;
+        let (planned, age) = cluster.planned_node(&id).await?;
+        tracing::Span::current().record("hint", planned.as_str());
         if candidates.contains(&planned) {
             self.metrics.extender_planned_placements.inc();
             return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
         }
         let node = self.nodes.as_ref()?.get(&kube::runtime::reflector::ObjectRef::new(&planned))?;
         let registering = crate::core::taints::node_has_taint(&node, labels::UNREGISTERED_TAINT) || crate::core::taints::node_has_taint(&node, "node.kubernetes.io/not-ready");
-        registering.then(|| (planned.clone(), format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register")))
+        if registering {
+            return Some((planned.clone(), format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register")));
+        }
+        let pods = cluster.pods()?;
+        let waits = age < PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &pods) && plan_wait::siblings_coming(pod, &pods, cluster).await;
+        waits.then(|| (planned.clone(), format!("waiting for node {planned}, where the provisioning plan put the pod, until the pods planned before it in other domains land")))
     }
 
     async fn pod_platforms(&self, pod: &Pod) -> PodPlatforms {
         crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspection_timeout).await
     }
 }
+
+/// How long after its plan a pod may wait for a node kube-scheduler's spread refuses for now.
+const PLAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why pods must not land on `name` yet: another node of its launch batch is still unregistered
 /// (the scheduler would otherwise pack a batch meant to spread onto its first node to come up).
@@ -258,7 +270,7 @@ fn unrunnable_reason(node: &NodeFacts, all: &PlatformSet, per_image: &[(String, 
     Some(format!("{why}; node is {os}/{arch}"))
 }
 
-#[tracing::instrument(skip_all, fields(pod = tracing::field::Empty, namespace = tracing::field::Empty, nodes = tracing::field::Empty))]
+#[tracing::instrument(skip_all, fields(pod = tracing::field::Empty, namespace = tracing::field::Empty, nodes = tracing::field::Empty, planned = tracing::field::Empty, hint = tracing::field::Empty))]
 async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response {
     let started = Instant::now();
     // Held until the answer is sent: the body, the parsed node list and the answer.
@@ -289,6 +301,9 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             let mut keep = Vec::with_capacity(nodes.len());
             let names: Vec<String> = nodes.iter().map(|n| n.lite.metadata.name.to_string()).collect();
             let steer = x.plan_steer(&args.pod, &names).await;
+            if let Some((planned, _)) = &steer {
+                span.record("planned", planned.as_str());
+            }
             for n in &nodes {
                 let facts = NodeFacts::from_lite(&n.lite, &x.prices());
                 if let Some((planned, why)) = &steer {
@@ -312,6 +327,9 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             let mut keep = Vec::with_capacity(names.len());
             let facts = x.facts.lookup(&names, x.nodes.as_ref(), &x.prices());
             let steer = x.plan_steer(&args.pod, &names).await;
+            if let Some((planned, _)) = &steer {
+                span.record("planned", planned.as_str());
+            }
             for (name, facts) in names.into_iter().zip(facts) {
                 if let Some((planned, why)) = &steer {
                     if name != *planned {

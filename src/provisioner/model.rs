@@ -24,7 +24,10 @@ use crate::core::sched::{NodeInfo, PodInfo, Snapshot, Volumes};
 pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes) -> Pending {
     let terms = volumes.terms_for(pod);
     let packer = with_volume_terms(pending_pod(&state::pod_id(pod), pod, platforms), &terms);
-    Pending { packer, sched: PodInfo::from_pod(pod).with_volumes(pod, volumes), planned: None }
+    // resourceVersion is opaque to clients; read as a number (etcd's revision, as every API
+    // server writes it) it only orders interchangeable pods, and anything else sorts last.
+    let queue_order = pod.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+    Pending { packer, sched: PodInfo::from_pod(pod).with_volumes(pod, volumes), planned: None, queue_order }
 }
 
 /// Where the live claims' plans put pods (`namespace/name` -> the claim's node, or the claim

@@ -106,6 +106,15 @@ pub struct Provisioner {
 /// How long a launch this process made is left to the claim cache to show.
 const LAUNCH_SETTLE: Duration = Duration::from_secs(60);
 
+impl Drop for Provisioner {
+    /// Leadership lost: the Pod cache stops being kept, so the extender stops reading it.
+    fn drop(&mut self) {
+        if let Some(c) = &self.cluster {
+            c.attach_pods(None);
+        }
+    }
+}
+
 impl Provisioner {
     /// Build the worker and the future that drives its watches.
     #[allow(clippy::too_many_arguments)]
@@ -124,6 +133,9 @@ impl Provisioner {
         let per_minute = std::num::NonZeroU32::new(settings.max_launches_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
         let reporter = Reporter { controller: "archer-provisioner".into(), instance: std::env::var("POD_NAME").ok() };
         let offerings = provider.offerings();
+        if let Some(c) = &cluster {
+            c.attach_pods(Some(stores.pods.clone()));
+        }
         let p = Arc::new(Self {
             recorder: Recorder::new(client.clone(), reporter),
             limiter: governor::RateLimiter::direct(governor::Quota::per_minute(per_minute)),

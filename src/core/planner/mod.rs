@@ -5,6 +5,7 @@
 use super::packer::{pack, Offering, PendingPod, Plan, Pool};
 use super::sched::{NodeInfo, PodInfo, Snapshot};
 
+mod order;
 mod verify;
 
 /// A pending pod: the packer's view and the scheduler's.
@@ -15,6 +16,10 @@ pub struct Pending {
     /// The node (or claim) an earlier plan put this pod on, if any: while that node takes it,
     /// the pod stays there, so batches do not move a pod kube-scheduler is about to bind.
     pub planned: Option<String>,
+    /// Where kube-scheduler's queue most likely has the pod among the others (lower first): the
+    /// pod's resourceVersion, which its last failed scheduling attempt set. Only the order in
+    /// which interchangeable pods take their places depends on it ([`order`]).
+    pub queue_order: u64,
 }
 
 /// Can the pod's images run on this node's architecture and OS (unknown platforms: anywhere)?
@@ -46,9 +51,11 @@ pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offe
     let sticky: std::collections::HashMap<&str, usize> = order.iter().filter(|p| !grouped(p)).filter_map(|p| Some((p.packer.id.as_str(), *index.get(p.planned.as_deref()?)?))).collect();
     drop(index);
     let mut rest = Vec::with_capacity(order.len());
+    let mut kept = std::collections::HashSet::new();
     for p in order {
         match sticky.get(p.packer.id.as_str()) {
             Some(&i) if runs_on(&p.packer, &snap.nodes[i]) && snap.fits(&p.sched, i).is_ok() => {
+                kept.insert(p.packer.id.clone());
                 placed.insert(p.packer.id.clone(), snap.nodes[i].name.clone());
                 snap.bind(p.sched.clone(), i);
             }
@@ -78,6 +85,7 @@ pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offe
     plan.existing.extend(placed);
     let by_id: std::collections::HashMap<&str, &Pending> = pending.iter().map(|p| (p.packer.id.as_str(), p)).collect();
     verify::verify(&mut snap, &mut plan, &by_id, pools, offerings);
+    order::in_queue_order(&mut plan, pending, snapshot, &kept);
     for u in &mut plan.unschedulable {
         if let Some(why) = refused.get(&u.pod) {
             u.reason = format!("{}; {why}", u.reason);

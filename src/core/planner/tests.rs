@@ -39,6 +39,7 @@ fn pending(p: &Pod, platforms: &str) -> Pending {
             extended: Default::default(),
         },
         planned: None,
+        queue_order: 0,
         sched: PodInfo::from_pod(p),
     }
 }
@@ -121,4 +122,42 @@ fn a_pod_an_earlier_plan_placed_stays_on_that_node_while_it_fits() {
     let snapshot = Snapshot::new(&[node("n1", "amd64"), node("n2", "amd64")], &[], &[]);
     let plan = plan_batch(&snapshot, std::slice::from_ref(&stays), &[pool()], &offerings());
     assert_eq!(plan.existing.get("default/zz-0").map(String::as_str), Some("n1"));
+}
+
+#[test]
+fn interchangeable_spread_pods_take_their_places_in_kube_schedulers_queue_order() {
+    // Found by the plan-fidelity e2e: the plan spread six replicas two per zone, but gave the
+    // places out by name; kube-scheduler tries them in its queue's order and refused the second
+    // one its planned zone (skew 2 against an empty zone), so it bound to a place planned for
+    // another pod.
+    let zoned = |name: &str, zone: &str| {
+        let mut n = node(name, "amd64");
+        n.metadata.labels.get_or_insert_with(Default::default).insert("topology.kubernetes.io/zone".into(), zone.into());
+        n
+    };
+    let snapshot = Snapshot::new(&[zoned("a", "us-east-1a"), zoned("b", "us-east-1b"), zoned("c", "us-east-1c")], &[], &[]);
+    let spread = json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "z"}}}]});
+    // Queue order 0, 3, 1, 4, 2, 5: by name, pods 0 and 3 share a zone.
+    let batch: Vec<Pending> = [0u64, 2, 4, 1, 3, 5]
+        .iter()
+        .enumerate()
+        .map(|(i, &queue)| {
+            let mut p = pending(&pod(&format!("z-{i}"), json!({"app": "z"}), spread.clone(), None), "linux/amd64");
+            p.queue_order = queue;
+            p
+        })
+        .collect();
+    let plan = plan_batch(&snapshot, &batch, &[pool()], &offerings());
+    assert_eq!(plan.existing.len(), 6, "{plan:?}");
+    let zone_of = |pod: &str| plan.existing[&format!("default/{pod}")].clone();
+    let mut per_node: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut in_queue: Vec<&Pending> = batch.iter().collect();
+    in_queue.sort_by_key(|p| p.queue_order);
+    for p in in_queue {
+        *per_node.entry(zone_of(&p.sched.name)).or_default() += 1;
+        let (lo, hi) = (["a", "b", "c"].iter().map(|n| per_node.get(*n).copied().unwrap_or(0)).min().unwrap_or(0), per_node.values().max().copied().unwrap_or(0));
+        assert!(hi - lo <= 1, "after {} the zones hold {per_node:?}", p.sched.name);
+    }
+    // The same places: two pods per zone.
+    assert_eq!(per_node.values().collect::<Vec<_>>(), [&2, &2, &2]);
 }

@@ -1,0 +1,52 @@
+//! When a pod may wait for the registered node its plan named although kube-scheduler refuses
+//! that node now.
+//!
+//! kube-scheduler tries a pod it could not place again only on cluster events its own filters
+//! care about. A pod held back by the extender must therefore wait only for something such an
+//! event ends. One case is safe and common: the node is refused by topology spread alone (the
+//! plan's pods for the other domains have not landed yet), and some of those pods are still
+//! pending under a plan. Each of them binding is a Pod event PodTopologySpread requeues the pod
+//! on; when the last has landed, the pod no longer waits. A node refused for anything else
+//! (its room taken, ports, affinity) is not waited for: no event may ever come.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::reflector::Store;
+
+use crate::cluster::ClusterView;
+use crate::core::sched::{PodInfo, Snapshot};
+
+/// Would `node` take the pod but for topology spread across nodes? It is checked alone, with
+/// the pods bound to it: every filter of the scheduling model holds there, and spread over a
+/// single domain always does. Pods with required inter-pod (anti-)affinity are left out (pods
+/// on other nodes decide those).
+pub(super) fn refused_only_for_spread(pod: &Pod, node: &Node, pods: &Store<Pod>) -> bool {
+    let info = PodInfo::from_pod(pod);
+    if info.spread.is_empty() || !info.affinity.is_empty() || !info.anti_affinity.is_empty() {
+        return false;
+    }
+    let Some(name) = node.metadata.name.as_deref() else { return false };
+    let bound: Vec<Pod> = pods.state().iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)).map(|p| p.as_ref().clone()).collect();
+    Snapshot::new(std::slice::from_ref(node), &bound, &[]).fits(&info, 0).is_ok()
+}
+
+/// Is another pod the pod's spread counts still pending with a plan of its own?
+pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, cluster: &ClusterView) -> bool {
+    let info = PodInfo::from_pod(pod);
+    let candidates: Vec<String> = pods
+        .state()
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == info.namespace && p.metadata.name.as_deref() != Some(info.name.as_str()))
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty) && p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            let labels = p.metadata.labels.clone().unwrap_or_default();
+            info.spread.iter().any(|c| c.selector.matches(&labels))
+        })
+        .map(|p| format!("{}/{}", info.namespace, p.metadata.name.as_deref().unwrap_or("")))
+        .collect();
+    for id in candidates {
+        if cluster.planned_node(&id).await.is_some() {
+            return true;
+        }
+    }
+    false
+}
