@@ -233,7 +233,7 @@ impl Extender {
             return Some((planned.clone(), format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register")));
         }
         let pods = cluster.pods()?;
-        let waits = age < PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &pods) && plan_wait::siblings_coming(pod, &pods, cluster).await;
+        let waits = age < PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &pods) && plan_wait::siblings_coming(pod, &pods, self.nodes.as_ref()?, cluster).await;
         waits.then(|| (planned.clone(), format!("waiting for node {planned}, where the provisioning plan put the pod, until the pods planned before it in other domains land")))
     }
 

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::Store;
 
 use crate::cluster::ClusterView;
+use crate::core::labels;
 use crate::core::sched::{PodInfo, Snapshot};
 
 /// Would `node` take the pod but for topology spread across nodes? It is checked alone, with
@@ -29,11 +30,15 @@ pub(super) fn refused_only_for_spread(pod: &Pod, node: &Node, pods: &Store<Pod>)
     Snapshot::new(std::slice::from_ref(node), &bound, &[]).fits(&info, 0).is_ok()
 }
 
-/// Is another pod the pod's spread counts still pending with a plan of its own?
-pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, cluster: &ClusterView) -> bool {
+/// Will another pod the pod's spread counts bind soon, where its own plan put it? Such a pod is
+/// pending with a plan whose node is still registering (it binds once the node is up), or whose
+/// node takes it now by the scheduling model on the bound pods alone (kube-scheduler's view).
+/// Pods that are themselves waiting for the others do not count, so pods never wait for each
+/// other in a circle.
+pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<Node>, cluster: &ClusterView) -> bool {
     let info = PodInfo::from_pod(pod);
-    let candidates: Vec<String> = pods
-        .state()
+    let all = pods.state();
+    let siblings: Vec<&Pod> = all
         .iter()
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == info.namespace && p.metadata.name.as_deref() != Some(info.name.as_str()))
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty) && p.metadata.deletion_timestamp.is_none())
@@ -41,12 +46,24 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, cluster: &Clus
             let labels = p.metadata.labels.clone().unwrap_or_default();
             info.spread.iter().any(|c| c.selector.matches(&labels))
         })
-        .map(|p| format!("{}/{}", info.namespace, p.metadata.name.as_deref().unwrap_or("")))
+        .map(|p| p.as_ref())
         .collect();
-    for id in candidates {
-        if cluster.planned_node(&id).await.is_some() {
-            return true;
+    let mut planned = Vec::new();
+    for p in siblings {
+        let id = format!("{}/{}", info.namespace, p.metadata.name.as_deref().unwrap_or(""));
+        if let Some((node, _)) = cluster.planned_node(&id).await {
+            planned.push((p, node));
         }
     }
-    false
+    if planned.is_empty() {
+        return false;
+    }
+    let node_list: Vec<Node> = nodes.state().iter().map(|n| n.as_ref().clone()).collect();
+    let bound: Vec<Pod> = all.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())).map(|p| p.as_ref().clone()).collect();
+    let snap = Snapshot::new(&node_list, &bound, &[]);
+    planned.into_iter().any(|(p, node)| {
+        let Some(i) = snap.nodes.iter().position(|n| n.name == node) else { return false };
+        let registering = snap.nodes[i].taints.iter().any(|t| t.key == labels::UNREGISTERED_TAINT || t.key == "node.kubernetes.io/not-ready");
+        registering || snap.fits(&PodInfo::from_pod(p), i).is_ok()
+    })
 }

@@ -545,15 +545,16 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
     let catalog = Catalog::embedded().expect("catalog");
     assert!(catalog.types().iter().any(|t| t.name == label(gpu_node, "node.kubernetes.io/instance-type") && t.gpu_count > 0));
     // The goal is every pod (issue #10 stays open on it). What holds today (README, plan
-    // fidelity): kube-scheduler binds a pod that arrives before the provisioner planned it to
-    // any node with room, room a plan may have counted on for another pod; that pod is then
-    // bound to another new node. Measured 52-69% over 7 runs; the bound is set below them.
+    // fidelity): a pod kube-scheduler refuses its planned node for anything but topology spread
+    // (its room taken by a pod that went elsewhere) binds to another node with room, room a
+    // plan may have counted on for another pod. Measured 60-75% over the last 3 runs; the bound
+    // is set below them.
     let followed = exact + same_shape;
     eprintln!("plan fidelity: {followed} of {} pods planned onto new nodes followed the plan ({:.1}%)", followed + wrong.len(), 100.0 * followed as f64 / (followed + wrong.len()).max(1) as f64);
     for w in &wrong {
         eprintln!("  not followed: {w}");
     }
-    assert!(followed * 100 >= (followed + wrong.len()) * 45, "pods not where the plan put them:\n{}", wrong.join("\n"));
+    assert!(followed * 100 >= (followed + wrong.len()) * 50, "pods not where the plan put them:\n{}", wrong.join("\n"));
     eprintln!("plan fidelity total: {:?}", started.elapsed());
 }
 

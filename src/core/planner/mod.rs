@@ -50,18 +50,30 @@ pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offe
     let index: std::collections::HashMap<&str, usize> = snap.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
     let sticky: std::collections::HashMap<&str, usize> = order.iter().filter(|p| !grouped(p)).filter_map(|p| Some((p.packer.id.as_str(), *index.get(p.planned.as_deref()?)?))).collect();
     drop(index);
-    let mut rest = Vec::with_capacity(order.len());
+    // In kube-scheduler's likely queue order, and again while any more take their place: the
+    // earlier plan held as a whole, but a spread checked pod by pod can refuse a pod its place
+    // until the pods planned for the other domains are counted.
+    let (mut waiting, mut rest): (Vec<&Pending>, Vec<&Pending>) = order.into_iter().partition(|p| sticky.contains_key(p.packer.id.as_str()));
+    waiting.sort_by(|a, b| a.queue_order.cmp(&b.queue_order).then_with(|| a.packer.id.cmp(&b.packer.id)));
     let mut kept = std::collections::HashSet::new();
-    for p in order {
-        match sticky.get(p.packer.id.as_str()) {
-            Some(&i) if runs_on(&p.packer, &snap.nodes[i]) && snap.fits(&p.sched, i).is_ok() => {
-                kept.insert(p.packer.id.clone());
-                placed.insert(p.packer.id.clone(), snap.nodes[i].name.clone());
-                snap.bind(p.sched.clone(), i);
+    loop {
+        let before = waiting.len();
+        waiting.retain(|p| {
+            let i = sticky[p.packer.id.as_str()];
+            if !runs_on(&p.packer, &snap.nodes[i]) || snap.fits(&p.sched, i).is_err() {
+                return true;
             }
-            _ => rest.push(p),
+            kept.insert(p.packer.id.clone());
+            placed.insert(p.packer.id.clone(), snap.nodes[i].name.clone());
+            snap.bind(p.sched.clone(), i);
+            false
+        });
+        if waiting.is_empty() || waiting.len() == before {
+            break;
         }
     }
+    rest.extend(waiting);
+    rest.sort_by(|a, b| b.packer.requests.cmp(&a.packer.requests).then_with(|| a.packer.id.cmp(&b.packer.id)));
     for p in rest {
         if grouped(p) {
             remaining.push(p.packer.clone());

@@ -161,3 +161,30 @@ fn interchangeable_spread_pods_take_their_places_in_kube_schedulers_queue_order(
     // The same places: two pods per zone.
     assert_eq!(per_node.values().collect::<Vec<_>>(), [&2, &2, &2]);
 }
+
+#[test]
+fn an_earlier_plan_for_a_spread_holds_as_a_whole_whatever_order_its_pods_are_checked_in() {
+    // Found by the plan-fidelity e2e: pods an earlier plan spread over two zones were checked
+    // one by one; the second pod for zone a came before the pod for zone b (skew 2 for a moment),
+    // lost its place, and was bought a new node while kube-scheduler bound it to the old one.
+    let zoned = |name: &str, zone: &str| {
+        let mut n = node(name, "amd64");
+        n.metadata.labels.get_or_insert_with(Default::default).insert("topology.kubernetes.io/zone".into(), zone.into());
+        n
+    };
+    // a0 comes first: a pod that lost its place would go there.
+    let snapshot = Snapshot::new(&[zoned("a0", "us-east-1a"), zoned("a", "us-east-1a"), zoned("b", "us-east-1b")], &[], &[]);
+    let spread = json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "z"}}}]});
+    let batch: Vec<Pending> = [("z-0", "a"), ("z-1", "a"), ("z-2", "b")]
+        .iter()
+        .map(|(name, planned)| {
+            let mut p = pending(&pod(name, json!({"app": "z"}), spread.clone(), None), "linux/amd64");
+            p.planned = Some((*planned).into());
+            p
+        })
+        .collect();
+    let plan = plan_batch(&snapshot, &batch, &[pool()], &offerings());
+    let got: Vec<(&str, &str)> = plan.existing.iter().map(|(p, n)| (p.as_str(), n.as_str())).collect();
+    assert_eq!(got, [("default/z-0", "a"), ("default/z-1", "a"), ("default/z-2", "b")], "{plan:?}");
+    assert!(plan.nodes.is_empty());
+}
