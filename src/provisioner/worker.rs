@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -98,13 +99,15 @@ pub struct Provisioner {
     /// Pending pods the last batch could place (on existing room or new nodes): consolidation
     /// waits for them to land.
     pub(super) waiting: Mutex<Vec<String>>,
-    /// Claims this process launched and when: the claim keeper, running beside the batches,
-    /// leaves them alone until the claim cache has caught up with the launch's status write.
+    /// Claims this process wrote or launched, and when: the claim keeper, running beside the
+    /// batches, leaves them alone until the claim cache has caught up with the launch's status.
     launched_here: Mutex<HashMap<String, Instant>>,
 }
 
-/// How long a launch this process made is left to the claim cache to show.
+/// How long a claim this process wrote or launched is left to the claim cache to show launched.
 const LAUNCH_SETTLE: Duration = Duration::from_secs(60);
+/// NodeClaims written at once by one batch.
+const CLAIM_WRITES_IN_FLIGHT: usize = 8;
 
 impl Drop for Provisioner {
     /// Leadership lost: the Pod cache stops being kept, so the extender stops reading it.
@@ -335,29 +338,21 @@ impl Provisioner {
     /// Write a claim per planned node, then launch them. Returns the names of the claims written,
     /// once the claim cache shows them.
     pub(super) async fn launch_plan(self: &Arc<Self>, nodes: &[PlannedNode], reason: &str) -> Vec<String> {
-        let mut claims = Vec::new();
         // The cap is a safety valve on provisioning; a consolidation's replacements are bounded by
         // the pool's disruption budget instead, and never wait behind provisioning's launches.
         let capped = reason == PROVISIONING;
-        for planned in nodes {
+        let mut allowed = Vec::with_capacity(nodes.len());
+        for (i, planned) in nodes.iter().enumerate() {
             if capped && self.limiter.check().is_err() {
-                self.metrics.launches_rate_limited.inc_by((nodes.len() - claims.len()) as u64);
-                tracing::warn!(deferred = nodes.len() - claims.len(), per_minute = self.settings.max_launches_per_minute, "launch cap reached; the rest wait for the next batch");
+                self.metrics.launches_rate_limited.inc_by((nodes.len() - i) as u64);
+                tracing::warn!(deferred = nodes.len() - i, per_minute = self.settings.max_launches_per_minute, "launch cap reached; the rest wait for the next batch");
                 break;
             }
-            let Some(claim) = self.claim_for(planned, reason) else { continue };
-            match Api::<NodeClaim>::all(self.client.clone()).create(&PostParams::default(), &claim).await {
-                Ok(c) => {
-                    tracing::info!(claim = %c.name(), pool = %planned.pool, instance_type = %planned.instance_type, zone = %planned.zone, capacity = %planned.capacity_type, pods = planned.pods.len(), "node claimed");
-                    if std::env::var_os(CRASH_AFTER_CLAIM_ENV).is_some() {
-                        tracing::error!(claim = %c.name(), "{CRASH_AFTER_CLAIM_ENV} set: exiting between claim and launch");
-                        std::process::exit(70);
-                    }
-                    claims.push(c);
-                }
-                Err(e) => tracing::warn!(pool = %planned.pool, error = %e, "could not write the NodeClaim; the pods wait for the next batch"),
-            }
+            allowed.push(planned);
         }
+        // Written concurrently, a few at a time.
+        let writes: Vec<_> = allowed.into_iter().filter_map(|p| Some((p, self.claim_for(p, reason)?))).map(|(planned, claim)| self.write_claim(planned, claim)).collect();
+        let mut claims: Vec<NodeClaim> = futures::stream::iter(writes).buffer_unordered(CLAIM_WRITES_IN_FLIGHT).filter_map(std::future::ready).collect().await;
         let names: Vec<String> = claims.iter().map(|c| c.name()).collect();
         if names.len() > 1 {
             for c in claims.iter_mut() {
@@ -476,14 +471,37 @@ impl Provisioner {
         })
     }
 
+    /// Write one planned node's NodeClaim.
+    async fn write_claim(&self, planned: &PlannedNode, claim: NodeClaim) -> Option<NodeClaim> {
+        match Api::<NodeClaim>::all(self.client.clone()).create(&PostParams::default(), &claim).await {
+            Ok(c) => {
+                // Before anything else can see it: the claim keeper leaves it to us.
+                self.mark_ours(&c.name());
+                tracing::info!(claim = %c.name(), pool = %planned.pool, instance_type = %planned.instance_type, zone = %planned.zone, capacity = %planned.capacity_type, pods = planned.pods.len(), "node claimed");
+                if std::env::var_os(CRASH_AFTER_CLAIM_ENV).is_some() {
+                    tracing::error!(claim = %c.name(), "{CRASH_AFTER_CLAIM_ENV} set: exiting between claim and launch");
+                    std::process::exit(70);
+                }
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(pool = %planned.pool, error = %e, "could not write the NodeClaim; the pods wait for the next batch");
+                None
+            }
+        }
+    }
+
+    /// A claim this process wrote or is launching: the claim keeper leaves it alone for a while.
+    fn mark_ours(&self, name: &str) {
+        let mut here = self.launched_here.lock().unwrap_or_else(|e| e.into_inner());
+        here.retain(|_, at| at.elapsed() < LAUNCH_SETTLE);
+        here.insert(name.to_string(), Instant::now());
+    }
+
     /// Ask the provider for the claim's node and record the result on the claim.
     #[tracing::instrument(skip_all, fields(claim = %claim.name()))]
     pub(super) async fn launch(&self, claim: &NodeClaim) {
-        {
-            let mut here = self.launched_here.lock().unwrap_or_else(|e| e.into_inner());
-            here.retain(|_, at| at.elapsed() < LAUNCH_SETTLE);
-            here.insert(claim.name(), Instant::now());
-        }
+        self.mark_ours(&claim.name());
         let api: Api<NodeClaim> = Api::all(self.client.clone());
         let status = match self.provider.create(claim).await {
             Ok(i) => {
@@ -538,8 +556,13 @@ impl Provisioner {
     pub async fn keep_claims(&self) {
         let api: Api<NodeClaim> = Api::all(self.client.clone());
         let claims = self.stores.claims.state();
-        let recent = |name: &str| self.launched_here.lock().unwrap_or_else(|e| e.into_inner()).get(name).is_some_and(|at| at.elapsed() < LAUNCH_SETTLE);
-        for c in claims.iter().filter(|c| !c.launched() && !c.deleting() && !recent(&c.name())) {
+        let recent = |c: &NodeClaim| {
+            let ours = self.launched_here.lock().unwrap_or_else(|e| e.into_inner()).get(&c.name()).is_some_and(|at| at.elapsed() < LAUNCH_SETTLE);
+            // Or written a moment ago (the watch can show a claim before its writer marks it).
+            let young = c.metadata.creation_timestamp.as_ref().and_then(|t| state::age_of(&t.0.to_string())).is_some_and(|a| a < Duration::from_secs(10));
+            ours || young
+        };
+        for c in claims.iter().filter(|c| !c.launched() && !c.deleting() && !recent(c)) {
             tracing::info!(claim = %c.name(), "claim was never launched (restart?); launching it now");
             self.launch(c).await;
         }

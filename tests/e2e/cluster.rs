@@ -184,6 +184,10 @@ impl Cluster {
             "--controllers=*,-nodeipam,-cloud-node-lifecycle,-route,-service-lb-controller,-persistentvolume-binder,-attachdetach",
             "--concurrent-deployment-syncs=10",
             "--concurrent-replicaset-syncs=10",
+            // Production control planes raise the client rate limit (20/s by default, which
+            // alone takes ~15 s to create 300 pods); what the scale scenario measures is Archer.
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
         ]);
         procs.push(spawn("kube-controller-manager", &logs, kcm));
 

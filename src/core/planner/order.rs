@@ -68,10 +68,16 @@ pub(super) fn in_queue_order(plan: &mut Plan, pending: &[Pending], snapshot: &Sn
     }
 }
 
-/// The group's places, one per pod in order: each pod takes the place whose domains (constraint by
-/// constraint, in the pod's order of constraints) hold the fewest matching pods so far.
-fn assign(first: &Pending, mut places: Vec<Place>, plan: &Plan, snapshot: &Snapshot) -> Vec<Place> {
-    let constraints = &first.sched.spread;
+/// The group's places, one per pod in order: each pod takes a place in the domains (constraint by
+/// constraint, in the pod's order of constraints) that hold the fewest matching pods so far.
+/// Hostname constraints are left out: a new node is a domain of its own, and they are checked
+/// node by node as each one comes up. Places are bucketed by their domains, so this is linear in
+/// the group times the (few) buckets.
+fn assign(first: &Pending, places: Vec<Place>, plan: &Plan, snapshot: &Snapshot) -> Vec<Place> {
+    let constraints: Vec<_> = first.sched.spread.iter().filter(|c| c.topology_key != labels::HOSTNAME).collect();
+    if constraints.is_empty() {
+        return places;
+    }
     let by_name: HashMap<&str, &Labels> = snapshot.nodes.iter().map(|n| (n.name.as_str(), &n.labels)).collect();
     let domain = |place: &Place, key: &str| -> Option<String> {
         match place {
@@ -80,7 +86,6 @@ fn assign(first: &Pending, mut places: Vec<Place>, plan: &Plan, snapshot: &Snaps
                 let n = &plan.nodes[*i];
                 match key {
                     labels::ZONE => Some(n.zone.clone()),
-                    labels::HOSTNAME => Some(format!("new-{i}")),
                     labels::ARCH => Some(n.arch.clone()),
                     labels::INSTANCE_TYPE => Some(n.instance_type.clone()),
                     labels::KARPENTER_CAPACITY_TYPE | labels::CAPACITY_TYPE => Some(n.capacity_type.clone()),
@@ -102,14 +107,21 @@ fn assign(first: &Pending, mut places: Vec<Place>, plan: &Plan, snapshot: &Snaps
             m
         })
         .collect();
-    let mut out = Vec::with_capacity(places.len());
-    while !places.is_empty() {
-        let score = |place: &Place| -> Vec<usize> { constraints.iter().zip(&counts).map(|(c, m)| domain(place, &c.topology_key).map_or(0, |v| m.get(&v).copied().unwrap_or(0))).collect() };
-        let best = (0..places.len()).min_by_key(|&i| (score(&places[i]), i)).unwrap_or(0);
-        let chosen = places.remove(best);
-        for (c, m) in constraints.iter().zip(counts.iter_mut()) {
-            if let Some(v) = domain(&chosen, &c.topology_key) {
-                *m.entry(v).or_default() += 1;
+    // Places by their domains, each bucket in plan order.
+    let mut buckets: BTreeMap<Vec<Option<String>>, std::collections::VecDeque<Place>> = BTreeMap::new();
+    let total = places.len();
+    for place in places {
+        let key: Vec<Option<String>> = constraints.iter().map(|c| domain(&place, &c.topology_key)).collect();
+        buckets.entry(key).or_default().push_back(place);
+    }
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        let score = |key: &[Option<String>]| -> Vec<usize> { key.iter().zip(&counts).map(|(v, m)| v.as_ref().map_or(0, |v| m.get(v).copied().unwrap_or(0))).collect() };
+        let Some(best) = buckets.iter().filter(|(_, b)| !b.is_empty()).min_by_key(|(k, _)| score(k)).map(|(k, _)| k.clone()) else { break };
+        let Some(chosen) = buckets.get_mut(&best).and_then(|b| b.pop_front()) else { break };
+        for (v, m) in best.iter().zip(counts.iter_mut()) {
+            if let Some(v) = v {
+                *m.entry(v.clone()).or_default() += 1;
             }
         }
         out.push(chosen);

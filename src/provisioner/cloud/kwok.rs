@@ -64,7 +64,10 @@ pub fn node_for(claim: &NodeClaim) -> Node {
     node_labels.insert(MANAGED_LABEL.0.into(), MANAGED_LABEL.1.into());
     let taint = |t: &crate::provisioner::nodepool::TaintDoc| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None };
     let mut taints: Vec<Taint> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(taint).collect();
-    taints.push(Taint { key: labels::UNREGISTERED_TAINT.into(), value: None, effect: "NoExecute".into(), time_added: None });
+    // NoSchedule, not Karpenter's NoExecute: kube-scheduler may bind a pod the moment the taint
+    // is lifted, while kube-controller-manager's taint-eviction controller still sees the taint
+    // and deletes that pod (measured at scale, issue #14). Nothing else binds to a new node.
+    taints.push(Taint { key: labels::UNREGISTERED_TAINT.into(), value: None, effect: "NoSchedule".into(), time_added: None });
     let mut annotations = BTreeMap::from([(MANAGED_ANNOTATION.0.to_string(), MANAGED_ANNOTATION.1.to_string())]);
     if let Some(b) = claim.metadata.annotations.as_ref().and_then(|a| a.get(labels::BATCH_NODES_ANNOTATION)) {
         annotations.insert(labels::BATCH_NODES_ANNOTATION.into(), b.clone());
@@ -124,5 +127,31 @@ impl CloudProvider for Kwok {
     async fn list(&self) -> Result<Vec<Instance>, CloudError> {
         let nodes = self.api().list(&ListParams::default().labels(&format!("{},{}={}", labels::NODECLAIM, MANAGED_LABEL.0, MANAGED_LABEL.1))).await.map_err(api_error)?;
         Ok(nodes.items.iter().filter_map(instance).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claims_node_starts_unregistered_without_a_taint_that_evicts() {
+        let claim: NodeClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "metadata": {"name": "default-abc", "uid": "u1"},
+            "spec": {"nodePool": "default", "instanceType": "m6g.large", "zone": "us-east-1a", "capacityType": "spot", "arch": "arm64", "os": "linux",
+                     "labels": {"kubernetes.io/arch": "arm64"}, "taints": [{"key": "team", "value": "a", "effect": "NoSchedule"}],
+                     "startupTaints": [{"key": "cni-not-ready", "effect": "NoSchedule"}],
+                     "capacity": {"cpu": "2", "memory": "8Gi", "pods": "29"}, "allocatable": {"cpu": "1930m", "memory": "7Gi", "pods": "29"}, "pricePerHour": 0.03}
+        }))
+        .expect("claim");
+        let node = node_for(&claim);
+        let taints: Vec<(String, String)> = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().into_iter().map(|t| (t.key, t.effect)).collect();
+        assert_eq!(
+            taints,
+            [("team".to_string(), "NoSchedule".to_string()), ("cni-not-ready".into(), "NoSchedule".into()), (labels::UNREGISTERED_TAINT.into(), "NoSchedule".into())]
+        );
+        let node_labels = node.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(node_labels.get(labels::HOSTNAME).map(String::as_str), Some("default-abc"));
+        assert_eq!(node_labels.get("kubernetes.io/arch").map(String::as_str), Some("arm64"));
     }
 }

@@ -149,7 +149,7 @@ fn what_blocks_a_drain_and_what_is_evicted() {
 #[test]
 fn consolidation_waits_while_pods_wait_or_claims_launch() {
     let ready = node("ready", Some("p"), json!([]));
-    let registering = node("registering", Some("p"), json!([{"key": labels::UNREGISTERED_TAINT, "effect": "NoExecute"}]));
+    let registering = node("registering", Some("p"), json!([{"key": labels::UNREGISTERED_TAINT, "effect": "NoSchedule"}]));
     let mut done = claim("ready", "p", &[]);
     done.status = Some(serde_json::from_value(json!({"nodeName": "ready"})).expect("status"));
     let in_flight = claim("in-flight", "p", &[]);
