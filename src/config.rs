@@ -224,7 +224,8 @@ pub struct ProvisionerConfig {
     pub batch_idle_seconds: f64,
     /// ... or this long after it opened, whichever comes first.
     pub batch_max_seconds: f64,
-    /// Cap on node launches per minute (across pools).
+    /// Cap on node launches for pending pods per minute (across pools): a safety valve against a
+    /// runaway, not a pace (a burst of 1,000 pods needs a few hundred nodes at once).
     pub max_launches_per_minute: u32,
     /// How often disruption (empty, underutilised, expired nodes) is evaluated.
     pub disruption_interval_seconds: f64,
@@ -233,6 +234,12 @@ pub struct ProvisionerConfig {
     /// A node launched less than this long ago is never taken for empty or underutilised: the
     /// pods it was launched for may not have been scheduled onto it yet.
     pub disruption_grace_seconds: u64,
+    /// A consolidation decision is checked again on the cluster as it is after this quiet
+    /// period, and dropped if anything it was taken on changed, before any node is tainted.
+    pub consolidation_validation_seconds: f64,
+    /// Underutilised nodes are replaced only when their pods cost less elsewhere by more than
+    /// this percentage of the nodes' price.
+    pub consolidation_min_saving_percent: f64,
     /// The coordination Lease (in Archer's namespace) that elects the one provisioning replica.
     pub lease_name: String,
     pub lease_duration_seconds: u64,
@@ -245,10 +252,12 @@ impl Default for ProvisionerConfig {
             zones: vec!["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()],
             batch_idle_seconds: 1.0,
             batch_max_seconds: 10.0,
-            max_launches_per_minute: 60,
+            max_launches_per_minute: 1000,
             disruption_interval_seconds: 10.0,
             drain_timeout_seconds: 600,
             disruption_grace_seconds: 30,
+            consolidation_validation_seconds: 15.0,
+            consolidation_min_saving_percent: 2.0,
             lease_name: "archer-provisioner".into(),
             lease_duration_seconds: 15,
         }
@@ -276,7 +285,18 @@ impl ProvisionerConfig {
         if self.disruption_interval_seconds <= 0.0 || self.disruption_interval_seconds.is_nan() || self.lease_duration_seconds < 2 {
             return Err(ConfigError::Invalid("provisioner: disruptionIntervalSeconds must be > 0 and leaseDurationSeconds >= 2".into()));
         }
+        if !(self.consolidation_validation_seconds >= 0.0 && self.consolidation_validation_seconds <= 600.0) {
+            return Err(ConfigError::Invalid("provisioner.consolidationValidationSeconds must be between 0 and 600".into()));
+        }
+        if !(self.consolidation_min_saving_percent >= 0.0 && self.consolidation_min_saving_percent < 100.0) {
+            return Err(ConfigError::Invalid("provisioner.consolidationMinSavingPercent must be at least 0 and below 100".into()));
+        }
         Ok(())
+    }
+
+    /// [`Self::consolidation_min_saving_percent`] as a fraction.
+    pub fn min_saving_fraction(&self) -> f64 {
+        self.consolidation_min_saving_percent / 100.0
     }
 }
 
@@ -285,7 +305,7 @@ pub enum ConfigError {
     #[error("reading config file {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("config file {path}: {source}")]
-    Parse { path: PathBuf, source: serde_yaml::Error },
+    Parse { path: PathBuf, source: Box<crate::yaml::Error> },
     #[error("config: {0}")]
     Invalid(String),
 }
@@ -293,7 +313,7 @@ pub enum ConfigError {
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        let cfg: Config = serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
+        let cfg: Config = crate::yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -409,7 +429,7 @@ mod tests {
 
     #[test]
     fn full_config_file_parses() {
-        let cfg: Config = serde_yaml::from_str(
+        let cfg: Config = crate::yaml::from_str(
             r#"
 listen: 127.0.0.1:9443
 defaults:
@@ -442,7 +462,7 @@ webhook:
 
     #[test]
     fn bad_configs_are_rejected_with_reasons() {
-        assert!(serde_yaml::from_str::<Config>("lisen: x").is_err(), "unknown keys are errors");
+        assert!(crate::yaml::from_str::<Config>("lisen: x").is_err(), "unknown keys are errors");
         let small = Config { webhook: WebhookConfig { max_body_bytes: 1024, ..Default::default() }, ..Default::default() };
         assert!(small.validate().is_err());
         let bad_deny = Config { registry: RegistryConfig { deny: vec!["no way".into()], ..Default::default() }, ..Default::default() };

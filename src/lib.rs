@@ -12,4 +12,5 @@ pub mod provisioner;
 pub mod registry;
 pub mod server;
 pub mod webhook;
+pub mod yaml;
 pub mod cli;

@@ -51,6 +51,10 @@ pub struct Metrics {
     pub launch_errors: Family<Labels, Counter>,
     /// Nodes removed, by reason (empty, underutilized, expired, garbage).
     pub nodes_terminated: Family<Labels, Counter>,
+    /// Pods evicted by a drain, by the drain's reason.
+    pub pod_evictions: Family<Labels, Counter>,
+    /// Disruption decisions, by reason and result (taken, or stale when re-validation dropped it).
+    pub disruption_decisions: Family<Labels, Counter>,
     /// Pending pods no pool can run (an Event says why).
     pub unprovisionable_pods: Counter,
     /// Launches put off by the per-minute cap.
@@ -110,6 +114,8 @@ impl Metrics {
         let launch_errors = Family::<Labels, Counter>::default();
         let nodes_terminated = Family::<Labels, Counter>::default();
         let unprovisionable_pods = Counter::default();
+        let disruption_decisions = Family::<Labels, Counter>::default();
+        let pod_evictions = Family::<Labels, Counter>::default();
         let launches_rate_limited = Counter::default();
         let leader = prometheus_client::metrics::gauge::Gauge::default();
         root.register("provisioner_batches", "Provisioning batches decided", provisioner_batches.clone());
@@ -117,10 +123,12 @@ impl Metrics {
         root.register("nodes_launched", "Nodes launched, by pool", nodes_launched.clone());
         root.register("node_launch_errors", "Node launches that failed and will be retried, by provider", launch_errors.clone());
         root.register("nodes_terminated", "Nodes removed, by reason", nodes_terminated.clone());
+        root.register("pod_evictions", "Pods evicted by a drain, by the drain's reason", pod_evictions.clone());
+        root.register("disruption_decisions", "Disruption decisions, by reason and result (taken, stale)", disruption_decisions.clone());
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { provisioner_batches, provisioner_batch_seconds, nodes_launched, launch_errors, nodes_terminated, unprovisionable_pods, launches_rate_limited, leader, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, connections_refused, connection_timeouts, connections_open }
+        Self { provisioner_batches, provisioner_batch_seconds, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, connections_refused, connection_timeouts, connections_open }
     }
 
     /// Export the memory budget's gauge and refusal counter.

@@ -7,23 +7,22 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use serde::Deserialize;
 
-fn docs(file: &str) -> Vec<serde_yaml::Value> {
+fn docs(file: &str) -> Vec<serde_json::Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text).map(|d| serde_yaml::Value::deserialize(d).expect("yaml")).collect()
+    archer::yaml::from_multiple(&text).expect("yaml")
 }
 
 fn one<T: serde::de::DeserializeOwned>(file: &str, kind: &str) -> T {
     let doc = docs(file).into_iter().find(|d| d["kind"].as_str() == Some(kind)).unwrap_or_else(|| panic!("{file} has no {kind}"));
-    serde_yaml::from_value(doc).unwrap_or_else(|e| panic!("{file} {kind}: {e}"))
+    serde_json::from_value(doc).unwrap_or_else(|e| panic!("{file} {kind}: {e}"))
 }
 
 #[test]
 fn kustomization_lists_every_manifest() {
     let k = &docs("kustomization.yaml")[0];
-    let listed: Vec<&str> = k["resources"].as_sequence().expect("resources").iter().filter_map(|r| r.as_str()).collect();
+    let listed: Vec<&str> = k["resources"].as_array().expect("resources").iter().filter_map(|r| r.as_str()).collect();
     for f in ["namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "configmap.yaml", "deployment.yaml", "pdb.yaml", "service.yaml", "mutatingwebhook.yaml"] {
         assert!(listed.contains(&f), "{f} missing from kustomization");
         assert!(!docs(f).is_empty());
@@ -53,7 +52,7 @@ fn webhook_configuration_is_safe_by_default() {
 fn the_shipped_memory_limit_holds_the_memory_bound_and_the_grace_period_the_shutdown() {
     let cm: ConfigMap = one("configmap.yaml", "ConfigMap");
     let text = cm.data.expect("data").get("config.yaml").cloned().expect("config.yaml");
-    let cfg: archer::config::Config = serde_yaml::from_str(&text).expect("archer config");
+    let cfg: archer::config::Config = archer::yaml::from_str(&text).expect("archer config");
     cfg.validate().expect("valid");
     let d: Deployment = one("deployment.yaml", "Deployment");
     let pod = d.spec.expect("spec").template.spec.expect("pod");
@@ -127,18 +126,18 @@ fn rbac_is_least_privilege() {
 fn shipped_config_is_a_valid_archer_config() {
     let cm: ConfigMap = one("configmap.yaml", "ConfigMap");
     let text = cm.data.expect("data").get("config.yaml").cloned().expect("config.yaml");
-    let cfg: archer::config::Config = serde_yaml::from_str(&text).expect("archer config");
+    let cfg: archer::config::Config = archer::yaml::from_str(&text).expect("archer config");
     cfg.validate().expect("valid");
     assert_eq!(cfg.defaults, archer::core::policy::PolicyDefaults::default(), "the shipped defaults are the documented defaults");
 }
 
-fn extender_of(cfg: &serde_yaml::Value) -> serde_yaml::Value {
+fn extender_of(cfg: &serde_json::Value) -> serde_json::Value {
     assert_eq!(cfg["apiVersion"].as_str(), Some("kubescheduler.config.k8s.io/v1"));
     assert_eq!(cfg["kind"].as_str(), Some("KubeSchedulerConfiguration"));
     cfg["extenders"][0].clone()
 }
 
-fn check_extender(e: &serde_yaml::Value) {
+fn check_extender(e: &serde_json::Value) {
     assert!(e["urlPrefix"].as_str().is_some_and(|u| u.starts_with("https://") && u.ends_with("/scheduler")));
     assert_eq!(e["filterVerb"].as_str(), Some("filter"));
     assert_eq!(e["prioritizeVerb"].as_str(), Some("prioritize"));
@@ -158,7 +157,7 @@ fn scheduler_configurations_register_the_extender_both_ways() {
 
     let cm: ConfigMap = one("scheduler/second-scheduler.yaml", "ConfigMap");
     let text = cm.data.expect("data").get("config.yaml").cloned().expect("config.yaml");
-    let second: serde_yaml::Value = serde_yaml::from_str(&text).expect("yaml");
+    let second: serde_json::Value = archer::yaml::from_str(&text).expect("yaml");
     check_extender(&extender_of(&second));
     assert_eq!(second["profiles"][0]["schedulerName"].as_str(), Some("archer-scheduler"));
     let d: Deployment = one("scheduler/second-scheduler.yaml", "Deployment");
@@ -168,7 +167,7 @@ fn scheduler_configurations_register_the_extender_both_ways() {
 /// A CRD in deploy/crds/ must equal the one generated from the Rust types; regenerate with
 /// `ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests`.
 fn generated_crd(file: &str, source: &str, crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition) -> String {
-    let generated = format!("# Generated from {source}: ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests\n{}", serde_yaml::to_string(crd).expect("yaml"));
+    let generated = format!("# Generated from {source}: ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests\n{}", serde_saphyr::to_string(crd).expect("yaml"));
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file);
     if std::env::var_os("ARCHER_UPDATE_CRDS").is_some() {
         std::fs::write(&path, &generated).expect("write crd");
@@ -182,11 +181,11 @@ fn generated_crd(file: &str, source: &str, crd: &k8s_openapi::apiextensions_apis
 fn nodeclaim_crd_is_generated_from_the_types() {
     use kube::CustomResourceExt;
     let on_disk = generated_crd("nodeclaim.yaml", "src/provisioner/nodeclaim.rs", &archer::provisioner::nodeclaim::NodeClaim::crd());
-    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = serde_yaml::from_str(&on_disk).expect("crd");
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = archer::yaml::from_str(&on_disk).expect("crd");
     assert_eq!((crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str()), ("archer.dev", "Cluster", "NodeClaim"));
     assert!(crd.spec.versions[0].subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "status subresource");
-    let k: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
-    let resources: Vec<&str> = k["resources"].as_sequence().expect("resources").iter().filter_map(|r| r.as_str()).collect();
+    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
+    let resources: Vec<&str> = k["resources"].as_array().expect("resources").iter().filter_map(|r| r.as_str()).collect();
     assert!(resources.contains(&"crds/nodeclaim.yaml") && resources.contains(&"crds/nodepool.yaml"));
 }
 
@@ -194,7 +193,7 @@ fn nodeclaim_crd_is_generated_from_the_types() {
 fn nodepool_crd_is_generated_from_the_types() {
     use kube::CustomResourceExt;
     let on_disk = generated_crd("nodepool.yaml", "src/provisioner/nodepool.rs", &archer::provisioner::nodepool::NodePool::crd());
-    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = serde_yaml::from_str(&on_disk).expect("crd");
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = archer::yaml::from_str(&on_disk).expect("crd");
     assert_eq!(crd.spec.group, "archer.dev");
     assert_eq!(crd.spec.scope, "Cluster");
     assert_eq!(crd.spec.names.kind, "NodePool");
@@ -204,7 +203,7 @@ fn nodepool_crd_is_generated_from_the_types() {
         assert!(schema.contains(field), "schema lacks {field}");
     }
     // A Karpenter v1 NodePool ports by changing its apiVersion.
-    let ported: archer::provisioner::nodepool::NodePool = serde_yaml::from_str(
+    let ported: archer::provisioner::nodepool::NodePool = archer::yaml::from_str(
         "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    metadata: {labels: {team: a}}\n    spec:\n      requirements:\n        - {key: karpenter.sh/capacity-type, operator: In, values: [spot]}\n      expireAfter: 720h\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 1m\n    budgets: [{nodes: \"10%\"}]\n  limits: {cpu: 1000, memory: 1000Gi}\n  weight: 10\n",
     )
     .expect("a Karpenter NodePool");

@@ -124,7 +124,7 @@ impl Catalog {
             }
             return Ok(());
         }
-        let f: CatalogFile = serde_yaml::from_str(&text)
+        let f: CatalogFile = crate::yaml::from_str(&text)
             .map_err(|e| CatalogError::Invalid { source_name: path.display().to_string(), message: e.to_string() })?;
         self.apply(f, &path.display().to_string())
     }

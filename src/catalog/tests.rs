@@ -21,7 +21,7 @@ fn embedded_catalog_has_every_aws_type_with_prices() {
 #[test]
 fn user_file_adds_azure_types_and_overrides_prices() {
     let mut c = Catalog::embedded().expect("catalog");
-    let f: CatalogFile = serde_yaml::from_str(
+    let f: CatalogFile = crate::yaml::from_str(
         r#"
 defaultRegion: us-east-1
 spotDiscount: 0.6
@@ -73,10 +73,10 @@ fn bad_user_files_are_rejected() {
         "priceOverrides: [{family: m6i, capacityType: reserved, discount: 0.1}]\n",
         "instanceTypes: [{name: x, arch: arm64, vcpu: 1, memoryMib: 1, allocatable: {cpu: lots}, maxPods: 1, prices: {}}]\n",
     ] {
-        let f: CatalogFile = serde_yaml::from_str(bad).expect("yaml shape");
+        let f: CatalogFile = crate::yaml::from_str(bad).expect("yaml shape");
         assert!(c.apply(f, "test").is_err(), "{bad}");
     }
-    assert!(serde_yaml::from_str::<CatalogFile>("unknownKey: 1\n").is_err());
+    assert!(crate::yaml::from_str::<CatalogFile>("unknownKey: 1\n").is_err());
 }
 
 #[test]

@@ -95,7 +95,8 @@ fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platf
         }
         if settings.underutilized {
             let eligible: Vec<&consolidation::Candidate> = all.iter().copied().filter(|c| state::disruption_blocker(&c.pods).is_none() && !state::do_not_disrupt(&c.node.metadata)).collect();
-            out.extend(consolidation::underutilized(&world, &pool, &eligible, budget("Underutilized")));
+            let search = consolidation::Search::exhaustive(crate::config::ProvisionerConfig::default().min_saving_fraction());
+            out.extend(consolidation::underutilized(&world, &pool, &eligible, budget("Underutilized"), search));
         }
     }
     out

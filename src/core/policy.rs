@@ -247,10 +247,10 @@ mod tests {
 
     #[test]
     fn config_defaults_parse_from_yaml() {
-        let d: PolicyDefaults = serde_yaml::from_str("mode: observe\nprefer: [amd64]\nonInspectionFailure: fail-closed\n").expect("yaml");
+        let d: PolicyDefaults = crate::yaml::from_str("mode: observe\nprefer: [amd64]\nonInspectionFailure: fail-closed\n").expect("yaml");
         assert_eq!(d.mode, Mode::Observe);
         assert_eq!(d.prefer, vec!["amd64"]);
         assert_eq!(d.on_inspection_failure, FailurePolicy::FailClosed);
-        assert!(serde_yaml::from_str::<PolicyDefaults>("modd: off\n").is_err());
+        assert!(crate::yaml::from_str::<PolicyDefaults>("modd: off\n").is_err());
     }
 }

@@ -346,6 +346,9 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
                         removed += 1;
                         result.failed_and_unresolvable.insert(name, why);
                     }
+                    // The plan's own node takes its pod as soon as it is up; other pods wait
+                    // for the node's whole batch.
+                    None if steer.is_some() => keep.push(name),
                     None => match x.nodes.as_ref().and_then(|store| batch_registering(store, &name)) {
                         Some(why) => {
                             result.failed_nodes.insert(name, why);
@@ -433,4 +436,39 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", "ok")).inc();
     x.metrics.extender_prioritize_seconds.observe(started.elapsed().as_secs_f64());
     json_response(StatusCode::OK, serde_json::to_vec(&list).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::{reflector, watcher};
+
+    fn node(name: &str, unregistered: bool, batch: &str) -> Node {
+        let taints = unregistered.then(|| vec![k8s_openapi::api::core::v1::Taint { key: labels::UNREGISTERED_TAINT.into(), effect: "NoSchedule".into(), ..Default::default() }]);
+        Node {
+            metadata: kube::api::ObjectMeta { name: Some(name.into()), annotations: Some([(labels::BATCH_NODES_ANNOTATION.to_string(), batch.to_string())].into()), ..Default::default() },
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec { taints, ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    fn store(nodes: Vec<Node>) -> Store<Node> {
+        let mut writer = reflector::store::Writer::<Node>::default();
+        for n in nodes {
+            writer.apply_watcher_event(&watcher::Event::Apply(n));
+        }
+        writer.as_reader()
+    }
+
+    #[test]
+    fn a_registered_node_waits_for_the_rest_of_its_batch() {
+        let s = store(vec![node("a", false, "b,c"), node("b", true, "a,c"), node("c", false, "a,b")]);
+        assert_eq!(batch_registering(&s, "a").as_deref(), Some("node b of the same launch batch is still registering"));
+        assert_eq!(batch_registering(&s, "c").as_deref(), Some("node b of the same launch batch is still registering"));
+        // Once b registers (or is gone), a takes pods.
+        let s = store(vec![node("a", false, "b,c"), node("b", false, "a,c"), node("c", false, "a,b")]);
+        assert_eq!(batch_registering(&s, "a"), None);
+        let s = store(vec![node("a", false, "b")]);
+        assert_eq!(batch_registering(&s, "a"), None);
+    }
 }

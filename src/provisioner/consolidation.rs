@@ -5,6 +5,8 @@
 //! --disruption` calls it on a cluster dump. Acting (tainting, launching, evicting) is the
 //! worker's.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 
 use super::model;
@@ -87,37 +89,96 @@ pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
     plan.unschedulable.is_empty().then_some(plan)
 }
 
-/// The underutilised nodes of `pool` worth replacing or removing: each eligible node alone, and
-/// (within the budget) the least used ones together; the set with the largest saving above 1% of
-/// its price wins.
-pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>], budget: usize) -> Option<Decision> {
-    let eligible: Vec<&Candidate> = eligible.iter().copied().filter(|c| !c.pods.is_empty()).collect();
-    if eligible.is_empty() || budget == 0 {
+/// How consolidation searches and what it must save.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Search {
+    /// A set of nodes goes only when its pods cost less elsewhere by more than this share of the
+    /// set's price: price noise never churns nodes, and no later decision can undo this one
+    /// (undoing it would cost more, not less).
+    pub min_saving_fraction: f64,
+    /// Candidate sets evaluated per call, each one planning run; the others wait for later calls.
+    pub max_evaluations: usize,
+    /// Where in the ordered candidates the single-node search starts (the caller moves it on each
+    /// pass, so every candidate gets its turn).
+    pub start: usize,
+}
+
+impl Search {
+    /// Every candidate, from the most wasteful (offline: `archer simulate --disruption`).
+    pub fn exhaustive(min_saving_fraction: f64) -> Self {
+        Search { min_saving_fraction, max_evaluations: usize::MAX, start: 0 }
+    }
+}
+
+/// The underutilised nodes of `pool` worth replacing or removing, searched as Karpenter does:
+/// first the most wasteful nodes together (within the budget), then each node alone from the
+/// most wasteful (highest price per pod), at most `search.max_evaluations` sets; the first set
+/// whose pods all have a place and whose re-plan saves more than the margin is the decision.
+pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>], budget: usize, search: Search) -> Option<Decision> {
+    let mut order: Vec<&Candidate> = eligible.iter().copied().filter(|c| !c.pods.is_empty()).collect();
+    if order.is_empty() || budget == 0 {
         return None;
     }
-    let mut sets: Vec<Vec<&Candidate>> = eligible.iter().map(|c| vec![*c]).collect();
-    if eligible.len() > 1 && budget > 1 {
-        let mut by_price_per_pod = eligible.clone();
-        by_price_per_pod.sort_by(|a, b| (b.price / (b.pods.len() as f64 + 1.0)).total_cmp(&(a.price / (a.pods.len() as f64 + 1.0))));
-        sets.push(by_price_per_pod.into_iter().take(budget).collect());
+    let waste = |c: &Candidate| c.price / (state::evictable(&c.pods).len() as f64 + 1.0);
+    order.sort_by(|a, b| waste(b).total_cmp(&waste(a)).then_with(|| a.name().cmp(b.name())));
+    let n = order.len();
+    let mut sets: Vec<Vec<&Candidate>> = Vec::new();
+    if n > 1 && budget > 1 {
+        sets.push(order.iter().copied().take(budget).collect());
     }
-    let mut best: Option<(f64, Vec<&Candidate>, Plan)> = None;
-    for set in sets {
-        let Some(plan) = evaluate(world, &set) else { continue };
-        let old: f64 = set.iter().map(|c| c.price).sum();
-        let saving = old - plan.total_price_per_hour;
-        // Only a real saving (a sliver of price noise does not churn nodes).
-        if saving > old * 0.01 && best.as_ref().is_none_or(|(s, _, _)| saving > *s) {
-            best = Some((saving, set, plan));
-        }
-    }
-    let (saving, set, plan) = best?;
-    Some(Decision {
-        pool: pool.to_string(),
-        nodes: set.iter().map(|c| c.name().to_string()).collect(),
-        reason: "underutilized",
-        replacements: plan.nodes,
-        moves: plan.existing,
-        saving_per_hour: saving,
-    })
+    sets.extend((0..n).map(|i| vec![order[(search.start + i) % n]]));
+    sets.into_iter().take(search.max_evaluations).find_map(|set| decide(world, pool, &set, "underutilized", search.min_saving_fraction).ok())
 }
+
+/// The decision to take `set` away for `reason`, or why not: some pod would have no place, or
+/// the saving is not above the margin.
+fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'static str, min_saving_fraction: f64) -> Result<Decision, String> {
+    if set.iter().all(|c| state::evictable(&c.pods).is_empty()) {
+        // Nothing moves: removing the nodes saves what they cost.
+        let saving = set.iter().map(|c| c.price).filter(|p| p.is_finite()).sum();
+        return Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: Vec::new(), moves: Default::default(), saving_per_hour: saving });
+    }
+    let plan = evaluate(world, set).ok_or_else(|| "some pod would have no place".to_string())?;
+    // As Karpenter: nodes are replaced by at most one node, so consolidation never raises the
+    // node count (one node traded for many small ones churns pods for a sliver of price).
+    if plan.nodes.len() > 1 {
+        return Err(format!("would need {} replacements; at most one replaces a set", plan.nodes.len()));
+    }
+    let old: f64 = set.iter().map(|c| c.price).sum();
+    let saving = old - plan.total_price_per_hour;
+    if saving.partial_cmp(&(old * min_saving_fraction)) != Some(std::cmp::Ordering::Greater) {
+        return Err(format!("saves ${saving:.4}/h of ${old:.4}/h, not more than {:.1}%", min_saving_fraction * 100.0));
+    }
+    Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: plan.nodes, moves: plan.existing, saving_per_hour: saving })
+}
+
+/// The pods that would move off each node (DaemonSet pods stay with their node): what a decision
+/// was taken on, compared again before it is acted on.
+pub fn signature(set: &[&Candidate<'_>]) -> BTreeMap<String, Vec<String>> {
+    set.iter()
+        .map(|c| {
+            let mut ids: Vec<String> = state::evictable(&c.pods).iter().map(|p| state::pod_id(p)).collect();
+            ids.sort();
+            (c.name().to_string(), ids)
+        })
+        .collect()
+}
+
+/// A decision checked again on the cluster as it is now, after a quiet period: every node is
+/// still a candidate with the same pods to move, the pods still all have a place and the saving
+/// is still above the margin. The fresh decision (its replacements re-planned), or why the old
+/// one is stale.
+pub fn revalidate(world: &World<'_>, decision: &Decision, before: &BTreeMap<String, Vec<String>>, now: &[&Candidate<'_>], min_saving_fraction: f64) -> Result<Decision, String> {
+    let mut set = Vec::with_capacity(decision.nodes.len());
+    for name in &decision.nodes {
+        let c = now.iter().copied().find(|c| c.name() == name).ok_or_else(|| format!("node {name} is no longer a candidate"))?;
+        if signature(&[c]).get(name.as_str()) != before.get(name.as_str()) {
+            return Err(format!("the pods on node {name} changed"));
+        }
+        set.push(c);
+    }
+    decide(world, &decision.pool, &set, decision.reason, min_saving_fraction)
+}
+
+#[cfg(test)]
+mod tests;

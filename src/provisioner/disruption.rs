@@ -5,7 +5,7 @@
 //! then the instance and its claim are deleted. Budgets bound how many nodes of a pool are being
 //! disrupted at once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,13 +19,14 @@ use super::state::{self, DisruptionSettings};
 use super::state::age_of;
 use super::worker::Provisioner;
 use crate::core::labels;
-use crate::metrics::label;
+use crate::metrics::{label, labels2};
 
 /// Per-node clocks: since when a node has been empty / had the same pods.
 #[derive(Default)]
 pub struct Tracker {
     since: Mutex<HashMap<String, (String, Instant)>>,
     drains: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+    start: std::sync::atomic::AtomicUsize,
 }
 
 impl Tracker {
@@ -37,6 +38,12 @@ impl Tracker {
             *e = (signature, Instant::now());
         }
         e.1.elapsed()
+    }
+
+    /// Where this pass's single-node search starts: each pass moves on by what the last one
+    /// evaluated.
+    fn next_start(&self, step: usize) -> usize {
+        self.start.fetch_add(step, std::sync::atomic::Ordering::Relaxed)
     }
 
     fn draining(&self, node: &str) -> bool {
@@ -52,6 +59,25 @@ struct Candidate<'a> {
     price: f64,
 }
 
+impl Candidate<'_> {
+    fn view(&self) -> consolidation::Candidate<'_> {
+        consolidation::Candidate { node: self.node.as_ref(), pods: self.pods.clone(), price: self.price }
+    }
+
+    /// Neither a pod on it nor the node itself forbids a voluntary disruption.
+    fn disruptable(&self) -> bool {
+        if let Some(why) = state::disruption_blocker(&self.pods) {
+            tracing::debug!(node = ?self.node.metadata.name, why = %why, "not a consolidation candidate");
+            return false;
+        }
+        !state::do_not_disrupt(&self.node.metadata)
+    }
+}
+
+/// Candidate sets one disruption pass evaluates for underutilisation (each is one planning run);
+/// the next pass goes on where this one stopped.
+const EVALUATIONS_PER_PASS: usize = 16;
+
 impl Provisioner {
     pub(super) async fn disruption_loop(self: Arc<Self>) {
         let interval = Duration::from_secs_f64(self.settings.disruption_interval_seconds);
@@ -65,152 +91,220 @@ impl Provisioner {
     /// One pass: resume drains after a restart, then at most one new decision per pool.
     #[tracing::instrument(skip_all)]
     pub async fn disrupt_once(self: &Arc<Self>) {
-        let nodes = self.stores.nodes.state();
+        self.resume_drains();
+        for np in self.stores.pools.state() {
+            self.disrupt_pool(&np).await;
+        }
+    }
+
+    /// Drains a previous leader started (the taint is the record).
+    fn resume_drains(self: &Arc<Self>) {
         let claims = self.stores.claims.state();
-        let pods = self.stores.pods.state();
-        let by_node_name: HashMap<&str, &Arc<NodeClaim>> = claims.iter().filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()).map(|n| (n, c))).collect();
-        let claim_of = |n: &Node| n.metadata.name.as_deref().and_then(|name| by_node_name.get(name)).map(|c| Arc::clone(c));
-        // Drains a previous leader started (the taint is the record).
-        for n in nodes.iter().filter(|n| state::node_leaving(n) && state::node_pool_of(n).is_some()) {
+        for n in self.stores.nodes.state().iter().filter(|n| state::node_leaving(n) && state::node_pool_of(n).is_some()) {
             let name = n.metadata.name.clone().unwrap_or_default();
             if n.metadata.deletion_timestamp.is_none() && !self.disruption.draining(&name) {
-                if let Some(c) = claim_of(n) {
+                if let Some(c) = claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())) {
                     tracing::info!(node = %name, "resuming the drain of a disrupted node");
-                    self.start_drain(n.clone(), c, Vec::new(), "resumed");
+                    self.start_drain(n.clone(), c.clone(), Vec::new(), "resumed");
                 }
-            }
-        }
-        let grace = Duration::from_secs(self.settings.disruption_grace_seconds);
-        let by_node = state::usage_by_node(pods.iter().map(|p| p.as_ref()));
-        for np in self.stores.pools.state() {
-            let pool = np.name();
-            let settings = match DisruptionSettings::of(&np) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(pool = %pool, error = %e, "disruption settings unusable; the pool's nodes are left alone");
-                    continue;
-                }
-            };
-            let pool_nodes: Vec<&Arc<Node>> = nodes.iter().filter(|n| state::node_pool_of(n) == Some(pool.as_str())).collect();
-            let disrupting = pool_nodes.iter().filter(|n| state::node_leaving(n)).count();
-            let mut candidates = Vec::new();
-            for n in pool_nodes.iter().filter(|n| !state::node_leaving(n) && state::node_ready(n)) {
-                let Some(claim) = claim_of(n) else { continue };
-                let young = claim.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_none_or(|a| a < grace);
-                if young || state::has_taint(n, labels::UNREGISTERED_TAINT) {
-                    continue;
-                }
-                let name = n.metadata.name.clone().unwrap_or_default();
-                let on_node = by_node.get(&name).map(|(_, pods)| pods.clone()).unwrap_or_default();
-                let price = if claim.spec.price_per_hour > 0.0 { claim.spec.price_per_hour } else { f64::INFINITY };
-                candidates.push(Candidate { node: (*n).clone(), claim, pods: on_node, price });
-            }
-            let budget = |reason: &str| settings.allowed(pool_nodes.len(), reason).saturating_sub(disrupting);
-            tracing::debug!(pool = %pool, nodes = pool_nodes.len(), candidates = candidates.len(), disrupting, "disruption pass");
-
-            // Expired nodes first: they go whatever their pods cost elsewhere.
-            if let Some(expire) = settings.expire_after {
-                let expired: Vec<&Candidate> = candidates.iter().filter(|c| c.claim.metadata.creation_timestamp.as_ref().and_then(|t| age_of(&t.0.to_string())).is_some_and(|a| a >= expire)).collect();
-                for c in expired.into_iter().take(budget("Expired")) {
-                    tracing::info!(node = ?c.node.metadata.name, pool = %pool, "node expired; draining it");
-                    self.start_drain(c.node.clone(), c.claim.clone(), Vec::new(), "expired");
-                }
-                if candidates.iter().any(|c| self.disruption.draining(c.node.metadata.name.as_deref().unwrap_or(""))) {
-                    continue;
-                }
-            }
-            let Some(after) = settings.consolidate_after else { continue };
-            // Only on a settled cluster: not while pods wait for capacity or claims are launching.
-            let waiting: Vec<String> = {
-                let w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-                w.iter().filter(|id| pods.iter().any(|p| state::pod_id(p) == **id && state::is_provisionable(p))).cloned().collect()
-            };
-            let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
-            let claim_refs: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
-            if let Some(why) = state::consolidation_hold(&pool, &claim_refs, &node_refs, &waiting) {
-                tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
-                continue;
-            }
-            // Empty nodes (DaemonSet pods do not count).
-            let empty: Vec<&Candidate> = candidates
-                .iter()
-                .filter(|c| {
-                    let workload = state::evictable(&c.pods).len();
-                    let name = c.node.metadata.name.clone().unwrap_or_default();
-                    // Every pass updates the clock, so a node that gets a pod starts over.
-                    let empty_for = self.disruption.stable_for(&format!("empty/{name}"), if workload == 0 { "empty" } else { "busy" }.into());
-                    workload == 0 && empty_for >= after
-                })
-                .collect();
-            if !empty.is_empty() {
-                for c in empty.into_iter().take(budget("Empty")) {
-                    tracing::info!(node = ?c.node.metadata.name, pool = %pool, "node empty; removing it");
-                    self.start_drain(c.node.clone(), c.claim.clone(), Vec::new(), "empty");
-                }
-                continue;
-            }
-            if settings.underutilized && budget("Underutilized") > 0 {
-                self.consolidate(&pool, &candidates, after, budget("Underutilized")).await;
             }
         }
     }
 
-    /// Replace or remove underutilised nodes of `pool` when that lowers the price.
-    async fn consolidate(self: &Arc<Self>, pool: &str, candidates: &[Candidate<'_>], after: Duration, budget: usize) {
+    /// The pool's nodes now: all of them, and those that may be disrupted (Ready, registered,
+    /// older than the grace period, not leaving, with a claim), with their pods.
+    fn pool_view<'a>(&self, pool: &str, nodes: &[Arc<Node>], claims: &[Arc<NodeClaim>], pods: &'a [Arc<Pod>]) -> (usize, usize, Vec<Candidate<'a>>) {
+        let grace = Duration::from_secs(self.settings.disruption_grace_seconds);
+        let by_node = state::usage_by_node(pods.iter().map(|p| p.as_ref()));
+        let claim_of = |name: &str| claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)).cloned();
+        let pool_nodes: Vec<&Arc<Node>> = nodes.iter().filter(|n| state::node_pool_of(n) == Some(pool)).collect();
+        let disrupting = pool_nodes.iter().filter(|n| state::node_leaving(n)).count();
+        let mut candidates = Vec::new();
+        for n in pool_nodes.iter().filter(|n| !state::node_leaving(n) && state::node_ready(n) && n.metadata.deletion_timestamp.is_none()) {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let Some(claim) = claim_of(&name) else { continue };
+            let young = claim.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_none_or(|a| a < grace);
+            if young || state::has_taint(n, labels::UNREGISTERED_TAINT) {
+                continue;
+            }
+            let on_node = by_node.get(&name).map(|(_, pods)| pods.clone()).unwrap_or_default();
+            let price = if claim.spec.price_per_hour > 0.0 { claim.spec.price_per_hour } else { f64::INFINITY };
+            candidates.push(Candidate { node: (*n).clone(), claim, pods: on_node, price });
+        }
+        (pool_nodes.len(), disrupting, candidates)
+    }
+
+    /// Why the pool must not be consolidated now: pods wait for capacity Archer is providing, or
+    /// claims are still launching.
+    fn hold(&self, pool: &str) -> Option<String> {
+        let pods = self.stores.pods.state();
+        let waiting: Vec<String> = {
+            let w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            w.iter().filter(|id| pods.iter().any(|p| state::pod_id(p) == **id && state::is_provisionable(p))).cloned().collect()
+        };
+        let (nodes, claims) = (self.stores.nodes.state(), self.stores.claims.state());
+        let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+        let claim_refs: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
+        state::consolidation_hold(pool, &claim_refs, &node_refs, &waiting)
+    }
+
+    /// At most one new decision for the pool: expired nodes go at once; empty or underutilised
+    /// nodes only on a settled pool, and only if the decision still holds after a quiet period.
+    async fn disrupt_pool(self: &Arc<Self>, np: &super::nodepool::NodePool) {
+        let pool = np.name();
+        let settings = match DisruptionSettings::of(np) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(pool = %pool, error = %e, "disruption settings unusable; the pool's nodes are left alone");
+                return;
+            }
+        };
+        let (nodes, claims, pods) = (self.stores.nodes.state(), self.stores.claims.state(), self.stores.pods.state());
+        let (total, disrupting, candidates) = self.pool_view(&pool, &nodes, &claims, &pods);
+        let budget = |reason: &str| settings.allowed(total, reason).saturating_sub(disrupting);
+        tracing::debug!(pool = %pool, nodes = total, candidates = candidates.len(), disrupting, "disruption pass");
+
+        // Expired nodes first: they go whatever their pods cost elsewhere.
+        if let Some(expire) = settings.expire_after {
+            let expired: Vec<&Candidate> = candidates.iter().filter(|c| c.claim.metadata.creation_timestamp.as_ref().and_then(|t| age_of(&t.0.to_string())).is_some_and(|a| a >= expire)).collect();
+            for c in expired.into_iter().take(budget("Expired")) {
+                tracing::info!(node = ?c.node.metadata.name, pool = %pool, "node expired; draining it");
+                self.start_drain(c.node.clone(), c.claim.clone(), Vec::new(), "expired");
+            }
+            if candidates.iter().any(|c| self.disruption.draining(c.node.metadata.name.as_deref().unwrap_or(""))) {
+                return;
+            }
+        }
+        let Some(after) = settings.consolidate_after else { return };
+        if let Some(why) = self.hold(&pool) {
+            tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
+            return;
+        }
+        let decided = match self.empty_decision(&pool, &candidates, after, budget("Empty")) {
+            Some(d) => Some(d),
+            None if settings.underutilized && budget("Underutilized") > 0 => self.underutilized_decision(&pool, &candidates, after, budget("Underutilized")).await,
+            None => None,
+        };
+        let Some((decision, before)) = decided else { return };
+        self.validate_and_act(&pool, decision, before).await;
+    }
+
+    /// Empty nodes (DaemonSet pods do not count) that have been empty for `after`.
+    fn empty_decision(&self, pool: &str, candidates: &[Candidate<'_>], after: Duration, budget: usize) -> Option<(consolidation::Decision, BTreeMap<String, Vec<String>>)> {
+        let empty: Vec<consolidation::Candidate> = candidates
+            .iter()
+            .filter(|c| {
+                let workload = state::evictable(&c.pods).len();
+                let name = c.node.metadata.name.clone().unwrap_or_default();
+                // Every pass updates the clock, so a node that gets a pod starts over.
+                let empty_for = self.disruption.stable_for(&format!("empty/{name}"), if workload == 0 { "empty" } else { "busy" }.into());
+                workload == 0 && empty_for >= after
+            })
+            .map(Candidate::view)
+            .collect();
+        let refs: Vec<&consolidation::Candidate> = empty.iter().collect();
+        let d = consolidation::empty(pool, &refs, budget)?;
+        let chosen: Vec<&consolidation::Candidate> = refs.into_iter().filter(|c| d.nodes.iter().any(|n| n == c.name())).collect();
+        Some((d, consolidation::signature(&chosen)))
+    }
+
+    /// Underutilised nodes whose pods cost less elsewhere, searched a few sets per pass.
+    async fn underutilized_decision(&self, pool: &str, candidates: &[Candidate<'_>], after: Duration, budget: usize) -> Option<(consolidation::Decision, BTreeMap<String, Vec<String>>)> {
         let eligible: Vec<&Candidate> = candidates
             .iter()
             .filter(|c| {
                 let name = c.node.metadata.name.clone().unwrap_or_default();
                 let mut ids: Vec<String> = c.pods.iter().map(|p| state::pod_id(p)).collect();
                 ids.sort();
-                let blocked = state::disruption_blocker(&c.pods);
-                let annotated = state::do_not_disrupt(&c.node.metadata);
-                if let Some(why) = &blocked {
-                    tracing::debug!(node = %name, why = %why, "not a consolidation candidate");
-                }
                 let stable_for = self.disruption.stable_for(&format!("pods/{name}"), ids.join(","));
-                blocked.is_none() && !annotated && !c.pods.is_empty() && stable_for >= after
+                c.disruptable() && !c.pods.is_empty() && stable_for >= after
             })
             .collect();
         if eligible.is_empty() {
-            return;
+            return None;
         }
-        // The deciding is pure (`consolidation`); the platforms of the pods that would move are
-        // resolved first (registry lookups are the only awaits).
-        let moving: Vec<&Pod> = eligible.iter().flat_map(|c| state::evictable(&c.pods)).collect();
-        let found = futures::future::join_all(moving.iter().map(|p| async move { (state::pod_id(p), self.platforms(p).await) })).await;
+        let views: Vec<consolidation::Candidate> = eligible.iter().map(|c| c.view()).collect();
+        let refs: Vec<&consolidation::Candidate> = views.iter().collect();
+        let start = self.disruption.next_start(EVALUATIONS_PER_PASS);
+        let search = consolidation::Search { min_saving_fraction: self.settings.min_saving_fraction(), max_evaluations: EVALUATIONS_PER_PASS, start };
+        let decision = self.with_world(&views, |world| consolidation::underutilized(world, pool, &refs, budget, search)).await?;
+        let chosen: Vec<&consolidation::Candidate> = refs.into_iter().filter(|c| decision.nodes.iter().any(|n| n == c.name())).collect();
+        let before = consolidation::signature(&chosen);
+        Some((decision, before))
+    }
+
+    /// Run `decide` on the cluster as the stores hold it now, with the platforms of the pods on
+    /// `moving` resolved first (registry lookups are the only awaits; the deciding is pure).
+    async fn with_world<R: Send>(&self, moving: &[consolidation::Candidate<'_>], decide: impl FnOnce(&consolidation::World<'_>) -> R + Send) -> R {
+        let pods_moving: Vec<&Pod> = moving.iter().flat_map(|c| state::evictable(&c.pods)).collect();
+        let found = futures::future::join_all(pods_moving.iter().map(|p| async move { (state::pod_id(p), self.platforms(p).await) })).await;
         let found: HashMap<String, Option<crate::core::platform::PlatformSet>> = found.into_iter().collect();
         let platforms = |p: &Pod| found.get(&state::pod_id(p)).cloned().flatten();
-        let views: Vec<consolidation::Candidate> = eligible.iter().map(|c| consolidation::Candidate { node: c.node.as_ref(), pods: c.pods.clone(), price: c.price }).collect();
+        let (nodes, claims, pods) = (self.stores.nodes.state(), self.stores.claims.state(), self.stores.pods.state());
+        let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
+        let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+        let claim_refs: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
+        let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+        let ns_refs: Vec<&k8s_openapi::api::core::v1::Namespace> = namespaces.iter().map(|n| n.as_ref()).collect();
+        let (pools, volumes) = (self.pools(), self.volumes());
+        let world = consolidation::World { nodes: &node_refs, claims: &claim_refs, pods: &pod_refs, namespaces: &ns_refs, pools: &pools, offerings: &self.offerings, volumes: &volumes, platforms: &platforms };
+        tokio::task::block_in_place(|| decide(&world))
+    }
+
+    /// Wait the quiet period, check the decision again on the cluster as it is then, and only
+    /// if it still holds taint, launch the replacements and start the drains.
+    async fn validate_and_act(self: &Arc<Self>, pool: &str, decision: consolidation::Decision, before: BTreeMap<String, Vec<String>>) {
+        tracing::info!(pool, reason = decision.reason, nodes = ?decision.nodes, replacements = decision.replacements.len(), saving_per_hour = decision.saving_per_hour, "disruption decided; validating after a quiet period");
+        tokio::time::sleep(Duration::from_secs_f64(self.settings.consolidation_validation_seconds)).await;
+        let result = match self.hold(pool) {
+            Some(why) => Err(why),
+            None => {
+                let (nodes, claims, pods) = (self.stores.nodes.state(), self.stores.claims.state(), self.stores.pods.state());
+                let (_, _, candidates) = self.pool_view(pool, &nodes, &claims, &pods);
+                let now: Vec<consolidation::Candidate> = candidates.iter().filter(|c| decision.reason == "empty" || c.disruptable()).map(Candidate::view).collect();
+                let refs: Vec<&consolidation::Candidate> = now.iter().collect();
+                let fraction = self.settings.min_saving_fraction();
+                let chosen: Vec<consolidation::Candidate> = now.iter().filter(|c| decision.nodes.iter().any(|n| n == c.name())).cloned().collect();
+                self.with_world(&chosen, |world| consolidation::revalidate(world, &decision, &before, &refs, fraction)).await
+            }
+        };
+        let decision = match result {
+            Ok(d) => d,
+            Err(why) => {
+                self.metrics.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "stale")).inc();
+                tracing::info!(pool, nodes = ?decision.nodes, why = %why, "disruption decision dropped: no longer valid");
+                return;
+            }
+        };
+        self.metrics.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "taken")).inc();
         let nodes = self.stores.nodes.state();
         let claims = self.stores.claims.state();
-        let pods = self.stores.pods.state();
-        let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
-        let (node_refs, claim_refs, pod_refs, ns_refs): (Vec<&Node>, Vec<&NodeClaim>, Vec<&Pod>, Vec<&k8s_openapi::api::core::v1::Namespace>) =
-            (nodes.iter().map(|n| n.as_ref()).collect(), claims.iter().map(|c| c.as_ref()).collect(), pods.iter().map(|p| p.as_ref()).collect(), namespaces.iter().map(|n| n.as_ref()).collect());
-        let pools = self.pools();
-        let volumes = self.volumes();
-        let world = consolidation::World { nodes: &node_refs, claims: &claim_refs, pods: &pod_refs, namespaces: &ns_refs, pools: &pools, offerings: &self.offerings, volumes: &volumes, platforms: &platforms };
-        let view_refs: Vec<&consolidation::Candidate> = views.iter().collect();
-        let Some(decision) = tokio::task::block_in_place(|| consolidation::underutilized(&world, pool, &view_refs, budget)) else { return };
-        let set: Vec<&Candidate> = eligible.iter().copied().filter(|c| decision.nodes.iter().any(|n| Some(n.as_str()) == c.node.metadata.name.as_deref())).collect();
-        tracing::info!(pool, nodes = ?decision.nodes, replacements = decision.replacements.len(), saving_per_hour = decision.saving_per_hour, "consolidating");
+        let set: Vec<(Arc<Node>, Arc<NodeClaim>)> = decision
+            .nodes
+            .iter()
+            .filter_map(|name| {
+                let node = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(name.as_str()))?.clone();
+                let claim = claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))?.clone();
+                Some((node, claim))
+            })
+            .collect();
+        tracing::info!(pool, reason = decision.reason, nodes = ?decision.nodes, replacements = decision.replacements.len(), saving_per_hour = decision.saving_per_hour, "disrupting");
         // Taint first, so the scheduler stops adding pods while replacements start.
-        for c in &set {
-            self.taint(&c.node).await;
+        for (node, _) in &set {
+            self.taint(node).await;
         }
         let replacements = self.launch_plan(&decision.replacements, "replacement").await;
         if replacements.len() < decision.replacements.len() {
             // A decision is carried out whole or not at all: without every replacement the
             // evicted pods would have no place.
-            tracing::warn!(pool, wanted = decision.replacements.len(), launched = replacements.len(), "not every replacement could be launched; the consolidation is called off");
-            for c in &set {
-                self.remove_taint(c.node.metadata.name.as_deref().unwrap_or(""), labels::DISRUPTED_TAINT).await;
+            tracing::warn!(pool, wanted = decision.replacements.len(), launched = replacements.len(), "not every replacement could be launched; the disruption is called off");
+            for (node, _) in &set {
+                self.remove_taint(node.metadata.name.as_deref().unwrap_or(""), labels::DISRUPTED_TAINT).await;
             }
             return;
         }
-        for c in set {
-            self.start_drain(c.node.clone(), c.claim.clone(), replacements.clone(), "underutilized");
+        for (node, claim) in set {
+            self.start_drain(node, claim, replacements.clone(), decision.reason);
         }
     }
 
@@ -270,7 +364,10 @@ impl Provisioner {
                 let ns = p.metadata.namespace.clone().unwrap_or_default();
                 let pname = p.metadata.name.clone().unwrap_or_default();
                 match Api::<Pod>::namespaced(self.client.clone(), &ns).evict(&pname, &EvictParams::default()).await {
-                    Ok(_) => tracing::info!(pod = %pname, namespace = %ns, "evicted"),
+                    Ok(_) => {
+                        self.metrics.pod_evictions.get_or_create(&label("reason", reason)).inc();
+                        tracing::info!(pod = %pname, namespace = %ns, "evicted");
+                    }
                     Err(kube::Error::Api(s)) if s.code == 429 => tracing::debug!(pod = %pname, namespace = %ns, "eviction refused by a PodDisruptionBudget; retrying"),
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => tracing::warn!(pod = %pname, namespace = %ns, error = %e, "eviction failed; retrying"),

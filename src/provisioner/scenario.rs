@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use serde::Deserialize;
 
 use super::nodepool::{NodePool, API_VERSION, KARPENTER_API_VERSION};
 use crate::core::placement::pod_images;
@@ -15,6 +14,8 @@ use crate::core::resources::{pod_requests, Resources};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
+    #[error("not YAML: {0}")]
+    Yaml(String),
     #[error("document {index}: {message}")]
     Document { index: usize, message: String },
     #[error("NodePool {pool}: {source}")]
@@ -56,13 +57,12 @@ pub struct Scenario {
 impl Scenario {
     pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
         let mut s = Scenario::default();
-        for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let docs: Vec<serde_json::Value> = crate::yaml::from_multiple(text).map_err(|e| ScenarioError::Yaml(e.to_string()))?;
+        for (index, json) in docs.into_iter().enumerate() {
             let err = |message: String| ScenarioError::Document { index, message };
-            let value = serde_yaml::Value::deserialize(doc).map_err(|e| err(e.to_string()))?;
-            if value.is_null() {
+            if json.is_null() {
                 continue;
             }
-            let json: serde_json::Value = serde_json::to_value(&value).map_err(|e| err(e.to_string()))?;
             let kind = json.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
             let api = json.get("apiVersion").and_then(|k| k.as_str()).unwrap_or_default().to_string();
             match (kind.as_str(), api.as_str()) {

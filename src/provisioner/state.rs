@@ -230,7 +230,6 @@ pub fn evictable<'a>(pods: &[&'a Pod]) -> Vec<&'a Pod> {
         .collect()
 }
 
-/// The NodePool's name recorded on a node Archer launched.
 /// Why a pool's nodes must not be taken away as empty or underutilised now, if so: the cluster
 /// has not settled. Pods still wait for capacity Archer is providing (`waiting`: pending pods
 /// the last plan could place), or a claim of the pool has no Ready, registered node yet. A node
@@ -250,6 +249,7 @@ pub fn consolidation_hold(pool: &str, claims: &[&NodeClaim], nodes: &[&Node], wa
         .map(|c| format!("node claim {} is still launching", c.name()))
 }
 
+/// The NodePool's name recorded on a node Archer launched.
 pub fn node_pool_of(node: &Node) -> Option<&str> {
     node.metadata.labels.as_ref()?.get(labels::NODEPOOL).map(String::as_str)
 }

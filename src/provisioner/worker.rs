@@ -109,6 +109,9 @@ const LAUNCH_SETTLE: Duration = Duration::from_secs(60);
 /// NodeClaims written at once by one batch.
 const CLAIM_WRITES_IN_FLIGHT: usize = 8;
 
+/// How long a launch's own task waits for its nodes to become Ready and registers them.
+const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(120);
+
 impl Drop for Provisioner {
     /// Leadership lost: the Pod cache stops being kept, so the extender stops reading it.
     fn drop(&mut self) {
@@ -365,29 +368,36 @@ impl Provisioner {
         if !names.is_empty() {
             let me = self.clone();
             let batch = names.clone();
-            tokio::spawn(async move { me.register_together(batch).await });
+            tokio::spawn(async move { me.register_each(batch).await });
         }
         self.wait_seen(&names).await;
         names
     }
 
-    /// Register a batch's nodes together: once every node of the batch is Ready (or gone), lift
-    /// the unregistered taint from all of them at once, so the scheduler sees the whole batch
-    /// (a zone spread is not decided on the first node that happened to come up).
-    async fn register_together(&self, batch: Vec<String>) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
+    /// Register each node of a batch as soon as it is Ready (a slow node holds back none of the
+    /// others). Pods the plan put on a node bind there as it comes up; the extender keeps pods
+    /// the plan did not place off a node while others of its batch are still registering, so a
+    /// batch meant to spread is not packed onto its first node.
+    async fn register_each(&self, batch: Vec<String>) {
+        let deadline = Instant::now() + REGISTRATION_TIMEOUT;
+        let mut left: Vec<String> = batch;
+        while !left.is_empty() {
             let nodes = self.stores.nodes.state();
-            let all_up = batch.iter().all(|b| match nodes.iter().find(|n| n.metadata.name.as_deref() == Some(b.as_str())) {
+            let claims = self.stores.claims.state();
+            let (up, waiting): (Vec<String>, Vec<String>) = left.into_iter().partition(|b| match nodes.iter().find(|n| n.metadata.name.as_deref() == Some(b.as_str())) {
                 Some(n) => state::node_ready(n),
-                None => !self.stores.claims.state().iter().any(|c| c.name() == *b && c.launched()),
+                // Gone (or never launched): nothing to register.
+                None => !claims.iter().any(|c| c.name() == *b && c.launched()),
             });
-            if all_up || Instant::now() >= deadline {
+            join_all(up.iter().map(|b| self.register(b))).await;
+            left = waiting;
+            if Instant::now() >= deadline {
+                // The claim keeper lifts the taint once such a node is Ready.
+                tracing::warn!(nodes = ?left, "nodes not Ready in time; left to the claim keeper");
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        join_all(batch.iter().map(|b| self.register(b))).await;
     }
 
     /// Lift the unregistered taint from a node (the node joins the cluster for scheduling).
@@ -574,8 +584,8 @@ impl Provisioner {
             }
         };
         let known: HashSet<&str> = instances.iter().map(|i| i.claim.as_str()).collect();
-        // Ready nodes still unregistered a while after launch (their batch's registration was
-        // lost to a restart): register them one by one.
+        // Ready nodes still unregistered a while after launch (their launch's registration task
+        // was lost to a restart, or gave up): register them.
         for c in claims.iter().filter(|c| c.launched() && !c.deleting()) {
             let late = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(state::age_of).is_some_and(|a| a > Duration::from_secs(15));
             let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();

@@ -42,6 +42,8 @@ pub struct Cluster {
     insecure: Vec<String>,
     /// Extra environment for the next `archer serve` (fault hooks).
     pub archer_env: Vec<(String, String)>,
+    /// Lines added to the `provisioner:` section of Archer's config (two-space indented).
+    pub provisioner_config: Vec<String>,
     archer_restarts: usize,
     archer: Option<Proc>,
     // dropped in reverse order of start: scheduler, kwok, controller-manager, apiserver, etcd
@@ -208,7 +210,7 @@ impl Cluster {
         let certs = make_certs(&d.join("archer-certs"));
         let (archer_port, archer_admin) = (free_port(), free_port());
         let insecure: Vec<String> = std::iter::once(registry.host.clone()).chain(extra_insecure.iter().map(|s| s.to_string())).collect();
-        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), archer_restarts: 0 };
+        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config: Vec::new(), archer_restarts: 0 };
         cluster.install_crds().await;
         cluster.start_archer().await;
         cluster.start_scheduler().await;
@@ -229,7 +231,7 @@ impl Cluster {
         let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
         for file in ["nodepool.yaml", "nodeclaim.yaml"] {
             let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file)).expect("crd");
-            let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("crd yaml");
+            let crd: CustomResourceDefinition = archer::yaml::from_str(&text).expect("crd yaml");
             let name = crd.metadata.name.clone().expect("crd name");
             crds.create(&Default::default(), &crd).await.unwrap_or_else(|e| panic!("the API server refuses deploy/crds/{file}: {e}"));
             let start = Instant::now();
@@ -246,6 +248,11 @@ impl Cluster {
         kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client).create(&Default::default(), &ns).await.expect("archer-system namespace");
     }
 
+    /// The Archer process's id (to read its memory and CPU time from /proc).
+    pub fn archer_pid(&self) -> Option<u32> {
+        self.archer.as_ref().map(|p| p.child.id())
+    }
+
     /// Has the Archer process exited (and with what code)?
     pub fn archer_exit(&mut self) -> Option<std::process::ExitStatus> {
         self.archer.as_mut().and_then(|p| p.child.try_wait().ok().flatten())
@@ -256,7 +263,10 @@ impl Cluster {
         let config = self.dir.path().join("archer.yaml");
         std::fs::write(
             &config,
-            "provisioner:\n  cloudProvider: kwok\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  disruptionGraceSeconds: 5\n  leaseDurationSeconds: 4\n",
+            format!(
+                "provisioner:\n  cloudProvider: kwok\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  disruptionGraceSeconds: 5\n  consolidationValidationSeconds: 2\n  leaseDurationSeconds: 4\n{}",
+                self.provisioner_config.iter().map(|l| format!("  {l}\n")).collect::<String>()
+            ),
         )
         .expect("archer config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_archer"));

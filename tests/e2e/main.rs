@@ -5,6 +5,7 @@
 mod common;
 mod cluster;
 mod provisioning;
+mod scale;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -268,10 +269,9 @@ async fn nodepool_crd_installs_and_validates() {
     let pools: Api<NodePool> = Api::all(client.clone());
     for file in ["examples/inflate.yaml", "examples/team1.yaml"] {
         let text = std::fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).expect("example");
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).expect("yaml");
+        for v in archer::yaml::from_multiple::<serde_json::Value>(&text).expect("yaml") {
             if v["kind"].as_str() == Some("NodePool") {
-                let mut pool: NodePool = serde_yaml::from_value(v).expect("pool");
+                let mut pool: NodePool = serde_json::from_value(v).expect("pool");
                 pool.metadata.name = Some(format!("{}-{}", pool.metadata.name.clone().unwrap_or_default(), file.len()));
                 pools.create(&PostParams::default(), &pool).await.unwrap_or_else(|e| panic!("{file}: {e}"));
             }

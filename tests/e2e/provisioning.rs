@@ -17,17 +17,17 @@ use serde_json::json;
 use super::{deployment, namespace, running_pods, wait, wait_running};
 use crate::cluster::Cluster;
 
-async fn pool(client: &Client, yaml: &str) {
-    let p: NodePool = serde_yaml::from_str(yaml).expect("pool yaml");
+pub(crate) async fn pool(client: &Client, yaml: &str) {
+    let p: NodePool = archer::yaml::from_str(yaml).expect("pool yaml");
     Api::<NodePool>::all(client.clone()).create(&PostParams::default(), &p).await.expect("create pool");
 }
 
 /// Nodes Archer launched.
-async fn archer_nodes(client: &Client) -> Vec<Node> {
+pub(crate) async fn archer_nodes(client: &Client) -> Vec<Node> {
     Api::<Node>::all(client.clone()).list(&ListParams::default().labels("archer.dev/nodepool")).await.map(|l| l.items).unwrap_or_default()
 }
 
-async fn claims(client: &Client) -> Vec<NodeClaim> {
+pub(crate) async fn claims(client: &Client) -> Vec<NodeClaim> {
     Api::<NodeClaim>::all(client.clone()).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
 }
 
@@ -36,25 +36,25 @@ fn label<'a>(n: &'a Node, key: &str) -> &'a str {
 }
 
 /// The Deployment with its container's requests set to `cpu` and `memory`.
-fn with_requests(mut d: Deployment, cpu: &str, memory: &str) -> Deployment {
+pub(crate) fn with_requests(mut d: Deployment, cpu: &str, memory: &str) -> Deployment {
     if let Some(spec) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
         spec.containers[0].resources = serde_json::from_value(json!({"requests": {"cpu": cpu, "memory": memory}})).ok();
     }
     d
 }
 
-async fn scale(client: &Client, ns: &str, name: &str, replicas: i32) {
+pub(crate) async fn scale(client: &Client, ns: &str, name: &str, replicas: i32) {
     Api::<Deployment>::namespaced(client.clone(), ns)
         .patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": replicas}})))
         .await
         .expect("scale");
 }
 
-fn node_of(p: &Pod) -> String {
+pub(crate) fn node_of(p: &Pod) -> String {
     p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
 }
 
-fn price(catalog: &Catalog, n: &Node) -> f64 {
+pub(crate) fn price(catalog: &Catalog, n: &Node) -> f64 {
     let cap = archer::catalog::CapacityType::parse(label(n, "karpenter.sh/capacity-type")).expect("capacity type label");
     catalog.price(label(n, "node.kubernetes.io/instance-type"), None, cap).expect("priced type")
 }
@@ -72,7 +72,7 @@ async fn pod_events(client: &Client, ns: &str, pod: &str) -> Vec<(String, String
         .collect()
 }
 
-const DEFAULT_POOL: &str = "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand, spot]}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 5s\n";
+pub(crate) const DEFAULT_POOL: &str = "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand, spot]}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 5s\n";
 
 /// Scenario 1: two Deployments of a multi-arch image, one pinned to amd64 on-demand, one to
 /// c6g.xlarge, scaled 0 -> 2: the right nodes appear; scaled to 0: they go away.
@@ -233,7 +233,7 @@ async fn scenario_4_consolidation_respects_the_pdb() {
 
     // The cheapest capacity for 3 such pods in this pool, by the same packer on fresh nodes.
     let p3 = {
-        let pool: NodePool = serde_yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: general}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: karpenter.k8s.aws/instance-category, operator: In, values: [c, m, r]}\n").expect("pool");
+        let pool: NodePool = archer::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: general}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: karpenter.k8s.aws/instance-category, operator: In, values: [c, m, r]}\n").expect("pool");
         let offers = archer::provisioner::nodepool::offerings(&catalog, &["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()]);
         let pods: Vec<_> = (0..3)
             .map(|i| archer::core::packer::PendingPod {
@@ -565,7 +565,7 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
 /// When pods stay Pending: each one's scheduler message, and every node's allocatable against
 /// the requests of the pods bound to it, as the API server has them (to set against the
 /// provisioner's `placed on room the cluster already has` log lines).
-async fn explain_pending(client: &Client) {
+pub(crate) async fn explain_pending(client: &Client) {
     let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
     let q = |v: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>, f: fn(&str) -> Option<i64>| v.and_then(|q| f(&q.0)).unwrap_or(0);
     let mut used: BTreeMap<String, (i64, i64, usize, Vec<String>)> = BTreeMap::new();
@@ -616,100 +616,8 @@ impl GpuRequest for Deployment {
     }
 }
 
-/// Converges at scale (issue #14), Karpenter's perf-suite shape at 300 pods: two Deployments of
-/// 150 replicas (900m/3100Mi and 3500m/28Gi, multi-arch), consolidation on. The scale-up ends
-/// with every pod Running, no pod evicted or replaced, no node launched and then terminated, and
-/// as many NodeClaims as nodes. Then 300 -> 210: the node set settles, no pod is lost, the cost
-/// falls. Asserts convergence, not wall time; it prints the times.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the control plane: run tests/e2e/run"]
-async fn scale_300_pods_converge_without_churn_then_scale_down_settles() {
-    let c = Cluster::start("scale").await;
-    c.register_webhook(c.archer_port).await;
-    let client = c.client().await;
-    c.registry.push_index("apps/perf", "1", &["linux/amd64", "linux/arm64"], true, false).await;
-    namespace(&client, "perf", json!({})).await;
-    pool(&client, DEFAULT_POOL).await;
-    let image = c.registry.image("apps/perf:1");
-    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "perf");
-    for (name, cpu, memory) in [("small", "900m", "3100Mi"), ("large", "3500m", "28Gi")] {
-        deploys.create(&PostParams::default(), &with_requests(deployment(name, &image, 150, json!({})), cpu, memory)).await.expect("create");
-    }
-    let catalog = Catalog::embedded().expect("catalog");
-    let all_pods = || async {
-        let api: Api<Pod> = Api::namespaced(client.clone(), "perf");
-        api.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
-    };
-    // Every pod uid seen: an evicted or replaced pod shows up as one more.
-    let mut uids: BTreeSet<String> = BTreeSet::new();
-    let t0 = Instant::now();
-    let mut pending_over_60s = BTreeSet::new();
-    let mut first_seen: BTreeMap<String, Instant> = BTreeMap::new();
-    loop {
-        let pods = all_pods().await;
-        for p in &pods {
-            let uid = p.metadata.uid.clone().unwrap_or_default();
-            uids.insert(uid.clone());
-            let seen = *first_seen.entry(uid.clone()).or_insert_with(Instant::now);
-            if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending") && seen.elapsed() > Duration::from_secs(60) {
-                pending_over_60s.insert(uid);
-            }
-        }
-        let running = pods.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count();
-        if running == 300 {
-            break;
-        }
-        if t0.elapsed() > Duration::from_secs(420) {
-            explain_pending(&client).await;
-            panic!("scale-up: {running} of 300 pods Running after 420 s");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let up = t0.elapsed();
-    let nodes = archer_nodes(&client).await;
-    let written = claims(&client).await.len();
-    let launched = c.archer_metric("archer_nodes_launched_total{pool=\"default\"}").await;
-    let terminated = metric_sum(&c, "archer_nodes_terminated_total").await;
-    let cost_up: f64 = nodes.iter().map(|n| price(&catalog, n)).sum();
-    eprintln!(
-        "scale: 300 pods Running in {up:?}; {} nodes, {written} NodeClaims, {launched} launched, {terminated} terminated, {} pod uids, {} pods Pending over 60 s, ${cost_up:.2}/h",
-        nodes.len(),
-        uids.len(),
-        pending_over_60s.len()
-    );
-    assert_eq!(uids.len(), 300, "a pod was evicted or replaced during the scale-up");
-    assert_eq!(terminated, 0.0, "a node was terminated during the scale-up");
-    assert_eq!(written, nodes.len(), "NodeClaims written = nodes kept");
-    assert_eq!(launched, nodes.len() as f64, "every launch kept");
-
-    // 300 -> 210: the node set settles (unchanged for 30 s), every remaining pod Running.
-    let t1 = Instant::now();
-    scale(&client, "perf", "small", 105).await;
-    scale(&client, "perf", "large", 105).await;
-    let mut last: (BTreeSet<String>, Instant) = (BTreeSet::new(), Instant::now());
-    loop {
-        let live: BTreeSet<String> = archer_nodes(&client).await.into_iter().filter(|n| n.metadata.deletion_timestamp.is_none()).filter_map(|n| n.metadata.name).collect();
-        let running = all_pods().await.iter().filter(|p| p.metadata.deletion_timestamp.is_none() && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count();
-        if live != last.0 {
-            last = (live, Instant::now());
-        } else if running == 210 && last.1.elapsed() > Duration::from_secs(30) {
-            break;
-        }
-        if t1.elapsed() > Duration::from_secs(420) {
-            explain_pending(&client).await;
-            panic!("scale-down: not settled after 420 s ({running} of 210 pods Running, {} nodes)", last.0.len());
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let nodes = archer_nodes(&client).await;
-    let cost_down: f64 = nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).map(|n| price(&catalog, n)).sum();
-    let terminated_after = metric_sum(&c, "archer_nodes_terminated_total").await;
-    eprintln!("scale: 300 -> 210 settled in {:?} (stable 30 s); {} nodes, ${cost_up:.2}/h -> ${cost_down:.2}/h, {terminated_after} nodes terminated", t1.elapsed() - Duration::from_secs(30), last.0.len());
-    assert!(cost_down <= cost_up + 1e-9, "the cost did not rise");
-}
-
 /// The sum of every sample of one metric family in Archer's `/metrics`.
-async fn metric_sum(c: &Cluster, family: &str) -> f64 {
+pub(crate) async fn metric_sum(c: &Cluster, family: &str) -> f64 {
     let body = reqwest::get(format!("http://127.0.0.1:{}/metrics", c.archer_admin)).await.map(|r| r.text()).expect("metrics");
-    body.await.unwrap_or_default().lines().filter(|l| l.starts_with(family) && (l.as_bytes().get(family.len()) == Some(&b'{') || l.as_bytes().get(family.len()) == Some(&b' '))).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    body.await.unwrap_or_default().lines().filter(|l| l.starts_with(family) && (l.as_bytes().get(family.len()) == Some(&b'{') || l.as_bytes().get(family.len()) == Some(&b' '))).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() + 0.0
 }

@@ -1,0 +1,46 @@
+//! YAML as Archer reads it (config, catalog files, scenarios, cluster dumps): YAML 1.2 core
+//! scalars, so `y`, `on` and `no` stay strings and `0755` or `1_000` are not numbers where the
+//! type is not known, with serde-saphyr's default budget against alias bombs and huge documents.
+
+use serde::de::DeserializeOwned;
+
+pub use serde_saphyr::Error;
+
+fn options() -> serde_saphyr::Options {
+    let mut o = serde_saphyr::Options::default();
+    o.strict_booleans = true;
+    o.leading_zero_numbers_as_strings = true;
+    o.underscored_numbers_as_strings = true;
+    o
+}
+
+/// One YAML document.
+pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
+    serde_saphyr::from_str_with_options(text, options())
+}
+
+/// Every document of a `---`-separated stream.
+pub fn from_multiple<T: DeserializeOwned>(text: &str) -> Result<Vec<T>, Error> {
+    serde_saphyr::from_multiple_with_options(text, options())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn scalars_are_read_as_yaml_1_2_core() {
+        let v: serde_json::Value = super::from_str("a: y\nb: on\nc: no\nd: true\ne: 0755\nf: 1_000\ng: 3\nh: 500m\n").expect("yaml");
+        assert_eq!(v, serde_json::json!({"a": "y", "b": "on", "c": "no", "d": true, "e": "0755", "f": "1_000", "g": 3, "h": "500m"}));
+        let docs: Vec<serde_json::Value> = super::from_multiple("a: 1\n---\nb: 2\n").expect("yaml");
+        assert_eq!(docs.len(), 2);
+    }
+
+    #[test]
+    fn an_alias_bomb_is_refused() {
+        let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..12 {
+            let prev = i - 1;
+            text.push_str(&format!("a{i}: &a{i} [*a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}]\n"));
+        }
+        assert!(super::from_str::<serde_json::Value>(&text).is_err());
+    }
+}
