@@ -104,31 +104,55 @@ pub struct Search {
 }
 
 impl Search {
-    /// Every candidate, from the most wasteful (offline: `archer simulate --disruption`).
+    /// Every candidate (offline: `archer simulate --disruption`).
     pub fn exhaustive(min_saving_fraction: f64) -> Self {
         Search { min_saving_fraction, max_evaluations: usize::MAX, start: 0 }
     }
 }
 
-/// The underutilised nodes of `pool` worth replacing or removing, searched as Karpenter does:
-/// first the most wasteful nodes together (within the budget), then each node alone from the
-/// most wasteful (highest price per pod), at most `search.max_evaluations` sets; the first set
-/// whose pods all have a place and whose re-plan saves more than the margin is the decision.
+/// The underutilised nodes of `pool` worth replacing or removing, searched as Karpenter does.
+/// Candidates are ordered by what disrupting them costs (fewest pods to move first, as
+/// Karpenter's disruption cost; the priciest first among equals). First the largest
+/// prefix of that order (2 up to the budget, at most [`MAX_SET`]) that can go, found by binary
+/// search; then each node alone, from `search.start` on. At most `search.max_evaluations` sets
+/// are planned. A set can go when its pods all have a place (on the other nodes plus at most one
+/// replacement) and the re-plan saves more than the margin.
 pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>], budget: usize, search: Search) -> Option<Decision> {
     let mut order: Vec<&Candidate> = eligible.iter().copied().filter(|c| !c.pods.is_empty()).collect();
     if order.is_empty() || budget == 0 {
         return None;
     }
-    let waste = |c: &Candidate| c.price / (state::evictable(&c.pods).len() as f64 + 1.0);
-    order.sort_by(|a, b| waste(b).total_cmp(&waste(a)).then_with(|| a.name().cmp(b.name())));
-    let n = order.len();
-    let mut sets: Vec<Vec<&Candidate>> = Vec::new();
-    if n > 1 && budget > 1 {
-        sets.push(order.iter().copied().take(budget).collect());
+    let moving = |c: &Candidate| state::evictable(&c.pods).len();
+    order.sort_by(|a, b| moving(a).cmp(&moving(b)).then_with(|| b.price.total_cmp(&a.price)).then_with(|| a.name().cmp(b.name())));
+    let mut left = search.max_evaluations;
+    let mut try_set = |set: &[&Candidate]| {
+        if left == 0 {
+            return None;
+        }
+        left -= 1;
+        decide(world, pool, set, "underutilized", search.min_saving_fraction).ok()
+    };
+    let (mut lo, mut hi) = (2, budget.min(order.len()).min(MAX_SET));
+    let mut best = None;
+    while lo <= hi {
+        let mid = (lo + hi) / 2;
+        match try_set(&order[..mid]) {
+            Some(d) => {
+                best = Some(d);
+                lo = mid + 1;
+            }
+            None => hi = mid - 1,
+        }
     }
-    sets.extend((0..n).map(|i| vec![order[(search.start + i) % n]]));
-    sets.into_iter().take(search.max_evaluations).find_map(|set| decide(world, pool, &set, "underutilized", search.min_saving_fraction).ok())
+    if best.is_some() {
+        return best;
+    }
+    let n = order.len();
+    (0..n).find_map(|i| try_set(&[order[(search.start + i) % n]]))
 }
+
+/// The most nodes one decision takes (Karpenter's multi-node consolidation looks at 100).
+const MAX_SET: usize = 100;
 
 /// The decision to take `set` away for `reason`, or why not: some pod would have no place, or
 /// the saving is not above the margin.

@@ -109,6 +109,9 @@ const LAUNCH_SETTLE: Duration = Duration::from_secs(60);
 /// NodeClaims written at once by one batch.
 const CLAIM_WRITES_IN_FLIGHT: usize = 8;
 
+/// Provider launches in flight at once.
+const LAUNCHES_IN_FLIGHT: usize = 16;
+
 /// How long a launch's own task waits for its nodes to become Ready and registers them.
 const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -364,7 +367,9 @@ impl Provisioner {
                 c.metadata.annotations.get_or_insert_with(Default::default).insert(crate::core::labels::BATCH_NODES_ANNOTATION.into(), siblings.join(","));
             }
         }
-        join_all(claims.iter().map(|c| self.launch(c))).await;
+        // Launched concurrently too, a bounded number at a time (a cloud API has its own limits).
+        let launches: Vec<_> = claims.iter().map(|c| self.launch(c)).collect();
+        futures::stream::iter(launches).buffer_unordered(LAUNCHES_IN_FLIGHT).collect::<Vec<()>>().await;
         if !names.is_empty() {
             let me = self.clone();
             let batch = names.clone();

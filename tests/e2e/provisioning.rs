@@ -616,6 +616,38 @@ impl GpuRequest for Deployment {
     }
 }
 
+/// The launch cap is a safety valve: with `maxLaunchesPerMinute: 6`, a burst needing 9 nodes
+/// (hostname anti-affinity between the replicas) gets 6 at once, the other 3 are deferred and
+/// counted, and come as the cap refills (one per 10 s); every pod ends Running, one claim each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn launch_cap_defers_the_rest_of_a_burst() {
+    let mut c = Cluster::start("launch-cap").await;
+    let client = c.client().await;
+    c.registry.push_image("apps/one", "1", "linux/amd64", true).await;
+    namespace(&client, "capped", json!({})).await;
+    pool(&client, DEFAULT_POOL).await;
+    c.stop_archer();
+    c.provisioner_config = vec!["maxLaunchesPerMinute: 6".into()];
+    c.start_archer().await;
+    let apart = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "one"}}, "topologyKey": "kubernetes.io/hostname"}]}}});
+    Api::<Deployment>::namespaced(client.clone(), "capped").create(&PostParams::default(), &deployment("one", &c.registry.image("apps/one:1"), 9, apart)).await.expect("create");
+    wait("the first claims", Duration::from_secs(60), || async { !claims(&client).await.is_empty() }).await;
+    // Within the next 5 s (before the cap refills one launch) no more than 6 claims.
+    let t0 = Instant::now();
+    let mut most = 0;
+    while t0.elapsed() < Duration::from_secs(5) {
+        most = most.max(claims(&client).await.len());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(most, 6, "the burst is cut at the cap");
+    assert!(c.archer_metric("archer_launches_rate_limited_total").await >= 3.0, "the deferred launches are counted");
+    wait_running(&client, "capped", "one", 9, Duration::from_secs(120)).await;
+    assert_eq!(claims(&client).await.len(), 9, "one claim per pod, the deferred ones launched later");
+    eprintln!("launch cap: 6 at once, 9 Running after {:?}", t0.elapsed());
+}
+
 /// The sum of every sample of one metric family in Archer's `/metrics`.
 pub(crate) async fn metric_sum(c: &Cluster, family: &str) -> f64 {
     let body = reqwest::get(format!("http://127.0.0.1:{}/metrics", c.archer_admin)).await.map(|r| r.text()).expect("metrics");

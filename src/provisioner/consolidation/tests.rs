@@ -163,3 +163,19 @@ fn an_empty_node_stays_removable_only_while_it_stays_empty() {
     let landed = [pod("p1", "a", "100m", json!({}))];
     assert_eq!(with_world(&nodes, &landed, &[pool(Some(0))], |w, c| revalidate(w, &d, &before, c, MARGIN)), Err("the pods on node a changed".to_string()));
 }
+
+#[test]
+fn the_largest_set_that_can_go_is_taken_at_once() {
+    let names = ["a", "b", "c", "d", "e", "f"];
+    let nodes: Vec<Node> = names.iter().map(|n| node(n, "4")).collect();
+    let pods: Vec<Pod> = names.iter().map(|n| pod(&format!("p-{n}"), n, "500m", json!({}))).collect();
+    // Nothing may be bought: five nodes' pods fit on the sixth.
+    let d = with_world(&nodes, &pods, &[pool(Some(0))], |w, c| underutilized(w, "default", c, 6, Search::exhaustive(MARGIN))).expect("a decision");
+    assert_eq!((d.nodes.len(), d.replacements.len()), (5, 0), "{d:?}");
+    // Buying is allowed: still at least five go, for at most one new node.
+    let d = with_world(&nodes, &pods, &[pool(None)], |w, c| underutilized(w, "default", c, 6, Search::exhaustive(MARGIN))).expect("a decision");
+    assert!(d.nodes.len() >= 5 && d.replacements.len() <= 1, "{d:?}");
+    // The budget bounds the set.
+    let d = with_world(&nodes, &pods, &[pool(None)], |w, c| underutilized(w, "default", c, 3, Search::exhaustive(MARGIN))).expect("a decision");
+    assert_eq!(d.nodes.len(), 3);
+}
