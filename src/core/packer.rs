@@ -144,6 +144,16 @@ impl Offering {
         offerings.iter().find(|o| o.instance.name == instance_type && o.zone == zone && o.capacity.as_str() == capacity)
     }
 
+    /// Every on-demand type of the embedded catalog, offered in us-east-1a (test fixtures).
+    #[cfg(test)]
+    pub(crate) fn embedded_on_demand() -> Vec<Offering> {
+        let c = crate::catalog::Catalog::embedded().expect("catalog");
+        c.types()
+            .iter()
+            .filter_map(|t| c.price_of(t, None, CapacityType::OnDemand).map(|price| Offering { instance: t.clone(), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price }))
+            .collect()
+    }
+
     /// The labels a node from this offering in `pool` would carry.
     pub fn labels(&self, pool: &Pool) -> BTreeMap<String, String> {
         use super::labels as l;

@@ -32,11 +32,7 @@ fn pool(max_nodes: Option<i64>) -> Pool {
 }
 
 fn offerings() -> Vec<Offering> {
-    let c = crate::catalog::Catalog::embedded().expect("catalog");
-    c.types()
-        .iter()
-        .filter_map(|t| c.price_of(t, None, crate::catalog::CapacityType::OnDemand).map(|price| Offering { instance: t.clone(), zone: "us-east-1a".into(), capacity: crate::catalog::CapacityType::OnDemand, price }))
-        .collect()
+    Offering::embedded_on_demand()
 }
 
 fn amd64(_: &Pod) -> Option<PlatformSet> {
