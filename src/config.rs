@@ -467,5 +467,10 @@ webhook:
         assert!(small.validate().is_err());
         let bad_deny = Config { registry: RegistryConfig { deny: vec!["no way".into()], ..Default::default() }, ..Default::default() };
         assert!(bad_deny.validate().is_err());
+        let provisioner = |p: ProvisionerConfig| Config { provisioner: p, ..Default::default() }.validate().map_err(|e| e.to_string());
+        assert!(provisioner(ProvisionerConfig { consolidation_min_saving_percent: 100.0, ..Default::default() }).is_err_and(|e| e.contains("consolidationMinSavingPercent")));
+        assert!(provisioner(ProvisionerConfig { consolidation_min_saving_percent: f64::NAN, ..Default::default() }).is_err());
+        assert!(provisioner(ProvisionerConfig { consolidation_validation_seconds: -1.0, ..Default::default() }).is_err_and(|e| e.contains("consolidationValidationSeconds")));
+        assert_eq!(ProvisionerConfig::default().min_saving_fraction(), 0.02);
     }
 }
