@@ -270,14 +270,15 @@ pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], n
 
 /// Pending pods a live plan already placed, with the node (or claim) they were put on: the pods
 /// a NodeClaim's plan named ([`labels::PLANNED_PODS_ANNOTATION`]) while its node is still coming
-/// (not there, or not registered or Ready yet). They are not
-/// planned again, and their room on that node is held, so the next batch neither buys a second
-/// node for them nor gives their room away. Afterwards a pod still pending is planned afresh.
+/// (not there, or not registered or Ready yet) or came up less than [`PLANNED_POD_GRACE`] ago
+/// (kube-scheduler is still binding the pods it was bought for). They are not planned again, and
+/// their room on that node is held, so the next batch neither buys a second node for them nor
+/// gives their room away. Afterwards a pod still pending is planned afresh.
 pub fn covered<'a>(claims: &[&NodeClaim], nodes: &[&Node], pods: &[&'a Pod]) -> Vec<(&'a Pod, String)> {
     let by_name: HashMap<&str, &Node> = nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, *n))).collect();
     // Once the node is registered and Ready its free room is in the snapshot: a pod still
     // pending is planned again (it stays on that node if it still fits: `Pending::planned`).
-    let coming = |node: &str| by_name.get(node).is_none_or(|n| !state::node_ready(n) || state::has_taint(n, labels::UNREGISTERED_TAINT));
+    let coming = |node: &str| by_name.get(node).is_none_or(|n| !state::node_ready(n) || state::has_taint(n, labels::UNREGISTERED_TAINT) || state::ready_for(n).is_some_and(|d| d < PLANNED_POD_GRACE));
     let planned: HashMap<&str, String> = claim_plans(claims).filter(|(node, _)| coming(node)).map(|(node, pod)| (pod, node)).collect();
     if planned.is_empty() {
         return Vec::new();
@@ -288,6 +289,10 @@ pub fn covered<'a>(claims: &[&NodeClaim], nodes: &[&Node], pods: &[&'a Pod]) -> 
         .filter_map(|p| planned.get(state::pod_id(p).as_str()).map(|n| (p, n.clone())))
         .collect()
 }
+
+/// How long after its node came up a pod the plan put there is left to kube-scheduler before it
+/// is planned again (re-planning it while it is being bound bought nodes that stayed empty).
+const PLANNED_POD_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Hold the room the pool's DaemonSets will take on a node that has none of its pods yet.
 fn hold_daemon_room(info: &mut NodeInfo, pool: &Pool) {

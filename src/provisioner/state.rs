@@ -69,6 +69,12 @@ pub fn node_ready(n: &Node) -> bool {
     n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// How long the node has been Ready (from its Ready condition's last transition), if it is.
+pub fn ready_for(n: &Node) -> Option<std::time::Duration> {
+    let c = n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;
+    age_of(&c.last_transition_time.as_ref()?.0.to_string())
+}
+
 /// Does the node carry a taint with this key?
 pub fn has_taint(node: &Node, key: &str) -> bool {
     crate::core::taints::node_has_taint(node, key)

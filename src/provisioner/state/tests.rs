@@ -166,3 +166,24 @@ fn consolidation_waits_while_pods_wait_or_claims_launch() {
     // Another pool's launches do not hold this one.
     assert_eq!(consolidation_hold("q", &[&done, &in_flight], &[&ready], &[]), None);
 }
+
+#[test]
+fn pods_planned_on_a_node_stay_covered_until_it_has_been_up_a_moment() {
+    let mut c = claim("n1", "p", &[]);
+    c.metadata.annotations = Some([(labels::PLANNED_PODS_ANNOTATION.to_string(), "ns/p".to_string())].into());
+    let waiting = pending(json!({}), json!({}));
+    let up_since = |ago: i64| {
+        let mut n = node("n1", Some("p"), json!([]));
+        let at = time::OffsetDateTime::now_utc() - time::Duration::seconds(ago);
+        let stamp = at.format(&time::format_description::well_known::Rfc3339).expect("time");
+        if let Some(cond) = n.status.as_mut().and_then(|s| s.conditions.as_mut()).and_then(|c| c.first_mut()) {
+            cond.last_transition_time = serde_json::from_value(json!(stamp)).ok();
+        }
+        n
+    };
+    let covered = |nodes: &[&Node]| crate::provisioner::model::covered(&[&c], nodes, &[&waiting]).len();
+    assert_eq!(covered(&[]), 1, "the node is not there yet");
+    assert_eq!(covered(&[&node("n1", Some("p"), json!([{"key": labels::UNREGISTERED_TAINT, "effect": "NoSchedule"}]))]), 1, "still registering");
+    assert_eq!(covered(&[&up_since(2)]), 1, "up for 2 s: kube-scheduler is still binding its pods");
+    assert_eq!(covered(&[&up_since(60)]), 0, "up for a minute: a pod still pending is planned again");
+}
