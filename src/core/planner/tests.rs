@@ -20,6 +20,13 @@ fn pod(name: &str, labels: serde_json::Value, spec: serde_json::Value, node: Opt
     serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default", "labels": labels}, "spec": spec})).expect("pod")
 }
 
+/// An amd64 node in `zone`.
+fn zoned(name: &str, zone: &str) -> Node {
+    let mut n = node(name, "amd64");
+    n.metadata.labels.get_or_insert_with(Default::default).insert("topology.kubernetes.io/zone".into(), zone.into());
+    n
+}
+
 fn pending(p: &Pod, platforms: &str) -> Pending {
     Pending {
         packer: PendingPod {
@@ -126,11 +133,6 @@ fn interchangeable_spread_pods_take_their_places_in_kube_schedulers_queue_order(
     // places out by name; kube-scheduler tries them in its queue's order and refused the second
     // one its planned zone (skew 2 against an empty zone), so it bound to a place planned for
     // another pod.
-    let zoned = |name: &str, zone: &str| {
-        let mut n = node(name, "amd64");
-        n.metadata.labels.get_or_insert_with(Default::default).insert("topology.kubernetes.io/zone".into(), zone.into());
-        n
-    };
     let snapshot = Snapshot::new(&[zoned("a", "us-east-1a"), zoned("b", "us-east-1b"), zoned("c", "us-east-1c")], &[], &[]);
     let spread = json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "z"}}}]});
     // Queue order 0, 3, 1, 4, 2, 5: by name, pods 0 and 3 share a zone.
@@ -163,11 +165,6 @@ fn an_earlier_plan_for_a_spread_holds_as_a_whole_whatever_order_its_pods_are_che
     // Found by the plan-fidelity e2e: pods an earlier plan spread over two zones were checked
     // one by one; the second pod for zone a came before the pod for zone b (skew 2 for a moment),
     // lost its place, and was bought a new node while kube-scheduler bound it to the old one.
-    let zoned = |name: &str, zone: &str| {
-        let mut n = node(name, "amd64");
-        n.metadata.labels.get_or_insert_with(Default::default).insert("topology.kubernetes.io/zone".into(), zone.into());
-        n
-    };
     // a0 comes first: a pod that lost its place would go there.
     let snapshot = Snapshot::new(&[zoned("a0", "us-east-1a"), zoned("a", "us-east-1a"), zoned("b", "us-east-1b")], &[], &[]);
     let spread = json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "z"}}}]});

@@ -56,11 +56,22 @@ fn with_world<R>(nodes: &[Node], pods: &[Pod], pools: &[Pool], f: impl FnOnce(&W
 
 const MARGIN: f64 = 0.02;
 
+/// Required anti-affinity between p1 and p2 on the hostname key: they never share a node.
+fn apart() -> serde_json::Value {
+    json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["p1", "p2"]}]}, "topologyKey": "kubernetes.io/hostname"}]}}})
+}
+
+/// The underutilised decision on `nodes` and `pods`, every candidate searched.
+fn consolidate(nodes: &[Node], pods: &[Pod], pools: &[Pool], budget: usize, margin: f64) -> Option<Decision> {
+    with_world(nodes, pods, pools, |w, c| underutilized(w, "default", c, budget, Search::exhaustive(margin)))
+}
+
 #[test]
 fn two_half_used_nodes_become_one_without_buying_anything() {
     let nodes = [node("a", "4"), node("b", "4")];
     let pods = [pod("p1", "a", "1", json!({})), pod("p2", "b", "1", json!({}))];
-    let d = with_world(&nodes, &pods, &[pool(Some(0))], |w, c| underutilized(w, "default", c, 1, Search::exhaustive(MARGIN))).expect("a decision");
+    let d = consolidate(&nodes, &pods, &[pool(Some(0))], 1, MARGIN).expect("a decision");
     assert_eq!(d.nodes.len(), 1);
     assert!(d.replacements.is_empty());
     assert_eq!(d.moves.len(), 1, "the moving pod goes to the node that stays: {:?}", d.moves);
@@ -70,14 +81,13 @@ fn two_half_used_nodes_become_one_without_buying_anything() {
 #[test]
 fn a_decision_whose_evicted_pods_have_no_place_is_never_taken() {
     // Each pod refuses to share a node with the other, and the pool may buy nothing.
-    let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["p1", "p2"]}]}, "topologyKey": "kubernetes.io/hostname"}]}}});
+    let anti = apart();
     let nodes = [node("a", "4"), node("b", "4")];
     let pods = [pod("p1", "a", "1", anti.clone()), pod("p2", "b", "1", anti)];
-    assert_eq!(with_world(&nodes, &pods, &[pool(Some(0))], |w, c| underutilized(w, "default", c, 2, Search::exhaustive(MARGIN))), None);
+    assert_eq!(consolidate(&nodes, &pods, &[pool(Some(0))], 2, MARGIN), None);
     // Too big for what remains: no decision either.
     let pods = [pod("p1", "a", "3", json!({})), pod("p2", "b", "3", json!({}))];
-    assert_eq!(with_world(&nodes, &pods, &[pool(Some(0))], |w, c| underutilized(w, "default", c, 2, Search::exhaustive(MARGIN))), None);
+    assert_eq!(consolidate(&nodes, &pods, &[pool(Some(0))], 2, MARGIN), None);
 }
 
 #[test]
@@ -85,21 +95,20 @@ fn a_replacement_must_save_more_than_the_margin() {
     // One small pod on a node priced $0.20/h: a cheaper node saves most of it.
     let nodes = [node("a", "4")];
     let pods = [pod("p1", "a", "100m", json!({}))];
-    let d = with_world(&nodes, &pods, &[pool(None)], |w, c| underutilized(w, "default", c, 1, Search::exhaustive(MARGIN))).expect("a cheaper node");
+    let d = consolidate(&nodes, &pods, &[pool(None)], 1, MARGIN).expect("a cheaper node");
     assert_eq!(d.replacements.len(), 1);
     assert!(d.replacements[0].price_per_hour < 0.20 * (1.0 - MARGIN));
     // With a margin no replacement can beat, nothing is decided.
-    assert_eq!(with_world(&nodes, &pods, &[pool(None)], |w, c| underutilized(w, "default", c, 1, Search::exhaustive(0.99))), None);
+    assert_eq!(consolidate(&nodes, &pods, &[pool(None)], 1, 0.99), None);
 }
 
 #[test]
 fn a_set_is_replaced_by_at_most_one_node() {
     // Two pods that refuse to share a node, alone on one node: moving them needs two new nodes.
-    let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["p1", "p2"]}]}, "topologyKey": "kubernetes.io/hostname"}]}}});
+    let anti = apart();
     let nodes = [node("a", "4"), node("b", "4")];
     let pods = [pod("p1", "a", "100m", anti.clone()), pod("p2", "b", "100m", anti)];
-    let d = with_world(&nodes, &pods, &[pool(None)], |w, c| underutilized(w, "default", c, 2, Search::exhaustive(MARGIN))).expect("one node at a time");
+    let d = consolidate(&nodes, &pods, &[pool(None)], 2, MARGIN).expect("one node at a time");
     assert_eq!((d.nodes.len(), d.replacements.len()), (1, 1), "{d:?}");
     let two = with_world(&nodes, &pods, &[pool(None)], |w, c| decide(w, "default", c, "underutilized", MARGIN));
     assert_eq!(two, Err("would need 2 replacements; at most one replaces a set".to_string()));
@@ -166,12 +175,12 @@ fn the_largest_set_that_can_go_is_taken_at_once() {
     let nodes: Vec<Node> = names.iter().map(|n| node(n, "4")).collect();
     let pods: Vec<Pod> = names.iter().map(|n| pod(&format!("p-{n}"), n, "500m", json!({}))).collect();
     // Nothing may be bought: five nodes' pods fit on the sixth.
-    let d = with_world(&nodes, &pods, &[pool(Some(0))], |w, c| underutilized(w, "default", c, 6, Search::exhaustive(MARGIN))).expect("a decision");
+    let d = consolidate(&nodes, &pods, &[pool(Some(0))], 6, MARGIN).expect("a decision");
     assert_eq!((d.nodes.len(), d.replacements.len()), (5, 0), "{d:?}");
     // Buying is allowed: still at least five go, for at most one new node.
-    let d = with_world(&nodes, &pods, &[pool(None)], |w, c| underutilized(w, "default", c, 6, Search::exhaustive(MARGIN))).expect("a decision");
+    let d = consolidate(&nodes, &pods, &[pool(None)], 6, MARGIN).expect("a decision");
     assert!(d.nodes.len() >= 5 && d.replacements.len() <= 1, "{d:?}");
     // The budget bounds the set.
-    let d = with_world(&nodes, &pods, &[pool(None)], |w, c| underutilized(w, "default", c, 3, Search::exhaustive(MARGIN))).expect("a decision");
+    let d = consolidate(&nodes, &pods, &[pool(None)], 3, MARGIN).expect("a decision");
     assert_eq!(d.nodes.len(), 3);
 }
