@@ -116,7 +116,8 @@ impl Provisioner {
     fn pool_view<'a>(&self, pool: &str, nodes: &[Arc<Node>], claims: &[Arc<NodeClaim>], pods: &'a [Arc<Pod>]) -> (usize, usize, Vec<Candidate<'a>>) {
         let grace = Duration::from_secs(self.settings.disruption_grace_seconds);
         let by_node = state::usage_by_node(pods.iter().map(|p| p.as_ref()));
-        let claim_of = |name: &str| claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)).cloned();
+        let by_node_name: HashMap<&str, &Arc<NodeClaim>> = claims.iter().filter_map(|c| Some((c.status.as_ref()?.node_name.as_deref()?, c))).collect();
+        let claim_of = |name: &str| by_node_name.get(name).map(|c| Arc::clone(c));
         let pool_nodes: Vec<&Arc<Node>> = nodes.iter().filter(|n| state::node_pool_of(n) == Some(pool)).collect();
         let disrupting = pool_nodes.iter().filter(|n| state::node_leaving(n)).count();
         let mut candidates = Vec::new();
@@ -138,10 +139,8 @@ impl Provisioner {
     /// claims are still launching.
     fn hold(&self, pool: &str) -> Option<String> {
         let pods = self.stores.pods.state();
-        let waiting: Vec<String> = {
-            let w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-            w.iter().filter(|id| pods.iter().any(|p| state::pod_id(p) == **id && state::is_provisionable(p))).cloned().collect()
-        };
+        let provisionable: std::collections::HashSet<String> = pods.iter().filter(|p| state::is_provisionable(p)).map(|p| state::pod_id(p)).collect();
+        let waiting: Vec<String> = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|id| provisionable.contains(*id)).cloned().collect();
         let (nodes, claims) = (self.stores.nodes.state(), self.stores.claims.state());
         let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
         let claim_refs: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
