@@ -336,9 +336,19 @@ async fn scenario_5_no_pool_fits_and_limits_hold() {
         .collect();
     assert!(!pending.is_empty());
     for p in &pending {
+        // A pod whose planned room another pod took is left to kube-scheduler for 10 s after its
+        // node came up (model::PLANNED_POD_GRACE) before it is planned again and told why.
+        let limited = || async { pod_events(&client, "edge", p).await.iter().any(|(r, n)| r == "FailedProvisioning" && n.contains("limit")) };
+        let until = Instant::now() + Duration::from_secs(30);
+        while !limited().await && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         let ev = pod_events(&client, "edge", p).await;
         assert!(ev.iter().any(|(r, n)| r == "FailedProvisioning" && n.contains("limit")), "pod {p} beyond the limit got an event: {ev:?}");
     }
+    // And the re-plan bought nothing either.
+    assert_eq!(archer_nodes(&client).await.len(), 1, "limits: still 1 node after the pods beyond it were planned again");
+    assert_eq!(claims(&client).await.len(), 1);
     assert!(c.archer_metric("archer_unprovisionable_pods_total").await >= 2.0);
     eprintln!("scenario 5 (provisioner) total: {:?}", started.elapsed());
 }
