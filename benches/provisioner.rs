@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use archer::catalog::{CapacityType, Catalog, InstanceType};
 use archer::core::packer::{Offering, Plan, Pool};
-use archer::core::planner::{plan_batch, Pending};
+use archer::core::planner::{plan_batch, plan_batch_within, Pending};
 use archer::core::sched::{Snapshot, Volumes};
 use archer::provisioner::model;
 use k8s_openapi::api::core::v1::Pod;
@@ -188,11 +188,73 @@ fn karpenter_workload(n: usize, rng: &mut Rng) -> Vec<Pending> {
     pods
 }
 
+/// `deployments` Deployments of `replicas`, one shape each (cpu 100m-1.5, memory 128Mi-4Gi),
+/// multi-arch or amd64 only, no constraints: the optimality workloads.
+fn deployments(deployments: usize, replicas: usize, multi_arch: bool, rng: &mut Rng) -> Vec<Pending> {
+    let platforms = PlatformSet::parse_annotation(if multi_arch { "linux/amd64,linux/arm64" } else { "linux/amd64" }).ok();
+    let mut pods = Vec::with_capacity(deployments * replicas);
+    for d in 0..deployments {
+        let cpu = rng.pick(&[100, 250, 500, 750, 1000, 1500]);
+        let mem = rng.pick(&[128, 256, 512, 1024, 2048, 3072, 4096]);
+        for r in 0..replicas {
+            pods.push(pod(&format!("d{d}-{r}"), cpu, mem, json!({"app": format!("d{d}")}), json!({}), platforms.clone()));
+        }
+    }
+    pods
+}
+
+/// Plan price against the LP lower bound, with the optimal packer and with the greedy one alone.
+fn optimality() {
+    let catalog = Catalog::embedded().expect("embedded catalog");
+    let offers: Vec<Offering> = offerings(&catalog, &["us-east-1a".to_string()]).into_iter().filter(|o| o.capacity == CapacityType::OnDemand).collect();
+    let mut pool: Pool = NodePool::default_pool().to_pool().expect("pool");
+    pool.requirements = archer::core::requirements::Requirements::new().with("kubernetes.io/os", "linux");
+    pool.daemons.clear();
+    let perf = || {
+        let mut pods: Vec<Pending> = (0..500).map(|i| pod(&format!("a{i}"), 900, 3100, json!({"app": "a"}), json!({}), None)).collect();
+        pods.extend((0..500).map(|i| pod(&format!("b{i}"), 3500, 28 * 1024, json!({"app": "b"}), json!({}), None)));
+        pods
+    };
+    let workloads: Vec<(&str, Vec<Pending>)> = vec![
+        ("100x20 multi-arch", deployments(100, 20, true, &mut Rng(7))),
+        ("100x20 amd64", deployments(100, 20, false, &mut Rng(7))),
+        ("5x20 mixed", deployments(5, 20, true, &mut Rng(11))),
+        ("karpenter perf", perf()),
+        ("250x20 multi-arch", deployments(250, 20, true, &mut Rng(7))),
+    ];
+    let empty = Snapshot::default();
+    println!("optimality: embedded catalog, on-demand, one zone, no DaemonSets; ratio = plan price / LP lower bound");
+    for (name, pods) in workloads {
+        let start = Instant::now();
+        let plan = plan_batch(&empty, &pods, std::slice::from_ref(&pool), &offers);
+        let took = start.elapsed();
+        let start = Instant::now();
+        let greedy = plan_batch_within(&empty, &pods, std::slice::from_ref(&pool), &offers, Duration::ZERO);
+        let greedy_took = start.elapsed();
+        let bound = plan.lower_bound_per_hour;
+        println!(
+            "{name:<18} {:>5} pods  bound ${bound:>8.3}/h  plan ${:>8.3}/h {:>4} nodes ratio {:.4} ({:>6.0} ms)  greedy ${:>8.3}/h {:>4} nodes ratio {:.4} ({:>4.0} ms)",
+            pods.len(),
+            plan.total_price_per_hour,
+            plan.nodes.len(),
+            plan.total_price_per_hour / bound,
+            took.as_secs_f64() * 1e3,
+            greedy.total_price_per_hour,
+            greedy.nodes.len(),
+            greedy.total_price_per_hour / bound,
+            greedy_took.as_secs_f64() * 1e3,
+        );
+    }
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
     let which = std::env::var("ARCHER_BENCH_WORKLOAD").unwrap_or_default();
+    if which.is_empty() || which == "optimality" {
+        optimality();
+    }
     let default_pool = NodePool::default_pool();
     if which.is_empty() || which == "catalog" {
         let catalog = Catalog::embedded().expect("embedded catalog");

@@ -15,6 +15,14 @@ use super::requirements::Requirements;
 use super::resources::Resources;
 use crate::catalog::{CapacityType, InstanceType};
 
+mod greedy;
+mod knapsack;
+mod relax;
+mod rounding;
+
+/// How long the packer may spend on the optimal plan before it keeps the greedy one.
+pub const DEFAULT_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A pod waiting for capacity.
 #[derive(Debug, Clone)]
 pub struct PendingPod {
@@ -257,7 +265,9 @@ pub struct Plan {
     pub existing: BTreeMap<String, String>,
     pub unschedulable: Vec<Unschedulable>,
     pub total_price_per_hour: f64,
-    /// Sum over placed pods of their lower-bound cost (for the cost-quality ratio).
+    /// A lower bound on the price of any set of new nodes for the pods this plan puts on new
+    /// nodes (the LP relaxation's, [`relax`]); 0 when unknown (the budget ran out before it, or
+    /// some pods could not be placed).
     #[serde(skip)]
     pub lower_bound_per_hour: f64,
 }
@@ -283,6 +293,17 @@ fn labels_fit(pod: &PendingPod, labels: &BTreeMap<String, String>) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// Nodes opened so far by one way of packing, and what it could not place.
+#[derive(Clone, Default)]
+struct Packing {
+    /// Per pool: (cpu millis, memory bytes, nodes) opened, against its limits.
+    used: Vec<(i64, i64, i64)>,
+    drafts: Vec<Draft>,
+    unschedulable: Vec<Unschedulable>,
+    /// The LP relaxation's bound, when it covers exactly the pods placed.
+    relaxed_bound: Option<f64>,
 }
 
 /// Pods that share requests and constraints.
@@ -458,6 +479,7 @@ fn pods_that_fit(c: &Class, free: Resources, gpus: i64) -> usize {
 type Slot = (usize, usize);
 
 /// A node being planned: its pool and offering, and the pods of each class it holds.
+#[derive(Clone)]
 struct Draft {
     pi: usize,
     oi: usize,
@@ -553,6 +575,11 @@ fn fall_through(class: &mut Class, offerings: &[Offering], room: &dyn Fn(usize, 
 /// `pools` are tried by weight (highest first); a pod uses the highest-weight pool that has any
 /// compatible offering.
 pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existing: &[ExistingNode]) -> Plan {
+    pack_within(pods, pools, offerings, existing, DEFAULT_BUDGET)
+}
+
+/// [`pack`], spending at most `budget` on the optimal plan (then the greedy plan stands).
+pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existing: &[ExistingNode], budget: std::time::Duration) -> Plan {
     let mut plan = Plan::default();
     let mut existing: Vec<ExistingNode> = existing.to_vec();
     let mut remaining: Vec<&PendingPod> = Vec::new();
@@ -672,8 +699,6 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
         );
     }
 
-    // Per pool: nodes opened so far against its limits.
-    let mut used: Vec<(i64, i64, i64)> = vec![(0, 0, 0); pools.len()];
     let mut classes: Vec<Class> = spread_over_zones(classes.into_values().collect(), offerings, &room_of, &mut plan.unschedulable);
     pin_zone_groups(&mut classes, offerings, &room_of, &mut plan.unschedulable);
     // Biggest pods first.
@@ -690,119 +715,12 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
             pareto(&c.offerings, offerings, &room_of, &c.preference)
         };
     }
-    let mut drafts: Vec<Draft> = Vec::new();
-    for ci in 0..classes.len() {
-        while !classes[ci].pods.is_empty() {
-            // Choose the offering with the lowest price per unit of packed lower-bound work, filling
-            // the node with this class, then with smaller compatible classes (first fit).
-            // (price per unit of work, pool, offering, (class, count) packed)
-            type Choice = (f64, usize, usize, Vec<(usize, usize)>);
-            let mut best: Option<Choice> = None;
-            for &(pi, oi) in &classes[ci].offerings {
-                let pool = &pools[pi];
-                let o = &offerings[oi];
-                if !within_limits(pool, used[pi], o, 1) {
-                    continue;
-                }
-                let mut free = room_of(pi, oi);
-                let mut free_gpus = i64::from(o.instance.gpu_count);
-                let mut take = Vec::new();
-                let mut work = 0.0;
-                // Pods of each spread group already on this candidate node.
-                let mut in_group: Vec<(&str, i64)> = Vec::new();
-                for (cj, c) in classes.iter().enumerate().skip(ci) {
-                    if c.pods.is_empty() || (cj != ci && !c.mask.contains(&(pi, oi))) {
-                        continue;
-                    }
-                    let r = c.requests;
-                    let by = |f: i64, need: i64| if need <= 0 { i64::MAX } else { f / need };
-                    let group = c.spread_group.as_deref();
-                    let already = group.and_then(|g| in_group.iter().find(|(k, _)| *k == g)).map_or(0, |(_, n)| *n);
-                    let cap = c.per_node_max.map_or(i64::MAX, |m| m as i64 - already);
-                    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(by(free_gpus, c.gpus)).min(c.pods.len() as i64).min(cap);
-                    // Affinity to its own group on the hostname key: all of the class or none.
-                    if n <= 0 || (c.colocate && n < c.pods.len() as i64) {
-                        continue;
-                    }
-                    free = free - Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n);
-                    free_gpus -= c.gpus * n;
-                    if let Some(g) = group {
-                        match in_group.iter_mut().find(|(k, _)| *k == g) {
-                            Some(e) => e.1 += n,
-                            None => in_group.push((g, n)),
-                        }
-                    }
-                    take.push((cj, n as usize));
-                    work += c.lower_bound * n as f64;
-                }
-                if take.first().is_none_or(|&(cj, _)| cj != ci) || work <= 0.0 {
-                    continue;
-                }
-                let score = o.price / work;
-                // Equal cost (within rounding): the lead class's preferred affinity decides.
-                let pref = |p: usize, q: usize| classes[ci].preference.get(&(p, q)).copied().unwrap_or(0);
-                let better = match &best {
-                    None => true,
-                    Some((s, bp, bo, _)) => {
-                        let tie = (score - *s).abs() <= 1e-9 * s.abs().max(1e-12);
-                        (!tie && score < *s) || (tie && (pref(*bp, *bo), std::cmp::Reverse((o.price, pi, oi))) > (pref(pi, oi), std::cmp::Reverse((offerings[*bo].price, *bp, *bo))))
-                    }
-                };
-                if better {
-                    best = Some((score, pi, oi, take));
-                }
-            }
-            let Some((_, pi, oi, take)) = best else {
-                if fall_through(&mut classes[ci], offerings, &room_of) {
-                    continue;
-                }
-                // Affinity to its own replicas on the hostname key, and no node holds them all:
-                // the first goes to a node and the next follow it while it has room, as
-                // kube-scheduler binds them; the rest can run nowhere.
-                if classes[ci].colocate {
-                    let c = &classes[ci];
-                    let most = c.offerings.iter().filter(|&&(pi, oi)| within_limits(&pools[pi], used[pi], &offerings[oi], 1)).map(|&(pi, oi)| pods_that_fit(c, room_of(pi, oi), i64::from(offerings[oi].instance.gpu_count))).max().unwrap_or(0);
-                    if most > 0 && most < c.pods.len() {
-                        let pool_name = c.offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
-                        let reason = format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds more than {most} of them");
-                        for p in classes[ci].pods.drain(most..) {
-                            plan.unschedulable.push(Unschedulable { pod: p, reason: reason.clone() });
-                        }
-                        continue;
-                    }
-                }
-                let pool_name = classes[ci].offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
-                let reason = if classes[ci].colocate {
-                    format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds all {} of them", classes[ci].pods.len())
-                } else {
-                    format!("pool limits reached ({pool_name})")
-                };
-                for p in classes[ci].pods.drain(..) {
-                    plan.unschedulable.push(Unschedulable { pod: p, reason: reason.clone() });
-                }
-                break;
-            };
-            // The same choice repeats while every class it takes from has as many pods left (the
-            // evaluation would see the same inputs): open those nodes at once.
-            let o = &offerings[oi];
-            let mut repeat = take.iter().map(|&(cj, n)| classes[cj].pods.len() / n).min().unwrap_or(1).max(1);
-            while repeat > 1 && !within_limits(&pools[pi], used[pi], o, repeat) {
-                repeat -= 1;
-            }
-            for _ in 0..repeat {
-                let mut items = Vec::with_capacity(take.len());
-                for &(cj, n) in &take {
-                    plan.lower_bound_per_hour += classes[cj].lower_bound * n as f64;
-                    items.push((cj, classes[cj].pods.drain(..n).collect::<Vec<_>>()));
-                }
-                used[pi].0 += i64::from(o.instance.vcpu) * 1000;
-                used[pi].1 += o.instance.memory_mib as i64 * 1024 * 1024;
-                used[pi].2 += 1;
-                drafts.push(Draft { pi, oi, items });
-            }
-        }
-    }
-    right_size(&mut drafts, &classes, offerings, &room_of);
+    let base = Packing { used: vec![(0, 0, 0); pools.len()], ..Packing::default() };
+    let deadline = std::time::Instant::now() + budget;
+    let packing = rounding::best_packing(classes, base, pools, offerings, &room_of, deadline);
+    plan.unschedulable.extend(packing.unschedulable);
+    plan.lower_bound_per_hour = packing.relaxed_bound.unwrap_or(0.0);
+    let drafts = packing.drafts;
     for (i, d) in drafts.into_iter().enumerate() {
         let o = &offerings[d.oi];
         plan.total_price_per_hour += o.price;

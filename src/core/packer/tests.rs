@@ -384,3 +384,129 @@ fn a_pool_at_its_limits_falls_through_to_the_next_by_weight() {
     let plan = pack(&p, &[first], &offerings, &[]);
     assert!(plan.unschedulable.iter().all(|u| u.reason.contains("pool limits reached")) && !plan.unschedulable.is_empty());
 }
+
+/// A small fixed-seed generator (xorshift64*), so every run checks the same instances.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// An instance type of `vcpu` and `gib` (all allocatable), `max_pods` pods, at `price`.
+fn synthetic(i: usize, vcpu: u32, gib: u64, max_pods: i64, price: f64) -> Offering {
+    let t = crate::catalog::InstanceType {
+        name: format!("t{i}"),
+        provider: "test".into(),
+        arch: "amd64".into(),
+        os: "linux".into(),
+        family: "t".into(),
+        category: "t".into(),
+        generation: 1,
+        cpu_manufacturer: "test".into(),
+        vcpu,
+        memory_mib: gib * 1024,
+        gpu_count: 0,
+        gpu_name: String::new(),
+        allocatable: Resources::new(i64::from(vcpu) * 1000, gib as i64 * 1024 * MIB, max_pods),
+        allocatable_cpu: vcpu.to_string(),
+        allocatable_memory: format!("{gib}Gi"),
+        max_pods,
+        prices: BTreeMap::new(),
+        spot_discount: None,
+    };
+    Offering { instance: Arc::new(t), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price }
+}
+
+/// The cheapest set of nodes for `pods` by exhaustive search: each pod (largest first) onto a
+/// node already opened or onto a new node of each type, pruned by the best price found.
+fn exhaustive(pods: &[PendingPod], offerings: &[Offering]) -> f64 {
+    fn go(pods: &[Resources], offerings: &[Offering], open: &mut Vec<(usize, Resources)>, cost: f64, best: &mut f64) {
+        if cost >= *best - 1e-12 {
+            return;
+        }
+        let Some((&pod, rest)) = pods.split_first() else {
+            *best = cost;
+            return;
+        };
+        for k in 0..open.len() {
+            if pod.fits(open[k].1) {
+                open[k].1 = open[k].1 - pod;
+                go(rest, offerings, open, cost, best);
+                open[k].1 = open[k].1 + pod;
+            }
+        }
+        for (t, o) in offerings.iter().enumerate() {
+            let room = o.instance.allocatable;
+            // Nodes of one type are opened in a fixed order: a new one never precedes an empty one.
+            if pod.fits(room) && !open.iter().any(|&(u, left)| u == t && left == room) {
+                open.push((t, room - pod));
+                go(rest, offerings, open, cost + o.price, best);
+                open.pop();
+            }
+        }
+    }
+    let mut sizes: Vec<Resources> = pods.iter().map(|p| Resources::new(p.requests.cpu_millis, p.requests.memory_bytes, 1)).collect();
+    sizes.sort_by(|a, b| b.cmp(a));
+    let mut best = f64::INFINITY;
+    go(&sizes, offerings, &mut Vec::new(), 0.0, &mut best);
+    best
+}
+
+/// Small instances (up to 12 pods of up to 4 shapes, up to 6 instance types): the plan is within
+/// 2% of the exact optimum, the LP lower bound is at most the optimum, and every node holds its
+/// pods.
+#[test]
+fn plans_are_within_two_percent_of_the_optimum_on_small_instances() {
+    let mut rng = Rng(2026);
+    let mut exact = 0;
+    for case in 0..40 {
+        let types = 2 + rng.below(5) as usize;
+        let offerings: Vec<Offering> = (0..types)
+            .map(|i| {
+                let vcpu = [1u32, 2, 4, 8][rng.below(4) as usize];
+                let gib = u64::from(vcpu) * [1u64, 2, 4, 8][rng.below(4) as usize];
+                // Prices per vCPU and GiB that differ by type, so families compete.
+                let price = f64::from(vcpu) * (0.02 + rng.below(20) as f64 * 0.002) + gib as f64 * (0.003 + rng.below(10) as f64 * 0.0005);
+                synthetic(i, vcpu, gib, 110, (price * 1e4).round() / 1e4)
+            })
+            .collect();
+        let largest = offerings.iter().map(|o| o.instance.allocatable).max().expect("types");
+        let mut all = Vec::new();
+        let shapes = 1 + rng.below(4) as usize;
+        for s in 0..shapes {
+            let cpu = [250, 500, 750, 1000, 1500, 2000][rng.below(6) as usize].min(largest.cpu_millis);
+            let mem = [256, 512, 1024, 2048, 3072, 4096][rng.below(6) as usize].min(largest.memory_bytes / MIB);
+            let n = 1 + rng.below(4) as usize;
+            all.extend(pods(&format!("s{s}"), n, cpu, mem, "linux/amd64"));
+        }
+        all.truncate(12);
+        // Every pod must fit the largest type in both dimensions at once.
+        all.retain(|p| offerings.iter().any(|o| p.requests.fits(o.instance.allocatable)));
+        let optimum = exhaustive(&all, &offerings);
+        let plan = pack(&all, &[pool("default")], &offerings, &[]);
+        assert!(plan.unschedulable.is_empty(), "case {case}: {:?}", plan.unschedulable);
+        let placed: usize = plan.nodes.iter().map(|n| n.pods.len()).sum();
+        assert_eq!(placed, all.len(), "case {case}");
+        for n in &plan.nodes {
+            let o = offerings.iter().find(|o| o.instance.name == n.instance_type).expect("offering");
+            let used = n.pods.iter().fold(Resources::default(), |acc, id| acc + all.iter().find(|p| &p.id == id).map(|p| Resources::new(p.requests.cpu_millis, p.requests.memory_bytes, 1)).unwrap_or_default());
+            assert!(used.fits(o.instance.allocatable), "case {case}: node {n:?} overfull: {used:?}");
+        }
+        assert!(plan.lower_bound_per_hour > 0.0, "case {case}: a bound");
+        assert!(plan.lower_bound_per_hour <= optimum * (1.0 + 1e-9), "case {case}: bound {} above the optimum {optimum}", plan.lower_bound_per_hour);
+        assert!(plan.total_price_per_hour >= optimum * (1.0 - 1e-9), "case {case}: the plan {} beats the optimum {optimum}", plan.total_price_per_hour);
+        assert!(plan.total_price_per_hour <= optimum * 1.02 + 1e-9, "case {case}: plan {} vs optimum {optimum} ({} pods, {} types): {:?}", plan.total_price_per_hour, all.len(), offerings.len(), plan.nodes);
+        if (plan.total_price_per_hour - optimum).abs() <= 1e-9 * optimum {
+            exact += 1;
+        }
+    }
+    eprintln!("{exact} of 40 small instances planned at the exact optimum");
+}

@@ -2,7 +2,7 @@
 //! in-flight claims) by kube-scheduler's own filter rules, then the rest onto new nodes by the
 //! packer. Pure: the same snapshot and pods give the same plan in the worker and in `simulate`.
 
-use super::packer::{pack, Offering, PendingPod, Plan, Pool};
+use super::packer::{pack_within, Offering, PendingPod, Plan, Pool, DEFAULT_BUDGET};
 use super::sched::{NodeInfo, PodInfo, Snapshot};
 
 mod order;
@@ -38,6 +38,12 @@ fn runs_on(pod: &PendingPod, node: &NodeInfo) -> bool {
 /// ([`verify`]). Pods whose group must share a zone or a node are left to the packer, which
 /// places such groups together.
 pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings: &[Offering]) -> Plan {
+    plan_batch_within(snapshot, pending, pools, offerings, DEFAULT_BUDGET)
+}
+
+/// [`plan_batch`], the packer spending at most `budget` on the optimal plan before it keeps the
+/// greedy one (zero: the greedy plan, with no lower bound).
+pub fn plan_batch_within(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings: &[Offering], budget: std::time::Duration) -> Plan {
     let mut snap = snapshot.clone();
     let mut order: Vec<&Pending> = pending.iter().collect();
     order.sort_by(|a, b| b.packer.requests.cmp(&a.packer.requests).then_with(|| a.packer.id.cmp(&b.packer.id)));
@@ -93,10 +99,15 @@ pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offe
             }
         }
     }
-    let mut plan = pack(&remaining, pools, offerings, &[]);
+    let mut plan = pack_within(&remaining, pools, offerings, &[], budget);
     plan.existing.extend(placed);
     let by_id: std::collections::HashMap<&str, &Pending> = pending.iter().map(|p| (p.packer.id.as_str(), p)).collect();
+    let settled = (plan.existing.len(), plan.unschedulable.len());
     verify::verify(&mut snap, &mut plan, &by_id, pools, offerings);
+    if (plan.existing.len(), plan.unschedulable.len()) != settled {
+        // The bound was for the pods the packer placed; some of them went elsewhere.
+        plan.lower_bound_per_hour = 0.0;
+    }
     order::in_queue_order(&mut plan, pending, snapshot, &kept);
     for u in &mut plan.unschedulable {
         if let Some(why) = refused.get(&u.pod) {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use super::{refusals, runs_on, Pending};
 use crate::core::labels::HOSTNAME;
-use crate::core::packer::{could_host_with, pack, Offering, PendingPod, Plan, PlannedNode, Pool, Unschedulable, GPU_RESOURCE};
+use crate::core::packer::{could_host_with, pack_within, Offering, PendingPod, Plan, PlannedNode, Pool, Unschedulable, GPU_RESOURCE};
 use crate::core::requirements::Requirements;
 use crate::core::sched::resources::ResourceList;
 use crate::core::sched::{DomainRule, NodeInfo, PodInfo, Snapshot};
@@ -76,7 +76,8 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
             break;
         }
         charge_limits(&mut pools, &new.nodes[..], offerings);
-        let next = pack(&repack, &pools, offerings, &[]);
+        // Few pods, each round: the greedy packer.
+        let next = pack_within(&repack, &pools, offerings, &[], std::time::Duration::ZERO);
         plan.unschedulable.extend(next.unschedulable);
         batch = next.nodes;
         // Pods the packer put on planned nodes are verified against them above; none go to

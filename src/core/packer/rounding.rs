@@ -1,0 +1,191 @@
+//! The plan from the LP relaxation: its whole patterns kept as nodes, the rest packed greedily,
+//! every node right-sized; kept when it is cheaper than the greedy plan.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use super::relax::{self, Bin, Item, Relaxation};
+use super::{greedy, right_size, within_limits, Class, Draft, Offering, Packing, Pool, Resources, Slot};
+
+/// The cheaper of the greedy plan and the plan rounded from the relaxation (which must place at
+/// least as many pods). The relaxation's bound is attached when the plan places every pod of
+/// `classes`: it is then a lower bound on any plan for them.
+pub(super) fn best_packing(classes: Vec<Class>, base: Packing, pools: &[Pool], offerings: &[Offering], room_of: &dyn Fn(usize, usize) -> Resources, deadline: Instant) -> Packing {
+    let price = |p: &Packing| p.drafts.iter().map(|d| offerings[d.oi].price).sum::<f64>();
+    let finish = |mut classes: Vec<Class>, mut packing: Packing| {
+        greedy::fill(&mut classes, pools, offerings, room_of, &mut packing);
+        right_size(&mut packing.drafts, &classes, offerings, room_of);
+        packing
+    };
+    let greedy = finish(classes.clone(), base.clone());
+    if Instant::now() >= deadline {
+        return greedy;
+    }
+    let mut input = relaxation_input(&classes, offerings, room_of);
+    let Some(first) = relax::solve(&input.items, &input.bins, &[], deadline) else { return greedy };
+    // Keep the whole patterns, the rest greedily.
+    let mut kept = classes.clone();
+    let mut floor = base.clone();
+    prefill(&mut kept, &first, &input, pools, offerings, &mut floor, false);
+    // The pods left by the whole patterns: a small integer program over every pattern found.
+    let mut covered = kept.clone();
+    let mut integral = floor.clone();
+    let residual: Vec<Item> = input.items.iter().zip(&input.class_of).map(|(it, &ci)| Item { count: u32::try_from(kept[ci].pods.len()).unwrap_or(u32::MAX), ..*it }).collect();
+    // Half the time left at most, so sequential rounding has the rest.
+    let now = Instant::now();
+    let half = now + deadline.saturating_duration_since(now) / 2;
+    if let Some(choice) = relax::integer(&residual, &input.bins, &first.patterns, half) {
+        for (p, n) in choice {
+            let (bin, counts) = &first.patterns[p];
+            let col = relax::Column { bin: *bin, counts: counts.clone(), value: f64::from(n) };
+            for _ in 0..n {
+                open(&mut covered, &col, &input, pools, offerings, &mut integral);
+            }
+        }
+    }
+    let integral = finish(covered, integral);
+    let floor = finish(kept, floor);
+    // A small batch: the integer program over every pattern, which is the optimal plan.
+    let optimal = relax::all_patterns(&input.items, &input.bins, SMALL).and_then(|all| {
+        let choice = relax::integer(&input.items, &input.bins, &all, deadline)?;
+        let mut left = classes.clone();
+        let mut packing = base.clone();
+        for (p, n) in choice {
+            let col = relax::Column { bin: all[p].0, counts: all[p].1.clone(), value: f64::from(n) };
+            for _ in 0..n {
+                open(&mut left, &col, &input, pools, offerings, &mut packing);
+            }
+        }
+        Some(finish(left, packing))
+    });
+    // Sequential rounding: keep the whole patterns, else round up the most used one; solve the
+    // relaxation of the pods left (seeded with the patterns found so far) and again, while time
+    // allows.
+    let mut classes = classes;
+    let mut rounded = base;
+    let mut relaxation = first.clone();
+    let mut rounds = 0;
+    while prefill(&mut classes, &relaxation, &input, pools, offerings, &mut rounded, true) {
+        rounds += 1;
+        for (it, &ci) in input.items.iter_mut().zip(&input.class_of) {
+            it.count = u32::try_from(classes[ci].pods.len()).unwrap_or(u32::MAX);
+        }
+        if input.items.iter().all(|it| it.count == 0) || Instant::now() >= deadline {
+            break;
+        }
+        match relax::solve(&input.items, &input.bins, &relaxation.patterns, deadline) {
+            Some(next) => relaxation = next,
+            None => break,
+        }
+    }
+    let sequential = finish(classes, rounded);
+    tracing::debug!(greedy = price(&greedy), floor = price(&floor), integral = price(&integral), sequential = price(&sequential), rounds, bound = first.bound, converged = first.converged, "packing candidates");
+    // The cheapest of those that place the most pods (the greedy one on a tie).
+    let best = [Some(floor), Some(integral), Some(sequential), optimal].into_iter().flatten().fold(greedy, |best, p| {
+        let better = p.unschedulable.len() < best.unschedulable.len() || (p.unschedulable.len() == best.unschedulable.len() && price(&p) < price(&best) * (1.0 - 1e-9));
+        if better { p } else { best }
+    });
+    let mut best = best;
+    if best.unschedulable.is_empty() {
+        best.relaxed_bound = Some(first.bound);
+    }
+    best
+}
+
+/// Most patterns a batch may have for the integer program over all of them.
+const SMALL: usize = 2_000;
+
+/// The relaxation's items and node kinds, with what they stand for.
+struct Input {
+    /// One per class, but classes that must share one node (the greedy pass places them whole).
+    items: Vec<Item>,
+    /// Every (pool, offering) some item may use.
+    bins: Vec<Bin>,
+    /// The slot of each bin.
+    slots: Vec<Slot>,
+    /// The class of each item.
+    class_of: Vec<usize>,
+}
+
+fn relaxation_input(classes: &[Class], offerings: &[Offering], room_of: &dyn Fn(usize, usize) -> Resources) -> Input {
+    let mut groups: BTreeMap<String, usize> = BTreeMap::new();
+    let mut items = Vec::new();
+    let mut item_class = Vec::new();
+    for (ci, c) in classes.iter().enumerate() {
+        if c.colocate || c.pods.is_empty() {
+            continue;
+        }
+        let cap = c.per_node_max.map(|m| {
+            let key = c.spread_group.clone().unwrap_or_else(|| format!("class {ci}"));
+            let next = groups.len();
+            (*groups.entry(key).or_insert(next), u32::try_from(m).unwrap_or(u32::MAX))
+        });
+        let r = c.requests;
+        items.push(Item { count: u32::try_from(c.pods.len()).unwrap_or(u32::MAX), need: [r.cpu_millis, r.memory_bytes, r.pods.max(1), c.gpus], cap });
+        item_class.push(ci);
+    }
+    let mut slots: Vec<Slot> = item_class.iter().flat_map(|&ci| classes[ci].mask.iter().copied()).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    let bins = slots
+        .iter()
+        .map(|&(pi, oi)| {
+            let room = room_of(pi, oi);
+            let o = &offerings[oi];
+            let holds = item_class.iter().enumerate().filter(|(_, &ci)| classes[ci].mask.contains(&(pi, oi))).map(|(i, _)| i).collect();
+            Bin { price: o.price, room: [room.cpu_millis, room.memory_bytes, room.pods, i64::from(o.instance.gpu_count)], items: holds }
+        })
+        .collect();
+    Input { items, bins, slots, class_of: item_class }
+}
+
+/// Open the relaxation's whole patterns as nodes (most used first), as long as their pool's
+/// limits and the pods left allow; when none is whole and `round_up`, one node of the most used
+/// pattern (its pods as far as they are left). False when no node could be opened.
+fn prefill(classes: &mut [Class], r: &Relaxation, input: &Input, pools: &[Pool], offerings: &[Offering], out: &mut Packing, round_up: bool) -> bool {
+    let mut columns: Vec<&relax::Column> = r.columns.iter().collect();
+    columns.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.bin.cmp(&b.bin)));
+    let whole = columns.iter().any(|c| c.value >= 1.0 - 1e-6) || !round_up;
+    let mut opened = false;
+    for col in columns {
+        // Nothing whole: round up the most used pattern alone.
+        let copies = match whole {
+            true => (col.value + 1e-6).floor() as usize,
+            false if !opened => 1,
+            false => 0,
+        };
+        for _ in 0..copies {
+            if !open(classes, col, input, pools, offerings, out) {
+                break;
+            }
+            opened = true;
+        }
+    }
+    opened
+}
+
+/// Open one node of `col`'s pattern with the pods of it that are left. False when its pool's
+/// limits or the pods left do not allow it.
+fn open(classes: &mut [Class], col: &relax::Column, input: &Input, pools: &[Pool], offerings: &[Offering], out: &mut Packing) -> bool {
+    let (pi, oi) = input.slots[col.bin];
+    let o = &offerings[oi];
+    if !within_limits(&pools[pi], out.used[pi], o, 1) {
+        return false;
+    }
+    let mut items = Vec::new();
+    for &(i, k) in &col.counts {
+        let ci = input.class_of[i];
+        let n = (k as usize).min(classes[ci].pods.len());
+        if n > 0 {
+            items.push((ci, classes[ci].pods.drain(..n).collect::<Vec<_>>()));
+        }
+    }
+    if items.is_empty() {
+        return false;
+    }
+    out.used[pi].0 += i64::from(o.instance.vcpu) * 1000;
+    out.used[pi].1 += o.instance.memory_mib as i64 * 1024 * 1024;
+    out.used[pi].2 += 1;
+    out.drafts.push(Draft { pi, oi, items });
+    true
+}
