@@ -240,6 +240,10 @@ pub struct ProvisionerConfig {
     /// Underutilised nodes are replaced only when their pods cost less elsewhere by more than
     /// this percentage of the nodes' price.
     pub consolidation_min_saving_percent: f64,
+    /// How long the packer may spend on one plan's optimisation (the LP relaxation and the plans
+    /// rounded from it) before it keeps its greedy plan; 0: the greedy plan only, and no lower
+    /// bound. Consolidation's re-plans use the same budget.
+    pub packing_budget_seconds: f64,
     /// The coordination Lease (in Archer's namespace) that elects the one provisioning replica.
     pub lease_name: String,
     pub lease_duration_seconds: u64,
@@ -258,6 +262,7 @@ impl Default for ProvisionerConfig {
             disruption_grace_seconds: 30,
             consolidation_validation_seconds: 15.0,
             consolidation_min_saving_percent: 2.0,
+            packing_budget_seconds: 2.0,
             lease_name: "archer-provisioner".into(),
             lease_duration_seconds: 15,
         }
@@ -291,7 +296,15 @@ impl ProvisionerConfig {
         if !(self.consolidation_min_saving_percent >= 0.0 && self.consolidation_min_saving_percent < 100.0) {
             return Err(ConfigError::Invalid("provisioner.consolidationMinSavingPercent must be at least 0 and below 100".into()));
         }
+        if !(self.packing_budget_seconds >= 0.0 && self.packing_budget_seconds <= 60.0) {
+            return Err(ConfigError::Invalid("provisioner.packingBudgetSeconds must be between 0 and 60".into()));
+        }
         Ok(())
+    }
+
+    /// [`Self::packing_budget_seconds`] as a duration.
+    pub fn packing_budget(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.packing_budget_seconds.clamp(0.0, 60.0))
     }
 
     /// [`Self::consolidation_min_saving_percent`] as a fraction.
@@ -472,5 +485,10 @@ webhook:
         assert!(provisioner(ProvisionerConfig { consolidation_min_saving_percent: f64::NAN, ..Default::default() }).is_err());
         assert!(provisioner(ProvisionerConfig { consolidation_validation_seconds: -1.0, ..Default::default() }).is_err_and(|e| e.contains("consolidationValidationSeconds")));
         assert_eq!(ProvisionerConfig::default().min_saving_fraction(), 0.02);
+        assert!(provisioner(ProvisionerConfig { packing_budget_seconds: -0.5, ..Default::default() }).is_err_and(|e| e.contains("packingBudgetSeconds")));
+        assert!(provisioner(ProvisionerConfig { packing_budget_seconds: f64::NAN, ..Default::default() }).is_err());
+        assert_eq!(ProvisionerConfig::default().packing_budget(), std::time::Duration::from_secs(2));
+        let parsed: Config = crate::yaml::from_str("provisioner: {packingBudgetSeconds: 0.5}").expect("config");
+        assert_eq!(parsed.provisioner.packing_budget(), std::time::Duration::from_millis(500));
     }
 }

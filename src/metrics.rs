@@ -45,6 +45,8 @@ pub struct Metrics {
     /// Provisioning batches run, and how long deciding + launching took.
     pub provisioner_batches: Counter,
     pub provisioner_batch_seconds: Histogram,
+    /// Per batch with new nodes: their price over the LP lower bound for the same pods.
+    pub plan_cost_ratio: Histogram,
     /// Nodes launched, by pool.
     pub nodes_launched: Family<Labels, Counter>,
     /// Launches that failed (retried), by provider.
@@ -110,6 +112,7 @@ impl Metrics {
         root.register("registry_requests", "Registry HTTP requests answered (manifests, blobs, tokens)", registry_requests.clone());
         let provisioner_batches = Counter::default();
         let provisioner_batch_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let plan_cost_ratio = Histogram::new([1.0, 1.005, 1.01, 1.02, 1.03, 1.05, 1.1, 1.25, 1.5, 2.0]);
         let nodes_launched = Family::<Labels, Counter>::default();
         let launch_errors = Family::<Labels, Counter>::default();
         let nodes_terminated = Family::<Labels, Counter>::default();
@@ -120,6 +123,7 @@ impl Metrics {
         let leader = prometheus_client::metrics::gauge::Gauge::default();
         root.register("provisioner_batches", "Provisioning batches decided", provisioner_batches.clone());
         root.register("provisioner_batch_duration_seconds", "Time to decide and launch one batch", provisioner_batch_seconds.clone());
+        root.register("provisioner_plan_cost_ratio", "Per batch that buys nodes: their price over the lower bound no plan for the same pods can beat (1 = optimal)", plan_cost_ratio.clone());
         root.register("nodes_launched", "Nodes launched, by pool", nodes_launched.clone());
         root.register("node_launch_errors", "Node launches that failed and will be retried, by provider", launch_errors.clone());
         root.register("nodes_terminated", "Nodes removed, by reason", nodes_terminated.clone());
@@ -128,7 +132,7 @@ impl Metrics {
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { provisioner_batches, provisioner_batch_seconds, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, connections_refused, connection_timeouts, connections_open }
+        Self { provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, connections_refused, connection_timeouts, connections_open }
     }
 
     /// Export the memory budget's gauge and refusal counter.

@@ -50,7 +50,7 @@ fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platf
     let nodes: Vec<&k8s_openapi::api::core::v1::Node> = s.nodes.iter().collect();
     let pods: Vec<&k8s_openapi::api::core::v1::Pod> = s.bound.iter().collect();
     let volumes = s.volumes();
-    let world = consolidation::World { nodes: &nodes, claims: &[], pods: &pods, namespaces: &[], pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms };
+    let world = consolidation::World { nodes: &nodes, claims: &[], pods: &pods, namespaces: &[], pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms, budget: crate::core::packer::DEFAULT_BUDGET };
     let by_node = state::usage_by_node(pods.iter().copied());
     let mut out = Vec::new();
     for np in &s.pools {
@@ -122,7 +122,25 @@ fn plan_json(plan: &Plan) -> serde_json::Value {
         by_node.entry(node).or_default().push(pod);
     }
     let existing: Vec<serde_json::Value> = by_node.into_iter().map(|(node, pods)| json!({"node": node, "pods": pods})).collect();
-    json!({"nodes": plan.nodes, "existing": existing, "unschedulable": plan.unschedulable, "totalPricePerHour": round(plan.total_price_per_hour)})
+    let bound = (plan.lower_bound_per_hour > 0.0).then(|| round(plan.lower_bound_per_hour));
+    json!({"nodes": plan.nodes, "existing": existing, "unschedulable": plan.unschedulable, "totalPricePerHour": round(plan.total_price_per_hour), "lowerBoundPerHour": bound})
+}
+
+/// How far the plan's new nodes are from the lower bound no plan can beat, for people.
+fn bound_line(plan: &Plan) -> Option<String> {
+    if plan.nodes.is_empty() {
+        return None;
+    }
+    let bound = plan.lower_bound_per_hour;
+    if bound <= 0.0 {
+        return Some("lower bound: not known for this plan (the packer's time budget ran out, or some pods could not be placed)".into());
+    }
+    let gap = 100.0 * (plan.total_price_per_hour / bound - 1.0);
+    Some(if gap < 0.05 {
+        format!("at the lower bound (${bound:.4}/hour): no plan is cheaper")
+    } else {
+        format!("within {gap:.1}% of the lower bound (${bound:.4}/hour): no plan for these pods costs less than the bound")
+    })
 }
 
 fn round(p: f64) -> f64 {
@@ -131,6 +149,9 @@ fn round(p: f64) -> f64 {
 
 fn print_plan(title: &str, plan: &Plan) {
     println!("{title}: {} new node(s), ${:.4}/hour", plan.nodes.len(), plan.total_price_per_hour);
+    if let Some(line) = bound_line(plan) {
+        println!("  {line}");
+    }
     if !plan.nodes.is_empty() {
         println!("  {:<14} {:<10} {:<14} {:<6} {:<11} {:<10} {:>8}  PODS", "NODE", "POOL", "TYPE", "ARCH", "ZONE", "CAPACITY", "$/HOUR");
         for n in &plan.nodes {

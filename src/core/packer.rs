@@ -17,6 +17,7 @@ use crate::catalog::{CapacityType, InstanceType};
 
 mod greedy;
 mod knapsack;
+mod merge;
 mod relax;
 mod rounding;
 

@@ -13,7 +13,7 @@ use super::model;
 use super::nodeclaim::NodeClaim;
 use super::state;
 use crate::core::packer::{Offering, Plan, PlannedNode, Pool};
-use crate::core::planner::{plan_batch, Pending};
+use crate::core::planner::{plan_batch_within, Pending};
 use crate::core::platform::PlatformSet;
 use crate::core::sched::Volumes;
 
@@ -42,6 +42,8 @@ pub struct World<'a> {
     pub volumes: &'a Volumes,
     /// The platforms of a pod's images (resolved by the caller; `None`: unknown).
     pub platforms: &'a (dyn Fn(&Pod) -> Option<PlatformSet> + Sync),
+    /// The packer's time budget for each re-plan.
+    pub budget: std::time::Duration,
 }
 
 /// One disruption: the nodes that go, why, what replaces them and the saving per hour.
@@ -85,7 +87,7 @@ pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
         })
         .collect();
     let snapshot = model::cluster_snapshot(world.nodes, world.claims, world.pods, world.namespaces, world.pools, &|n: &str| leaving.contains(&n));
-    let plan = plan_batch(&snapshot, &batch, world.pools, world.offerings);
+    let plan = plan_batch_within(&snapshot, &batch, world.pools, world.offerings, world.budget);
     plan.unschedulable.is_empty().then_some(plan)
 }
 

@@ -61,6 +61,8 @@ pub(super) struct Relaxation {
 
 /// Most patterns added per round (the best of each node kind, best first).
 const PATTERNS_PER_ROUND: usize = 40;
+/// Search nodes times items per knapsack search, at most (a node's bound reads every item).
+const WORK_PER_SEARCH: usize = 400_000;
 /// Relative margin a pattern's value must beat its price by to be added.
 const IMPROVES: f64 = 1e-7;
 
@@ -95,14 +97,14 @@ pub(super) fn solve(items: &[Item], bins: &[Bin], seed: &[Pattern], deadline: In
     loop {
         let duals: Vec<f64> = y.iter().map(|&v| solution.var_value(v).max(0.0)).collect();
         let dual_value: f64 = duals.iter().zip(items).map(|(d, it)| d * f64::from(it.count)).sum();
-        let (mut theta, found) = price(items, &bins, &duals, NODE_BUDGET);
-        if found.is_empty() && theta > 1.0 + 1e-6 {
+        let (mut theta, found) = price(items, &bins, &duals, NODE_BUDGET, deadline);
+        if found.is_empty() && theta.is_finite() && theta > 1.0 + 1e-6 {
             // Nothing improves, but some searches were cut short: prove it with a longer search.
-            theta = price(items, &bins, &duals, 16 * NODE_BUDGET).0;
+            theta = theta.min(price(items, &bins, &duals, 16 * NODE_BUDGET, deadline).0);
         }
         best_bound = best_bound.max(dual_value / theta.max(1.0));
         if found.is_empty() {
-            converged = true;
+            converged = theta.is_finite();
             break;
         }
         if Instant::now() >= deadline {
@@ -165,14 +167,19 @@ fn cheapest_single(items: &[Item], bins: &[&Bin], i: usize) -> Option<Pattern> {
 }
 
 /// At dual prices `duals`: the largest proven ratio of a pattern's value to its price over every
-/// bin (at least 1 when the duals are feasible for the patterns so far), and the improving
-/// patterns found, best first.
-fn price(items: &[Item], bins: &[&Bin], duals: &[f64], budget: usize) -> (f64, Vec<Pattern>) {
+/// bin (at least 1 when the duals are feasible for the patterns so far; infinite when the
+/// deadline stopped the pricing before every bin), and the improving patterns found, best first.
+/// Each bin's search is held to `budget` nodes, fewer when it has many items.
+fn price(items: &[Item], bins: &[&Bin], duals: &[f64], budget: usize, deadline: Instant) -> (f64, Vec<Pattern>) {
     let groups = items.iter().filter_map(|it| it.cap.map(|(g, _)| g + 1)).max().unwrap_or(0);
     let mut theta = 0.0f64;
     // (value per unit of price, bin, pattern counts)
     let mut found: Vec<(f64, Pattern)> = Vec::new();
     for (bi, b) in bins.iter().enumerate() {
+        if Instant::now() >= deadline {
+            theta = f64::INFINITY;
+            break;
+        }
         let entries: Vec<Entry> = b
             .items
             .iter()
@@ -186,7 +193,7 @@ fn price(items: &[Item], bins: &[&Bin], duals: &[f64], budget: usize) -> (f64, V
         let mut room = b.room.to_vec();
         room.extend((0..groups).map(|g| items.iter().filter_map(|it| it.cap).find(|&(cg, _)| cg == g).map_or(i64::MAX, |(_, c)| i64::from(c))));
         // A bin whose best mix cannot beat its price, even fractionally, adds nothing.
-        let answer = best_mix(&entries, &room, b.price, budget);
+        let answer = best_mix(&entries, &room, b.price, budget.min(WORK_PER_SEARCH / entries.len().max(1)).max(64));
         theta = theta.max(answer.upper / b.price);
         if answer.value > b.price * (1.0 + IMPROVES) {
             let counts = answer.mix.into_iter().map(|(e, k)| (b.items[e], k)).collect();

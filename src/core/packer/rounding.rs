@@ -5,19 +5,23 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::relax::{self, Bin, Item, Relaxation};
-use super::{greedy, right_size, within_limits, Class, Draft, Offering, Packing, Pool, Resources, Slot};
+use super::{greedy, merge, right_size, within_limits, Class, Draft, Offering, Packing, Pool, Resources, Slot};
 
-/// The cheaper of the greedy plan and the plan rounded from the relaxation (which must place at
-/// least as many pods). The relaxation's bound is attached when the plan places every pod of
-/// `classes`: it is then a lower bound on any plan for them.
+/// The cheapest of the greedy plan and the plans rounded from the relaxation (those that place
+/// the most pods; the greedy one on a tie). Candidates past the greedy one are only computed
+/// while `deadline` allows. The relaxation's bound is attached when the plan places every pod
+/// of `classes`: it is then a lower bound on any plan for them.
 pub(super) fn best_packing(classes: Vec<Class>, base: Packing, pools: &[Pool], offerings: &[Offering], room_of: &dyn Fn(usize, usize) -> Resources, deadline: Instant) -> Packing {
-    let price = |p: &Packing| p.drafts.iter().map(|d| offerings[d.oi].price).sum::<f64>();
-    let finish = |mut classes: Vec<Class>, mut packing: Packing| {
-        greedy::fill(&mut classes, pools, offerings, room_of, &mut packing);
-        right_size(&mut packing.drafts, &classes, offerings, room_of);
-        packing
-    };
-    let greedy = finish(classes.clone(), base.clone());
+    let r = Rounding { pools, offerings, room_of, base };
+    if Instant::now() >= deadline {
+        // No time at all: the greedy plan as it comes.
+        let mut left = classes;
+        let mut packing = r.base.clone();
+        greedy::fill(&mut left, pools, offerings, room_of, &mut packing);
+        right_size(&mut packing.drafts, &left, offerings, room_of);
+        return packing;
+    }
+    let greedy = r.finish(classes.clone(), r.base.clone());
     if Instant::now() >= deadline {
         return greedy;
     }
@@ -25,71 +29,98 @@ pub(super) fn best_packing(classes: Vec<Class>, base: Packing, pools: &[Pool], o
     let Some(first) = relax::solve(&input.items, &input.bins, &[], deadline) else { return greedy };
     // Keep the whole patterns, the rest greedily.
     let mut kept = classes.clone();
-    let mut floor = base.clone();
-    prefill(&mut kept, &first, &input, pools, offerings, &mut floor, false);
-    // The pods left by the whole patterns: a small integer program over every pattern found.
-    let mut covered = kept.clone();
-    let mut integral = floor.clone();
-    let residual: Vec<Item> = input.items.iter().zip(&input.class_of).map(|(it, &ci)| Item { count: u32::try_from(kept[ci].pods.len()).unwrap_or(u32::MAX), ..*it }).collect();
-    // Half the time left at most, so sequential rounding has the rest.
-    let now = Instant::now();
-    let half = now + deadline.saturating_duration_since(now) / 2;
-    if let Some(choice) = relax::integer(&residual, &input.bins, &first.patterns, half) {
-        for (p, n) in choice {
-            let (bin, counts) = &first.patterns[p];
-            let col = relax::Column { bin: *bin, counts: counts.clone(), value: f64::from(n) };
-            for _ in 0..n {
-                open(&mut covered, &col, &input, pools, offerings, &mut integral);
-            }
-        }
+    let mut whole = r.base.clone();
+    prefill(&mut kept, &first, &input, pools, offerings, &mut whole, false);
+    let mut candidates = Vec::new();
+    if Instant::now() < deadline {
+        // Half the time left at most, so the others have the rest.
+        let now = Instant::now();
+        candidates.push(r.integral(kept.clone(), whole.clone(), &first, &input, now + deadline.saturating_duration_since(now) / 2));
     }
-    let integral = finish(covered, integral);
-    let floor = finish(kept, floor);
-    // A small batch: the integer program over every pattern, which is the optimal plan.
-    let optimal = relax::all_patterns(&input.items, &input.bins, SMALL).and_then(|all| {
-        let choice = relax::integer(&input.items, &input.bins, &all, deadline)?;
-        let mut left = classes.clone();
-        let mut packing = base.clone();
-        for (p, n) in choice {
-            let col = relax::Column { bin: all[p].0, counts: all[p].1.clone(), value: f64::from(n) };
-            for _ in 0..n {
-                open(&mut left, &col, &input, pools, offerings, &mut packing);
-            }
-        }
-        Some(finish(left, packing))
-    });
-    // Sequential rounding: keep the whole patterns, else round up the most used one; solve the
-    // relaxation of the pods left (seeded with the patterns found so far) and again, while time
-    // allows.
-    let mut classes = classes;
-    let mut rounded = base;
-    let mut relaxation = first.clone();
-    let mut rounds = 0;
-    while prefill(&mut classes, &relaxation, &input, pools, offerings, &mut rounded, true) {
-        rounds += 1;
-        for (it, &ci) in input.items.iter_mut().zip(&input.class_of) {
-            it.count = u32::try_from(classes[ci].pods.len()).unwrap_or(u32::MAX);
-        }
-        if input.items.iter().all(|it| it.count == 0) || Instant::now() >= deadline {
-            break;
-        }
-        match relax::solve(&input.items, &input.bins, &relaxation.patterns, deadline) {
-            Some(next) => relaxation = next,
-            None => break,
-        }
+    candidates.push(r.finish(kept, whole));
+    if Instant::now() < deadline {
+        candidates.extend(r.optimal(&classes, &input, deadline));
     }
-    let sequential = finish(classes, rounded);
-    tracing::debug!(greedy = price(&greedy), floor = price(&floor), integral = price(&integral), sequential = price(&sequential), rounds, bound = first.bound, converged = first.converged, "packing candidates");
-    // The cheapest of those that place the most pods (the greedy one on a tie).
-    let best = [Some(floor), Some(integral), Some(sequential), optimal].into_iter().flatten().fold(greedy, |best, p| {
+    if Instant::now() < deadline {
+        candidates.push(r.sequential(classes, first.clone(), &mut input, deadline));
+    }
+    let price = |p: &Packing| p.drafts.iter().map(|d| offerings[d.oi].price).sum::<f64>();
+    tracing::debug!(greedy = price(&greedy), candidates = ?candidates.iter().map(price).collect::<Vec<_>>(), bound = first.bound, converged = first.converged, "packing candidates");
+    let mut best = candidates.into_iter().fold(greedy, |best, p| {
         let better = p.unschedulable.len() < best.unschedulable.len() || (p.unschedulable.len() == best.unschedulable.len() && price(&p) < price(&best) * (1.0 - 1e-9));
         if better { p } else { best }
     });
-    let mut best = best;
-    if best.unschedulable.is_empty() {
+    if best.unschedulable.is_empty() && first.bound > 0.0 {
         best.relaxed_bound = Some(first.bound);
     }
     best
+}
+
+/// What every rounding shares.
+struct Rounding<'a> {
+    pools: &'a [Pool],
+    offerings: &'a [Offering],
+    room_of: &'a dyn Fn(usize, usize) -> Resources,
+    base: Packing,
+}
+
+impl Rounding<'_> {
+    /// The pods left packed greedily, then every node right-sized and pairs merged.
+    fn finish(&self, mut classes: Vec<Class>, mut packing: Packing) -> Packing {
+        greedy::fill(&mut classes, self.pools, self.offerings, self.room_of, &mut packing);
+        right_size(&mut packing.drafts, &classes, self.offerings, self.room_of);
+        merge::merge_pairs(&mut packing.drafts, &classes, self.offerings, self.room_of);
+        packing
+    }
+
+    /// Open `n` nodes of each chosen pattern with the pods of it left.
+    fn open_all(&self, classes: &mut [Class], packing: &mut Packing, input: &Input, patterns: &[relax::Pattern], choice: Vec<(usize, u32)>) {
+        for (p, n) in choice {
+            let col = relax::Column { bin: patterns[p].0, counts: patterns[p].1.clone(), value: f64::from(n) };
+            for _ in 0..n {
+                open(classes, &col, input, self.pools, self.offerings, packing);
+            }
+        }
+    }
+
+    /// The pods the whole patterns left: an integer program over every pattern found.
+    fn integral(&self, mut left: Vec<Class>, mut packing: Packing, first: &Relaxation, input: &Input, deadline: Instant) -> Packing {
+        let residual: Vec<Item> = input.items.iter().zip(&input.class_of).map(|(it, &ci)| Item { count: u32::try_from(left[ci].pods.len()).unwrap_or(u32::MAX), ..*it }).collect();
+        if let Some(choice) = relax::integer(&residual, &input.bins, &first.patterns, deadline) {
+            self.open_all(&mut left, &mut packing, input, &first.patterns, choice);
+        }
+        self.finish(left, packing)
+    }
+
+    /// A small batch: the integer program over every pattern, which is the optimal plan.
+    fn optimal(&self, classes: &[Class], input: &Input, deadline: Instant) -> Option<Packing> {
+        let all = relax::all_patterns(&input.items, &input.bins, SMALL)?;
+        let choice = relax::integer(&input.items, &input.bins, &all, deadline)?;
+        let mut left = classes.to_vec();
+        let mut packing = self.base.clone();
+        self.open_all(&mut left, &mut packing, input, &all, choice);
+        Some(self.finish(left, packing))
+    }
+
+    /// Sequential rounding: keep the whole patterns, else round up the most used one; solve the
+    /// relaxation of the pods left (seeded with the patterns found so far) and again, while time
+    /// allows.
+    fn sequential(&self, mut classes: Vec<Class>, mut relaxation: Relaxation, input: &mut Input, deadline: Instant) -> Packing {
+        let mut packing = self.base.clone();
+        while prefill(&mut classes, &relaxation, input, self.pools, self.offerings, &mut packing, true) {
+            for (it, &ci) in input.items.iter_mut().zip(&input.class_of) {
+                it.count = u32::try_from(classes[ci].pods.len()).unwrap_or(u32::MAX);
+            }
+            if input.items.iter().all(|it| it.count == 0) || Instant::now() >= deadline {
+                break;
+            }
+            match relax::solve(&input.items, &input.bins, &relaxation.patterns, deadline) {
+                Some(next) => relaxation = next,
+                None => break,
+            }
+        }
+        self.finish(classes, packing)
+    }
 }
 
 /// Most patterns a batch may have for the integer program over all of them.
