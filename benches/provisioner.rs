@@ -274,7 +274,7 @@ fn main() {
         let offers = karpenter_types();
         let pool: Pool = default_pool.to_pool().expect("pool");
         println!("karpenter-shaped: 400 synthetic types, {} offerings", offers.len());
-        for n in [100, 1_000, 5_000, 20_000] {
+        for n in std::env::var("ARCHER_BENCH_SIZES").ok().map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect::<Vec<usize>>()).unwrap_or_else(|| vec![100, 1_000, 5_000, 20_000]) {
             let pods = karpenter_workload(n, &mut Rng(42));
             let (plan, mean, peak) = measure(&pods, std::slice::from_ref(&pool), &offers);
             report("karpenter", n, &plan, mean, peak);

@@ -27,6 +27,13 @@ pub(super) struct Answer {
 /// Search nodes per call before the search settles for its best mix and the root's bound.
 pub(super) const NODE_BUDGET: usize = 4_000;
 
+/// What no mix of `entries` within `room` can be worth more than: the root bound of
+/// [`best_mix`]'s search, without the search.
+pub(super) fn upper_bound(entries: &[Entry], room: &[i64]) -> f64 {
+    let live: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].value > 0.0 && entries[i].most > 0 && fits_once(&entries[i].need, room)).collect();
+    bound_weights(entries, &live, room).iter().map(|w| fractional(entries, &live, room, w)).fold(f64::INFINITY, f64::min)
+}
+
 /// The most valuable mix of `entries` within `room` (one value per dimension) worth more than
 /// `floor` (a node's price: cheaper mixes do not matter, which lets the search prune early).
 pub(super) fn best_mix(entries: &[Entry], room: &[i64], floor: f64, budget: usize) -> Answer {

@@ -61,6 +61,8 @@ pub(super) struct Relaxation {
 
 /// Most patterns added per round (the best of each node kind, best first).
 const PATTERNS_PER_ROUND: usize = 40;
+/// Bins searched per pricing round (the most promising by their fractional bound).
+const SEARCHED_PER_ROUND: usize = 48;
 /// Search nodes times items per knapsack search, at most (a node's bound reads every item).
 const WORK_PER_SEARCH: usize = 400_000;
 /// Relative margin a pattern's value must beat its price by to be added.
@@ -169,40 +171,77 @@ fn cheapest_single(items: &[Item], bins: &[&Bin], i: usize) -> Option<Pattern> {
 /// At dual prices `duals`: the largest proven ratio of a pattern's value to its price over every
 /// bin (at least 1 when the duals are feasible for the patterns so far; infinite when the
 /// deadline stopped the pricing before every bin), and the improving patterns found, best first.
-/// Each bin's search is held to `budget` nodes, fewer when it has many items.
+/// Partial pricing: every bin's fractional bound first (cheap), then a search, held to `budget`
+/// nodes (fewer when it has many items), in the [`SEARCHED_PER_ROUND`] bins whose bound promises
+/// most, and beyond them only until an improving pattern is found; the others' ratio is their
+/// bound.
 fn price(items: &[Item], bins: &[&Bin], duals: &[f64], budget: usize, deadline: Instant) -> (f64, Vec<Pattern>) {
-    let groups = items.iter().filter_map(|it| it.cap.map(|(g, _)| g + 1)).max().unwrap_or(0);
+    let mut knapsacks = Vec::with_capacity(bins.len());
+    for b in bins {
+        if Instant::now() >= deadline {
+            return (f64::INFINITY, Vec::new());
+        }
+        let (entries, room) = knapsack_of(items, b, duals);
+        let ratio = super::knapsack::upper_bound(&entries, &room) / b.price;
+        knapsacks.push((ratio, entries, room));
+    }
+    let mut order: Vec<usize> = (0..bins.len()).collect();
+    order.sort_by(|&a, &b| knapsacks[b].0.total_cmp(&knapsacks[a].0).then(a.cmp(&b)));
     let mut theta = 0.0f64;
     // (value per unit of price, bin, pattern counts)
     let mut found: Vec<(f64, Pattern)> = Vec::new();
-    for (bi, b) in bins.iter().enumerate() {
-        if Instant::now() >= deadline {
-            theta = f64::INFINITY;
-            break;
+    for (rank, &bi) in order.iter().enumerate() {
+        let (ratio, entries, room) = &knapsacks[bi];
+        // Past the first bins, search on only while nothing improving has been found.
+        if (rank >= SEARCHED_PER_ROUND && !found.is_empty()) || *ratio <= 1.0 + IMPROVES {
+            theta = theta.max(*ratio);
+            continue;
         }
-        let entries: Vec<Entry> = b
-            .items
-            .iter()
-            .map(|&i| {
-                let it = &items[i];
-                let mut need = it.need.to_vec();
-                need.extend((0..groups).map(|g| i64::from(it.cap.is_some_and(|(cg, _)| cg == g))));
-                Entry { need, most: it.cap.map_or(it.count, |(_, c)| it.count.min(c)), value: duals[i] }
-            })
-            .collect();
-        let mut room = b.room.to_vec();
-        room.extend((0..groups).map(|g| items.iter().filter_map(|it| it.cap).find(|&(cg, _)| cg == g).map_or(i64::MAX, |(_, c)| i64::from(c))));
-        // A bin whose best mix cannot beat its price, even fractionally, adds nothing.
-        let answer = best_mix(&entries, &room, b.price, budget.min(WORK_PER_SEARCH / entries.len().max(1)).max(64));
+        if Instant::now() >= deadline {
+            return (f64::INFINITY, found_patterns(found));
+        }
+        let b = bins[bi];
+        let answer = best_mix(entries, room, b.price, budget.min(WORK_PER_SEARCH / entries.len().max(1)).max(64));
         theta = theta.max(answer.upper / b.price);
         if answer.value > b.price * (1.0 + IMPROVES) {
             let counts = answer.mix.into_iter().map(|(e, k)| (b.items[e], k)).collect();
             found.push((answer.value / b.price, (bi, counts)));
         }
     }
+    (theta, found_patterns(found))
+}
+
+/// The best [`PATTERNS_PER_ROUND`] of `found`, best first.
+fn found_patterns(mut found: Vec<(f64, Pattern)>) -> Vec<Pattern> {
     found.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1 .0.cmp(&b.1 .0)));
     found.truncate(PATTERNS_PER_ROUND);
-    (theta, found.into_iter().map(|(_, p)| p).collect())
+    found.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The pricing knapsack of bin `b` at `duals`: its items' needs and its room, plus one
+/// dimension per cap group shared by two or more of its items (a group of one is its item's
+/// bound on count).
+fn knapsack_of(items: &[Item], b: &Bin, duals: &[f64]) -> (Vec<Entry>, Vec<i64>) {
+    let mut shared: Vec<(usize, u32)> = Vec::new();
+    for (g, c) in b.items.iter().filter_map(|&i| items[i].cap) {
+        let members = b.items.iter().filter(|&&j| items[j].cap.is_some_and(|(h, _)| h == g)).count();
+        if members >= 2 && !shared.iter().any(|&(h, _)| h == g) {
+            shared.push((g, c));
+        }
+    }
+    let entries = b
+        .items
+        .iter()
+        .map(|&i| {
+            let it = &items[i];
+            let mut need = it.need.to_vec();
+            need.extend(shared.iter().map(|&(g, _)| i64::from(it.cap.is_some_and(|(h, _)| h == g))));
+            Entry { need, most: it.cap.map_or(it.count, |(_, c)| it.count.min(c)), value: duals[i] }
+        })
+        .collect();
+    let mut room = b.room.to_vec();
+    room.extend(shared.iter().map(|&(_, c)| i64::from(c)));
+    (entries, room)
 }
 
 /// The master LP over `patterns`: how many of each to buy, at the least price covering every

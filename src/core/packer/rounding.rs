@@ -1,7 +1,6 @@
 //! The plan from the LP relaxation: its whole patterns kept as nodes, the rest packed greedily,
 //! every node right-sized; kept when it is cheaper than the greedy plan.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::relax::{self, Bin, Item, Relaxation};
@@ -139,20 +138,19 @@ struct Input {
 }
 
 fn relaxation_input(classes: &[Class], offerings: &[Offering], room_of: &dyn Fn(usize, usize) -> Resources) -> Input {
-    let mut groups: BTreeMap<String, usize> = BTreeMap::new();
     let mut items = Vec::new();
     let mut item_class = Vec::new();
     for (ci, c) in classes.iter().enumerate() {
-        if c.colocate || c.pods.is_empty() {
+        // Classes with hostname rules (spread over nodes, anti-affinity or affinity to their own
+        // group) are left to the greedy pass: kube-scheduler's hostname spread is a skew over
+        // every node, not a per-node cap, and plans rounded from per-node caps sent the
+        // planner's check into rounds of repacking (20,000 Karpenter-shaped pods: 22 s).
+        // The bound over the other classes is still a bound for the whole batch.
+        if c.colocate || c.per_node_max.is_some() || c.pods.is_empty() {
             continue;
         }
-        let cap = c.per_node_max.map(|m| {
-            let key = c.spread_group.clone().unwrap_or_else(|| format!("class {ci}"));
-            let next = groups.len();
-            (*groups.entry(key).or_insert(next), u32::try_from(m).unwrap_or(u32::MAX))
-        });
         let r = c.requests;
-        items.push(Item { count: u32::try_from(c.pods.len()).unwrap_or(u32::MAX), need: [r.cpu_millis, r.memory_bytes, r.pods.max(1), c.gpus], cap });
+        items.push(Item { count: u32::try_from(c.pods.len()).unwrap_or(u32::MAX), need: [r.cpu_millis, r.memory_bytes, r.pods.max(1), c.gpus], cap: None });
         item_class.push(ci);
     }
     let mut slots: Vec<Slot> = item_class.iter().flat_map(|&ci| classes[ci].mask.iter().copied()).collect();
