@@ -20,9 +20,21 @@ mod knapsack;
 mod merge;
 mod relax;
 mod rounding;
+mod split;
 
 /// How long the packer may spend on the optimal plan before it keeps the greedy one.
 pub const DEFAULT_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+/// What a batch earns of the budget per pod it packs, and at least: a small batch is decided in
+/// tens of milliseconds (its plan is good sooner), a large one up to the whole budget.
+const BUDGET_PER_POD: std::time::Duration = std::time::Duration::from_micros(400);
+const MIN_BUDGET: std::time::Duration = std::time::Duration::from_millis(30);
+
+/// The part of `budget` a batch of `pods` pods may spend on the optimal plan: 0.4 ms a pod,
+/// at least 30 ms, at most `budget` (zero stays zero: the greedy plan alone).
+pub fn batch_budget(budget: std::time::Duration, pods: usize) -> std::time::Duration {
+    let earned = BUDGET_PER_POD.saturating_mul(u32::try_from(pods).unwrap_or(u32::MAX));
+    earned.max(MIN_BUDGET).min(budget)
+}
 
 /// A pod waiting for capacity.
 #[derive(Debug, Clone)]
@@ -741,3 +753,21 @@ pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], 
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod budget_tests {
+    use super::batch_budget;
+    use std::time::Duration;
+
+    #[test]
+    fn the_budget_grows_with_the_batch_within_its_bounds() {
+        let two = Duration::from_secs(2);
+        assert_eq!(batch_budget(two, 0), Duration::from_millis(30));
+        assert_eq!(batch_budget(two, 10), Duration::from_millis(30));
+        assert_eq!(batch_budget(two, 1_000), Duration::from_millis(400));
+        assert_eq!(batch_budget(two, 5_000), two);
+        assert_eq!(batch_budget(two, usize::MAX), two);
+        assert_eq!(batch_budget(Duration::ZERO, 1_000), Duration::ZERO);
+        assert_eq!(batch_budget(Duration::from_millis(10), 1_000), Duration::from_millis(10));
+    }
+}

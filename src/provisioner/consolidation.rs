@@ -13,6 +13,7 @@ use super::model;
 use super::nodeclaim::NodeClaim;
 use super::state;
 use crate::core::packer::{Offering, Plan, PlannedNode, Pool};
+use crate::core::packer::batch_budget;
 use crate::core::planner::{plan_batch_within, Pending};
 use crate::core::platform::PlatformSet;
 use crate::core::sched::Volumes;
@@ -87,7 +88,7 @@ pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
         })
         .collect();
     let snapshot = model::cluster_snapshot(world.nodes, world.claims, world.pods, world.namespaces, world.pools, &|n: &str| leaving.contains(&n));
-    let plan = plan_batch_within(&snapshot, &batch, world.pools, world.offerings, world.budget);
+    let plan = plan_batch_within(&snapshot, &batch, world.pools, world.offerings, batch_budget(world.budget, batch.len()));
     plan.unschedulable.is_empty().then_some(plan)
 }
 

@@ -25,6 +25,7 @@ use crate::catalog::Catalog;
 use crate::cluster::{reflect_with, ClusterView, PodPlatforms};
 use crate::config::ProvisionerConfig;
 use crate::core::packer::{Offering, Plan, PlannedNode, Pool};
+use crate::core::packer::batch_budget;
 use crate::core::planner::{plan_batch_within, Pending};
 use crate::core::sched::{Snapshot, Volumes};
 
@@ -289,7 +290,7 @@ impl Provisioner {
         let plan = if pools.is_empty() {
             Plan { unschedulable: batch.iter().map(|p| crate::core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
         } else {
-            tokio::task::block_in_place(|| plan_batch_within(&snapshot, &batch, &pools, offerings, self.settings.packing_budget()))
+            tokio::task::block_in_place(|| plan_batch_within(&snapshot, &batch, &pools, offerings, batch_budget(self.settings.packing_budget(), batch.len())))
         };
         if !plan.nodes.is_empty() && plan.lower_bound_per_hour > 0.0 {
             self.metrics.plan_cost_ratio.observe(plan.total_price_per_hour / plan.lower_bound_per_hour);

@@ -1,15 +1,19 @@
 //! The pricing problem of column generation: the most valuable mix of pods one node holds.
 //!
-//! A bounded multi-dimensional knapsack (cpu, memory, pod slots, GPUs, and one dimension per
-//! per-node cap group), solved exactly by depth-first branch and bound when it finishes within a
-//! node budget. Whatever happens, [`Answer::upper`] is a proven upper bound on the best mix's
-//! value, which is what keeps the relaxation's lower bound valid when the search is cut short.
+//! A bounded knapsack in four dimensions (cpu, memory, pod slots, GPUs), solved exactly by
+//! depth-first branch and bound when it finishes within a node budget. Whatever happens,
+//! [`Answer::upper`] is a proven upper bound on the best mix's value (when the search is cut
+//! short, the largest bound of the subtrees it left unexplored), which is what keeps the
+//! relaxation's lower bound valid.
+
+/// Dimensions of a pod's needs and a node's room: cpu millis, memory bytes, pod slots, GPUs.
+pub(super) const DIMS: usize = 4;
 
 /// One kind of pod that may go on the node.
 pub(super) struct Entry {
     /// What one pod takes, per dimension.
-    pub need: Vec<i64>,
-    /// How many of them there are at most (pods left, per-node cap).
+    pub need: [i64; DIMS],
+    /// How many of them there are at most (pods left).
     pub most: u32,
     /// Its value (the dual price of its class).
     pub value: f64,
@@ -24,59 +28,65 @@ pub(super) struct Answer {
     pub upper: f64,
 }
 
-/// Search nodes per call before the search settles for its best mix and the root's bound.
+/// Search nodes per call before the search settles for its best mix and the unexplored
+/// subtrees' bound.
 pub(super) const NODE_BUDGET: usize = 4_000;
 
 /// What no mix of `entries` within `room` can be worth more than: the root bound of
 /// [`best_mix`]'s search, without the search.
-pub(super) fn upper_bound(entries: &[Entry], room: &[i64]) -> f64 {
-    let live: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].value > 0.0 && entries[i].most > 0 && fits_once(&entries[i].need, room)).collect();
+pub(super) fn upper_bound(entries: &[Entry], room: &[i64; DIMS]) -> f64 {
+    let live = live(entries, room);
     bound_weights(entries, &live, room).iter().map(|w| fractional(entries, &live, room, w)).fold(f64::INFINITY, f64::min)
 }
 
-/// The most valuable mix of `entries` within `room` (one value per dimension) worth more than
-/// `floor` (a node's price: cheaper mixes do not matter, which lets the search prune early).
-pub(super) fn best_mix(entries: &[Entry], room: &[i64], floor: f64, budget: usize) -> Answer {
-    // Only pods that earn something and fit alone matter.
-    let live: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].value > 0.0 && entries[i].most > 0 && fits_once(&entries[i].need, room)).collect();
+/// The most valuable mix of `entries` within `room` worth more than `floor` (a node's price:
+/// cheaper mixes do not matter, which lets the search prune early).
+pub(super) fn best_mix(entries: &[Entry], room: &[i64; DIMS], floor: f64, budget: usize) -> Answer {
+    let live = live(entries, room);
     let weights = bound_weights(entries, &live, room);
     // Densest first by the strongest combined weighing.
     let mut order = live;
     let per_unit = |i: usize| entries[i].value / weighed(&entries[i].need, &weights[0]).max(1e-12);
     order.sort_by(|&a, &b| per_unit(b).total_cmp(&per_unit(a)).then(a.cmp(&b)));
-    let orders = weights.iter().map(|w| by_weight(entries, &order, w)).collect();
-    let mut s = Search { entries, order: &order, best: floor.max(0.0), best_mix: None, mix: Vec::new(), nodes: 0, budget, weights, orders };
+    let lists = weights.iter().map(|w| Weighing::new(entries, &order, w)).collect();
+    let mut s = Search { entries, order: &order, best: floor.max(0.0), best_mix: None, mix: Vec::new(), nodes: 0, budget, lists, left_over: 0.0 };
     let root = s.bound(0, room);
     if root <= s.best {
         return Answer { mix: Vec::new(), value: 0.0, upper: root };
     }
-    s.dive(0, room.to_vec(), 0.0);
-    let finished = s.nodes < budget;
+    s.dive(0, *room, 0.0);
+    // Cut short: nothing beats the best found or the bound of a subtree left unexplored.
+    let upper = if s.nodes < budget { s.best } else { s.best.max(s.left_over).min(root) };
     match s.best_mix {
-        Some(mix) => Answer { mix, value: s.best, upper: if finished { s.best } else { root.max(s.best) } },
-        None => Answer { mix: Vec::new(), value: 0.0, upper: if finished { floor.max(0.0) } else { root } },
+        Some(mix) => Answer { mix, value: s.best, upper },
+        None => Answer { mix: Vec::new(), value: 0.0, upper: if s.nodes < budget { floor.max(0.0) } else { upper } },
     }
 }
 
+/// Entries that earn something and fit alone.
+fn live(entries: &[Entry], room: &[i64; DIMS]) -> Vec<usize> {
+    (0..entries.len()).filter(|&i| entries[i].value > 0.0 && entries[i].most > 0 && fits_once(&entries[i].need, room)).collect()
+}
+
 /// Does one pod with these needs fit in `room`?
-fn fits_once(need: &[i64], room: &[i64]) -> bool {
+fn fits_once(need: &[i64; DIMS], room: &[i64; DIMS]) -> bool {
     need.iter().zip(room).all(|(n, r)| n <= r)
 }
 
 /// `need` weighed by `w`.
-fn weighed(need: &[i64], w: &[f64]) -> f64 {
+fn weighed(need: &[i64; DIMS], w: &[f64; DIMS]) -> f64 {
     need.iter().zip(w).map(|(&n, &x)| n as f64 * x).sum()
 }
 
 /// Weighings of the dimensions whose one-constraint fractional knapsacks bound the mix (each is
 /// a surrogate relaxation, valid for any non-negative weights): first cpu and memory combined
 /// with the weight that bounds tightest (the two usually conflict; the best combination gives the
-/// LP relaxation's bound on them), then every dimension alone.
-fn bound_weights(entries: &[Entry], live: &[usize], room: &[i64]) -> Vec<Vec<f64>> {
-    let dims = room.len();
+/// LP relaxation's bound on them), then every dimension alone that some entry needs (one no
+/// entry needs bounds nothing).
+fn bound_weights(entries: &[Entry], live: &[usize], room: &[i64; DIMS]) -> Vec<[f64; DIMS]> {
     let unit = |d: usize| if room[d] > 0 { 1.0 / room[d] as f64 } else { 0.0 };
-    let mix = |t: f64| (0..dims).map(|d| match d { 0 => t * unit(0), 1 => (1.0 - t) * unit(1), _ => 0.0 }).collect::<Vec<f64>>();
-    let value = |w: &[f64]| fractional(entries, live, room, w);
+    let mix = |t: f64| [t * unit(0), (1.0 - t) * unit(1), 0.0, 0.0];
+    let value = |w: &[f64; DIMS]| fractional(entries, live, room, w);
     // The bound is quasi-convex in t: golden-section search.
     let (mut lo, mut hi) = (0.0f64, 1.0f64);
     let g = 0.618_033_988_75;
@@ -89,12 +99,16 @@ fn bound_weights(entries: &[Entry], live: &[usize], room: &[i64]) -> Vec<Vec<f64
         }
     }
     let mut out = vec![mix((lo + hi) / 2.0)];
-    out.extend((0..dims).map(|d| (0..dims).map(|e| if e == d { 1.0 } else { 0.0 }).collect()));
+    for d in (0..DIMS).filter(|&d| live.iter().any(|&i| entries[i].need[d] > 0)) {
+        let mut w = [0.0; DIMS];
+        w[d] = 1.0;
+        out.push(w);
+    }
     out
 }
 
 /// The fractional knapsack of `live` entries on one combined dimension (weights `w`).
-fn fractional(entries: &[Entry], live: &[usize], room: &[i64], w: &[f64]) -> f64 {
+fn fractional(entries: &[Entry], live: &[usize], room: &[i64; DIMS], w: &[f64; DIMS]) -> f64 {
     let mut order: Vec<(f64, f64, f64)> = live.iter().map(|&i| (weighed(&entries[i].need, w), entries[i].value, f64::from(entries[i].most))).collect();
     order.sort_by(|a, b| (b.1 * a.0).total_cmp(&(a.1 * b.0)));
     fill(order.into_iter(), weighed(room, w))
@@ -109,7 +123,7 @@ fn fill(entries: impl Iterator<Item = (f64, f64, f64)>, mut left: f64) -> f64 {
             continue;
         }
         if left <= 0.0 {
-            continue;
+            break;
         }
         let take = (left / size).min(most);
         total += value * take;
@@ -118,16 +132,25 @@ fn fill(entries: impl Iterator<Item = (f64, f64, f64)>, mut left: f64) -> f64 {
     total
 }
 
-/// Positions in the search order, by value per unit of the weighed size (free pods first).
-fn by_weight(entries: &[Entry], order: &[usize], w: &[f64]) -> Vec<usize> {
-    let mut pos: Vec<usize> = (0..order.len()).collect();
-    let ratio = |p: usize| {
-        let e = &entries[order[p]];
-        let size = weighed(&e.need, w);
-        if size <= 0.0 { f64::INFINITY } else { e.value / size }
-    };
-    pos.sort_by(|&a, &b| ratio(b).total_cmp(&ratio(a)).then(a.cmp(&b)));
-    pos
+/// One weighing with the search's entries sorted by value per unit of weighed size (free pods
+/// first), sizes computed once: (position in the search order, size, value, most).
+struct Weighing {
+    w: [f64; DIMS],
+    sorted: Vec<(usize, f64, f64, f64)>,
+}
+
+impl Weighing {
+    fn new(entries: &[Entry], order: &[usize], w: &[f64; DIMS]) -> Self {
+        let mut sorted: Vec<(usize, f64, f64, f64)> = order.iter().enumerate().map(|(p, &i)| (p, weighed(&entries[i].need, w), entries[i].value, f64::from(entries[i].most))).collect();
+        let ratio = |x: &(usize, f64, f64, f64)| if x.1 <= 0.0 { f64::INFINITY } else { x.2 / x.1 };
+        sorted.sort_by(|a, b| ratio(b).total_cmp(&ratio(a)).then(a.0.cmp(&b.0)));
+        Weighing { w: *w, sorted }
+    }
+
+    /// The fractional knapsack of the entries from position `from` on within `room`.
+    fn bound(&self, from: usize, room: &[i64; DIMS]) -> f64 {
+        fill(self.sorted.iter().filter(|x| x.0 >= from).map(|&(_, size, value, most)| (size, value, most)), weighed(room, &self.w))
+    }
 }
 
 struct Search<'a> {
@@ -138,32 +161,29 @@ struct Search<'a> {
     mix: Vec<(usize, u32)>,
     nodes: usize,
     budget: usize,
-    weights: Vec<Vec<f64>>,
-    orders: Vec<Vec<usize>>,
+    lists: Vec<Weighing>,
+    /// Once the budget ran out: the largest bound of a subtree left unexplored.
+    left_over: f64,
 }
 
 impl Search<'_> {
     /// What the pods from position `from` on can add within `room`: the least of the
     /// fractional knapsacks of every weighing.
-    fn bound(&self, from: usize, room: &[i64]) -> f64 {
-        let mut least = f64::INFINITY;
-        for (w, positions) in self.weights.iter().zip(&self.orders) {
-            let items = positions.iter().filter(|&&p| p >= from).map(|&p| {
-                let e = &self.entries[self.order[p]];
-                (weighed(&e.need, w), e.value, f64::from(e.most))
-            });
-            least = least.min(fill(items, weighed(room, w)));
-        }
-        least
+    fn bound(&self, from: usize, room: &[i64; DIMS]) -> f64 {
+        self.lists.iter().map(|l| l.bound(from, room)).fold(f64::INFINITY, f64::min)
     }
 
-    fn dive(&mut self, at: usize, room: Vec<i64>, value: f64) {
+    fn dive(&mut self, at: usize, room: [i64; DIMS], value: f64) {
         self.nodes += 1;
         if value > self.best {
             self.best = value;
             self.best_mix = Some(self.mix.clone());
         }
-        if at == self.order.len() || self.nodes >= self.budget {
+        if at == self.order.len() {
+            return;
+        }
+        if self.nodes >= self.budget {
+            self.left_over = self.left_over.max(value + self.bound(at, &room));
             return;
         }
         if value + self.bound(at, &room) <= self.best * (1.0 + 1e-12) {
@@ -172,20 +192,29 @@ impl Search<'_> {
         let i = self.order[at];
         let e = &self.entries[i];
         let most = e.need.iter().zip(&room).filter(|(n, _)| **n > 0).map(|(n, r)| r / n).min().unwrap_or(i64::MAX).min(i64::from(e.most)).max(0);
-        for k in (0..=most).rev() {
-            let mut left = room.clone();
+        let child = |k: i64| {
+            let mut left = room;
             for (l, n) in left.iter_mut().zip(&e.need) {
                 *l -= n * k;
+            }
+            left
+        };
+        for k in (0..=most).rev() {
+            if self.nodes >= self.budget {
+                // The siblings not tried: their subtrees' bound (the first is the largest in
+                // count of this entry, not always in bound, so each is read).
+                for j in (0..=k).rev() {
+                    let left = child(j);
+                    self.left_over = self.left_over.max(value + e.value * j as f64 + self.bound(at + 1, &left));
+                }
+                return;
             }
             if k > 0 {
                 self.mix.push((i, k as u32));
             }
-            self.dive(at + 1, left, value + e.value * k as f64);
+            self.dive(at + 1, child(k), value + e.value * k as f64);
             if k > 0 {
                 self.mix.pop();
-            }
-            if self.nodes >= self.budget {
-                return;
             }
         }
     }
@@ -196,11 +225,13 @@ mod tests {
     use super::*;
 
     fn entry(need: &[i64], most: u32, value: f64) -> Entry {
-        Entry { need: need.to_vec(), most, value }
+        let mut n = [0; DIMS];
+        n[..need.len()].copy_from_slice(need);
+        Entry { need: n, most, value }
     }
 
     /// Every mix by enumeration (small instances).
-    fn brute(entries: &[Entry], room: &[i64]) -> f64 {
+    fn brute(entries: &[Entry], room: &[i64; DIMS]) -> f64 {
         fn go(entries: &[Entry], at: usize, room: Vec<i64>) -> f64 {
             if at == entries.len() {
                 return 0.0;
@@ -222,7 +253,7 @@ mod tests {
     fn the_search_finds_the_best_mix_and_bounds_it() {
         // Two dimensions pulling apart: the greedy by density is not optimal here.
         let entries = vec![entry(&[3, 1], 4, 5.0), entry(&[1, 3], 4, 5.0), entry(&[2, 2], 4, 4.5), entry(&[0, 0], 2, 0.5)];
-        for room in [[6, 6], [7, 5], [10, 2], [1, 1], [0, 0]] {
+        for room in [[6, 6, 0, 0], [7, 5, 0, 0], [10, 2, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]] {
             let a = best_mix(&entries, &room, 0.0, NODE_BUDGET);
             let exact = brute(&entries, &room);
             assert!((a.value - exact).abs() < 1e-9, "room {room:?}: found {} of {exact}", a.value);
@@ -240,7 +271,7 @@ mod tests {
     fn a_search_cut_short_still_bounds_the_best_mix() {
         // Many interchangeable kinds: more nodes than the budget.
         let entries: Vec<Entry> = (0..40).map(|i| entry(&[7 + i % 5, 11 + i % 7, 1], 3, 1.0 + f64::from(i as u32 % 9) * 0.01)).collect();
-        let room = [200, 230, 30];
+        let room = [200, 230, 30, 0];
         let a = best_mix(&entries, &room, 0.0, NODE_BUDGET);
         assert!(a.upper + 1e-9 >= a.value);
         // No mix beats the fractional bound on the pod-slot dimension alone (30 x the best value).

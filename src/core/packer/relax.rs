@@ -18,23 +18,21 @@ use std::time::Instant;
 
 use microlp::{ComparisonOp, OptimizationDirection, Problem};
 
-use super::knapsack::{best_mix, Entry, NODE_BUDGET};
+use super::knapsack::{best_mix, Entry, DIMS, NODE_BUDGET};
 
 /// A class of identical pods, for the relaxation.
 #[derive(Clone, Copy)]
 pub(super) struct Item {
     pub count: u32,
     /// What one pod takes: cpu millis, memory bytes, pod slots, GPUs.
-    pub need: [i64; 4],
-    /// Its per-node cap: (group index, most pods of the group on one node).
-    pub cap: Option<(usize, u32)>,
+    pub need: [i64; DIMS],
 }
 
 /// A kind of node.
 pub(super) struct Bin {
     pub price: f64,
     /// Room for pods: cpu millis, memory bytes, pod slots, GPUs.
-    pub room: [i64; 4],
+    pub room: [i64; DIMS],
     /// The items it may hold.
     pub items: Vec<usize>,
 }
@@ -78,7 +76,7 @@ pub(super) fn solve(items: &[Item], bins: &[Bin], seed: &[Pattern], deadline: In
     if items.iter().all(|it| it.count == 0) {
         return Some(Relaxation { bound: 0.0, converged: true, columns: Vec::new(), patterns: seed.to_vec() });
     }
-    let kept = screened(bins);
+    let kept = screened(items, bins);
     let position: std::collections::HashMap<usize, usize> = kept.iter().enumerate().map(|(i, &b)| (b, i)).collect();
     let bins: Vec<&Bin> = kept.iter().map(|&b| &bins[b]).collect();
     let mut patterns: Vec<Pattern> = seed.iter().filter_map(|(b, counts)| Some((*position.get(b)?, counts.clone()))).collect();
@@ -127,18 +125,28 @@ pub(super) fn solve(items: &[Item], bins: &[Bin], seed: &[Pattern], deadline: In
 }
 
 /// Node kinds worth pricing (indices into `bins`): of kinds that hold the same items, those no
-/// cheaper (or equal) kind with at least as much room of every kind dominates.
-fn screened(bins: &[Bin]) -> Vec<usize> {
+/// cheaper (or equal) kind with at least as much useful room of every kind dominates. Useful
+/// room is the room up to what all the items' pods together need: past that, a bigger node
+/// holds no more (so of the kinds that could hold every pod, only the cheapest counts).
+fn screened(items: &[Item], bins: &[Bin]) -> Vec<usize> {
     let mut by_items: std::collections::BTreeMap<&[usize], Vec<usize>> = std::collections::BTreeMap::new();
     for (i, b) in bins.iter().enumerate().filter(|(_, b)| !b.items.is_empty() && b.price > 0.0) {
         by_items.entry(b.items.as_slice()).or_default().push(i);
     }
     let mut out = Vec::new();
-    for mut group in by_items.into_values() {
-        group.sort_by(|&a, &b| bins[a].price.total_cmp(&bins[b].price).then_with(|| bins[b].room.cmp(&bins[a].room)).then(a.cmp(&b)));
+    for (members, mut group) in by_items {
+        let mut demand = [0i64; DIMS];
+        for &i in members {
+            for (d, n) in demand.iter_mut().zip(&items[i].need) {
+                *d = d.saturating_add(n.saturating_mul(i64::from(items[i].count)));
+            }
+        }
+        let useful = |b: usize| -> [i64; DIMS] { std::array::from_fn(|d| bins[b].room[d].min(demand[d])) };
+        group.sort_by(|&a, &b| bins[a].price.total_cmp(&bins[b].price).then_with(|| useful(b).cmp(&useful(a))).then(a.cmp(&b)));
         let mut kept: Vec<usize> = Vec::new();
         for b in group {
-            let dominated = kept.iter().any(|&k| bins[k].price <= bins[b].price && bins[k].room.iter().zip(&bins[b].room).all(|(x, y)| x >= y));
+            let room = useful(b);
+            let dominated = kept.iter().any(|&k| bins[k].price <= bins[b].price && useful(k).iter().zip(&room).all(|(x, y)| x >= y));
             if !dominated {
                 kept.push(b);
             }
@@ -148,11 +156,10 @@ fn screened(bins: &[Bin]) -> Vec<usize> {
     out
 }
 
-/// How many pods of `item` fit on an empty `bin` (its cap included).
+/// How many pods of `item` fit on an empty `bin`.
 fn fits_alone(item: &Item, bin: &Bin) -> u32 {
     let n = item.need.iter().zip(&bin.room).filter(|(n, _)| **n > 0).map(|(n, r)| r / n).min().unwrap_or(i64::MAX);
-    let n = u32::try_from(n.max(0)).unwrap_or(u32::MAX).min(item.count);
-    item.cap.map_or(n, |(_, c)| n.min(c))
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX).min(item.count)
 }
 
 /// The starting pattern of item `i`: the bin with the lowest price per pod, filled with it alone.
@@ -181,9 +188,9 @@ fn price(items: &[Item], bins: &[&Bin], duals: &[f64], budget: usize, deadline: 
         if Instant::now() >= deadline {
             return (f64::INFINITY, Vec::new());
         }
-        let (entries, room) = knapsack_of(items, b, duals);
-        let ratio = super::knapsack::upper_bound(&entries, &room) / b.price;
-        knapsacks.push((ratio, entries, room));
+        let entries = knapsack_of(items, b, duals);
+        let ratio = super::knapsack::upper_bound(&entries, &b.room) / b.price;
+        knapsacks.push((ratio, entries));
     }
     let mut order: Vec<usize> = (0..bins.len()).collect();
     order.sort_by(|&a, &b| knapsacks[b].0.total_cmp(&knapsacks[a].0).then(a.cmp(&b)));
@@ -191,7 +198,7 @@ fn price(items: &[Item], bins: &[&Bin], duals: &[f64], budget: usize, deadline: 
     // (value per unit of price, bin, pattern counts)
     let mut found: Vec<(f64, Pattern)> = Vec::new();
     for (rank, &bi) in order.iter().enumerate() {
-        let (ratio, entries, room) = &knapsacks[bi];
+        let (ratio, entries) = &knapsacks[bi];
         // Past the first bins, search on only while nothing improving has been found.
         if (rank >= SEARCHED_PER_ROUND && !found.is_empty()) || *ratio <= 1.0 + IMPROVES {
             theta = theta.max(*ratio);
@@ -201,7 +208,7 @@ fn price(items: &[Item], bins: &[&Bin], duals: &[f64], budget: usize, deadline: 
             return (f64::INFINITY, found_patterns(found));
         }
         let b = bins[bi];
-        let answer = best_mix(entries, room, b.price, budget.min(WORK_PER_SEARCH / entries.len().max(1)).max(64));
+        let answer = best_mix(entries, &b.room, b.price, budget.min(WORK_PER_SEARCH / entries.len().max(1)).max(64));
         theta = theta.max(answer.upper / b.price);
         if answer.value > b.price * (1.0 + IMPROVES) {
             let counts = answer.mix.into_iter().map(|(e, k)| (b.items[e], k)).collect();
@@ -218,30 +225,9 @@ fn found_patterns(mut found: Vec<(f64, Pattern)>) -> Vec<Pattern> {
     found.into_iter().map(|(_, p)| p).collect()
 }
 
-/// The pricing knapsack of bin `b` at `duals`: its items' needs and its room, plus one
-/// dimension per cap group shared by two or more of its items (a group of one is its item's
-/// bound on count).
-fn knapsack_of(items: &[Item], b: &Bin, duals: &[f64]) -> (Vec<Entry>, Vec<i64>) {
-    let mut shared: Vec<(usize, u32)> = Vec::new();
-    for (g, c) in b.items.iter().filter_map(|&i| items[i].cap) {
-        let members = b.items.iter().filter(|&&j| items[j].cap.is_some_and(|(h, _)| h == g)).count();
-        if members >= 2 && !shared.iter().any(|&(h, _)| h == g) {
-            shared.push((g, c));
-        }
-    }
-    let entries = b
-        .items
-        .iter()
-        .map(|&i| {
-            let it = &items[i];
-            let mut need = it.need.to_vec();
-            need.extend(shared.iter().map(|&(g, _)| i64::from(it.cap.is_some_and(|(h, _)| h == g))));
-            Entry { need, most: it.cap.map_or(it.count, |(_, c)| it.count.min(c)), value: duals[i] }
-        })
-        .collect();
-    let mut room = b.room.to_vec();
-    room.extend(shared.iter().map(|&(_, c)| i64::from(c)));
-    (entries, room)
+/// The pricing knapsack of bin `b` at `duals`: its items' needs and counts, at their prices.
+fn knapsack_of(items: &[Item], b: &Bin, duals: &[f64]) -> Vec<Entry> {
+    b.items.iter().map(|&i| Entry { need: items[i].need, most: items[i].count, value: duals[i] }).collect()
 }
 
 /// The master LP over `patterns`: how many of each to buy, at the least price covering every
@@ -300,8 +286,8 @@ pub(super) fn integer(items: &[Item], bins: &[Bin], patterns: &[Pattern], deadli
 /// Every pattern of the node kinds worth pricing, when there are at most `limit` of them (small
 /// batches): the integer program over all of them finds the optimal plan.
 pub(super) fn all_patterns(items: &[Item], bins: &[Bin], limit: usize) -> Option<Vec<Pattern>> {
-    let mut e = Enumeration { items, limit, bin: 0, groups: Vec::new(), counts: Vec::new(), out: Vec::new() };
-    for b in screened(bins) {
+    let mut e = Enumeration { items, limit, bin: 0, counts: Vec::new(), out: Vec::new() };
+    for b in screened(items, bins) {
         e.bin = b;
         if !e.go(&bins[b], 0, bins[b].room) {
             return None;
@@ -315,15 +301,13 @@ struct Enumeration<'a> {
     items: &'a [Item],
     limit: usize,
     bin: usize,
-    /// Pods of each cap group on the node so far.
-    groups: Vec<(usize, u32)>,
     counts: Vec<(usize, u32)>,
     out: Vec<Pattern>,
 }
 
 impl Enumeration<'_> {
     /// False once there are more than `limit` patterns.
-    fn go(&mut self, bin: &Bin, at: usize, left: [i64; 4]) -> bool {
+    fn go(&mut self, bin: &Bin, at: usize, left: [i64; DIMS]) -> bool {
         if at == bin.items.len() {
             if !self.counts.is_empty() {
                 self.out.push((self.bin, self.counts.clone()));
@@ -333,8 +317,7 @@ impl Enumeration<'_> {
         let i = bin.items[at];
         let it = self.items[i];
         let fit = it.need.iter().zip(&left).filter(|(n, _)| **n > 0).map(|(n, l)| l / n).min().unwrap_or(i64::MAX);
-        let in_group = it.cap.map(|(g, c)| c.saturating_sub(self.groups.iter().filter(|(x, _)| *x == g).map(|(_, k)| *k).sum::<u32>()));
-        let most = u32::try_from(fit.max(0)).unwrap_or(u32::MAX).min(it.count).min(in_group.unwrap_or(u32::MAX));
+        let most = u32::try_from(fit.max(0)).unwrap_or(u32::MAX).min(it.count);
         for k in 0..=most {
             let mut l = left;
             for (x, n) in l.iter_mut().zip(&it.need) {
@@ -342,16 +325,10 @@ impl Enumeration<'_> {
             }
             if k > 0 {
                 self.counts.push((i, k));
-                if let Some((g, _)) = it.cap {
-                    self.groups.push((g, k));
-                }
             }
             let ok = self.go(bin, at + 1, l);
             if k > 0 {
                 self.counts.pop();
-                if it.cap.is_some() {
-                    self.groups.pop();
-                }
             }
             if !ok {
                 return false;

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::relax::{self, Bin, Item, Relaxation};
-use super::{greedy, merge, right_size, within_limits, Class, Draft, Offering, Packing, Pool, Resources, Slot};
+use super::{greedy, merge, right_size, split, within_limits, Class, Draft, Offering, Packing, Pool, Resources, Slot};
 
 /// The cheapest of the greedy plan and the plans rounded from the relaxation (those that place
 /// the most pods; the greedy one on a tie). Candidates past the greedy one are only computed
@@ -30,25 +30,38 @@ pub(super) fn best_packing(classes: Vec<Class>, base: Packing, pools: &[Pool], o
     let mut kept = classes.clone();
     let mut whole = r.base.clone();
     prefill(&mut kept, &first, &input, pools, offerings, &mut whole, false);
-    let mut candidates = Vec::new();
-    if Instant::now() < deadline {
-        // Half the time left at most, so the others have the rest.
-        let now = Instant::now();
-        candidates.push(r.integral(kept.clone(), whole.clone(), &first, &input, now + deadline.saturating_duration_since(now) / 2));
-    }
-    candidates.push(r.finish(kept, whole));
-    if Instant::now() < deadline {
-        candidates.extend(r.optimal(&classes, &input, deadline));
-    }
-    if Instant::now() < deadline {
-        candidates.push(r.sequential(classes, first.clone(), &mut input, deadline));
-    }
     let price = |p: &Packing| p.drafts.iter().map(|d| offerings[d.oi].price).sum::<f64>();
-    tracing::debug!(greedy = price(&greedy), candidates = ?candidates.iter().map(price).collect::<Vec<_>>(), bound = first.bound, converged = first.converged, "packing candidates");
-    let mut best = candidates.into_iter().fold(greedy, |best, p| {
-        let better = p.unschedulable.len() < best.unschedulable.len() || (p.unschedulable.len() == best.unschedulable.len() && price(&p) < price(&best) * (1.0 - 1e-9));
-        if better { p } else { best }
-    });
+    let mut prices = vec![price(&greedy)];
+    let mut best = greedy;
+    let mut consider = |p: Packing, best: &mut Packing| {
+        prices.push(price(&p));
+        let better = p.unschedulable.len() < best.unschedulable.len() || (p.unschedulable.len() == best.unschedulable.len() && price(&p) < price(best) * (1.0 - 1e-9));
+        if better {
+            *best = p;
+        }
+    };
+    // Cheapest first: whole patterns and the rest greedily; the optimum of a small batch;
+    // sequential rounding; an integer program over the patterns found, for a bounded time.
+    consider(r.finish(kept.clone(), whole.clone()), &mut best);
+    let close = |best: &Packing| best.unschedulable.is_empty() && price(best) <= first.bound * (1.0 + CLOSE_ENOUGH);
+    if Instant::now() < deadline && !close(&best) {
+        if let Some(p) = r.optimal(&classes, &input, deadline) {
+            consider(p, &mut best);
+        }
+    }
+    if Instant::now() < deadline && !close(&best) {
+        consider(r.sequential(classes.clone(), r.base.clone(), first.clone(), &mut input, deadline), &mut best);
+    }
+    if Instant::now() < deadline && !close(&best) {
+        let until = deadline.min(Instant::now() + INTEGER_TIME);
+        consider(r.integral(kept, whole, &first, &input, until), &mut best);
+    }
+    if Instant::now() < deadline && !close(&best) {
+        if let Some(p) = r.polish(&best, &classes, &first, &mut input, deadline) {
+            consider(p, &mut best);
+        }
+    }
+    tracing::debug!(candidates = ?prices, bound = first.bound, converged = first.converged, "packing candidates");
     if best.unschedulable.is_empty() && first.bound > 0.0 {
         best.relaxed_bound = Some(first.bound);
     }
@@ -68,6 +81,7 @@ impl Rounding<'_> {
     fn finish(&self, mut classes: Vec<Class>, mut packing: Packing) -> Packing {
         greedy::fill(&mut classes, self.pools, self.offerings, self.room_of, &mut packing);
         right_size(&mut packing.drafts, &classes, self.offerings, self.room_of);
+        split::split_nodes(&mut packing.drafts, &classes, self.offerings, self.room_of);
         merge::merge_pairs(&mut packing.drafts, &classes, self.offerings, self.room_of);
         packing
     }
@@ -104,8 +118,7 @@ impl Rounding<'_> {
     /// Sequential rounding: keep the whole patterns, else round up the most used one; solve the
     /// relaxation of the pods left (seeded with the patterns found so far) and again, while time
     /// allows.
-    fn sequential(&self, mut classes: Vec<Class>, mut relaxation: Relaxation, input: &mut Input, deadline: Instant) -> Packing {
-        let mut packing = self.base.clone();
+    fn sequential(&self, mut classes: Vec<Class>, mut packing: Packing, mut relaxation: Relaxation, input: &mut Input, deadline: Instant) -> Packing {
         while prefill(&mut classes, &relaxation, input, self.pools, self.offerings, &mut packing, true) {
             for (it, &ci) in input.items.iter_mut().zip(&input.class_of) {
                 it.count = u32::try_from(classes[ci].pods.len()).unwrap_or(u32::MAX);
@@ -120,7 +133,54 @@ impl Rounding<'_> {
         }
         self.finish(classes, packing)
     }
+
+    /// `best` with its loosely filled nodes (under [`LOOSE`] of their cpu and of their memory)
+    /// planned again: their pods relaxed and rounded as a batch of their own (sequential
+    /// rounding, then an integer program over the patterns), the cheaper kept. Only nodes
+    /// whose classes are all in the relaxation are taken apart. `None` when fewer than two
+    /// nodes are loose or the relaxation fails.
+    fn polish(&self, best: &Packing, classes: &[Class], first: &Relaxation, input: &mut Input, deadline: Instant) -> Option<Packing> {
+        let in_relaxation: std::collections::HashSet<usize> = input.class_of.iter().copied().collect();
+        let mut left: Vec<Class> = classes.iter().map(|c| Class { pods: Vec::new(), ..c.clone() }).collect();
+        let mut packing = Packing { drafts: Vec::new(), ..best.clone() };
+        let mut loose = 0;
+        for d in &best.drafts {
+            let (used, room) = (d.used(classes), (self.room_of)(d.pi, d.oi));
+            let fill = (used.cpu_millis as f64 / room.cpu_millis.max(1) as f64).max(used.memory_bytes as f64 / room.memory_bytes.max(1) as f64);
+            if fill >= LOOSE || !d.items.iter().all(|(c, _)| in_relaxation.contains(c)) {
+                packing.drafts.push(d.clone());
+                continue;
+            }
+            loose += 1;
+            for (c, pods) in &d.items {
+                left[*c].pods.extend(pods.iter().cloned());
+            }
+            let o = &self.offerings[d.oi];
+            let u = &mut packing.used[d.pi];
+            *u = (u.0 - i64::from(o.instance.vcpu) * 1000, u.1 - o.instance.memory_mib as i64 * 1024 * 1024, u.2 - 1);
+        }
+        if loose < 2 {
+            return None;
+        }
+        for (it, &ci) in input.items.iter_mut().zip(&input.class_of) {
+            it.count = u32::try_from(left[ci].pods.len()).unwrap_or(u32::MAX);
+        }
+        let relaxation = relax::solve(&input.items, &input.bins, &first.patterns, deadline)?;
+        let until = deadline.min(Instant::now() + INTEGER_TIME);
+        let integral = self.integral(left.clone(), packing.clone(), &relaxation, input, until);
+        let sequential = self.sequential(left, packing, relaxation, input, deadline);
+        let price = |p: &Packing| p.drafts.iter().map(|d| self.offerings[d.oi].price).sum::<f64>();
+        Some(if price(&integral) < price(&sequential) && integral.unschedulable.len() <= sequential.unschedulable.len() { integral } else { sequential })
+    }
 }
+
+/// Nodes filled less than this (of cpu and of memory) are planned again by the polish.
+const LOOSE: f64 = 0.97;
+/// A plan this close to the bound (relatively) is not worth another candidate.
+const CLOSE_ENOUGH: f64 = 0.002;
+/// The longest the integer program over the patterns found may take (it rarely beats
+/// sequential rounding on large batches, where it would need much longer).
+const INTEGER_TIME: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Most patterns a batch may have for the integer program over all of them.
 const SMALL: usize = 2_000;
@@ -150,7 +210,7 @@ fn relaxation_input(classes: &[Class], offerings: &[Offering], room_of: &dyn Fn(
             continue;
         }
         let r = c.requests;
-        items.push(Item { count: u32::try_from(c.pods.len()).unwrap_or(u32::MAX), need: [r.cpu_millis, r.memory_bytes, r.pods.max(1), c.gpus], cap: None });
+        items.push(Item { count: u32::try_from(c.pods.len()).unwrap_or(u32::MAX), need: [r.cpu_millis, r.memory_bytes, r.pods.max(1), c.gpus] });
         item_class.push(ci);
     }
     let mut slots: Vec<Slot> = item_class.iter().flat_map(|&ci| classes[ci].mask.iter().copied()).collect();
@@ -169,15 +229,21 @@ fn relaxation_input(classes: &[Class], offerings: &[Offering], room_of: &dyn Fn(
 }
 
 /// Open the relaxation's whole patterns as nodes (most used first), as long as their pool's
-/// limits and the pods left allow; when none is whole and `round_up`, one node of the most used
-/// pattern (its pods as far as they are left). False when no node could be opened.
+/// limits and the pods left allow; when none is whole and `round_up`, one node of one pattern
+/// (its pods as far as they are left): of those used at least half, else of all, the one whose
+/// rounding up adds the least price (rounding up a big node little used leaves it mostly empty).
+/// False when no node could be opened.
 fn prefill(classes: &mut [Class], r: &Relaxation, input: &Input, pools: &[Pool], offerings: &[Offering], out: &mut Packing, round_up: bool) -> bool {
     let mut columns: Vec<&relax::Column> = r.columns.iter().collect();
     columns.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.bin.cmp(&b.bin)));
     let whole = columns.iter().any(|c| c.value >= 1.0 - 1e-6) || !round_up;
+    if !whole {
+        let extra = |c: &relax::Column| (1.0 - c.value) * input.bins[c.bin].price;
+        columns.sort_by(|a, b| (a.value < 0.5).cmp(&(b.value < 0.5)).then(extra(a).total_cmp(&extra(b))).then(a.bin.cmp(&b.bin)));
+    }
     let mut opened = false;
     for col in columns {
-        // Nothing whole: round up the most used pattern alone.
+        // Nothing whole: round up the first pattern alone.
         let copies = match whole {
             true => (col.value + 1e-6).floor() as usize,
             false if !opened => 1,

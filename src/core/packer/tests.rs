@@ -510,3 +510,83 @@ fn plans_are_within_two_percent_of_the_optimum_on_small_instances() {
     }
     eprintln!("{exact} of 40 small instances planned at the exact optimum");
 }
+
+/// A class of `n` pods of `cpu` millis and `gib` GiB that may use every offering of pool 0.
+fn class_of(name: &str, n: usize, cpu: i64, gib: i64, offerings: &[Offering], per_node_max: Option<usize>) -> Class {
+    let slots: Vec<Slot> = (0..offerings.len()).map(|oi| (0, oi)).collect();
+    Class {
+        pods: (0..n).map(|i| format!("{name}-{i}")).collect(),
+        requests: Resources::new(cpu, gib * 1024 * MIB, 1),
+        offerings: slots.clone(),
+        lower_bound: 0.0,
+        zone_spread: false,
+        per_node_max,
+        zone_group: None,
+        spread_group: None,
+        one_per_zone: false,
+        colocate: false,
+        preference: Default::default(),
+        mask: slots.into_iter().collect(),
+        gpus: 0,
+        fallback: Vec::new(),
+    }
+}
+
+/// Each draft's pods fit its offering, and every pod of `classes` is on exactly one draft.
+fn assert_feasible(drafts: &[Draft], classes: &[Class], offerings: &[Offering]) {
+    let mut seen: Vec<&String> = drafts.iter().flat_map(|d| d.items.iter().flat_map(|(_, p)| p)).collect();
+    for d in drafts {
+        assert!(d.used(classes).fits(offerings[d.oi].instance.allocatable), "node {} overfull", offerings[d.oi].instance.name);
+    }
+    seen.sort();
+    let mut all: Vec<&String> = classes.iter().flat_map(|c| &c.pods).collect();
+    all.sort();
+    assert_eq!(seen, all);
+}
+
+#[test]
+fn a_node_of_the_wrong_kind_is_split_into_two_cheaper_nodes() {
+    // Four 3.5-cpu pods on a 16-vCPU memory-heavy node ($1.00) fit two 8-vCPU nodes ($0.30 each).
+    let offerings = vec![synthetic(0, 16, 128, 110, 1.0), synthetic(1, 8, 16, 110, 0.3)];
+    let room = |_: usize, oi: usize| offerings[oi].instance.allocatable;
+    let classes = vec![class_of("a", 4, 3500, 4, &offerings, None)];
+    let mut drafts = vec![Draft { pi: 0, oi: 0, items: vec![(0, classes[0].pods.clone())] }];
+    split::split_nodes(&mut drafts, &classes, &offerings, &room);
+    assert_eq!(drafts.len(), 2);
+    assert!(drafts.iter().all(|d| d.oi == 1));
+    assert_feasible(&drafts, &classes, &offerings);
+
+    // No saving, no split: two nodes of $0.60 cost more than the one.
+    let dear = vec![synthetic(0, 16, 128, 110, 1.0), synthetic(1, 8, 16, 110, 0.6)];
+    let room = |_: usize, oi: usize| dear[oi].instance.allocatable;
+    let mut drafts = vec![Draft { pi: 0, oi: 0, items: vec![(0, classes[0].pods.clone())] }];
+    split::split_nodes(&mut drafts, &classes, &dear, &room);
+    assert_eq!(drafts.len(), 1);
+
+    // A per-node cap counts per node: such a node is left whole.
+    let capped = vec![class_of("a", 4, 3500, 4, &offerings, Some(4))];
+    let room = |_: usize, oi: usize| offerings[oi].instance.allocatable;
+    let mut drafts = vec![Draft { pi: 0, oi: 0, items: vec![(0, capped[0].pods.clone())] }];
+    split::split_nodes(&mut drafts, &capped, &offerings, &room);
+    assert_eq!(drafts.len(), 1);
+}
+
+#[test]
+fn two_partly_filled_nodes_are_merged_into_one_within_caps() {
+    // Two $0.30 nodes each a third full: one of them holds both.
+    let offerings = vec![synthetic(0, 8, 16, 110, 0.3), synthetic(1, 2, 4, 110, 0.1)];
+    let room = |_: usize, oi: usize| offerings[oi].instance.allocatable;
+    let classes = vec![class_of("a", 2, 3000, 4, &offerings, None)];
+    let split_pods = |c: &Class| vec![Draft { pi: 0, oi: 0, items: vec![(0, vec![c.pods[0].clone()])] }, Draft { pi: 0, oi: 0, items: vec![(0, vec![c.pods[1].clone()])] }];
+    let mut drafts = split_pods(&classes[0]);
+    merge::merge_pairs(&mut drafts, &classes, &offerings, &room);
+    assert_eq!(drafts.len(), 1);
+    assert_eq!(drafts[0].oi, 0);
+    assert_feasible(&drafts, &classes, &offerings);
+
+    // One pod per node (required anti-affinity to its own replicas): never merged.
+    let capped = vec![class_of("a", 2, 3000, 4, &offerings, Some(1))];
+    let mut drafts = split_pods(&capped[0]);
+    merge::merge_pairs(&mut drafts, &capped, &offerings, &room);
+    assert_eq!(drafts.len(), 2);
+}

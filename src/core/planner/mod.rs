@@ -42,7 +42,8 @@ pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offe
 }
 
 /// [`plan_batch`], the packer spending at most `budget` on the optimal plan before it keeps the
-/// greedy one (zero: the greedy plan, with no lower bound).
+/// greedy one (zero: the greedy plan, with no lower bound). The live paths pass
+/// [`crate::core::packer::batch_budget`], so a small batch is decided quickly.
 pub fn plan_batch_within(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings: &[Offering], budget: std::time::Duration) -> Plan {
     let mut snap = snapshot.clone();
     let mut order: Vec<&Pending> = pending.iter().collect();
