@@ -231,15 +231,18 @@ fn optimality() {
     let empty = Snapshot::default();
     println!("optimality: embedded catalog, on-demand, one zone, no DaemonSets; ratio = plan price / LP lower bound");
     for (name, pods) in workloads {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        let before = proc_status_kib("VmRSS:").unwrap_or(0);
         let start = Instant::now();
         let plan = plan_batch_within(&empty, &pods, std::slice::from_ref(&pool), &offers, batch_budget(DEFAULT_BUDGET, pods.len()));
         let took = start.elapsed();
+        let peak = proc_status_kib("VmHWM:").unwrap_or(before).saturating_sub(before) as f64 / 1024.0;
         let start = Instant::now();
         let greedy = plan_batch_within(&empty, &pods, std::slice::from_ref(&pool), &offers, Duration::ZERO);
         let greedy_took = start.elapsed();
         let bound = plan.lower_bound_per_hour;
         println!(
-            "{name:<18} {:>5} pods  bound ${bound:>8.3}/h  plan ${:>8.3}/h {:>4} nodes ratio {:.4} ({:>6.0} ms)  greedy ${:>8.3}/h {:>4} nodes ratio {:.4} ({:>4.0} ms)",
+            "{name:<18} {:>5} pods  bound ${bound:>8.3}/h  plan ${:>8.3}/h {:>4} nodes ratio {:.4} ({:>6.0} ms, peak +{peak:.1} MiB)  greedy ${:>8.3}/h {:>4} nodes ratio {:.4} ({:>4.0} ms)",
             pods.len(),
             plan.total_price_per_hour,
             plan.nodes.len(),
