@@ -319,6 +319,21 @@ struct Packing {
     relaxed_bound: Option<f64>,
 }
 
+impl Packing {
+    /// Count `nodes` more nodes of `o` (negative: fewer) against pool `pi`'s limits.
+    fn charge(&mut self, pi: usize, o: &Offering, nodes: i64) {
+        let u = &mut self.used[pi];
+        u.0 += nodes * i64::from(o.instance.vcpu) * 1000;
+        u.1 += nodes * o.instance.memory_mib as i64 * 1024 * 1024;
+        u.2 += nodes;
+    }
+
+    /// What its nodes cost per hour.
+    fn price(&self, offerings: &[Offering]) -> f64 {
+        self.drafts.iter().map(|d| offerings[d.oi].price).sum()
+    }
+}
+
 /// Pods that share requests and constraints.
 #[derive(Clone)]
 struct Class {

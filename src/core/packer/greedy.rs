@@ -108,9 +108,7 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
                 for &(cj, n) in &take {
                     items.push((cj, classes[cj].pods.drain(..n).collect::<Vec<_>>()));
                 }
-                out.used[pi].0 += i64::from(o.instance.vcpu) * 1000;
-                out.used[pi].1 += o.instance.memory_mib as i64 * 1024 * 1024;
-                out.used[pi].2 += 1;
+                out.charge(pi, o, 1);
                 out.drafts.push(Draft { pi, oi, items });
             }
         }

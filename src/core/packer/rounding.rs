@@ -30,7 +30,7 @@ pub(super) fn best_packing(classes: Vec<Class>, base: Packing, pools: &[Pool], o
     let mut kept = classes.clone();
     let mut whole = r.base.clone();
     prefill(&mut kept, &first, &input, pools, offerings, &mut whole, false);
-    let price = |p: &Packing| p.drafts.iter().map(|d| offerings[d.oi].price).sum::<f64>();
+    let price = |p: &Packing| p.price(offerings);
     let mut prices = vec![price(&greedy)];
     let mut best = greedy;
     let mut consider = |p: Packing, best: &mut Packing| {
@@ -155,9 +155,7 @@ impl Rounding<'_> {
             for (c, pods) in &d.items {
                 left[*c].pods.extend(pods.iter().cloned());
             }
-            let o = &self.offerings[d.oi];
-            let u = &mut packing.used[d.pi];
-            *u = (u.0 - i64::from(o.instance.vcpu) * 1000, u.1 - o.instance.memory_mib as i64 * 1024 * 1024, u.2 - 1);
+            packing.charge(d.pi, &self.offerings[d.oi], -1);
         }
         if loose < 2 {
             return None;
@@ -169,7 +167,7 @@ impl Rounding<'_> {
         let until = deadline.min(Instant::now() + INTEGER_TIME);
         let integral = self.integral(left.clone(), packing.clone(), &relaxation, input, until);
         let sequential = self.sequential(left, packing, relaxation, input, deadline);
-        let price = |p: &Packing| p.drafts.iter().map(|d| self.offerings[d.oi].price).sum::<f64>();
+        let price = |p: &Packing| p.price(self.offerings);
         Some(if price(&integral) < price(&sequential) && integral.unschedulable.len() <= sequential.unschedulable.len() { integral } else { sequential })
     }
 }
@@ -278,9 +276,7 @@ fn open(classes: &mut [Class], col: &relax::Column, input: &Input, pools: &[Pool
     if items.is_empty() {
         return false;
     }
-    out.used[pi].0 += i64::from(o.instance.vcpu) * 1000;
-    out.used[pi].1 += o.instance.memory_mib as i64 * 1024 * 1024;
-    out.used[pi].2 += 1;
+    out.charge(pi, o, 1);
     out.drafts.push(Draft { pi, oi, items });
     true
 }
