@@ -517,10 +517,25 @@ struct Draft {
 impl Draft {
     fn used(&self, classes: &[Class]) -> Resources {
         self.items.iter().fold(Resources::default(), |acc, (cj, pods)| {
-            let r = classes[*cj].requests;
+            let one = classes[*cj].one_pod();
             let n = pods.len() as i64;
-            acc + Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n)
+            acc + Resources::new(one.cpu_millis * n, one.memory_bytes * n, one.pods * n)
         })
+    }
+
+    /// Put `pods` of class `ci` on this node.
+    fn add(&mut self, ci: usize, pods: impl IntoIterator<Item = String>) {
+        match self.items.iter_mut().find(|(c, _)| *c == ci) {
+            Some((_, list)) => list.extend(pods),
+            None => self.items.push((ci, pods.into_iter().collect())),
+        }
+    }
+}
+
+impl Class {
+    /// What one of its pods takes of a node (a pod slot at least).
+    fn one_pod(&self) -> Resources {
+        Resources::new(self.requests.cpu_millis, self.requests.memory_bytes, self.requests.pods.max(1))
     }
 }
 

@@ -37,10 +37,7 @@ pub(super) fn merge_pairs(drafts: &mut Vec<Draft>, classes: &[Class], offerings:
         let first = &mut drafts[lo];
         first.oi = oi;
         for (ci, pods) in second.items {
-            match first.items.iter_mut().find(|(c, _)| *c == ci) {
-                Some((_, list)) => list.extend(pods),
-                None => first.items.push((ci, pods)),
-            }
+            first.add(ci, pods);
         }
     }
 }

@@ -115,9 +115,9 @@ impl Rounding<'_> {
         Some(self.finish(left, packing))
     }
 
-    /// Sequential rounding: keep the whole patterns, else round up the most used one; solve the
-    /// relaxation of the pods left (seeded with the patterns found so far) and again, while time
-    /// allows.
+    /// Sequential rounding from `packing`: keep the whole patterns, else round up one ([`prefill`]
+    /// says which); solve the relaxation of the pods left (seeded with the patterns found so far)
+    /// and again, while time allows.
     fn sequential(&self, mut classes: Vec<Class>, mut packing: Packing, mut relaxation: Relaxation, input: &mut Input, deadline: Instant) -> Packing {
         while prefill(&mut classes, &relaxation, input, self.pools, self.offerings, &mut packing, true) {
             for (it, &ci) in input.items.iter_mut().zip(&input.class_of) {
@@ -145,9 +145,7 @@ impl Rounding<'_> {
         let mut packing = Packing { drafts: Vec::new(), ..best.clone() };
         let mut loose = 0;
         for d in &best.drafts {
-            let (used, room) = (d.used(classes), (self.room_of)(d.pi, d.oi));
-            let fill = (used.cpu_millis as f64 / room.cpu_millis.max(1) as f64).max(used.memory_bytes as f64 / room.memory_bytes.max(1) as f64);
-            if fill >= LOOSE || !d.items.iter().all(|(c, _)| in_relaxation.contains(c)) {
+            if d.used(classes).dominant_share((self.room_of)(d.pi, d.oi)) >= LOOSE || !d.items.iter().all(|(c, _)| in_relaxation.contains(c)) {
                 packing.drafts.push(d.clone());
                 continue;
             }

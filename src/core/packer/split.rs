@@ -48,7 +48,7 @@ fn split(d: &Draft, classes: &[Class], offerings: &[Offering], room: &dyn Fn(usi
         if first.is_empty() || rest.is_empty() {
             continue;
         }
-        let need = rest.iter().fold(Resources::default(), |acc, &(ci, _)| acc + one(&classes[ci]));
+        let need = rest.iter().fold(Resources::default(), |acc, &(ci, _)| acc + classes[ci].one_pod());
         let gpus: i64 = rest.iter().map(|&(ci, _)| classes[ci].gpus).sum();
         let Some(b) = candidates
             .iter()
@@ -72,11 +72,6 @@ fn split(d: &Draft, classes: &[Class], offerings: &[Offering], room: &dyn Fn(usi
     best.map(|(_, x, y)| (x, y))
 }
 
-/// What one pod of `c` takes of a node.
-fn one(c: &Class) -> Resources {
-    Resources::new(c.requests.cpu_millis, c.requests.memory_bytes, c.requests.pods.max(1))
-}
-
 /// A pod as (class, name).
 type Unit<'a> = (usize, &'a String);
 
@@ -85,7 +80,7 @@ fn fill<'a>(pods: &[Unit<'a>], room: Resources, gpus: i64, classes: &[Class]) ->
     let (mut left, mut gpus_left) = (room, gpus);
     let (mut placed, mut rest) = (Vec::new(), Vec::new());
     for &(ci, p) in pods {
-        let need = one(&classes[ci]);
+        let need = classes[ci].one_pod();
         if need.fits(left) && classes[ci].gpus <= gpus_left {
             left = left - need;
             gpus_left -= classes[ci].gpus;
@@ -99,12 +94,9 @@ fn fill<'a>(pods: &[Unit<'a>], room: Resources, gpus: i64, classes: &[Class]) ->
 
 /// A node of offering `oi` in pool `pi` holding `pods`.
 fn draft(pi: usize, oi: usize, pods: &[Unit]) -> Draft {
-    let mut items: Vec<(usize, Vec<String>)> = Vec::new();
+    let mut d = Draft { pi, oi, items: Vec::new() };
     for &(ci, p) in pods {
-        match items.iter_mut().find(|(c, _)| *c == ci) {
-            Some((_, list)) => list.push(p.clone()),
-            None => items.push((ci, vec![p.clone()])),
-        }
+        d.add(ci, [p.clone()]);
     }
-    Draft { pi, oi, items }
+    d
 }
