@@ -216,7 +216,7 @@ impl LimitsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct ProvisionerConfig {
-    /// `none` (the provisioner is off) or `kwok`.
+    /// `none` (the provisioner is off), `kwok` or `aws`.
     pub cloud_provider: String,
     /// Zones the provider launches in (a pool's zone requirement narrows them).
     pub zones: Vec<String>,
@@ -247,6 +247,77 @@ pub struct ProvisionerConfig {
     /// The coordination Lease (in Archer's namespace) that elects the one provisioning replica.
     pub lease_name: String,
     pub lease_duration_seconds: u64,
+    /// A launch that fails (other than for capacity) is retried with backoff this many times,
+    /// then its claim is deleted with an Event and its pods planned again.
+    pub launch_attempts: u32,
+    /// A launched node that has not registered (or not become Ready) within this long is given
+    /// up: its claim is deleted and its instance terminated.
+    pub registration_timeout_seconds: u64,
+    /// An instance of this cluster without a claim is terminated once it is this old (a claim
+    /// written a moment ago may not be visible yet).
+    pub garbage_grace_seconds: u64,
+    /// Settings of the `aws` provider.
+    pub aws: AwsConfig,
+}
+
+/// `provisioner.aws`: the EC2 provider. Credentials and region come from the standard chain
+/// (IRSA / EKS Pod Identity in a cluster, environment and profiles elsewhere).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct AwsConfig {
+    /// The cluster's name: every resource Archer creates is tagged with it.
+    pub cluster_name: String,
+    /// The region; unset: the standard chain (`AWS_REGION`, the profile, IMDS).
+    pub region: Option<String>,
+    /// An endpoint to use instead of AWS's (tests, private endpoints); `AWS_ENDPOINT_URL` works too.
+    pub endpoint: Option<String>,
+    /// The SQS queue (name or URL) receiving EventBridge's interruption events; unset: none.
+    pub interruption_queue: Option<String>,
+    /// A launch offers EC2 every instance type that fits the claim within this percentage of the
+    /// cheapest's price (more choice, fewer capacity failures).
+    pub price_margin_percent: f64,
+    /// How long an offering that answered "insufficient capacity" is left out of plans.
+    pub insufficient_capacity_ttl_seconds: u64,
+    /// How often spot prices are read again.
+    pub spot_price_refresh_seconds: u64,
+    /// How often EC2NodeClasses are resolved again (subnets, security groups, AMIs).
+    pub node_class_refresh_seconds: u64,
+    /// Owners an AMI alias (`al2023@latest`) is looked up under.
+    pub ami_owners: Vec<String>,
+}
+
+impl Default for AwsConfig {
+    fn default() -> Self {
+        Self {
+            cluster_name: String::new(),
+            region: None,
+            endpoint: None,
+            interruption_queue: None,
+            price_margin_percent: 20.0,
+            insufficient_capacity_ttl_seconds: 180,
+            spot_price_refresh_seconds: 300,
+            node_class_refresh_seconds: 60,
+            ami_owners: vec!["amazon".into()],
+        }
+    }
+}
+
+impl AwsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.cluster_name.trim().is_empty() {
+            return Err(ConfigError::Invalid("provisioner.aws.clusterName is required with cloudProvider aws".into()));
+        }
+        if !(self.price_margin_percent >= 0.0 && self.price_margin_percent <= 100.0) {
+            return Err(ConfigError::Invalid("provisioner.aws.priceMarginPercent must be between 0 and 100".into()));
+        }
+        if self.spot_price_refresh_seconds == 0 || self.node_class_refresh_seconds == 0 || self.insufficient_capacity_ttl_seconds == 0 {
+            return Err(ConfigError::Invalid("provisioner.aws: refresh intervals and insufficientCapacityTtlSeconds must be at least 1".into()));
+        }
+        if self.ami_owners.is_empty() {
+            return Err(ConfigError::Invalid("provisioner.aws.amiOwners must name at least one owner".into()));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ProvisionerConfig {
@@ -265,6 +336,10 @@ impl Default for ProvisionerConfig {
             packing_budget_seconds: 2.0,
             lease_name: "archer-provisioner".into(),
             lease_duration_seconds: 15,
+            launch_attempts: 5,
+            registration_timeout_seconds: 900,
+            garbage_grace_seconds: 60,
+            aws: AwsConfig::default(),
         }
     }
 }
@@ -275,8 +350,14 @@ impl ProvisionerConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if !["none", "kwok"].contains(&self.cloud_provider.as_str()) {
-            return Err(ConfigError::Invalid(format!("provisioner.cloudProvider {:?}: expected none or kwok", self.cloud_provider)));
+        if !["none", "kwok", "aws"].contains(&self.cloud_provider.as_str()) {
+            return Err(ConfigError::Invalid(format!("provisioner.cloudProvider {:?}: expected none, kwok or aws", self.cloud_provider)));
+        }
+        if self.cloud_provider == "aws" {
+            self.aws.validate()?;
+        }
+        if self.launch_attempts == 0 || self.registration_timeout_seconds < 30 {
+            return Err(ConfigError::Invalid("provisioner: launchAttempts must be at least 1 and registrationTimeoutSeconds at least 30".into()));
         }
         if self.enabled() && self.zones.is_empty() {
             return Err(ConfigError::Invalid("provisioner.zones must name at least one zone".into()));

@@ -63,6 +63,10 @@ pub struct Metrics {
     pub launches_rate_limited: Counter,
     /// 1 while this replica holds the provisioner lease.
     pub leader: prometheus_client::metrics::gauge::Gauge,
+    /// Claims deleted because they could not become nodes, by reason.
+    pub claims_given_up: Family<Labels, Counter>,
+    /// Interruption queue messages, by kind and outcome.
+    pub interruption_messages: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -121,6 +125,10 @@ impl Metrics {
         let pod_evictions = Family::<Labels, Counter>::default();
         let launches_rate_limited = Counter::default();
         let leader = prometheus_client::metrics::gauge::Gauge::default();
+        let claims_given_up = Family::<Labels, Counter>::default();
+        let interruption_messages = Family::<Labels, Counter>::default();
+        root.register("nodeclaims_given_up", "NodeClaims deleted because they could not become nodes (launch failures, registration timeouts), by reason", claims_given_up.clone());
+        root.register("interruption_messages", "Interruption queue messages, by kind and outcome (handled, ignored, malformed, failed)", interruption_messages.clone());
         root.register("provisioner_batches", "Provisioning batches decided", provisioner_batches.clone());
         root.register("provisioner_batch_duration_seconds", "Time to decide and launch one batch", provisioner_batch_seconds.clone());
         root.register("provisioner_plan_cost_ratio", "Per batch that buys nodes: their price over the lower bound no plan for the same pods can beat (1 = optimal)", plan_cost_ratio.clone());
@@ -132,7 +140,7 @@ impl Metrics {
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, connections_refused, connection_timeouts, connections_open }
+        Self { provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, connections_refused, connection_timeouts, connections_open }
     }
 
     /// Export the memory budget's gauge and refusal counter.

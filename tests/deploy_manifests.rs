@@ -102,6 +102,7 @@ fn rbac_is_least_privilege() {
         ("nodes", &["create", "patch", "delete"]),
         ("nodeclaims", &["create", "delete"]),
         ("nodeclaims/status", &["patch"]),
+        ("ec2nodeclasses/status", &["patch"]),
         ("events", &["create", "patch"]),
     ];
     for rule in role.rules.expect("rules") {
@@ -209,4 +210,66 @@ fn nodepool_crd_is_generated_from_the_types() {
     .expect("a Karpenter NodePool");
     let pool = ported.to_pool().expect("pool");
     assert_eq!((pool.limit_cpu_millis, pool.weight), (Some(1_000_000), 10));
+}
+
+#[test]
+fn ec2nodeclass_crd_is_generated_from_the_types() {
+    use kube::CustomResourceExt;
+    let on_disk = generated_crd("ec2nodeclass.yaml", "src/provisioner/cloud/aws/nodeclass.rs", &archer::provisioner::cloud::aws::nodeclass::EC2NodeClass::crd());
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = archer::yaml::from_str(&on_disk).expect("crd");
+    assert_eq!((crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str(), crd.spec.names.plural.as_str()), ("archer.dev", "Cluster", "EC2NodeClass", "ec2nodeclasses"));
+    assert!(crd.spec.versions[0].subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "status subresource");
+    let schema = serde_json::to_string(&crd.spec.versions[0].schema).expect("schema");
+    // Karpenter's field names, so a node class ports by changing its apiVersion.
+    for field in ["subnetSelectorTerms", "securityGroupSelectorTerms", "amiSelectorTerms", "instanceProfile", "userData", "blockDeviceMappings", "metadataOptions", "httpTokens", "kmsKeyID", "associatePublicIPAddress"] {
+        assert!(schema.contains(field), "schema lacks {field}");
+    }
+    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
+    assert!(k["resources"].as_array().expect("resources").iter().any(|r| r.as_str() == Some("crds/ec2nodeclass.yaml")));
+}
+
+/// The IAM policy in deploy/aws/ allows every AWS API call the provider makes and nothing else
+/// (beyond what those calls need: RunInstances and CreateTags for CreateFleet, PassRole for the
+/// node role).
+#[test]
+fn the_aws_iam_policy_is_exactly_what_the_provider_calls() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let policy: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("deploy/aws/iam-policy.json")).expect("policy")).expect("json");
+    let mut allowed: std::collections::BTreeSet<String> = Default::default();
+    for s in policy["Statement"].as_array().expect("statements") {
+        assert_eq!(s["Effect"], "Allow");
+        match &s["Action"] {
+            serde_json::Value::String(a) => drop(allowed.insert(a.clone())),
+            serde_json::Value::Array(list) => allowed.extend(list.iter().filter_map(|a| a.as_str()).map(String::from)),
+            other => panic!("Action {other}"),
+        }
+        let resource = s["Resource"].to_string();
+        assert!(!resource.contains("\"*\"") || s["Condition"].is_object(), "an unconditioned wildcard resource: {s}");
+    }
+    let mut called: std::collections::BTreeSet<String> = Default::default();
+    for entry in std::fs::read_dir(dir.join("src/provisioner/cloud/aws")).expect("aws sources") {
+        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("source");
+        for (i, _) in text.match_indices("()") {
+            // `ec2.describe_images()` / `sqs.receive_message()`: the operation before `()`.
+            let before = &text[..i];
+            let start = before.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |s| s + 1);
+            let op = &before[start..];
+            if ["clone", "send", "build", "into_paginator"].contains(&op) {
+                continue;
+            }
+            let Some(receiver) = before[..start].strip_suffix('.') else { continue };
+            let receiver = receiver.trim_end();
+            let service = if receiver.ends_with("sqs") { "sqs" } else if receiver.ends_with("ec2") || receiver.ends_with("ec2()") { "ec2" } else { continue };
+            let pascal: String = op.split('_').map(|w| { let mut c = w.chars(); c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default() }).collect();
+            called.insert(format!("{service}:{pascal}"));
+        }
+    }
+    assert!(called.contains("ec2:CreateFleet") && called.contains("sqs:ReceiveMessage"), "the scan found the calls: {called:?}");
+    for c in &called {
+        assert!(allowed.contains(c), "the provider calls {c} but the policy does not allow it");
+    }
+    let implied = ["ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"];
+    for a in &allowed {
+        assert!(called.contains(a) || implied.contains(&a.as_str()), "the policy allows {a}, which the provider never calls");
+    }
 }

@@ -109,7 +109,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Serve(a) => serve::run(a).await,
             Command::Inspect(a) => inspect::run(a).await,
             Command::Certs(a) => certs::run(a),
-            Command::Prices(a) => prices::run(a),
+            Command::Prices(a) => prices::run(a).await,
             Command::Simulate(a) => simulate::run(a).await,
         }
     });

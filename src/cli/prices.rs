@@ -22,10 +22,62 @@ pub struct PricesArgs {
     pub catalog: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// `aws`: what the EC2 provider sees (the types EC2 offers in the region, by zone, with EC2's
+    /// spot prices); credentials and region from the standard chain (`AWS_ENDPOINT_URL` for
+    /// another endpoint). Unset: the catalog alone.
+    #[arg(long)]
+    pub cloud_provider: Option<String>,
 }
 
-pub fn run(args: PricesArgs) -> anyhow::Result<ExitCode> {
-    let PricesArgs { arch, family, region, catalog, output } = args;
+pub async fn run(args: PricesArgs) -> anyhow::Result<ExitCode> {
+    match args.cloud_provider.as_deref() {
+        None => catalog_prices(args),
+        Some("aws") => aws_prices(args).await,
+        Some(other) => anyhow::bail!("--cloud-provider {other:?}: expected aws"),
+    }
+}
+
+/// The offerings the AWS provider would plan with.
+async fn aws_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
+    use crate::provisioner::cloud::aws::{offerings::Book, sdk_config};
+    let PricesArgs { arch, family, region, catalog, output, .. } = args;
+    let c = std::sync::Arc::new(Catalog::with_user_file(catalog.as_deref())?);
+    let settings = crate::config::AwsConfig { region, ..Default::default() };
+    let sdk = sdk_config(&settings).await;
+    let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| anyhow::anyhow!("no AWS region: pass --region or set AWS_REGION"))?;
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let book = Book::new(c, region.clone(), std::time::Duration::from_secs(1));
+    book.refresh_types(&ec2).await?;
+    book.refresh_spot(&ec2).await?;
+    let all = book.all();
+    let mut rows: Vec<_> = all.iter().filter(|o| arch.as_deref().is_none_or(|a| a == o.instance.arch)).filter(|o| family.as_deref().is_none_or(|f| f == o.instance.family)).collect();
+    rows.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| (&a.instance.name, &a.zone, a.capacity).cmp(&(&b.instance.name, &b.zone, b.capacity))));
+    let source = |o: &crate::core::packer::Offering| match o.capacity {
+        CapacityType::OnDemand => "catalog",
+        CapacityType::Spot if book.spot_price(&o.instance.name, &o.zone).is_some() => "ec2",
+        CapacityType::Spot => "estimate",
+    };
+    match output {
+        Output::Json => {
+            let docs: Vec<_> = rows
+                .iter()
+                .map(|o| serde_json::json!({"instanceType": o.instance.name, "arch": o.instance.arch, "zone": o.zone, "capacityType": o.capacity.as_str(), "pricePerHour": o.price, "priceSource": source(o), "region": region}))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&docs)?);
+        }
+        Output::Text => {
+            println!("{:<20} {:<6} {:<14} {:<10} {:>10} {:<8}", "TYPE", "ARCH", "ZONE", "CAPACITY", "$/HOUR", "SOURCE");
+            for o in &rows {
+                println!("{:<20} {:<6} {:<14} {:<10} {:>10.5} {:<8}", o.instance.name, o.instance.arch, o.zone, o.capacity.as_str(), o.price, source(o));
+            }
+            eprintln!("{} offerings of {} instance types, region {region}", rows.len(), rows.iter().map(|o| &o.instance.name).collect::<std::collections::BTreeSet<_>>().len());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
+    let PricesArgs { arch, family, region, catalog, output, .. } = args;
     let c = Catalog::with_user_file(catalog.as_deref())?;
     let region = region.unwrap_or_else(|| c.default_region.clone());
     let mut rows: Vec<_> = c

@@ -43,7 +43,7 @@ pub struct ServeArgs {
     /// Also serve /scheduler/* over plain HTTP on this loopback address (co-located scheduler).
     #[arg(long, env = "ARCHER_EXTENDER_LISTEN")]
     pub extender_listen: Option<String>,
-    /// Run the provisioning worker with this cloud provider: `none` (off) or `kwok`.
+    /// Run the provisioning worker with this cloud provider: `none` (off), `kwok` or `aws`.
     /// Only the replica holding the provisioner Lease provisions.
     #[arg(long, env = "ARCHER_CLOUD_PROVIDER")]
     pub cloud_provider: Option<String>,
@@ -253,13 +253,22 @@ fn provisioner_task(
         anyhow::bail!("--cloud-provider {} needs a cluster (no kubeconfig or in-cluster credentials found)", settings.cloud_provider);
     };
     let client = cluster.client().clone();
-    let provider: Arc<dyn crate::provisioner::cloud::CloudProvider> = match settings.cloud_provider.as_str() {
-        "kwok" => Arc::new(crate::provisioner::cloud::kwok::Kwok::new(client.clone(), catalog.clone(), settings.zones.clone())),
-        other => anyhow::bail!("unknown cloud provider {other:?}"),
-    };
     let namespace = cfg.namespace.clone();
     let lease_client = client.clone();
     Ok(Box::pin(async move {
+        let provider: Arc<dyn crate::provisioner::cloud::CloudProvider> = match settings.cloud_provider.as_str() {
+            "kwok" => Arc::new(crate::provisioner::cloud::kwok::Kwok::new(client.clone(), catalog.clone(), settings.zones.clone())),
+            "aws" => {
+                use crate::provisioner::cloud::aws;
+                let sdk = aws::sdk_config(&settings.aws).await;
+                let provider = Arc::new(aws::Aws::new(&sdk, catalog.clone(), settings.aws.clone()).await?);
+                provider.refresh_classes(&client).await;
+                tracing::info!(region = provider.region(), cluster = %settings.aws.cluster_name, offerings = provider.book().all().len(), "AWS provider ready");
+                tokio::spawn(provider.clone().run(client.clone()));
+                provider
+            }
+            other => anyhow::bail!("unknown cloud provider {other:?}"),
+        };
         let lease = settings.lease_name.clone();
         let duration = Duration::from_secs(settings.lease_duration_seconds);
         let leader_metrics = metrics.clone();

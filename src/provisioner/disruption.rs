@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams};
 use kube::Api;
 
+use super::cloud::{Interruption, InterruptionHandler};
 use super::consolidation;
 use super::nodeclaim::NodeClaim;
 use super::state::{self, DisruptionSettings};
@@ -246,7 +247,7 @@ impl Provisioner {
         let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
         let ns_refs: Vec<&k8s_openapi::api::core::v1::Namespace> = namespaces.iter().map(|n| n.as_ref()).collect();
         let (pools, volumes) = (self.pools(), self.volumes());
-        let world = consolidation::World { nodes: &node_refs, claims: &claim_refs, pods: &pod_refs, namespaces: &ns_refs, pools: &pools, offerings: &self.offerings, volumes: &volumes, platforms: &platforms, budget: self.settings.packing_budget() };
+        let world = consolidation::World { nodes: &node_refs, claims: &claim_refs, pods: &pod_refs, namespaces: &ns_refs, pools: &pools, offerings: &self.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.settings.packing_budget() };
         tokio::task::block_in_place(|| decide(&world))
     }
 
@@ -385,5 +386,59 @@ impl Provisioner {
         }
         self.metrics.nodes_terminated.get_or_create(&label("reason", reason)).inc();
         tracing::info!("node removed");
+    }
+
+    /// Take interrupted instances' nodes out: taint, plan and launch replacements for their pods,
+    /// then drain (after the replacements are Ready when there is time) and delete. A notice for
+    /// an instance Archer has no claim for is done at once.
+    async fn interrupt(self: &Arc<Self>, notice: &Interruption) -> Result<(), String> {
+        let claims = self.stores.claims.state();
+        let nodes = self.stores.nodes.state();
+        let pods = self.stores.pods.state();
+        for id in &notice.instance_ids {
+            let suffix = format!("/{id}");
+            let Some(claim) = claims.iter().find(|c| c.status.as_ref().and_then(|s| s.provider_id.as_deref()).is_some_and(|p| p.ends_with(&suffix))).cloned() else {
+                tracing::info!(instance = %id, kind = notice.kind, "interruption for an instance Archer did not launch; nothing to do");
+                continue;
+            };
+            let node_name = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            if self.disruption.draining(&node_name) {
+                continue;
+            }
+            let Some(node) = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(node_name.as_str())).cloned() else {
+                // Never registered: no pod to move.
+                tracing::warn!(instance = %id, claim = %claim.name(), kind = notice.kind, "interrupted before registering; deleting the claim");
+                self.provider.delete(&claim).await.map_err(|e| e.to_string())?;
+                let _ = Api::<NodeClaim>::all(self.client.clone()).delete(&claim.name(), &DeleteParams::default()).await;
+                continue;
+            };
+            tracing::warn!(node = %node_name, instance = %id, kind = notice.kind, "instance interrupted: replacing and draining its node");
+            self.taint(&node).await;
+            let on_node: Vec<&Pod> = pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())).map(|p| p.as_ref()).collect();
+            let leaving = consolidation::Candidate { node: node.as_ref(), pods: on_node, price: claim.spec.price_per_hour };
+            let plan = self.with_world(std::slice::from_ref(&leaving), |world| consolidation::evaluate(world, &[&leaving])).await;
+            let replacements = match plan {
+                Some(p) => self.launch_plan(&p.nodes, "replacement").await,
+                // Some pod has nowhere to go now: evicted, it is provisioned for like any pending pod.
+                None => Vec::new(),
+            };
+            let wait_for = if notice.replace_first { replacements } else { Vec::new() };
+            self.start_drain(node, claim, wait_for, "interrupted");
+        }
+        Ok(())
+    }
+}
+
+/// The provisioner as the cloud provider's interruption handler.
+pub(super) struct Interruptions(pub(super) Arc<Provisioner>);
+
+#[async_trait::async_trait]
+impl InterruptionHandler for Interruptions {
+    async fn interrupted(&self, notice: Interruption) -> Result<(), String> {
+        self.0.interrupt(&notice).await
+    }
+
+    fn count(&self, kind: &str, outcome: &str) {
+        self.0.metrics.interruption_messages.get_or_create(&labels2("kind", kind, "outcome", outcome)).inc();
     }
 }

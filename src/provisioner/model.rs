@@ -75,6 +75,34 @@ fn with_volume_terms(mut pod: PendingPod, volume_terms: &[Vec<k8s_openapi::api::
     pod
 }
 
+/// Node label keys a launch fixes whatever instance type it gets.
+const SHAPE_FREE_KEYS: [&str; 10] = [
+    labels::ARCH,
+    labels::OS,
+    labels::ZONE,
+    labels::REGION,
+    labels::HOSTNAME,
+    labels::KARPENTER_CAPACITY_TYPE,
+    labels::CAPACITY_TYPE,
+    labels::NODEPOOL,
+    labels::KARPENTER_NODEPOOL,
+    labels::KARPENTER_PROVISIONER_NAME,
+];
+
+/// Whether a pod selects nodes (node selector, required node affinity or topology spread) on a
+/// label that depends on the instance type (the type itself, its family, size, ...).
+pub fn selects_on_instance_shape(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else { return false };
+    let mut keys: Vec<&str> = spec.node_selector.iter().flatten().map(|(k, _)| k.as_str()).collect();
+    let terms = spec.affinity.as_ref().and_then(|a| a.node_affinity.as_ref()).and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
+    for t in terms.iter().flat_map(|r| &r.node_selector_terms) {
+        keys.extend(t.match_expressions.iter().flatten().map(|e| e.key.as_str()));
+        keys.extend(t.match_fields.iter().flatten().map(|e| e.key.as_str()));
+    }
+    keys.extend(spec.topology_spread_constraints.iter().flatten().map(|c| c.topology_key.as_str()));
+    keys.iter().any(|k| !SHAPE_FREE_KEYS.contains(k))
+}
+
 /// The packer's view of a pod, with `platforms` decided by the caller.
 pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> PendingPod {
     let spec = pod.spec.as_ref();

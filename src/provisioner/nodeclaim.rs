@@ -10,7 +10,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::nodepool::TaintDoc;
+use super::nodepool::{RequirementDoc, TaintDoc};
+use crate::core::requirements::Requirements;
 
 /// What the node must be. Cluster-scoped; named `<pool>-<random>` by the API server.
 #[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
@@ -51,6 +52,13 @@ pub struct NodeClaimSpec {
     /// Why it was launched: `provisioning` or `replacement`.
     #[serde(default)]
     pub reason: Option<String>,
+    /// The node class the provider launches with (the pool's `nodeClassRef`: group, kind, name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_class_ref: Option<BTreeMap<String, String>>,
+    /// The pool's requirements, plus the planned instance type when a pod of the claim asks for
+    /// particular types: a provider offering other types than the planned one keeps to them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requirements: Vec<RequirementDoc>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
@@ -67,6 +75,17 @@ pub struct NodeClaimStatus {
     /// The last launch error, if the launch is being retried.
     #[serde(default)]
     pub last_error: Option<String>,
+    /// Failed launch attempts so far (the claim is given up after `launchAttempts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_attempts: Option<u32>,
+    /// RFC 3339 time of the last failed attempt (retries back off from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_at: Option<String>,
+    /// The instance type and zone the provider launched (it may choose among the claim's types).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 impl NodeClaim {
@@ -76,6 +95,18 @@ impl NodeClaim {
 
     pub fn launched(&self) -> bool {
         self.status.as_ref().and_then(|s| s.provider_id.as_ref()).is_some()
+    }
+
+    /// The claim's requirements, `None` when it has none or they do not parse.
+    pub fn requirements(&self) -> Option<Requirements> {
+        if self.spec.requirements.is_empty() {
+            return None;
+        }
+        let mut r = Requirements::new();
+        for q in &self.spec.requirements {
+            r.add(&q.key, &q.operator, &q.values).ok()?;
+        }
+        Some(r)
     }
 
     pub fn deleting(&self) -> bool {

@@ -100,7 +100,8 @@ pub struct TemplateSpec {
     pub requirements: Vec<RequirementDoc>,
     #[serde(default)]
     pub expire_after: Option<String>,
-    /// Accepted for Karpenter compatibility; Archer's providers take no node class yet.
+    /// The node class its nodes launch with (`group`, `kind`, `name`): an `EC2NodeClass` for the
+    /// aws provider; the kwok provider takes none.
     #[serde(default)]
     pub node_class_ref: Option<BTreeMap<String, String>>,
 }

@@ -89,7 +89,6 @@ pub struct Provisioner {
     pub base_keyring: Keyring,
     pub metrics: Arc<Metrics>,
     pub settings: ProvisionerConfig,
-    pub(super) offerings: Vec<Offering>,
     recorder: Recorder,
     limiter: governor::DefaultDirectRateLimiter,
     /// Last event message posted per pod uid (an unchanged reason is not posted again).
@@ -142,7 +141,6 @@ impl Provisioner {
         let (stores, watches) = Stores::start(&client, pending.clone());
         let per_minute = std::num::NonZeroU32::new(settings.max_launches_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
         let reporter = Reporter { controller: "archer-provisioner".into(), instance: std::env::var("POD_NAME").ok() };
-        let offerings = provider.offerings();
         if let Some(c) = &cluster {
             c.attach_pods(Some(stores.pods.clone()));
         }
@@ -159,7 +157,6 @@ impl Provisioner {
             base_keyring,
             metrics,
             settings,
-            offerings,
             stores,
             pending,
             disruption: Default::default(),
@@ -173,8 +170,11 @@ impl Provisioner {
     /// dropping the future (leadership lost) stops all three.
     pub async fn run(self: Arc<Self>) {
         self.stores.wait_ready().await;
-        tracing::info!(provider = self.provider.name(), offerings = self.offerings.len(), "provisioner started");
+        tracing::info!(provider = self.provider.name(), offerings = self.provider.offerings().len(), "provisioner started");
         let mut tasks = AbortOnDrop(vec![tokio::spawn(self.clone().batch_loop()), tokio::spawn(self.clone().claim_loop()), tokio::spawn(self.clone().disruption_loop())]);
+        if let Some(notices) = self.provider.interruptions(Arc::new(super::disruption::Interruptions(self.clone()))) {
+            tasks.0.push(tokio::spawn(notices));
+        }
         let (ended, _, _) = futures::future::select_all(tasks.0.iter_mut().collect::<Vec<_>>()).await;
         tracing::error!(outcome = ?ended.err(), "a provisioner loop ended; stopping the others");
     }
@@ -286,7 +286,7 @@ impl Provisioner {
         let pools = self.pools();
         let snapshot = self.snapshot(&pools, &all_pods, &|_| false);
         let batch: Vec<Pending> = self.pending_pods(&pending, &self.volumes()).await;
-        let offerings = &self.offerings;
+        let offerings = &self.provider.offerings();
         let plan = if pools.is_empty() {
             Plan { unschedulable: batch.iter().map(|p| crate::core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
         } else {
@@ -453,7 +453,8 @@ impl Provisioner {
     fn claim_for(&self, planned: &PlannedNode, reason: &str) -> Option<NodeClaim> {
         let np = self.stores.pools.state().into_iter().find(|p| p.name() == planned.pool)?;
         let pool = np.to_pool().ok()?;
-        let offering = Offering::find(&self.offerings, &planned.instance_type, &planned.zone, &planned.capacity_type)?;
+        let offerings = self.provider.offerings();
+        let offering = Offering::find(&offerings, &planned.instance_type, &planned.zone, &planned.capacity_type)?;
         let t = &offering.instance;
         let with_gpus = |mut m: BTreeMap<String, String>, gpus: u32| {
             if gpus > 0 {
@@ -485,9 +486,25 @@ impl Provisioner {
                 price_per_hour: offering.price,
                 expire_after: np.spec.template.spec.expire_after.clone(),
                 reason: Some(reason.into()),
+                node_class_ref: np.spec.template.spec.node_class_ref.clone(),
+                requirements: self.claim_requirements(&np, planned),
             },
             status: None,
         })
+    }
+
+    /// The pool's requirements, and the planned instance type as a requirement when a planned pod
+    /// selects on anything but the node's architecture, OS, zone, region, capacity type or pool:
+    /// a provider may then launch no other type than the one planned.
+    fn claim_requirements(&self, pool: &NodePool, planned: &PlannedNode) -> Vec<super::nodepool::RequirementDoc> {
+        let mut r = pool.spec.template.spec.requirements.clone();
+        let pods = self.stores.pods.state();
+        let wanted: HashSet<&str> = planned.pods.iter().map(String::as_str).collect();
+        let pins = pods.iter().filter(|p| wanted.contains(pod_id(p).as_str())).any(|p| model::selects_on_instance_shape(p));
+        if pins {
+            r.push(super::nodepool::RequirementDoc { key: crate::core::labels::INSTANCE_TYPE.into(), operator: "In".into(), values: vec![planned.instance_type.clone()], min_values: None });
+        }
+        r
     }
 
     /// Write one planned node's NodeClaim.
@@ -531,7 +548,7 @@ impl Provisioner {
                     let pods: Vec<String> = planned.split(',').filter(|p| !p.is_empty()).map(String::from).collect();
                     cluster.plan_placed(pods, &i.node_name).await;
                 }
-                NodeClaimStatus { provider_id: Some(i.provider_id), node_name: Some(i.node_name), launched_at: Some(now_rfc3339()), last_error: None }
+                NodeClaimStatus { provider_id: Some(i.provider_id), node_name: Some(i.node_name), launched_at: Some(now_rfc3339()), instance_type: i.instance_type, zone: i.zone, ..Default::default() }
             }
             Err(e) => {
                 self.metrics.launch_errors.get_or_create(&label("provider", self.provider.name())).inc();
@@ -541,12 +558,32 @@ impl Provisioner {
                     let _ = api.delete(&claim.name(), &DeleteParams::default()).await;
                     return;
                 }
-                NodeClaimStatus { last_error: Some(e.to_string()), ..Default::default() }
+                let attempts = claim.status.as_ref().and_then(|s| s.launch_attempts).unwrap_or(0) + 1;
+                if attempts >= self.settings.launch_attempts {
+                    self.give_up(claim, "LaunchFailed", &format!("launch failed {attempts} times, the claim is deleted and its pods planned again: {e}")).await;
+                    return;
+                }
+                NodeClaimStatus { last_error: Some(e.to_string()), launch_attempts: Some(attempts), last_attempt_at: Some(now_rfc3339()), ..Default::default() }
             }
         };
         if let Err(e) = api.patch_status(&claim.name(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": status}))).await {
             tracing::warn!(error = %e, "could not record the launch on the claim; the claim keeper retries (the launch is idempotent)");
         }
+    }
+
+    /// Delete a claim that cannot become a node (with a Warning Event on it saying why) and its
+    /// instance, if any: it stops counting as room and against the pool's limits.
+    async fn give_up(&self, claim: &NodeClaim, reason: &str, note: &str) {
+        tracing::warn!(claim = %claim.name(), reason, note, "claim given up");
+        self.metrics.claims_given_up.get_or_create(&label("reason", reason)).inc();
+        let ev = Event { type_: EventType::Warning, reason: reason.into(), note: Some(note.into()), action: "Launching".into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&ev, &claim.object_ref(&())).await {
+            tracing::warn!(claim = %claim.name(), error = %e, "could not post the event");
+        }
+        if let Err(e) = self.provider.delete(claim).await {
+            tracing::warn!(claim = %claim.name(), error = %e, "could not terminate the instance; garbage collection will");
+        }
+        let _ = Api::<NodeClaim>::all(self.client.clone()).delete(&claim.name(), &DeleteParams::default()).await;
     }
 
     /// Wait (briefly) until the claim cache shows what was just written, so the next batch sees
@@ -581,7 +618,7 @@ impl Provisioner {
             let young = c.metadata.creation_timestamp.as_ref().and_then(|t| state::age_of(&t.0.to_string())).is_some_and(|a| a < Duration::from_secs(10));
             ours || young
         };
-        for c in claims.iter().filter(|c| !c.launched() && !c.deleting() && !recent(c)) {
+        for c in claims.iter().filter(|c| !c.launched() && !c.deleting() && !recent(c) && retry_due(c)) {
             tracing::info!(claim = %c.name(), "claim was never launched (restart?); launching it now");
             self.launch(c).await;
         }
@@ -602,8 +639,22 @@ impl Provisioner {
                 self.register(&node).await;
             }
         }
+        // Launched but never registered, or registered and never Ready: given up.
+        let timeout = Duration::from_secs(self.settings.registration_timeout_seconds);
+        for c in claims.iter().filter(|c| c.launched() && !c.deleting()) {
+            let age = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(state::age_of).unwrap_or_default();
+            let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            let ready = self.stores.nodes.get(&kube::runtime::reflector::ObjectRef::new(&node)).is_some_and(|n| state::node_ready(&n));
+            if age > timeout && !ready {
+                self.give_up(c, "RegistrationTimeout", &format!("node {node} not registered and Ready {}s after launch", timeout.as_secs())).await;
+            }
+        }
+        let grace = Duration::from_secs(self.settings.garbage_grace_seconds);
         for i in &instances {
             if claims.iter().any(|c| c.name() == i.claim) {
+                continue;
+            }
+            if i.launched_at.and_then(|t| t.elapsed().ok()).is_some_and(|a| a < grace) {
                 continue;
             }
             // The cache may lag a claim written a moment ago: ask the API server.
@@ -634,6 +685,18 @@ impl Drop for AbortOnDrop {
             t.abort();
         }
     }
+}
+
+/// Whether a claim whose launch failed is due another attempt: 10 s after the first failure,
+/// doubling up to 5 minutes.
+fn retry_due(c: &NodeClaim) -> bool {
+    let Some(s) = c.status.as_ref() else { return true };
+    let attempts = s.launch_attempts.unwrap_or(0);
+    if attempts == 0 {
+        return true;
+    }
+    let wait = Duration::from_secs(10u64.saturating_mul(1 << attempts.min(5).saturating_sub(1))).min(Duration::from_secs(300));
+    s.last_attempt_at.as_deref().and_then(state::age_of).is_none_or(|a| a >= wait)
 }
 
 pub(super) fn now_rfc3339() -> String {

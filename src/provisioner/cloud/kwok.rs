@@ -27,13 +27,12 @@ pub const MANAGED_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
 
 pub struct Kwok {
     client: Client,
-    catalog: Arc<Catalog>,
-    zones: Vec<String>,
+    offerings: Arc<Vec<Offering>>,
 }
 
 impl Kwok {
     pub fn new(client: Client, catalog: Arc<Catalog>, zones: Vec<String>) -> Self {
-        Self { client, catalog, zones }
+        Self { client, offerings: Arc::new(offerings(&catalog, &zones)) }
     }
 
     fn api(&self) -> Api<Node> {
@@ -52,7 +51,16 @@ fn api_error(e: kube::Error) -> CloudError {
 fn instance(node: &Node) -> Option<Instance> {
     let claim = node.metadata.labels.as_ref()?.get(labels::NODECLAIM)?.clone();
     let name = node.metadata.name.clone()?;
-    Some(Instance { provider_id: node.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_else(|| format!("kwok://{name}")), node_name: name, claim })
+    let get = |k: &str| node.metadata.labels.as_ref().and_then(|l| l.get(k).cloned());
+    let launched_at = node.metadata.creation_timestamp.as_ref().map(|t| std::time::SystemTime::from(t.0));
+    Some(Instance {
+        provider_id: node.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_else(|| format!("kwok://{name}")),
+        node_name: name,
+        claim,
+        instance_type: get(labels::INSTANCE_TYPE),
+        zone: get(labels::ZONE),
+        launched_at,
+    })
 }
 
 /// The Node a claim becomes.
@@ -99,8 +107,8 @@ impl CloudProvider for Kwok {
         PROVIDER
     }
 
-    fn offerings(&self) -> Vec<Offering> {
-        offerings(&self.catalog, &self.zones)
+    fn offerings(&self) -> Arc<Vec<Offering>> {
+        self.offerings.clone()
     }
 
     async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError> {

@@ -1,7 +1,10 @@
 //! Where nodes come from. The provisioner only talks to [`CloudProvider`]; each cloud is a module
 //! of its own (`kwok` ships; EC2 or Azure would be a sibling implementing the same trait).
 
+pub mod aws;
 pub mod kwok;
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -25,13 +28,41 @@ pub struct Instance {
     pub node_name: String,
     /// The NodeClaim it was launched for.
     pub claim: String,
+    /// What the provider launched (it may pick another type than planned from the claim's list).
+    pub instance_type: Option<String>,
+    pub zone: Option<String>,
+    /// When it was launched (garbage collection leaves young instances alone).
+    pub launched_at: Option<std::time::SystemTime>,
+}
+
+/// A notice that instances are being taken away (spot interruption, maintenance, stop).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interruption {
+    /// Metric and log label: `spot-interruption`, `scheduled-change`, ...
+    pub kind: &'static str,
+    /// The provider's instance ids (the last part of a provider id).
+    pub instance_ids: Vec<String>,
+    /// Whether there is time to wait for replacements before evicting (maintenance days ahead),
+    /// or the pods must leave now (a two-minute spot warning, a stopping instance).
+    pub replace_first: bool,
+}
+
+/// What acts on interruption notices (the provisioner).
+#[async_trait]
+pub trait InterruptionHandler: Send + Sync {
+    /// Take the instances' nodes out: taint, launch replacements, drain, delete. `Ok` once that
+    /// has started for each of them (the notice may then be forgotten).
+    async fn interrupted(&self, notice: Interruption) -> Result<(), String>;
+    /// Count one notice by kind and outcome (`handled`, `ignored`, `malformed`, `failed`).
+    fn count(&self, kind: &str, outcome: &str);
 }
 
 #[async_trait]
 pub trait CloudProvider: Send + Sync {
     fn name(&self) -> &'static str;
-    /// Every (instance type, zone, capacity type) this provider can launch, with its price.
-    fn offerings(&self) -> Vec<Offering>;
+    /// Every (instance type, zone, capacity type) this provider can launch now, with its price
+    /// (read at each batch: prices and availability change).
+    fn offerings(&self) -> Arc<Vec<Offering>>;
     /// Launch the node for `claim`. Idempotent on the claim's name: calling it again for a claim
     /// that was already launched returns the same instance and launches nothing.
     async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError>;
@@ -39,4 +70,9 @@ pub trait CloudProvider: Send + Sync {
     async fn delete(&self, claim: &NodeClaim) -> Result<(), CloudError>;
     /// Every instance this provider launched (for garbage collection of leaked instances).
     async fn list(&self) -> Result<Vec<Instance>, CloudError>;
+    /// A future delivering the provider's interruption notices to `handler` until dropped;
+    /// `None` when the provider has none (or none is configured).
+    fn interruptions(&self, _handler: Arc<dyn InterruptionHandler>) -> Option<futures::future::BoxFuture<'static, ()>> {
+        None
+    }
 }

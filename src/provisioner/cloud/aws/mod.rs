@@ -1,0 +1,251 @@
+//! The AWS EC2 provider: instance types and zones from EC2 priced by the catalog (spot prices from
+//! EC2's history), EC2NodeClasses resolved into subnets, security groups and images, one
+//! `CreateFleet` (type `instant`) per claim through a launch template per node class, image and
+//! node shape, and every instance tagged with the cluster, the claim and the pool.
+//!
+//! - `nodeclass`: the EC2NodeClass resource;
+//! - `resolve`: its selectors against EC2;
+//! - `offerings`: instance types, zones, spot prices and the insufficient-capacity cache;
+//! - `launch`: launch templates, the fleet request and what it answers;
+//! - `instances`: finding, listing and terminating this cluster's instances;
+//! - `interruption`: the SQS queue of EventBridge interruption events.
+
+pub mod interruption;
+pub mod launch;
+pub mod nodeclass;
+pub mod offerings;
+pub mod resolve;
+mod instances;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::Client;
+
+use super::{CloudError, CloudProvider, Instance};
+use crate::catalog::Catalog;
+use crate::config::AwsConfig;
+use crate::core::packer::Offering;
+use crate::provisioner::nodeclaim::NodeClaim;
+use nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
+use offerings::Book;
+use resolve::Resolved;
+
+pub(crate) const PROVIDER: &str = "aws";
+/// Tags on everything Archer creates.
+pub const CLUSTER_TAG: &str = "archer.dev/cluster";
+pub const NODECLAIM_TAG: &str = "archer.dev/nodeclaim";
+pub const NODEPOOL_TAG: &str = "archer.dev/nodepool";
+pub const NODECLASS_TAG: &str = "archer.dev/ec2nodeclass";
+/// A launch template no launch used for this long (and older than that) is deleted.
+const TEMPLATE_UNUSED_FOR: Duration = Duration::from_secs(3600);
+/// The condition a node class reports.
+pub const READY_CONDITION: &str = "Ready";
+
+/// A readable message of an SDK error (service code and message, or the transport's failure).
+pub(crate) fn sdk_error<E: std::error::Error + 'static, R: std::fmt::Debug>(e: aws_sdk_ec2::error::SdkError<E, R>) -> String {
+    aws_sdk_ec2::error::DisplayErrorContext(&e).to_string()
+}
+
+pub(crate) fn api_error(message: impl Into<String>) -> CloudError {
+    CloudError::Api { provider: PROVIDER, message: message.into() }
+}
+
+/// The SDK's configuration from the standard chain, with the region and endpoint of the settings
+/// when given. The HTTP client is rustls with ring, like the rest of Archer.
+pub async fn sdk_config(settings: &AwsConfig) -> aws_config::SdkConfig {
+    let http = aws_smithy_http_client::Builder::new().tls_provider(aws_smithy_http_client::tls::Provider::Rustls(aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring)).build_https();
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
+    if let Some(r) = &settings.region {
+        loader = loader.region(aws_config::Region::new(r.clone()));
+    }
+    if let Some(e) = &settings.endpoint {
+        loader = loader.endpoint_url(e.clone());
+    }
+    loader.load().await
+}
+
+/// A node class and what it resolved to.
+pub struct Class {
+    pub spec: EC2NodeClassSpec,
+    pub resolved: Resolved,
+}
+
+pub struct Aws {
+    ec2: aws_sdk_ec2::Client,
+    sqs: aws_sdk_sqs::Client,
+    settings: AwsConfig,
+    region: String,
+    book: Book,
+    /// Resolved node classes by name (kept by [`Aws::refresh_classes`]).
+    classes: ArcSwap<HashMap<String, Arc<Class>>>,
+    /// Launch templates known to exist, and when a launch last used each.
+    templates: Mutex<HashMap<String, std::time::Instant>>,
+}
+
+impl Aws {
+    /// Read EC2's instance types, zones and spot prices: the provider can plan when this returns,
+    /// and launch for a node class once [`Aws::refresh_classes`] or [`Aws::use_class`] has it.
+    pub async fn new(sdk: &aws_config::SdkConfig, catalog: Arc<Catalog>, settings: AwsConfig) -> Result<Aws, CloudError> {
+        let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| api_error("no AWS region: set provisioner.aws.region or AWS_REGION"))?;
+        let ec2 = aws_sdk_ec2::Client::new(sdk);
+        let sqs = aws_sdk_sqs::Client::new(sdk);
+        let book = Book::new(catalog, region.clone(), Duration::from_secs(settings.insufficient_capacity_ttl_seconds));
+        let aws = Aws { ec2, sqs, settings, region, book, classes: ArcSwap::from_pointee(HashMap::new()), templates: Mutex::new(HashMap::new()) };
+        aws.book.refresh_types(&aws.ec2).await?;
+        aws.book.refresh_spot(&aws.ec2).await?;
+        Ok(aws)
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    pub fn ec2(&self) -> &aws_sdk_ec2::Client {
+        &self.ec2
+    }
+
+    pub fn settings(&self) -> &AwsConfig {
+        &self.settings
+    }
+
+    pub fn book(&self) -> &Book {
+        &self.book
+    }
+
+    /// Keep spot prices and the cluster's node classes current, until dropped.
+    pub async fn run(self: Arc<Self>, kube: Client) {
+        let spot = Duration::from_secs(self.settings.spot_price_refresh_seconds);
+        let classes = Duration::from_secs(self.settings.node_class_refresh_seconds);
+        let me = self.clone();
+        let spot_loop = async move {
+            loop {
+                tokio::time::sleep(spot).await;
+                if let Err(e) = me.book.refresh_spot(&me.ec2).await {
+                    tracing::warn!(error = %e, "spot prices not refreshed; the last ones (or the catalog's estimate) stay");
+                }
+            }
+        };
+        let class_loop = async move {
+            loop {
+                tokio::time::sleep(classes).await;
+                self.refresh_classes(&kube).await;
+                if let Err(e) = launch::delete_unused_templates(&self, TEMPLATE_UNUSED_FOR).await {
+                    tracing::warn!(error = %e, "launch templates not cleaned up");
+                }
+            }
+        };
+        futures::future::join(spot_loop, class_loop).await;
+    }
+
+    /// Resolve a node class against EC2 and launch with it from now on.
+    pub async fn use_class(&self, nc: &EC2NodeClass) -> Arc<Class> {
+        let resolved = match resolve::resolve(&self.ec2, &nc.spec, &self.settings.ami_owners).await {
+            Ok(r) => r,
+            Err(e) => Resolved { problems: vec![format!("EC2 could not be asked: {e}")], ..Default::default() },
+        };
+        let class = Arc::new(Class { spec: nc.spec.clone(), resolved });
+        let mut all = (**self.classes.load()).clone();
+        all.insert(nc.name(), class.clone());
+        self.classes.store(Arc::new(all));
+        class
+    }
+
+    /// Resolve every EC2NodeClass of the cluster and write what it resolved to into its status;
+    /// node classes gone from the cluster are forgotten.
+    pub async fn refresh_classes(&self, kube: &Client) {
+        let api: Api<EC2NodeClass> = Api::all(kube.clone());
+        let list = match api.list(&ListParams::default()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list EC2NodeClasses");
+                return;
+            }
+        };
+        for nc in &list.items {
+            let class = self.use_class(nc).await;
+            if let Err(e) = write_status(&api, nc, &class.resolved).await {
+                tracing::warn!(nodeclass = %nc.name(), error = %e, "could not write the node class status");
+            }
+        }
+        let names: Vec<String> = list.items.iter().map(|n| n.name()).collect();
+        let kept: HashMap<String, Arc<Class>> = self.classes.load().iter().filter(|(k, _)| names.contains(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        self.classes.store(Arc::new(kept));
+    }
+
+    /// The node class a claim launches with.
+    fn class_for(&self, claim: &NodeClaim) -> Result<(String, Arc<Class>), CloudError> {
+        let name = claim.spec.node_class_ref.as_ref().and_then(|r| r.get("name").cloned()).ok_or_else(|| api_error(format!("NodePool {} names no EC2NodeClass (spec.template.spec.nodeClassRef)", claim.spec.node_pool)))?;
+        let class = self.classes.load().get(&name).cloned().ok_or_else(|| api_error(format!("EC2NodeClass {name} does not exist (or is not resolved yet)")))?;
+        if !class.resolved.ready() {
+            return Err(api_error(format!("EC2NodeClass {name} is not ready: {}", class.resolved.problems.join("; "))));
+        }
+        Ok((name, class))
+    }
+}
+
+/// The node class's status: what it resolved to and a Ready condition (its transition time kept
+/// while the status stays the same); written only when it changed.
+async fn write_status(api: &Api<EC2NodeClass>, nc: &EC2NodeClass, r: &Resolved) -> Result<(), kube::Error> {
+        let old = nc.status.clone().unwrap_or_default();
+        let ready = r.ready();
+        let (status, reason, message) = if ready { ("True", "Resolved", "every selector resolved".to_string()) } else { ("False", "NotResolved", r.problems.join("; ")) };
+        let previous = old.conditions.iter().find(|c| c.type_ == READY_CONDITION);
+        let transition = match previous {
+            Some(c) if c.status == status => c.last_transition_time.clone(),
+            _ => k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+        };
+        let condition = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: READY_CONDITION.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: transition,
+            observed_generation: nc.metadata.generation,
+        };
+        let new = EC2NodeClassStatus { subnets: r.subnets.clone(), security_groups: r.security_groups.clone(), amis: r.amis.clone(), instance_profile: r.instance_profile.clone(), conditions: vec![condition] };
+        if new == old {
+            return Ok(());
+        }
+        api.patch_status(&nc.name(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": new}))).await.map(|_| ())
+}
+
+
+
+#[async_trait]
+impl CloudProvider for Aws {
+    fn name(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn offerings(&self) -> Arc<Vec<Offering>> {
+        self.book.offerings()
+    }
+
+    async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError> {
+        if let Some(i) = instances::of_claim(&self.ec2, &self.settings.cluster_name, &claim.name()).await? {
+            tracing::info!(claim = %claim.name(), provider_id = %i.provider_id, "instance already launched for this claim");
+            return Ok(i);
+        }
+        let (class_name, class) = self.class_for(claim)?;
+        let template = launch::ensure_template(self, &class_name, &class, claim).await?;
+        launch::fleet(self, &template, &class.resolved, claim).await
+    }
+
+    async fn delete(&self, claim: &NodeClaim) -> Result<(), CloudError> {
+        instances::terminate_claim(&self.ec2, &self.settings.cluster_name, claim).await
+    }
+
+    async fn list(&self) -> Result<Vec<Instance>, CloudError> {
+        instances::list(&self.ec2, &self.settings.cluster_name).await
+    }
+
+    fn interruptions(&self, handler: Arc<dyn super::InterruptionHandler>) -> Option<futures::future::BoxFuture<'static, ()>> {
+        let queue = self.settings.interruption_queue.clone()?;
+        Some(Box::pin(interruption::run(self.sqs.clone(), queue, handler)))
+    }
+}

@@ -1,0 +1,266 @@
+//! The AWS EC2 provider against moto's server (a real server speaking EC2 and SQS): node class
+//! resolution, offerings and spot prices, launches (overrides, tags, client token, one instance
+//! per claim), termination, listing, interruption messages through SQS, and (through a small
+//! fault-injecting proxy, for the one fault moto cannot produce) insufficient capacity.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use archer::catalog::{CapacityType, Catalog};
+use archer::provisioner::cloud::aws::interruption::{self, Kind, Outcome};
+use archer::provisioner::cloud::aws::nodeclass::EC2NodeClass;
+use archer::provisioner::cloud::aws::Aws;
+use archer::provisioner::cloud::{CloudError, CloudProvider};
+use archer::provisioner::nodeclaim::NodeClaim;
+use common::moto::*;
+
+fn node_class(extra: serde_json::Value) -> EC2NodeClass {
+    let mut spec = serde_json::json!({
+        "role": "KarpenterNodeRole-test",
+        "amiSelectorTerms": [{"alias": "al2023@latest"}],
+        "subnetSelectorTerms": [{"tags": {DISCOVERY_TAG: CLUSTER}}],
+        "securityGroupSelectorTerms": [{"tags": {DISCOVERY_TAG: CLUSTER}}, {"name": "extra"}],
+        "tags": {"team": "platform"},
+        "blockDeviceMappings": [{"deviceName": "/dev/xvda", "ebs": {"volumeSize": "50Gi", "volumeType": "gp3", "encrypted": true}}]
+    });
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    serde_json::from_value(serde_json::json!({"apiVersion": "archer.dev/v1alpha1", "kind": "EC2NodeClass", "metadata": {"name": "default"}, "spec": spec})).expect("node class")
+}
+
+fn claim(name: &str, instance_type: &str, arch: &str, zone: &str, capacity: &str) -> NodeClaim {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "metadata": {"name": name},
+        "spec": {"nodePool": "general", "instanceType": instance_type, "zone": zone, "capacityType": capacity, "arch": arch, "os": "linux",
+                 "labels": {"kubernetes.io/arch": arch, "karpenter.sh/capacity-type": capacity, "team": "a"},
+                 "taints": [], "pricePerHour": 0.077,
+                 "nodeClassRef": {"group": "archer.dev", "kind": "EC2NodeClass", "name": "default"},
+                 "requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": [arch]}]}
+    }))
+    .expect("claim")
+}
+
+async fn provider(moto: &Moto) -> Aws {
+    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    Aws::new(&moto.sdk().await, catalog, moto.settings()).await.expect("provider")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_class_resolves_its_subnets_groups_and_the_newest_image_per_architecture() {
+    let moto = Moto::start().await;
+    let subnets = moto.network().await;
+    let aws = provider(&moto).await;
+    let class = aws.use_class(&node_class(serde_json::json!({}))).await;
+    let r = &class.resolved;
+    assert!(r.ready(), "problems: {:?}", r.problems);
+    let mut got: Vec<(String, String)> = r.subnets.iter().map(|s| (s.zone.clone(), s.id.clone())).collect();
+    got.sort();
+    assert_eq!(got, subnets, "the tagged subnets, one per zone, and not the untagged one");
+    let mut groups: Vec<String> = r.security_groups.iter().filter_map(|g| g.name.clone()).collect();
+    groups.sort();
+    assert_eq!(groups, ["extra", "nodes"]);
+    assert_eq!(r.ami("arm64").map(|a| a.id.as_str()), Some(ARM_AMIS[1]), "the newest arm64 image");
+    assert_eq!(r.ami("amd64").map(|a| a.id.as_str()), Some(AMD_AMI));
+    assert_eq!(r.instance_profile.as_deref(), Some("KarpenterNodeRole-test"));
+
+    // A selector that matches nothing makes the class not ready, saying which.
+    let broken = aws.use_class(&node_class(serde_json::json!({"subnetSelectorTerms": [{"tags": {"nope": "nothing"}}], "amiSelectorTerms": [{"alias": "bottlerocket@latest"}]}))).await;
+    assert!(!broken.resolved.ready());
+    assert!(broken.resolved.problems.iter().any(|p| p.contains("subnetSelectorTerm") && p.contains("nope")), "{:?}", broken.resolved.problems);
+    assert_eq!(broken.resolved.ami("arm64"), None, "no arm64 Bottlerocket image exists");
+    assert!(broken.resolved.ami("amd64").is_some());
+    let c = claim("general-broken", "m6g.large", "arm64", "us-east-1a", "on-demand");
+    let err = aws.create(&c).await.expect_err("a launch with a class that is not ready");
+    assert!(err.to_string().contains("not ready"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offerings_are_ec2s_types_and_zones_at_catalog_and_ec2_spot_prices() {
+    let moto = Moto::start().await;
+    let aws = provider(&moto).await;
+    let catalog = Catalog::embedded().expect("catalog");
+    let all = aws.offerings();
+    let find = |t: &str, z: &str, c: CapacityType| all.iter().find(|o| o.instance.name == t && o.zone == z && o.capacity == c).map(|o| o.price);
+    assert_eq!(find("m6g.large", "us-east-1a", CapacityType::OnDemand), catalog.price("m6g.large", Some(REGION), CapacityType::OnDemand));
+    // moto's spot price history gives every type 0.00001: read from EC2, not the estimate.
+    assert_eq!(find("m6g.large", "us-east-1a", CapacityType::Spot), Some(0.00001));
+    assert_eq!(aws.book().spot_price("m6g.large", "us-east-1a"), Some(0.00001));
+    let zones: std::collections::BTreeSet<&str> = all.iter().map(|o| o.zone.as_str()).collect();
+    assert!(ZONES.iter().all(|z| zones.contains(z)), "{zones:?}");
+    assert!(all.iter().all(|o| catalog.get(&o.instance.name).is_some()), "only types the catalog prices");
+    assert!(all.iter().any(|o| o.instance.arch == "arm64") && all.iter().any(|o| o.instance.arch == "amd64"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_launches_one_tagged_instance_and_a_repeated_launch_returns_it() {
+    let moto = Moto::start().await;
+    let subnets = moto.network().await;
+    let aws = provider(&moto).await;
+    aws.use_class(&node_class(serde_json::json!({}))).await;
+    let c = claim("general-abcde", "m6g.large", "arm64", "us-east-1b", "on-demand");
+    let first = aws.create(&c).await.expect("launch");
+    assert!(first.provider_id.starts_with("aws:///us-east-1b/i-"), "{}", first.provider_id);
+    assert_eq!((first.claim.as_str(), first.instance_type.as_deref(), first.zone.as_deref()), ("general-abcde", Some("m6g.large"), Some("us-east-1b")));
+    // Launched again (a retry, a restart between claim and launch): the same instance.
+    let again = aws.create(&c).await.expect("relaunch");
+    assert_eq!(again.provider_id, first.provider_id);
+    let running = moto.instances("running").await;
+    assert_eq!(running.len(), 1, "exactly one instance for the claim");
+    let i = &running[0];
+    let tag = |k: &str| i.tags().iter().find(|t| t.key() == Some(k)).and_then(|t| t.value()).map(String::from);
+    assert_eq!(tag("archer.dev/cluster").as_deref(), Some(CLUSTER));
+    assert_eq!(tag("archer.dev/nodeclaim").as_deref(), Some("general-abcde"));
+    assert_eq!(tag("archer.dev/nodepool").as_deref(), Some("general"));
+    assert_eq!(tag("Name").as_deref(), Some("general-abcde"));
+    assert_eq!(i.image_id(), Some(ARM_AMIS[1]), "the arm64 image for an arm64 claim");
+    let zone_subnet = subnets.iter().find(|(z, _)| z == "us-east-1b").map(|(_, s)| s.as_str());
+    assert_eq!(i.subnet_id(), zone_subnet, "a subnet of the claim's zone");
+    // The launch template of the class carries the node's settings.
+    let ec2 = aws.ec2();
+    let templates = ec2.describe_launch_templates().send().await.expect("templates");
+    let names: Vec<&str> = templates.launch_templates().iter().filter_map(|t| t.launch_template_name()).collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(names[0].starts_with("archer/archer-test/default/"), "{names:?}");
+    let version = ec2.describe_launch_template_versions().launch_template_name(names[0]).send().await.expect("versions");
+    let data = version.launch_template_versions()[0].launch_template_data().expect("data");
+    assert_eq!(data.image_id(), Some(ARM_AMIS[1]));
+    assert_eq!(data.metadata_options().and_then(|m| m.http_tokens()).map(|t| t.as_str()), Some("required"), "IMDSv2 by default");
+    assert_eq!(data.block_device_mappings()[0].ebs().and_then(|e| e.volume_size()), Some(50));
+    let user_data = data.user_data().map(|u| String::from_utf8(base64_decode(u)).expect("utf-8")).unwrap_or_default();
+    assert!(user_data.contains("--register-with-taints=karpenter.sh/unregistered=:NoExecute"), "{user_data}");
+
+    // A second claim of the same shape reuses the template; an amd64 one gets its own.
+    aws.create(&claim("general-fghij", "m6g.large", "arm64", "us-east-1a", "on-demand")).await.expect("second");
+    aws.create(&claim("general-klmno", "m6i.large", "amd64", "us-east-1a", "on-demand")).await.expect("amd64");
+    let templates = ec2.describe_launch_templates().send().await.expect("templates");
+    assert_eq!(templates.launch_templates().len(), 2);
+    let listed = aws.list().await.expect("list");
+    let mut claims: Vec<&str> = listed.iter().map(|i| i.claim.as_str()).collect();
+    claims.sort();
+    assert_eq!(claims, ["general-abcde", "general-fghij", "general-klmno"]);
+
+    // Termination, by the claim's recorded provider id; terminating again is not an error.
+    let mut launched = c.clone();
+    launched.status = Some(archer::provisioner::nodeclaim::NodeClaimStatus { provider_id: Some(first.provider_id.clone()), ..Default::default() });
+    aws.delete(&launched).await.expect("terminate");
+    aws.delete(&launched).await.expect("terminate again");
+    let listed = aws.list().await.expect("list");
+    assert!(!listed.iter().any(|i| i.claim == "general-abcde"), "terminated instances are not listed");
+    assert_eq!(moto.instances("terminated").await.len(), 1);
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(s).expect("base64")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interruption_messages_are_acted_on_then_deleted_and_bad_ones_counted() {
+    let moto = Moto::start().await;
+    let sqs = aws_sdk_sqs::Client::new(&moto.sdk().await);
+    let url = sqs.create_queue().queue_name("archer-interruption").attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, "1").send().await.expect("queue").queue_url().map(String::from).expect("url");
+    assert_eq!(interruption::queue_url(&sqs, "archer-interruption").await.as_deref(), Ok(url.as_str()));
+    let spot = r#"{"version":"0","id":"1","detail-type":"EC2 Spot Instance Interruption Warning","source":"aws.ec2","region":"us-east-1","detail":{"instance-id":"i-0123","instance-action":"terminate"}}"#;
+    for body in [spot, "{ not json", r#"{"source":"aws.s3","detail-type":"Object Created","detail":{}}"#] {
+        sqs.send_message().queue_url(&url).message_body(body).send().await.expect("send");
+    }
+    // The first handler fails: the spot message stays on the queue and comes back.
+    let failing = |_: interruption::Interruption| async { Err::<(), String>("no replacement yet".into()) };
+    let mut outcomes = Vec::new();
+    while outcomes.len() < 3 {
+        outcomes.extend(interruption::receive_once(&sqs, &url, 1, failing).await.expect("receive"));
+    }
+    outcomes.sort_by_key(|(_, o)| o.as_str());
+    assert_eq!(outcomes, [("spot-interruption", Outcome::Failed), ("unknown", Outcome::Ignored), ("unknown", Outcome::Malformed)]);
+    // Then acted on and deleted.
+    let seen: Arc<Mutex<Vec<interruption::Interruption>>> = Arc::default();
+    let record = |i: interruption::Interruption| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().expect("lock").push(i);
+            Ok::<(), String>(())
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while seen.lock().expect("lock").is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the failed message never came back");
+        interruption::receive_once(&sqs, &url, 1, record).await.expect("receive");
+    }
+    assert_eq!(seen.lock().expect("lock")[0], interruption::Interruption { kind: Kind::SpotInterruption, instance_ids: vec!["i-0123".into()] });
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let left = sqs.receive_message().queue_url(&url).wait_time_seconds(1).send().await.expect("receive");
+    assert!(left.messages().is_empty(), "handled, ignored and malformed messages are deleted");
+}
+
+/// A proxy in front of moto that answers every CreateFleet with EC2's insufficient-capacity
+/// error for each type offered (moto cannot produce it), and passes everything else through.
+async fn capacity_failing_proxy(upstream: String) -> String {
+    use axum::body::Bytes;
+    use axum::response::IntoResponse;
+    let http = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |method: http::Method, uri: http::Uri, headers: http::HeaderMap, body: Bytes| {
+        let (http, upstream) = (http.clone(), upstream.clone());
+        async move {
+            let text = String::from_utf8_lossy(&body).to_string();
+            if text.contains("Action=CreateFleet") {
+                let types: Vec<String> = text.split('&').filter(|kv| kv.contains("Overrides") && kv.contains("InstanceType=")).filter_map(|kv| kv.split('=').nth(1).map(String::from)).collect();
+                let items: String = types.iter().map(|t| format!("<item><errorCode>InsufficientInstanceCapacity</errorCode><errorMessage>We currently do not have sufficient {t} capacity</errorMessage><launchTemplateAndOverrides><overrides><instanceType>{t}</instanceType></overrides></launchTemplateAndOverrides><lifecycle>on-demand</lifecycle></item>")).collect();
+                let xml = format!(r#"<CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>r-1</requestId><fleetId>fleet-1</fleetId><errorSet>{items}</errorSet><fleetInstanceSet/></CreateFleetResponse>"#);
+                return ([(http::header::CONTENT_TYPE, "text/xml")], xml).into_response();
+            }
+            let mut req = http.request(method, format!("{upstream}{uri}")).body(body);
+            for (k, v) in &headers {
+                if k != http::header::HOST {
+                    req = req.header(k, v);
+                }
+            }
+            match req.send().await {
+                Ok(r) => {
+                    let status = r.status();
+                    let ct = r.headers().get(http::header::CONTENT_TYPE).cloned();
+                    let bytes = r.bytes().await.unwrap_or_default();
+                    let mut resp = (status, bytes).into_response();
+                    if let Some(ct) = ct {
+                        resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+                    }
+                    resp
+                }
+                Err(e) => (http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insufficient_capacity_leaves_the_offered_types_out_of_plans_for_a_while() {
+    let moto = Moto::start().await;
+    moto.network().await;
+    let proxy = capacity_failing_proxy(moto.endpoint.clone()).await;
+    let mut settings = moto.settings();
+    settings.endpoint = Some(proxy);
+    settings.price_margin_percent = 10.0;
+    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    let sdk = archer::provisioner::cloud::aws::sdk_config(&settings).await;
+    let aws = Aws::new(&sdk, catalog, settings).await.expect("provider");
+    aws.use_class(&node_class(serde_json::json!({}))).await;
+    let key = |t: &str| (t.to_string(), "us-east-1a".to_string(), CapacityType::OnDemand);
+    let offered = |t: &str| aws.offerings().iter().any(|o| (o.instance.name.clone(), o.zone.clone(), o.capacity) == key(t));
+    assert!(offered("m6g.large"));
+    let err = aws.create(&claim("general-ice", "m6g.large", "arm64", "us-east-1a", "on-demand")).await.expect_err("no capacity");
+    let CloudError::InsufficientCapacity { instance_type, zone, .. } = &err else { panic!("expected insufficient capacity, got {err}") };
+    assert_eq!(zone, "us-east-1a");
+    assert!(instance_type.split(',').any(|t| t == "m6g.large"), "{instance_type}");
+    assert!(!offered("m6g.large"), "the failed offering is left out of plans");
+    for t in instance_type.split(',') {
+        assert!(aws.book().is_unavailable(&key(t)), "{t}");
+    }
+    // Other zones and the other capacity type of the same type stay available.
+    assert!(aws.offerings().iter().any(|o| o.instance.name == "m6g.large" && o.zone == "us-east-1b" && o.capacity == CapacityType::OnDemand));
+    assert!(aws.offerings().iter().any(|o| o.instance.name == "m6g.large" && o.zone == "us-east-1a" && o.capacity == CapacityType::Spot));
+}
