@@ -129,7 +129,7 @@ async fn a_claim_launches_one_tagged_instance_and_a_repeated_launch_returns_it()
     assert_eq!(data.metadata_options().and_then(|m| m.http_tokens()).map(|t| t.as_str()), Some("required"), "IMDSv2 by default");
     assert_eq!(data.block_device_mappings()[0].ebs().and_then(|e| e.volume_size()), Some(50));
     let user_data = data.user_data().map(|u| String::from_utf8(base64_decode(u)).expect("utf-8")).unwrap_or_default();
-    assert!(user_data.contains("--register-with-taints=karpenter.sh/unregistered=:NoExecute"), "{user_data}");
+    assert!(user_data.contains("--register-with-taints=karpenter.sh/unregistered=:NoSchedule"), "{user_data}");
 
     // A second claim of the same shape reuses the template; an amd64 one gets its own.
     aws.create(&claim("general-fghij", "m6g.large", "arm64", "us-east-1a", "on-demand")).await.expect("second");

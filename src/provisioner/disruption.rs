@@ -27,6 +27,8 @@ use crate::metrics::{label, labels2};
 pub struct Tracker {
     since: Mutex<HashMap<String, (String, Instant)>>,
     drains: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+    /// Nodes another task is taking out (tainted, its drain not started yet): not resumed.
+    reserved: Mutex<std::collections::HashSet<String>>,
     start: std::sync::atomic::AtomicUsize,
 }
 
@@ -48,7 +50,16 @@ impl Tracker {
     }
 
     fn draining(&self, node: &str) -> bool {
-        self.drains.lock().unwrap_or_else(|e| e.into_inner()).get(node).is_some_and(|h| !h.is_finished())
+        self.reserved.lock().unwrap_or_else(|e| e.into_inner()).contains(node) || self.drains.lock().unwrap_or_else(|e| e.into_inner()).get(node).is_some_and(|h| !h.is_finished())
+    }
+
+    /// Mark a node as being taken out by the caller (false when it already is).
+    fn reserve(&self, node: &str) -> bool {
+        !self.draining(node) && self.reserved.lock().unwrap_or_else(|e| e.into_inner()).insert(node.to_string())
+    }
+
+    fn release(&self, node: &str) {
+        self.reserved.lock().unwrap_or_else(|e| e.into_inner()).remove(node);
     }
 }
 
@@ -337,7 +348,10 @@ impl Provisioner {
         // Replacements Ready before any pod leaves; without them no pod leaves at all.
         while !replacements.is_empty() {
             let nodes = self.stores.nodes.state();
-            let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(r.as_str()) && state::node_ready(n) && !state::has_taint(n, labels::UNREGISTERED_TAINT)));
+            let claims = self.stores.claims.state();
+            // A replacement's node: the name its launch recorded, else its claim's.
+            let node_of = |r: &String| claims.iter().find(|c| c.name() == *r).and_then(|c| c.status.as_ref()).and_then(|s| s.node_name.clone()).unwrap_or_else(|| r.clone());
+            let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(node_of(r).as_str()) && state::node_ready(n) && !state::has_taint(n, labels::UNREGISTERED_TAINT)));
             if ready {
                 break;
             }
@@ -402,13 +416,15 @@ impl Provisioner {
                 continue;
             };
             let node_name = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-            if self.disruption.draining(&node_name) {
+            if !self.disruption.reserve(&node_name) {
                 continue;
             }
             let Some(node) = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(node_name.as_str())).cloned() else {
                 // Never registered: no pod to move.
                 tracing::warn!(instance = %id, claim = %claim.name(), kind = notice.kind, "interrupted before registering; deleting the claim");
-                self.provider.delete(&claim).await.map_err(|e| e.to_string())?;
+                let deleted = self.provider.delete(&claim).await.map_err(|e| e.to_string());
+                self.disruption.release(&node_name);
+                deleted?;
                 let _ = Api::<NodeClaim>::all(self.client.clone()).delete(&claim.name(), &DeleteParams::default()).await;
                 continue;
             };
@@ -418,12 +434,19 @@ impl Provisioner {
             let leaving = consolidation::Candidate { node: node.as_ref(), pods: on_node, price: claim.spec.price_per_hour };
             let plan = self.with_world(std::slice::from_ref(&leaving), |world| consolidation::evaluate(world, &[&leaving])).await;
             let replacements = match plan {
-                Some(p) => self.launch_plan(&p.nodes, "replacement").await,
+                Some(p) => {
+                    tracing::info!(node = %node_name, replacements = p.nodes.len(), onto_existing = p.existing.len(), "replacements for the interrupted node's pods");
+                    self.launch_plan(&p.nodes, "replacement").await
+                }
                 // Some pod has nowhere to go now: evicted, it is provisioned for like any pending pod.
-                None => Vec::new(),
+                None => {
+                    tracing::warn!(node = %node_name, "no place for every pod of the interrupted node now; they are provisioned for once evicted");
+                    Vec::new()
+                }
             };
             let wait_for = if notice.replace_first { replacements } else { Vec::new() };
             self.start_drain(node, claim, wait_for, "interrupted");
+            self.disruption.release(&node_name);
         }
         Ok(())
     }

@@ -261,8 +261,10 @@ pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], n
         }
     }
     for c in claims {
-        let name = c.name();
-        if c.deleting() || seen.contains(&name) || skip(&name) {
+        // The node-to-be is named as its node will be: the name its launch recorded (a cloud
+        // instance's), else the claim's (kwok names the node after it).
+        let name = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| c.name());
+        if c.deleting() || seen.contains(&name) || seen.contains(&c.name()) || skip(&name) || skip(&c.name()) {
             continue;
         }
         let mut labels = c.spec.labels.clone();

@@ -393,12 +393,15 @@ impl Provisioner {
         while !left.is_empty() {
             let nodes = self.stores.nodes.state();
             let claims = self.stores.claims.state();
-            let (up, waiting): (Vec<String>, Vec<String>) = left.into_iter().partition(|b| match nodes.iter().find(|n| n.metadata.name.as_deref() == Some(b.as_str())) {
+            // A claim's node: the name its launch recorded (a cloud's instance name), else the claim's.
+            let node_of = |b: &str| claims.iter().find(|c| c.name() == b).and_then(|c| c.status.as_ref()).and_then(|s| s.node_name.clone()).unwrap_or_else(|| b.to_string());
+            let (up, waiting): (Vec<String>, Vec<String>) = left.into_iter().partition(|b| match nodes.iter().find(|n| n.metadata.name.as_deref() == Some(node_of(b).as_str())) {
                 Some(n) => state::node_ready(n),
                 // Gone (or never launched): nothing to register.
                 None => !claims.iter().any(|c| c.name() == *b && c.launched()),
             });
-            join_all(up.iter().map(|b| self.register(b))).await;
+            let up_nodes: Vec<String> = up.iter().map(|b| node_of(b)).collect();
+            join_all(up_nodes.iter().map(|n| self.register(n))).await;
             left = waiting;
             if Instant::now() >= deadline {
                 // The claim keeper lifts the taint once such a node is Ready.

@@ -44,6 +44,8 @@ pub struct Cluster {
     pub archer_env: Vec<(String, String)>,
     /// Lines added to the `provisioner:` section of Archer's config (two-space indented).
     pub provisioner_config: Vec<String>,
+    /// The next `archer serve`'s cloud provider (`kwok` unless a scenario says otherwise).
+    pub cloud_provider: &'static str,
     archer_restarts: usize,
     archer: Option<Proc>,
     // dropped in reverse order of start: scheduler, kwok, controller-manager, apiserver, etcd
@@ -210,7 +212,7 @@ impl Cluster {
         let certs = make_certs(&d.join("archer-certs"));
         let (archer_port, archer_admin) = (free_port(), free_port());
         let insecure: Vec<String> = std::iter::once(registry.host.clone()).chain(extra_insecure.iter().map(|s| s.to_string())).collect();
-        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config: Vec::new(), archer_restarts: 0 };
+        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config: Vec::new(), cloud_provider: "kwok", archer_restarts: 0 };
         cluster.install_crds().await;
         cluster.start_archer().await;
         cluster.start_scheduler().await;
@@ -223,13 +225,13 @@ impl Cluster {
         Client::try_from(cfg).expect("client")
     }
 
-    /// Archer's CRDs (NodePool, NodeClaim) from deploy/crds, Established; and Archer's namespace
+    /// Archer's CRDs (NodePool, NodeClaim, EC2NodeClass) from deploy/crds, Established; and Archer's namespace
     /// (its provisioner Lease lives there).
     async fn install_crds(&self) {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let client = self.client().await;
         let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
-        for file in ["nodepool.yaml", "nodeclaim.yaml"] {
+        for file in ["nodepool.yaml", "nodeclaim.yaml", "ec2nodeclass.yaml"] {
             let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file)).expect("crd");
             let crd: CustomResourceDefinition = archer::yaml::from_str(&text).expect("crd yaml");
             let name = crd.metadata.name.clone().expect("crd name");
@@ -264,7 +266,8 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "provisioner:\n  cloudProvider: kwok\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  disruptionGraceSeconds: 5\n  consolidationValidationSeconds: 2\n  leaseDurationSeconds: 4\n{}",
+                "provisioner:\n  cloudProvider: {}\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  disruptionGraceSeconds: 5\n  consolidationValidationSeconds: 2\n  leaseDurationSeconds: 4\n{}",
+                self.cloud_provider,
                 self.provisioner_config.iter().map(|l| format!("  {l}\n")).collect::<String>()
             ),
         )

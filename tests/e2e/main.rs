@@ -3,6 +3,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod aws;
 mod cluster;
 mod provisioning;
 mod scale;

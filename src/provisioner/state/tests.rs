@@ -92,6 +92,28 @@ fn free_room_counts_bound_pods_in_flight_claims_and_daemonsets() {
     assert!(skipped.nodes.is_empty() && skipped.pods.is_empty());
 }
 
+/// A cloud names the node after the instance, not the claim: a launched claim whose node has
+/// registered is that node (its room is not counted twice), and one whose node has not is a
+/// node-to-be under the name its node will have (where the claim's planned pods are expected).
+#[test]
+fn a_claims_node_named_by_the_cloud_is_counted_once_under_that_name() {
+    let launched = |claim_name: &str, node_name: &str| {
+        let mut c = claim(claim_name, "p", &[]);
+        c.status = Some(crate::provisioner::nodeclaim::NodeClaimStatus { provider_id: Some(format!("aws:///us-east-1a/i-{claim_name}")), node_name: Some(node_name.into()), ..Default::default() });
+        c
+    };
+    let registered = node("ip-10-0-0-4.ec2.internal", Some("p"), json!([]));
+    let claims = [launched("p-abcde", "ip-10-0-0-4.ec2.internal"), launched("p-fghij", "ip-10-0-0-5.ec2.internal")];
+    let pools = [packer_pool("p", None)];
+    let snap = crate::provisioner::model::cluster_snapshot(&[&registered], &claims.iter().collect::<Vec<_>>(), &[], &[], &pools, &|_| false);
+    let names: Vec<&str> = snap.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["ip-10-0-0-4.ec2.internal", "ip-10-0-0-5.ec2.internal"]);
+    assert_eq!(snap.nodes[1].labels.get(labels::HOSTNAME).map(String::as_str), Some("ip-10-0-0-5.ec2.internal"));
+    // Leaving out a node leaves out its claim too (consolidation and interruptions plan so).
+    let without = crate::provisioner::model::cluster_snapshot(&[&registered], &claims.iter().collect::<Vec<_>>(), &[], &[], &pools, &|n| n == "ip-10-0-0-4.ec2.internal");
+    assert_eq!(without.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["ip-10-0-0-5.ec2.internal"]);
+}
+
 #[test]
 fn pool_limits_are_reduced_by_what_the_pool_already_launched() {
     let np: NodePool = serde_json::from_value(json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodePool", "metadata": {"name": "p"}, "spec": {"limits": {"cpu": "10", "memory": "100Gi", "nodes": 3}}})).expect("pool");

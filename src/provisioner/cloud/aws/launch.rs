@@ -39,7 +39,9 @@ fn offering_specific(key: &str) -> bool {
 
 fn kubelet_taints(claim: &NodeClaim) -> Vec<String> {
     let mut t: Vec<String> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(|t| format!("{}={}:{}", t.key, t.value.clone().unwrap_or_default(), t.effect)).collect();
-    t.push(format!("{}=:NoExecute", labels::UNREGISTERED_TAINT));
+    // NoSchedule, as the kwok provider's nodes: with NoExecute the taint-eviction controller can
+    // delete a pod kube-scheduler binds the moment Archer lifts the taint (issue #14).
+    t.push(format!("{}=:NoSchedule", labels::UNREGISTERED_TAINT));
     t
 }
 
@@ -295,7 +297,7 @@ mod tests {
         let spec: EC2NodeClassSpec = serde_json::from_value(serde_json::json!({"amiSelectorTerms": [{"alias": "al2023@latest"}], "userData": "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec: {cluster: {name: demo}}"})).expect("spec");
         let u = user_data(&spec, &claim()).expect("user data");
         assert!(u.contains("--node-labels=archer.dev/nodepool=default,karpenter.sh/capacity-type=spot,team=a\""), "{u}");
-        assert!(u.contains("--register-with-taints=team=a:NoSchedule,karpenter.sh/unregistered=:NoExecute"), "{u}");
+        assert!(u.contains("--register-with-taints=team=a:NoSchedule,karpenter.sh/unregistered=:NoSchedule"), "{u}");
         assert!(u.contains("spec: {cluster: {name: demo}}"), "the class's own part follows: {u}");
         assert!(!u.contains("instance-type") && !u.contains("instance-family"), "offering labels stay out of the template: {u}");
         // Other families get the class's user data as it is.

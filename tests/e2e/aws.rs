@@ -1,0 +1,320 @@
+//! The AWS provider end to end: the real control plane, `archer serve --cloud-provider aws`
+//! against moto's server (real EC2 and SQS calls), and the harness playing the kubelet and the
+//! cloud controller: when moto reports a running instance of the cluster, a Node registers with
+//! the instance's `providerID` (`aws:///<zone>/<id>`), name (its private DNS name), type and zone,
+//! and the labels and taints the launch's user data gives the kubelet; kwok makes it Ready and
+//! runs its pods. A terminated instance's Node is deleted, as the cloud node controller does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use archer::provisioner::cloud::aws::nodeclass::EC2NodeClass;
+use archer::provisioner::nodeclaim::NodeClaim;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::provisioning::{claims, pool, scale};
+use super::{deployment, namespace, running_pods, wait, wait_running};
+use crate::cluster::Cluster;
+use crate::common::moto::{Moto, CLUSTER};
+
+const QUEUE: &str = "archer-interruptions";
+
+const NODE_CLASS: &str = "apiVersion: archer.dev/v1alpha1\nkind: EC2NodeClass\nmetadata: {name: default}\nspec:\n  role: KarpenterNodeRole-e2e\n  amiSelectorTerms: [{alias: al2023@latest}]\n  subnetSelectorTerms: [{tags: {karpenter.sh/discovery: archer-test}}]\n  securityGroupSelectorTerms: [{tags: {karpenter.sh/discovery: archer-test}}]\n";
+
+const AWS_POOL: &str = "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: archer.dev, kind: EC2NodeClass, name: default}\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 5s\n";
+
+/// A cluster whose Archer runs the aws provider against a fresh moto (network and interruption
+/// queue made), with the node class applied and Ready.
+async fn aws_cluster(name: &str, extra: &[&str], env: &[(&str, &str)]) -> (Cluster, Moto) {
+    let mut c = Cluster::start(name).await;
+    let moto = Moto::start().await;
+    moto.network().await;
+    let sqs = aws_sdk_sqs::Client::new(&moto.sdk().await);
+    sqs.create_queue().queue_name(QUEUE).send().await.expect("queue");
+    c.stop_archer();
+    c.cloud_provider = "aws";
+    c.provisioner_config = ["registrationTimeoutSeconds: 600", "garbageGraceSeconds: 5", "aws:", &format!("  clusterName: {CLUSTER}"), "  region: us-east-1", &format!("  endpoint: {}", moto.endpoint), &format!("  interruptionQueue: {QUEUE}"), "  nodeClassRefreshSeconds: 2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for line in extra {
+        // A later line of the same key wins over the default above.
+        let key = line.split(':').next().unwrap_or_default();
+        c.provisioner_config.retain(|l| !l.starts_with(&format!("{key}:")));
+        c.provisioner_config.insert(0, line.to_string());
+    }
+    c.archer_env = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_EC2_METADATA_DISABLED", "true")].iter().chain(env).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    c.start_archer().await;
+    let client = c.client().await;
+    let nc: EC2NodeClass = archer::yaml::from_str(NODE_CLASS).expect("node class");
+    Api::<EC2NodeClass>::all(client.clone()).create(&PostParams::default(), &nc).await.expect("create node class");
+    let classes: Api<EC2NodeClass> = Api::all(client.clone());
+    wait("the node class Ready", Duration::from_secs(60), || async {
+        classes.get("default").await.ok().and_then(|n| n.status).is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True") && s.subnets.len() == 3 && s.amis.len() == 2)
+    })
+    .await;
+    (c, moto)
+}
+
+/// The harness's kubelets: registers a Node for every running instance (except those of the
+/// pools in `silent`), deletes the Node of every terminated one. Stops when dropped.
+struct Kubelets {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Kubelets {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn kubelets(client: Client, moto_sdk: aws_config::SdkConfig, silent: &[&str]) -> Kubelets {
+    let stop = Arc::new(AtomicBool::new(false));
+    let silent: BTreeSet<String> = silent.iter().map(|s| s.to_string()).collect();
+    let flag = stop.clone();
+    tokio::spawn(async move {
+        let ec2 = aws_sdk_ec2::Client::new(&moto_sdk);
+        let nodes: Api<Node> = Api::all(client.clone());
+        let claims_api: Api<NodeClaim> = Api::all(client.clone());
+        let mut registered: BTreeSet<String> = BTreeSet::new();
+        while !flag.load(Ordering::Relaxed) {
+            let Ok(r) = ec2.describe_instances().filters(aws_sdk_ec2::types::Filter::builder().name("tag:archer.dev/cluster").values(CLUSTER).build()).send().await else {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                continue;
+            };
+            for i in r.reservations().iter().flat_map(|r| r.instances()) {
+                let name = i.private_dns_name().unwrap_or_default().to_string();
+                let state = i.state().and_then(|s| s.name()).map(|s| s.as_str().to_string()).unwrap_or_default();
+                if state == "terminated" || state == "shutting-down" {
+                    if registered.remove(&name) {
+                        let _ = nodes.delete(&name, &DeleteParams::default()).await;
+                    }
+                    continue;
+                }
+                if state != "running" || registered.contains(&name) {
+                    continue;
+                }
+                let claim_name = i.tags().iter().find(|t| t.key() == Some("archer.dev/nodeclaim")).and_then(|t| t.value()).unwrap_or_default();
+                let Ok(Some(claim)) = claims_api.get_opt(claim_name).await else { continue };
+                if silent.contains(&claim.spec.node_pool) {
+                    continue;
+                }
+                let node = kubelet_node(&name, i, &claim);
+                match nodes.create(&PostParams::default(), &node).await {
+                    Ok(_) => drop(registered.insert(name)),
+                    Err(kube::Error::Api(s)) if s.code == 409 => drop(registered.insert(name)),
+                    Err(e) => eprintln!("kubelet {name}: {e}"),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    Kubelets { stop }
+}
+
+/// The Node a kubelet on this instance registers: the instance's type and zone, the claim's
+/// labels and taints (the launch template's user data passes them to the kubelet) and the
+/// unregistered taint.
+fn kubelet_node(name: &str, i: &aws_sdk_ec2::types::Instance, claim: &NodeClaim) -> Node {
+    let catalog = archer::catalog::Catalog::embedded().expect("catalog");
+    let it = i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default();
+    let t = catalog.get(&it).unwrap_or_else(|| panic!("{it} not in the catalog")).clone();
+    let zone = i.placement().and_then(|p| p.availability_zone()).unwrap_or_default().to_string();
+    let mut labels: BTreeMap<String, String> = claim.spec.labels.clone();
+    for (k, v) in [
+        ("kubernetes.io/hostname", name.to_string()),
+        ("kubernetes.io/arch", t.arch.clone()),
+        ("kubernetes.io/os", "linux".into()),
+        ("node.kubernetes.io/instance-type", it.clone()),
+        ("topology.kubernetes.io/zone", zone.clone()),
+        ("topology.kubernetes.io/region", "us-east-1".into()),
+        ("type", "kwok".into()),
+    ] {
+        labels.insert(k.into(), v);
+    }
+    let mut taints: Vec<serde_json::Value> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(|t| json!({"key": t.key, "value": t.value, "effect": t.effect})).collect();
+    taints.push(json!({"key": "karpenter.sh/unregistered", "effect": "NoSchedule"}));
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "spec": {"providerID": format!("aws:///{zone}/{}", i.instance_id().unwrap_or_default()), "taints": taints},
+        "status": {
+            "capacity": {"cpu": t.vcpu.to_string(), "memory": format!("{}Mi", t.memory_mib), "pods": t.max_pods.to_string()},
+            "allocatable": {"cpu": t.allocatable_cpu, "memory": t.allocatable_memory, "pods": t.max_pods.to_string()}
+        }
+    }))
+    .expect("node")
+}
+
+async fn live_instances(moto: &Moto) -> Vec<aws_sdk_ec2::types::Instance> {
+    let mut all = moto.instances("running").await;
+    all.extend(moto.instances("pending").await);
+    all
+}
+
+/// Workshop scenario 1 with real EC2 calls: an amd64 on-demand Deployment and one pinned to
+/// c6g.xlarge scaled 0 -> 2: instances of the right types launch, register and run the pods;
+/// scaled to 0: the nodes go and their instances are terminated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn aws_scenario_1_scale_up_and_to_zero_with_real_ec2_calls() {
+    let (c, moto) = aws_cluster("aws-scenario-1", &[], &[]).await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    let _kubelets = kubelets(client.clone(), moto.sdk().await, &[]);
+    c.registry.push_index("apps/inflate", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    namespace(&client, "workshop", json!({})).await;
+    pool(&client, AWS_POOL).await;
+    let image = c.registry.image("apps/inflate:1");
+    let spec = |selector: serde_json::Value| json!({"nodeSelector": selector, "containers": [{"name": "app", "image": image, "resources": {"requests": {"cpu": "1", "memory": "1536Mi"}}}]});
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "workshop");
+    deploys.create(&PostParams::default(), &deployment("inflate-amd64", "unused", 0, spec(json!({"kubernetes.io/arch": "amd64"})))).await.expect("create");
+    deploys.create(&PostParams::default(), &deployment("inflate-arm64", "unused", 0, spec(json!({"kubernetes.io/arch": "arm64", "node.kubernetes.io/instance-type": "c6g.xlarge"})))).await.expect("create");
+    let t0 = Instant::now();
+    scale(&client, "workshop", "inflate-amd64", 2).await;
+    scale(&client, "workshop", "inflate-arm64", 2).await;
+    wait_running(&client, "workshop", "inflate-amd64", 2, Duration::from_secs(120)).await;
+    let arm_pods = wait_running(&client, "workshop", "inflate-arm64", 2, Duration::from_secs(120)).await;
+    eprintln!("aws scenario 1: 4 pods Running on EC2 (moto) instances in {:?}", t0.elapsed());
+
+    let instances = live_instances(&moto).await;
+    let written = claims(&client).await;
+    assert_eq!(instances.len(), written.len(), "one instance per claim");
+    let nodes: Vec<Node> = Api::<Node>::all(client.clone()).list(&Default::default()).await.expect("nodes").items;
+    for cl in &written {
+        let s = cl.status.clone().expect("launched");
+        let pid = s.provider_id.expect("provider id");
+        assert!(pid.starts_with("aws:///us-east-1"), "{pid}");
+        let node = nodes.iter().find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid.as_str())).expect("a node for every claim");
+        assert_eq!(node.metadata.name, s.node_name, "the claim names its node");
+        assert!(!node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().iter().any(|t| t.key == "karpenter.sh/unregistered"), "registered");
+    }
+    for p in &arm_pods {
+        let node = nodes.iter().find(|n| n.metadata.name.as_deref() == p.spec.as_ref().and_then(|s| s.node_name.as_deref())).expect("node");
+        assert_eq!(node.metadata.labels.as_ref().and_then(|l| l.get("node.kubernetes.io/instance-type")).map(String::as_str), Some("c6g.xlarge"));
+    }
+    let arm = instances.iter().filter(|i| i.instance_type().map(|t| t.as_str()) == Some("c6g.xlarge")).count();
+    assert!(arm >= 1, "a c6g.xlarge instance was launched");
+
+    scale(&client, "workshop", "inflate-amd64", 0).await;
+    scale(&client, "workshop", "inflate-arm64", 0).await;
+    let t1 = Instant::now();
+    loop {
+        let (live, left) = (live_instances(&moto).await.len(), claims(&client).await.len());
+        if live == 0 && left == 0 {
+            break;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(90), "{live} instances and {left} claims left after scaling to zero");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("aws scenario 1: scaled to 0, every instance terminated in {:?}", t1.elapsed());
+    assert!(moto.instances("terminated").await.len() >= instances.len());
+}
+
+/// A spot interruption warning on the queue: the node is tainted, a replacement launched, the
+/// pods evicted and running again elsewhere, the instance terminated, the message consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn aws_spot_interruption_drains_and_replaces_with_no_pod_lost() {
+    let (c, moto) = aws_cluster("aws-interruption", &[], &[]).await;
+    let client = c.client().await;
+    let _kubelets = kubelets(client.clone(), moto.sdk().await, &[]);
+    c.registry.push_image("apps/web", "1", "linux/amd64", true).await;
+    namespace(&client, "shop", json!({})).await;
+    pool(&client, AWS_POOL).await;
+    let d = deployment("web", &c.registry.image("apps/web:1"), 3, json!({}));
+    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &d).await.expect("create");
+    let pods = wait_running(&client, "shop", "web", 3, Duration::from_secs(120)).await;
+    let victim_node = pods[0].spec.as_ref().and_then(|s| s.node_name.clone()).expect("node");
+    let node: Node = Api::<Node>::all(client.clone()).get(&victim_node).await.expect("node");
+    let pid = node.spec.and_then(|s| s.provider_id).expect("provider id");
+    let instance = pid.rsplit('/').next().expect("id").to_string();
+    let sqs = aws_sdk_sqs::Client::new(&moto.sdk().await);
+    let url = sqs.get_queue_url().queue_name(QUEUE).send().await.expect("url").queue_url().map(String::from).expect("url");
+    let message = json!({"version": "0", "id": "e2e-1", "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2", "region": "us-east-1",
+        "resources": [format!("arn:aws:ec2:us-east-1:123456789012:instance/{instance}")], "detail": {"instance-id": instance, "instance-action": "terminate"}});
+    sqs.send_message().queue_url(&url).message_body(message.to_string()).send().await.expect("send");
+    sqs.send_message().queue_url(&url).message_body("{ not an event").send().await.expect("send");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let t0 = Instant::now();
+    wait("the interrupted node gone", Duration::from_secs(120), || async { nodes.get_opt(&victim_node).await.ok().flatten().is_none() }).await;
+    wait_running(&client, "shop", "web", 3, Duration::from_secs(120)).await;
+    eprintln!("aws interruption: node drained, replaced and its pods Running again in {:?}", t0.elapsed());
+    let terminated: Vec<String> = moto.instances("terminated").await.iter().filter_map(|i| i.instance_id().map(String::from)).collect();
+    assert!(terminated.contains(&instance), "the interrupted instance is terminated");
+    let replacement: Vec<NodeClaim> = claims(&client).await.into_iter().filter(|c| c.spec.reason.as_deref() == Some("replacement")).collect();
+    assert_eq!(replacement.len(), 1, "a replacement was planned and launched for the interrupted node's pods");
+    let running = running_pods(&client, "shop", "web").await;
+    assert!(running.iter().all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(victim_node.as_str())));
+    assert!(c.archer_metric("archer_interruption_messages_total{kind=\"spot-interruption\",outcome=\"handled\"}").await >= 1.0);
+    assert!(c.archer_metric("archer_interruption_messages_total{kind=\"unknown\",outcome=\"malformed\"}").await >= 1.0);
+    assert!(c.archer_metric("archer_pod_evictions_total{reason=\"interrupted\"}").await >= 1.0);
+    let left = sqs.receive_message().queue_url(&url).wait_time_seconds(1).send().await.expect("receive");
+    assert!(left.messages().is_empty(), "both messages consumed");
+}
+
+/// A crash between writing the claim and launching it: after the restart exactly one instance
+/// exists for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn aws_restart_between_claim_and_launch_makes_exactly_one_instance() {
+    let (mut c, moto) = aws_cluster("aws-restart", &[], &[("ARCHER_TEST_CRASH_AFTER_CLAIM", "1")]).await;
+    let client = c.client().await;
+    let _kubelets = kubelets(client.clone(), moto.sdk().await, &[]);
+    c.registry.push_image("apps/one", "1", "linux/amd64", true).await;
+    namespace(&client, "solo", json!({})).await;
+    pool(&client, AWS_POOL).await;
+    Api::<Deployment>::namespaced(client.clone(), "solo").create(&PostParams::default(), &deployment("one", &c.registry.image("apps/one:1"), 1, json!({}))).await.expect("create");
+    let start = Instant::now();
+    while c.archer_exit().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(60), "archer did not reach the crash point");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(claims(&client).await.len(), 1, "the claim was written before the crash");
+    assert!(live_instances(&moto).await.is_empty(), "and no instance launched");
+    c.archer_env.retain(|(k, _)| k != "ARCHER_TEST_CRASH_AFTER_CLAIM");
+    c.start_archer().await;
+    wait_running(&client, "solo", "one", 1, Duration::from_secs(120)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let instances = live_instances(&moto).await;
+    assert_eq!((instances.len(), claims(&client).await.len()), (1, 1), "one instance, one claim after the restart");
+}
+
+/// A launched instance whose node never registers is given up after the registration timeout:
+/// the instance terminated, the claim deleted with an Event, and no runaway of launches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn aws_a_node_that_never_registers_is_cleaned_up() {
+    let (c, moto) = aws_cluster("aws-never-registers", &["registrationTimeoutSeconds: 30"], &[]).await;
+    let client = c.client().await;
+    let _kubelets = kubelets(client.clone(), moto.sdk().await, &["default"]);
+    c.registry.push_image("apps/ghost", "1", "linux/amd64", true).await;
+    namespace(&client, "ghost", json!({})).await;
+    pool(&client, AWS_POOL).await;
+    Api::<Deployment>::namespaced(client.clone(), "ghost").create(&PostParams::default(), &deployment("ghost", &c.registry.image("apps/ghost:1"), 1, json!({}))).await.expect("create");
+    wait("an instance launched", Duration::from_secs(60), || async { !live_instances(&moto).await.is_empty() }).await;
+    let first: String = live_instances(&moto).await[0].instance_id().expect("id").to_string();
+    let t0 = Instant::now();
+    let mut most_live = 0;
+    loop {
+        let terminated: Vec<String> = moto.instances("terminated").await.iter().filter_map(|i| i.instance_id().map(String::from)).collect();
+        most_live = most_live.max(live_instances(&moto).await.len());
+        if terminated.contains(&first) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "the unregistered instance was never terminated");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("aws never-registers: instance given up after {:?}", t0.elapsed());
+    assert!(most_live <= 1, "no second launch while the first waited: {most_live} live at once");
+    assert!(c.archer_metric("archer_nodeclaims_given_up_total{reason=\"RegistrationTimeout\"}").await >= 1.0);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let posted = events.list(&Default::default()).await.expect("events").items;
+    assert!(posted.iter().any(|e| e.reason.as_deref() == Some("RegistrationTimeout") && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("NodeClaim")), "an Event on the claim says why");
+}
