@@ -264,3 +264,37 @@ async fn insufficient_capacity_leaves_the_offered_types_out_of_plans_for_a_while
     assert!(aws.offerings().iter().any(|o| o.instance.name == "m6g.large" && o.zone == "us-east-1b" && o.capacity == CapacityType::OnDemand));
     assert!(aws.offerings().iter().any(|o| o.instance.name == "m6g.large" && o.zone == "us-east-1a" && o.capacity == CapacityType::Spot));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_node_class_or_a_newer_image_drifts_the_claim() {
+    let moto = Moto::start().await;
+    moto.network().await;
+    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    let mut settings = moto.settings();
+    settings.ami_owners = vec!["amazon".into(), "self".into()];
+    let aws = Aws::new(&moto.sdk().await, catalog, settings).await.expect("provider");
+    let nc = node_class(serde_json::json!({}));
+    aws.use_class(&nc).await;
+    let mut c = claim("general-drift", "m6i.large", "amd64", "us-east-1a", "on-demand");
+    let i = aws.create(&c).await.expect("launch");
+    assert_eq!(i.image_id.as_deref(), Some(AMD_AMI));
+    c.status = Some(archer::provisioner::nodeclaim::NodeClaimStatus { provider_id: Some(i.provider_id.clone()), image_id: i.image_id.clone(), node_class_hash: i.node_class_hash.clone(), ..Default::default() });
+    assert_eq!(aws.drifted(&c), None, "just launched");
+
+    // The node class changes (a new tag): drifted.
+    let mut retagged = nc.clone();
+    retagged.spec.tags.insert("cost-center".into(), "42".into());
+    aws.use_class(&retagged).await;
+    assert!(aws.drifted(&c).is_some_and(|r| r.contains("EC2NodeClass default changed")), "{:?}", aws.drifted(&c));
+    aws.use_class(&nc).await;
+    assert_eq!(aws.drifted(&c), None);
+
+    // A newer image of the alias appears (made from the instance, as an image pipeline would):
+    // the class resolves to it and the claim's node has drifted.
+    let id = i.provider_id.rsplit('/').next().expect("id").to_string();
+    aws.ec2().create_image().instance_id(&id).name("amazon-eks-node-al2023-x86_64-standard-1.34-v20261201").send().await.expect("image");
+    let class = aws.use_class(&nc).await;
+    let newest = class.resolved.ami("amd64").expect("amd64 image").id.clone();
+    assert_ne!(newest, AMD_AMI, "the newer image wins");
+    assert!(aws.drifted(&c).is_some_and(|r| r.contains(&newest)), "{:?}", aws.drifted(&c));
+}

@@ -186,6 +186,9 @@ impl Provisioner {
                 return;
             }
         }
+        if self.replace_drifted(np, &candidates, budget("Drifted")).await {
+            return;
+        }
         let Some(after) = settings.consolidate_after else { return };
         if let Some(why) = self.hold(&pool) {
             tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
@@ -429,26 +432,61 @@ impl Provisioner {
                 continue;
             };
             tracing::warn!(node = %node_name, instance = %id, kind = notice.kind, "instance interrupted: replacing and draining its node");
-            self.taint(&node).await;
-            let on_node: Vec<&Pod> = pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())).map(|p| p.as_ref()).collect();
-            let leaving = consolidation::Candidate { node: node.as_ref(), pods: on_node, price: claim.spec.price_per_hour };
-            let plan = self.with_world(std::slice::from_ref(&leaving), |world| consolidation::evaluate(world, &[&leaving])).await;
-            let replacements = match plan {
-                Some(p) => {
-                    tracing::info!(node = %node_name, replacements = p.nodes.len(), onto_existing = p.existing.len(), "replacements for the interrupted node's pods");
-                    self.launch_plan(&p.nodes, "replacement").await
-                }
-                // Some pod has nowhere to go now: evicted, it is provisioned for like any pending pod.
-                None => {
-                    tracing::warn!(node = %node_name, "no place for every pod of the interrupted node now; they are provisioned for once evicted");
-                    Vec::new()
-                }
-            };
-            let wait_for = if notice.replace_first { replacements } else { Vec::new() };
-            self.start_drain(node, claim, wait_for, "interrupted");
+            self.take_out(node, claim, &pods, "interrupted", notice.replace_first).await;
             self.disruption.release(&node_name);
         }
         Ok(())
+    }
+
+    /// Taint a node, plan its pods on the shared model (other nodes first, then new ones) and
+    /// launch the replacements, then drain it: after the replacements are Ready when
+    /// `replace_first`, at once otherwise (its pods are then provisioned for like any pending
+    /// pod, onto the replacements already coming).
+    async fn take_out(self: &Arc<Self>, node: Arc<Node>, claim: Arc<NodeClaim>, pods: &[Arc<Pod>], reason: &'static str, replace_first: bool) {
+        let node_name = node.metadata.name.clone().unwrap_or_default();
+        self.taint(&node).await;
+        let on_node: Vec<&Pod> = pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())).map(|p| p.as_ref()).collect();
+        let leaving = consolidation::Candidate { node: node.as_ref(), pods: on_node, price: claim.spec.price_per_hour };
+        let plan = self.with_world(std::slice::from_ref(&leaving), |world| consolidation::evaluate(world, &[&leaving])).await;
+        let replacements = match plan {
+            Some(p) => {
+                tracing::info!(node = %node_name, reason, replacements = p.nodes.len(), onto_existing = p.existing.len(), "replacements for the node's pods");
+                self.launch_plan(&p.nodes, "replacement").await
+            }
+            None => {
+                tracing::warn!(node = %node_name, reason, "no place for every pod of the node now; they are provisioned for once evicted");
+                Vec::new()
+            }
+        };
+        let wait_for = if replace_first { replacements } else { Vec::new() };
+        self.start_drain(node, claim, wait_for, reason);
+    }
+
+    /// Drifted nodes of the pool (its template, its requirements, the provider's node class or
+    /// image changed), up to the pool's `Drifted` budget: each replaced (replacements Ready
+    /// first) and drained, with a `Drifted` Event on its claim. True when any was taken.
+    async fn replace_drifted(self: &Arc<Self>, np: &super::nodepool::NodePool, candidates: &[Candidate<'_>], budget: usize) -> bool {
+        let pods = self.stores.pods.state();
+        let mut taken = 0;
+        for c in candidates {
+            if taken >= budget {
+                break;
+            }
+            let node_labels = c.node.metadata.labels.clone().unwrap_or_default();
+            let why = super::drift::drift_reason(&c.claim, np, &|k| node_labels.get(k).cloned()).or_else(|| self.provider.drifted(&c.claim));
+            let Some(why) = why else { continue };
+            let name = c.node.metadata.name.clone().unwrap_or_default();
+            if !self.disruption.reserve(&name) {
+                continue;
+            }
+            tracing::info!(node = %name, pool = %np.name(), why = %why, "node drifted; replacing it");
+            self.metrics.disruption_decisions.get_or_create(&labels2("reason", "drifted", "result", "taken")).inc();
+            self.post_claim_event(&c.claim, "Drifted", &why).await;
+            self.take_out(c.node.clone(), c.claim.clone(), &pods, "drifted", true).await;
+            self.disruption.release(&name);
+            taken += 1;
+        }
+        taken > 0
     }
 }
 

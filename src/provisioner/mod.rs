@@ -13,6 +13,7 @@
 pub mod cloud;
 pub mod consolidation;
 pub mod disruption;
+pub mod drift;
 pub mod leader;
 pub mod model;
 pub mod nodeclaim;

@@ -86,6 +86,11 @@ pub struct NodeClaimStatus {
     pub instance_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// The image the instance booted and the hash of its node class at launch (drift).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_class_hash: Option<String>,
 }
 
 impl NodeClaim {

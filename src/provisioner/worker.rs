@@ -470,7 +470,10 @@ impl Provisioner {
         Some(NodeClaim {
             metadata: ObjectMeta {
                 generate_name: Some(format!("{}-", planned.pool)),
-                annotations: Some(BTreeMap::from([(crate::core::labels::PLANNED_PODS_ANNOTATION.to_string(), planned.pods.join(","))])),
+                annotations: Some(BTreeMap::from([
+                    (crate::core::labels::PLANNED_PODS_ANNOTATION.to_string(), planned.pods.join(",")),
+                    (super::drift::POOL_HASH_ANNOTATION.to_string(), super::drift::pool_hash(&np)),
+                ])),
                 labels: Some(BTreeMap::from([(crate::core::labels::NODEPOOL.to_string(), planned.pool.clone()), (crate::core::labels::KARPENTER_NODEPOOL.to_string(), planned.pool.clone())])),
                 ..Default::default()
             },
@@ -551,7 +554,7 @@ impl Provisioner {
                     let pods: Vec<String> = planned.split(',').filter(|p| !p.is_empty()).map(String::from).collect();
                     cluster.plan_placed(pods, &i.node_name).await;
                 }
-                NodeClaimStatus { provider_id: Some(i.provider_id), node_name: Some(i.node_name), launched_at: Some(now_rfc3339()), instance_type: i.instance_type, zone: i.zone, ..Default::default() }
+                NodeClaimStatus { provider_id: Some(i.provider_id), node_name: Some(i.node_name), launched_at: Some(now_rfc3339()), instance_type: i.instance_type, zone: i.zone, image_id: i.image_id, node_class_hash: i.node_class_hash, ..Default::default() }
             }
             Err(e) => {
                 self.metrics.launch_errors.get_or_create(&label("provider", self.provider.name())).inc();
@@ -571,6 +574,14 @@ impl Provisioner {
         };
         if let Err(e) = api.patch_status(&claim.name(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": status}))).await {
             tracing::warn!(error = %e, "could not record the launch on the claim; the claim keeper retries (the launch is idempotent)");
+        }
+    }
+
+    /// A Normal Event on a claim (why it is being disrupted).
+    pub(super) async fn post_claim_event(&self, claim: &NodeClaim, reason: &str, note: &str) {
+        let ev = Event { type_: EventType::Normal, reason: reason.into(), note: Some(note.into()), action: "Disrupting".into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&ev, &claim.object_ref(&())).await {
+            tracing::warn!(claim = %claim.name(), error = %e, "could not post the event");
         }
     }
 

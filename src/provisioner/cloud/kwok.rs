@@ -60,6 +60,8 @@ fn instance(node: &Node) -> Option<Instance> {
         instance_type: get(labels::INSTANCE_TYPE),
         zone: get(labels::ZONE),
         launched_at,
+        image_id: None,
+        node_class_hash: None,
     })
 }
 

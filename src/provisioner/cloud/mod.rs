@@ -33,6 +33,9 @@ pub struct Instance {
     pub zone: Option<String>,
     /// When it was launched (garbage collection leaves young instances alone).
     pub launched_at: Option<std::time::SystemTime>,
+    /// The image it booted, and a hash of the node class it was launched with (drift).
+    pub image_id: Option<String>,
+    pub node_class_hash: Option<String>,
 }
 
 /// A notice that instances are being taken away (spot interruption, maintenance, stop).
@@ -73,6 +76,11 @@ pub trait CloudProvider: Send + Sync {
     /// A future delivering the provider's interruption notices to `handler` until dropped;
     /// `None` when the provider has none (or none is configured).
     fn interruptions(&self, _handler: Arc<dyn InterruptionHandler>) -> Option<futures::future::BoxFuture<'static, ()>> {
+        None
+    }
+    /// Why the claim's node no longer matches what this provider would launch for it now (its
+    /// node class changed, a newer image replaced its image), if it does not.
+    fn drifted(&self, _claim: &NodeClaim) -> Option<String> {
         None
     }
 }

@@ -32,6 +32,8 @@ fn instance_of(i: &aws_sdk_ec2::types::Instance, claim: Option<&str>) -> Option<
         instance_type: i.instance_type().map(|t| t.as_str().to_string()),
         zone: Some(zone.to_string()).filter(|z| !z.is_empty()),
         launched_at: i.launch_time().and_then(|t| std::time::SystemTime::try_from(*t).ok()),
+        image_id: i.image_id().map(String::from),
+        node_class_hash: None,
     })
 }
 

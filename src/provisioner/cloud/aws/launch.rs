@@ -140,18 +140,18 @@ fn tags(aws: &Aws, class: &str, claim: Option<&NodeClaim>, extra: &BTreeMap<Stri
     t.into_iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect()
 }
 
-/// The claim's launch template, created when no template of that name exists yet.
+/// The claim's launch template, created when no template of that name exists yet. Concurrent
+/// launches of one shape wait for one lookup (and creation) instead of racing.
 pub async fn ensure_template(aws: &Aws, class_name: &str, class: &Class, claim: &NodeClaim) -> Result<String, CloudError> {
     let data = template_data(&class.spec, &class.resolved, claim)?;
     let name = template_name(&aws.settings.cluster_name, class_name, &format!("{data:?}"));
-    {
-        let mut used = aws.templates.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(at) = used.get_mut(&name) {
-            *at = std::time::Instant::now();
-            return Ok(name);
-        }
-    }
-    let found = aws.ec2.describe_launch_templates().launch_template_names(&name).send().await;
+    aws.known_templates.try_get_with(name.clone(), create_template(aws, &name, class_name, class, data)).await.map_err(|e| api_error(e.to_string()))?;
+    aws.templates.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), std::time::Instant::now());
+    Ok(name)
+}
+
+async fn create_template(aws: &Aws, name: &str, class_name: &str, class: &Class, data: RequestLaunchTemplateData) -> Result<(), CloudError> {
+    let found = aws.ec2.describe_launch_templates().launch_template_names(name).send().await;
     let exists = match found {
         Ok(r) => !r.launch_templates().is_empty(),
         Err(e) if e.as_service_error().and_then(aws_sdk_ec2::error::ProvideErrorMetadata::code).is_some_and(|c| c.contains("NotFound")) => false,
@@ -159,15 +159,14 @@ pub async fn ensure_template(aws: &Aws, class_name: &str, class: &Class, claim: 
     };
     if !exists {
         let spec = TagSpecification::builder().resource_type(ResourceType::LaunchTemplate).set_tags(Some(tags(aws, class_name, None, &class.spec.tags))).build();
-        match aws.ec2.create_launch_template().launch_template_name(&name).launch_template_data(data).tag_specifications(spec).send().await {
+        match aws.ec2.create_launch_template().launch_template_name(name).launch_template_data(data).tag_specifications(spec).send().await {
             Ok(_) => tracing::info!(template = %name, "launch template created"),
             // Made meanwhile by another launch of the same shape.
             Err(e) if e.as_service_error().and_then(aws_sdk_ec2::error::ProvideErrorMetadata::code).is_some_and(|c| c.contains("AlreadyExists")) => {}
             Err(e) => return Err(api_error(sdk_error(e))),
         }
     }
-    aws.templates.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), std::time::Instant::now());
-    Ok(name)
+    Ok(())
 }
 
 /// Delete this cluster's launch templates no launch has used for `unused_for` (since this
@@ -191,6 +190,7 @@ pub async fn delete_unused_templates(aws: &Aws, unused_for: std::time::Duration)
             Ok(_) => {
                 tracing::info!(template = name, "unused launch template deleted");
                 aws.templates.lock().unwrap_or_else(|e| e.into_inner()).remove(name);
+                aws.known_templates.invalidate(name).await;
                 deleted.push(name.to_string());
             }
             Err(e) => tracing::warn!(template = name, error = %sdk_error(e), "could not delete an unused launch template"),
@@ -275,6 +275,11 @@ pub async fn fleet(aws: &Aws, template: &str, class: &Resolved, claim: &NodeClai
         return Err(api_error(format!("CreateFleet launched nothing: {}", if message.is_empty() { "no error given".into() } else { message })));
     };
     super::instances::describe(&aws.ec2, &id, &claim.name()).await
+}
+
+/// A hash of a node class's spec: a claim launched under another one has drifted.
+pub fn class_hash(spec: &EC2NodeClassSpec) -> String {
+    hex::encode(&Sha256::digest(serde_json::to_string(spec).unwrap_or_default().as_bytes())[..8])
 }
 
 #[cfg(test)]

@@ -41,6 +41,9 @@ pub const CLUSTER_TAG: &str = "archer.dev/cluster";
 pub const NODECLAIM_TAG: &str = "archer.dev/nodeclaim";
 pub const NODEPOOL_TAG: &str = "archer.dev/nodepool";
 pub const NODECLASS_TAG: &str = "archer.dev/ec2nodeclass";
+/// A claim younger than this with no status was just written by this process: the claim keeper
+/// relaunches only older ones (`worker::keep_claims`), so it cannot have been launched yet.
+const FRESH_CLAIM: Duration = Duration::from_secs(5);
 /// A launch template no launch used for this long (and older than that) is deleted.
 const TEMPLATE_UNUSED_FOR: Duration = Duration::from_secs(3600);
 /// The condition a node class reports.
@@ -85,6 +88,8 @@ pub struct Aws {
     classes: ArcSwap<HashMap<String, Arc<Class>>>,
     /// Launch templates known to exist, and when a launch last used each.
     templates: Mutex<HashMap<String, std::time::Instant>>,
+    /// Launch templates known to exist (one lookup or creation per name at a time).
+    known_templates: moka::future::Cache<String, ()>,
 }
 
 impl Aws {
@@ -95,7 +100,7 @@ impl Aws {
         let ec2 = aws_sdk_ec2::Client::new(sdk);
         let sqs = aws_sdk_sqs::Client::new(sdk);
         let book = Book::new(catalog, region.clone(), Duration::from_secs(settings.insufficient_capacity_ttl_seconds));
-        let aws = Aws { ec2, sqs, settings, region, book, classes: ArcSwap::from_pointee(HashMap::new()), templates: Mutex::new(HashMap::new()) };
+        let aws = Aws { ec2, sqs, settings, region, book, classes: ArcSwap::from_pointee(HashMap::new()), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
         aws.book.refresh_types(&aws.ec2).await?;
         aws.book.refresh_spot(&aws.ec2).await?;
         Ok(aws)
@@ -227,13 +232,21 @@ impl CloudProvider for Aws {
     }
 
     async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError> {
-        if let Some(i) = instances::of_claim(&self.ec2, &self.settings.cluster_name, &claim.name()).await? {
-            tracing::info!(claim = %claim.name(), provider_id = %i.provider_id, "instance already launched for this claim");
-            return Ok(i);
+        // A claim written moments ago and never tried is launched straight away (the client token
+        // still guards it); any other may have been launched before a crash or a lost answer:
+        // its instance is looked up by tag first, so a retry never makes a second one.
+        let fresh = claim.status.is_none() && claim.metadata.creation_timestamp.as_ref().is_some_and(|t| t.0.duration_until(k8s_openapi::jiff::Timestamp::now()).as_secs_f64() < FRESH_CLAIM.as_secs_f64());
+        if !fresh {
+            if let Some(i) = instances::of_claim(&self.ec2, &self.settings.cluster_name, &claim.name()).await? {
+                tracing::info!(claim = %claim.name(), provider_id = %i.provider_id, "instance already launched for this claim");
+                return Ok(i);
+            }
         }
         let (class_name, class) = self.class_for(claim)?;
         let template = launch::ensure_template(self, &class_name, &class, claim).await?;
-        launch::fleet(self, &template, &class.resolved, claim).await
+        let mut instance = launch::fleet(self, &template, &class.resolved, claim).await?;
+        instance.node_class_hash = Some(launch::class_hash(&class.spec));
+        Ok(instance)
     }
 
     async fn delete(&self, claim: &NodeClaim) -> Result<(), CloudError> {
@@ -242,6 +255,20 @@ impl CloudProvider for Aws {
 
     async fn list(&self) -> Result<Vec<Instance>, CloudError> {
         instances::list(&self.ec2, &self.settings.cluster_name).await
+    }
+
+    fn drifted(&self, claim: &NodeClaim) -> Option<String> {
+        let name = claim.spec.node_class_ref.as_ref()?.get("name")?;
+        let class = self.classes.load().get(name).cloned()?;
+        let status = claim.status.as_ref()?;
+        if status.node_class_hash.as_deref().is_some_and(|h| h != launch::class_hash(&class.spec)) {
+            return Some(format!("EC2NodeClass {name} changed"));
+        }
+        let current = class.resolved.ami(&claim.spec.arch)?;
+        match status.image_id.as_deref() {
+            Some(image) if image != current.id => Some(format!("image {image} was replaced by {} in EC2NodeClass {name}", current.id)),
+            _ => None,
+        }
     }
 
     fn interruptions(&self, handler: Arc<dyn super::InterruptionHandler>) -> Option<futures::future::BoxFuture<'static, ()>> {
