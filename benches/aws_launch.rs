@@ -76,7 +76,7 @@ async fn counting_proxy(upstream: String, counts: Counts) -> String {
 }
 
 fn claim(i: usize, batch: usize) -> NodeClaim {
-    let (t, arch) = if i % 2 == 0 { ("m6g.large", "arm64") } else { ("m6i.large", "amd64") };
+    let (t, arch) = if i.is_multiple_of(2) { ("m6g.large", "arm64") } else { ("m6i.large", "amd64") };
     let zone = ["us-east-1a", "us-east-1b", "us-east-1c"][i % 3];
     serde_json::from_value(serde_json::json!({
         "apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim",
