@@ -318,3 +318,39 @@ async fn aws_a_node_that_never_registers_is_cleaned_up() {
     let posted = events.list(&Default::default()).await.expect("events").items;
     assert!(posted.iter().any(|e| e.reason.as_deref() == Some("RegistrationTimeout") && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("NodeClaim")), "an Event on the claim says why");
 }
+
+/// The node class changes (a new tag): the node launched under the old one drifts and is
+/// replaced, the replacement Ready before the pods move, with a Drifted Event on the old claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn aws_a_changed_node_class_replaces_its_nodes_as_drifted() {
+    let (c, moto) = aws_cluster("aws-drift", &[], &[]).await;
+    let client = c.client().await;
+    let _kubelets = kubelets(client.clone(), moto.sdk().await, &[]);
+    c.registry.push_image("apps/api", "1", "linux/amd64", true).await;
+    namespace(&client, "api", json!({})).await;
+    pool(&client, AWS_POOL).await;
+    let d = deployment("api", &c.registry.image("apps/api:1"), 2, json!({}));
+    Api::<Deployment>::namespaced(client.clone(), "api").create(&PostParams::default(), &d).await.expect("create");
+    wait_running(&client, "api", "api", 2, Duration::from_secs(120)).await;
+    let before = claims(&client).await;
+    assert_eq!(before.len(), 1);
+    let old = before[0].clone();
+    let old_node = old.status.as_ref().and_then(|s| s.node_name.clone()).expect("node");
+    tokio::time::sleep(Duration::from_secs(6)).await; // past disruptionGraceSeconds
+    let classes: Api<EC2NodeClass> = Api::all(client.clone());
+    classes.patch("default", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"spec": {"tags": {"cost-center": "42"}}}))).await.expect("patch class");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let t0 = Instant::now();
+    wait("the drifted node gone", Duration::from_secs(120), || async { nodes.get_opt(&old_node).await.ok().flatten().is_none() }).await;
+    let pods = wait_running(&client, "api", "api", 2, Duration::from_secs(60)).await;
+    eprintln!("aws drift: node class changed, node replaced in {:?}", t0.elapsed());
+    assert!(pods.iter().all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(old_node.as_str())));
+    let after = claims(&client).await;
+    assert!(after.iter().all(|c| c.metadata.name != old.metadata.name), "the drifted claim is gone");
+    assert!(after.iter().any(|c| c.spec.reason.as_deref() == Some("replacement") && c.status.as_ref().and_then(|s| s.node_class_hash.clone()) != old.status.as_ref().and_then(|s| s.node_class_hash.clone())));
+    assert!(c.archer_metric("archer_disruption_decisions_total{reason=\"drifted\",result=\"taken\"}").await >= 1.0);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let posted = events.list(&Default::default()).await.expect("events").items;
+    assert!(posted.iter().any(|e| e.reason.as_deref() == Some("Drifted") && e.note.as_deref().is_some_and(|n| n.contains("EC2NodeClass default changed"))), "a Drifted Event says why");
+}
