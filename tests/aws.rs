@@ -298,3 +298,48 @@ async fn a_changed_node_class_or_a_newer_image_drifts_the_claim() {
     assert_ne!(newest, AMD_AMI, "the newer image wins");
     assert!(aws.drifted(&c).is_some_and(|r| r.contains(&newest)), "{:?}", aws.drifted(&c));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_launch_templates_are_deleted_and_used_ones_kept() {
+    let moto = Moto::start().await;
+    moto.network().await;
+    let aws = provider(&moto).await;
+    aws.use_class(&node_class(serde_json::json!({}))).await;
+    aws.create(&claim("general-t1", "m6g.large", "arm64", "us-east-1a", "on-demand")).await.expect("launch");
+    aws.create(&claim("general-t2", "m6i.large", "amd64", "us-east-1a", "on-demand")).await.expect("launch");
+    let count = || async { aws.ec2().describe_launch_templates().send().await.expect("templates").launch_templates().len() };
+    assert_eq!(count().await, 2);
+    // Used a moment ago: kept.
+    let kept = archer::provisioner::cloud::aws::launch::delete_unused_templates(&aws, std::time::Duration::from_secs(3600)).await.expect("clean up");
+    assert!(kept.is_empty());
+    assert_eq!(count().await, 2);
+    // Unused for longer than the limit (zero here): deleted, and made again by the next launch.
+    let deleted = archer::provisioner::cloud::aws::launch::delete_unused_templates(&aws, std::time::Duration::ZERO).await.expect("clean up");
+    assert_eq!(deleted.len(), 2);
+    assert_eq!(count().await, 0);
+    aws.create(&claim("general-t3", "m6g.large", "arm64", "us-east-1b", "on-demand")).await.expect("launch");
+    assert_eq!(count().await, 1);
+}
+
+/// `archer prices --cloud-provider aws` prints what the provider sees, EC2's spot prices marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prices_command_shows_what_the_aws_provider_sees() {
+    let moto = Moto::start().await;
+    let endpoint = moto.endpoint.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_archer"))
+            .args(["prices", "--cloud-provider", "aws", "--region", "us-east-1", "--family", "m6g", "--output", "json"])
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .output()
+    })
+    .await
+    .expect("join")
+    .expect("run archer prices");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("json");
+    let find = |capacity: &str| rows.iter().find(|r| r["instanceType"] == "m6g.large" && r["zone"] == "us-east-1a" && r["capacityType"] == capacity).cloned().expect("row");
+    assert_eq!((find("spot")["priceSource"].as_str(), find("spot")["pricePerHour"].as_f64()), (Some("ec2"), Some(0.00001)));
+    let catalog = Catalog::embedded().expect("catalog");
+    assert_eq!(find("on-demand")["pricePerHour"].as_f64(), catalog.price("m6g.large", Some(REGION), CapacityType::OnDemand));
+    assert!(rows.iter().all(|r| r["instanceType"].as_str().is_some_and(|t| t.starts_with("m6g."))));
+}

@@ -709,7 +709,7 @@ fn retry_due(c: &NodeClaim) -> bool {
     if attempts == 0 {
         return true;
     }
-    let wait = Duration::from_secs(10u64.saturating_mul(1 << attempts.min(5).saturating_sub(1))).min(Duration::from_secs(300));
+    let wait = Duration::from_secs(10u64.saturating_mul(1 << attempts.min(6).saturating_sub(1))).min(Duration::from_secs(300));
     s.last_attempt_at.as_deref().and_then(state::age_of).is_none_or(|a| a >= wait)
 }
 
@@ -717,4 +717,25 @@ pub(super) fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
+#[cfg(test)]
+mod retry_tests {
+    use super::*;
 
+    fn failed(attempts: u32, ago_secs: i64) -> NodeClaim {
+        let at = time::OffsetDateTime::now_utc() - time::Duration::seconds(ago_secs);
+        NodeClaim {
+            metadata: Default::default(),
+            spec: Default::default(),
+            status: Some(NodeClaimStatus { launch_attempts: Some(attempts), last_attempt_at: at.format(&time::format_description::well_known::Rfc3339).ok(), ..Default::default() }),
+        }
+    }
+
+    #[test]
+    fn failed_launches_are_retried_with_a_doubling_backoff() {
+        assert!(retry_due(&NodeClaim { metadata: Default::default(), spec: Default::default(), status: None }), "never tried");
+        assert!(!retry_due(&failed(1, 5)) && retry_due(&failed(1, 11)), "10 s after the first failure");
+        assert!(!retry_due(&failed(2, 15)) && retry_due(&failed(2, 21)), "20 s after the second");
+        assert!(!retry_due(&failed(4, 70)) && retry_due(&failed(4, 81)), "80 s after the fourth");
+        assert!(!retry_due(&failed(9, 200)) && retry_due(&failed(9, 301)), "at most 5 minutes");
+    }
+}

@@ -354,3 +354,37 @@ async fn aws_a_changed_node_class_replaces_its_nodes_as_drifted() {
     let posted = events.list(&Default::default()).await.expect("events").items;
     assert!(posted.iter().any(|e| e.reason.as_deref() == Some("Drifted") && e.note.as_deref().is_some_and(|n| n.contains("EC2NodeClass default changed"))), "a Drifted Event says why");
 }
+
+/// A launch that cannot succeed (the pool names a node class that does not exist) is given up
+/// after `launchAttempts` with a LaunchFailed Event on the claim and no instance; an instance
+/// tagged for the cluster with no claim (leaked by a crash, or made by hand) is terminated once
+/// older than `garbageGraceSeconds`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn aws_failed_launches_and_leaked_instances_are_cleaned_up() {
+    let (c, moto) = aws_cluster("aws-cleanup", &["launchAttempts: 1"], &[]).await;
+    let client = c.client().await;
+    let _kubelets = kubelets(client.clone(), moto.sdk().await, &[]);
+    // A leaked instance: the cluster's tag, a claim that does not exist.
+    let ec2 = aws_sdk_ec2::Client::new(&moto.sdk().await);
+    let tags = aws_sdk_ec2::types::TagSpecification::builder()
+        .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
+        .tags(aws_sdk_ec2::types::Tag::builder().key("archer.dev/cluster").value(CLUSTER).build())
+        .tags(aws_sdk_ec2::types::Tag::builder().key("archer.dev/nodeclaim").value("leaked-claim").build())
+        .build();
+    let leaked = ec2.run_instances().image_id(crate::common::moto::AMD_AMI).instance_type(aws_sdk_ec2::types::InstanceType::T3Micro).min_count(1).max_count(1).tag_specifications(tags).send().await.expect("run");
+    let leaked_id = leaked.instances()[0].instance_id().expect("id").to_string();
+
+    c.registry.push_image("apps/nowhere", "1", "linux/amd64", true).await;
+    namespace(&client, "nowhere", json!({})).await;
+    pool(&client, &AWS_POOL.replace("name: default}\n      requirements", "name: missing}\n      requirements")).await;
+    Api::<Deployment>::namespaced(client.clone(), "nowhere").create(&PostParams::default(), &deployment("nowhere", &c.registry.image("apps/nowhere:1"), 1, json!({}))).await.expect("create");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    wait("a LaunchFailed Event on a claim", Duration::from_secs(90), || async {
+        events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default().iter().any(|e| e.reason.as_deref() == Some("LaunchFailed") && e.note.as_deref().is_some_and(|n| n.contains("EC2NodeClass missing does not exist")))
+    })
+    .await;
+    assert!(c.archer_metric("archer_nodeclaims_given_up_total{reason=\"LaunchFailed\"}").await >= 1.0);
+    wait("the leaked instance terminated", Duration::from_secs(60), || async { moto.instances("terminated").await.iter().any(|i| i.instance_id() == Some(leaked_id.as_str())) }).await;
+    assert!(live_instances(&moto).await.is_empty(), "no instance for the failing pool, and the leaked one gone");
+}
