@@ -102,7 +102,7 @@ async fn main() {
         let sdk = archer::provisioner::cloud::aws::sdk_config(&settings).await;
         let aws = Aws::new(&sdk, Arc::new(Catalog::embedded().expect("catalog")), settings).await.expect("provider");
         let nc: EC2NodeClass = archer::yaml::from_str(
-            "apiVersion: archer.dev/v1alpha1\nkind: EC2NodeClass\nmetadata: {name: bench}\nspec:\n  role: Node\n  amiSelectorTerms: [{alias: al2023@latest}]\n  subnetSelectorTerms: [{tags: {karpenter.sh/discovery: archer-test}}]\n  securityGroupSelectorTerms: [{tags: {karpenter.sh/discovery: archer-test}}]\n",
+            "apiVersion: archer.dev/v1alpha1\nkind: EC2NodeClass\nmetadata: {name: bench}\nspec:\n  instanceProfile: Node\n  amiSelectorTerms: [{alias: al2023@latest}]\n  subnetSelectorTerms: [{tags: {karpenter.sh/discovery: archer-test}}]\n  securityGroupSelectorTerms: [{tags: {karpenter.sh/discovery: archer-test}}]\n",
         )
         .expect("node class");
         aws.use_class(&nc).await;

@@ -284,6 +284,14 @@ pub struct AwsConfig {
     pub node_class_refresh_seconds: u64,
     /// Owners an AMI alias (`al2023@latest`) is looked up under.
     pub ami_owners: Vec<String>,
+    /// The cluster's API endpoint, CA bundle (base64) and service CIDR: with the endpoint set,
+    /// AL2023 nodes get the whole nodeadm cluster section from Archer and a node class needs no
+    /// user data (unset: the class's user data supplies it).
+    pub cluster_endpoint: Option<String>,
+    #[serde(rename = "clusterCABundle")]
+    pub cluster_ca_bundle: Option<String>,
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: Option<String>,
 }
 
 impl Default for AwsConfig {
@@ -298,6 +306,9 @@ impl Default for AwsConfig {
             spot_price_refresh_seconds: 300,
             node_class_refresh_seconds: 60,
             ami_owners: vec!["amazon".into()],
+            cluster_endpoint: None,
+            cluster_ca_bundle: None,
+            cluster_cidr: None,
         }
     }
 }

@@ -63,7 +63,7 @@ async fn a_node_class_resolves_its_subnets_groups_and_the_newest_image_per_archi
     assert_eq!(groups, ["extra", "nodes"]);
     assert_eq!(r.ami("arm64").map(|a| a.id.as_str()), Some(ARM_AMIS[1]), "the newest arm64 image");
     assert_eq!(r.ami("amd64").map(|a| a.id.as_str()), Some(AMD_AMI));
-    assert_eq!(r.instance_profile.as_deref(), Some("KarpenterNodeRole-test"));
+    assert!(r.instance_profile.as_deref().is_some_and(|p| p.starts_with("archer_archer-test_")), "the role's instance profile: {:?}", r.instance_profile);
 
     // A selector that matches nothing makes the class not ready, saying which.
     let broken = aws.use_class(&node_class(serde_json::json!({"subnetSelectorTerms": [{"tags": {"nope": "nothing"}}], "amiSelectorTerms": [{"alias": "bottlerocket@latest"}]}))).await;
@@ -342,4 +342,33 @@ async fn the_prices_command_shows_what_the_aws_provider_sees() {
     let catalog = Catalog::embedded().expect("catalog");
     assert_eq!(find("on-demand")["pricePerHour"].as_f64(), catalog.price("m6g.large", Some(REGION), CapacityType::OnDemand));
     assert!(rows.iter().all(|r| r["instanceType"].as_str().is_some_and(|t| t.starts_with("m6g."))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_gets_an_instance_profile_holding_exactly_that_role() {
+    let moto = Moto::start().await;
+    moto.network().await;
+    let iam = aws_sdk_iam::Client::new(&moto.sdk().await);
+    let aws = provider(&moto).await;
+    let class = aws.use_class(&node_class(serde_json::json!({}))).await;
+    assert!(class.resolved.ready(), "{:?}", class.resolved.problems);
+    let name = class.resolved.instance_profile.clone().expect("profile");
+    assert!(name.starts_with("archer_archer-test_"), "{name}");
+    let roles = |p: aws_sdk_iam::operation::get_instance_profile::GetInstanceProfileOutput| p.instance_profile().map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect::<Vec<_>>()).unwrap_or_default();
+    assert_eq!(roles(iam.get_instance_profile().instance_profile_name(&name).send().await.expect("profile")), ["KarpenterNodeRole-test"]);
+    // Resolved again: the same profile, nothing added.
+    assert_eq!(aws.use_class(&node_class(serde_json::json!({}))).await.resolved.instance_profile.as_deref(), Some(name.as_str()));
+    assert_eq!(roles(iam.get_instance_profile().instance_profile_name(&name).send().await.expect("profile")), ["KarpenterNodeRole-test"]);
+    // Launches use it.
+    aws.create(&claim("general-prof", "m6g.large", "arm64", "us-east-1a", "on-demand")).await.expect("launch");
+    let t = aws.ec2().describe_launch_templates().send().await.expect("templates");
+    let tname = t.launch_templates()[0].launch_template_name().expect("name").to_string();
+    let v = aws.ec2().describe_launch_template_versions().launch_template_name(&tname).send().await.expect("versions");
+    let data = v.launch_template_versions()[0].launch_template_data().expect("data");
+    assert_eq!(data.iam_instance_profile().and_then(|p| p.name()), Some(name.as_str()));
+    // Another role: another profile. A role that does not exist: the class is not ready, saying so.
+    let other = aws.use_class(&node_class(serde_json::json!({"role": "NodeRole-2"}))).await;
+    assert_ne!(other.resolved.instance_profile.as_deref(), Some(name.as_str()));
+    let missing = aws.use_class(&node_class(serde_json::json!({"role": "NoSuchRole"}))).await;
+    assert!(missing.resolved.problems.iter().any(|p| p.contains("no instance profile for role NoSuchRole")), "{:?}", missing.resolved.problems);
 }

@@ -259,7 +259,15 @@ fn the_aws_iam_policy_is_exactly_what_the_provider_calls() {
             }
             let Some(receiver) = before[..start].strip_suffix('.') else { continue };
             let receiver = receiver.trim_end();
-            let service = if receiver.ends_with("sqs") { "sqs" } else if receiver.ends_with("ec2") || receiver.ends_with("ec2()") { "ec2" } else { continue };
+            let service = if receiver.ends_with("sqs") {
+                "sqs"
+            } else if receiver.ends_with("iam") {
+                "iam"
+            } else if receiver.ends_with("ec2") || receiver.ends_with("ec2()") {
+                "ec2"
+            } else {
+                continue;
+            };
             let pascal: String = op.split('_').map(|w| { let mut c = w.chars(); c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default() }).collect();
             called.insert(format!("{service}:{pascal}"));
         }
@@ -268,7 +276,9 @@ fn the_aws_iam_policy_is_exactly_what_the_provider_calls() {
     for c in &called {
         assert!(allowed.contains(c), "the provider calls {c} but the policy does not allow it");
     }
-    let implied = ["ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"];
+    // RunInstances and CreateTags come with CreateFleet, PassRole with the node role, and
+    // TagInstanceProfile with CreateInstanceProfile's tags.
+    let implied = ["ec2:RunInstances", "ec2:CreateTags", "iam:PassRole", "iam:TagInstanceProfile"];
     for a in &allowed {
         assert!(called.contains(a) || implied.contains(&a.as_str()), "the policy allows {a}, which the provider never calls");
     }

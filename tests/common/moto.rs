@@ -15,6 +15,8 @@ pub const CLUSTER: &str = "archer-test";
 /// The arm64 images, oldest first (the newest must win).
 pub const ARM_AMIS: [&str; 2] = ["ami-0a1a2023a0000001", "ami-0a1a2023a0000002"];
 pub const AMD_AMI: &str = "ami-0a1a2023b0000001";
+/// IAM roles `network()` makes for node classes to name.
+pub const NODE_ROLES: [&str; 3] = ["KarpenterNodeRole-test", "KarpenterNodeRole-e2e", "NodeRole-2"];
 
 pub fn moto_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("ARCHER_TEST_MOTO") {
@@ -97,7 +99,8 @@ impl Moto {
     }
 
     /// A VPC with one subnet per zone and two security groups, all tagged for discovery (and one
-    /// untagged subnet that must not be picked). Returns the subnet ids by zone.
+    /// untagged subnet that must not be picked), and the IAM roles of `NODE_ROLES`. Returns the
+    /// subnet ids by zone.
     pub async fn network(&self) -> Vec<(String, String)> {
         let ec2 = aws_sdk_ec2::Client::new(&self.sdk().await);
         let tag = |r: ResourceType| TagSpecification::builder().resource_type(r).tags(Tag::builder().key(DISCOVERY_TAG).value(CLUSTER).build()).build();
@@ -110,6 +113,12 @@ impl Moto {
         ec2.create_subnet().vpc_id(&vpc).cidr_block("10.0.9.0/24").availability_zone(ZONES[0]).send().await.expect("untagged subnet");
         ec2.create_security_group().group_name("nodes").description("nodes").vpc_id(&vpc).tag_specifications(tag(ResourceType::SecurityGroup)).send().await.expect("sg");
         ec2.create_security_group().group_name("extra").description("extra").vpc_id(&vpc).send().await.expect("sg");
+        // The node roles the tests' node classes name.
+        let iam = aws_sdk_iam::Client::new(&self.sdk().await);
+        let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+        for role in NODE_ROLES {
+            iam.create_role().role_name(role).assume_role_policy_document(trust).send().await.expect("role");
+        }
         subnets
     }
 

@@ -46,17 +46,28 @@ fn kubelet_taints(claim: &NodeClaim) -> Vec<String> {
 }
 
 /// The user data: for AL2023 (by alias or family) a nodeadm NodeConfig registering the node with
-/// the pool's labels and taints and the unregistered taint, followed by the node class's own user
-/// data (nodeadm merges the documents, so the class supplies the cluster section); otherwise the
-/// class's user data as given.
-pub fn user_data(spec: &EC2NodeClassSpec, claim: &NodeClaim) -> Option<String> {
+/// the pool's labels and taints and the unregistered taint, and the cluster section from the
+/// settings when `clusterEndpoint` is set, followed by the node class's own user data (nodeadm
+/// merges the documents, so without the settings the class supplies the cluster section);
+/// otherwise the class's user data as given.
+pub fn user_data(spec: &EC2NodeClassSpec, claim: &NodeClaim, settings: &crate::config::AwsConfig) -> Option<String> {
     let al2023 = spec.ami_family.as_deref().is_some_and(|f| f.eq_ignore_ascii_case("al2023")) || spec.ami_selector_terms.iter().any(|t| t.alias.as_deref().is_some_and(|a| a.to_ascii_lowercase().starts_with("al2023")));
     if !al2023 {
         return spec.user_data.clone();
     }
     let node_labels: Vec<String> = kubelet_labels(claim).iter().map(|(k, v)| format!("{k}={v}")).collect();
     let flags = [format!("--node-labels={}", node_labels.join(",")), format!("--register-with-taints={}", kubelet_taints(claim).join(","))];
-    let config = serde_json::json!({"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig", "spec": {"kubelet": {"flags": flags}}});
+    let mut config = serde_json::json!({"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig", "spec": {"kubelet": {"flags": flags}}});
+    if let Some(endpoint) = &settings.cluster_endpoint {
+        let mut cluster = serde_json::json!({"name": settings.cluster_name, "apiServerEndpoint": endpoint});
+        if let Some(ca) = &settings.cluster_ca_bundle {
+            cluster["certificateAuthority"] = serde_json::json!(ca);
+        }
+        if let Some(cidr) = &settings.cluster_cidr {
+            cluster["cidr"] = serde_json::json!(cidr);
+        }
+        config["spec"]["cluster"] = cluster;
+    }
     let boundary = "//ARCHER";
     let mut out = format!("MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{boundary}\"\n\n--{boundary}\nContent-Type: application/node.eks.aws\n\n{config}\n");
     if let Some(u) = &spec.user_data {
@@ -79,7 +90,7 @@ fn gib(quantity: &str) -> Option<i32> {
     i32::try_from((bytes + (1 << 30) - 1) >> 30).ok()
 }
 
-fn template_data(spec: &EC2NodeClassSpec, class: &Resolved, claim: &NodeClaim) -> Result<RequestLaunchTemplateData, CloudError> {
+fn template_data(spec: &EC2NodeClassSpec, class: &Resolved, claim: &NodeClaim, settings: &crate::config::AwsConfig) -> Result<RequestLaunchTemplateData, CloudError> {
     let ami = class.ami(&claim.spec.arch).ok_or_else(|| api_error(format!("EC2NodeClass resolved no {} image", claim.spec.arch)))?;
     let profile = class.instance_profile.clone().ok_or_else(|| api_error("EC2NodeClass has neither role nor instanceProfile"))?;
     let md = spec.metadata_options.clone().unwrap_or_default();
@@ -99,7 +110,7 @@ fn template_data(spec: &EC2NodeClassSpec, class: &Resolved, claim: &NodeClaim) -
         Some(public) => b.network_interfaces(LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder().device_index(0).associate_public_ip_address(public).set_groups(Some(groups)).build()),
         None => b.set_security_group_ids(Some(groups)),
     };
-    if let Some(u) = user_data(spec, claim) {
+    if let Some(u) = user_data(spec, claim, settings) {
         b = b.user_data(base64::engine::general_purpose::STANDARD.encode(u));
     }
     for m in &spec.block_device_mappings {
@@ -143,7 +154,7 @@ fn tags(aws: &Aws, class: &str, claim: Option<&NodeClaim>, extra: &BTreeMap<Stri
 /// The claim's launch template, created when no template of that name exists yet. Concurrent
 /// launches of one shape wait for one lookup (and creation) instead of racing.
 pub async fn ensure_template(aws: &Aws, class_name: &str, class: &Class, claim: &NodeClaim) -> Result<String, CloudError> {
-    let data = template_data(&class.spec, &class.resolved, claim)?;
+    let data = template_data(&class.spec, &class.resolved, claim, &aws.settings)?;
     let name = template_name(&aws.settings.cluster_name, class_name, &format!("{data:?}"));
     aws.known_templates.try_get_with(name.clone(), create_template(aws, &name, class_name, class, data)).await.map_err(|e| api_error(e.to_string()))?;
     aws.templates.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone(), std::time::Instant::now());
@@ -300,14 +311,21 @@ mod tests {
     #[test]
     fn al2023_user_data_registers_with_the_pools_labels_and_taints() {
         let spec: EC2NodeClassSpec = serde_json::from_value(serde_json::json!({"amiSelectorTerms": [{"alias": "al2023@latest"}], "userData": "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec: {cluster: {name: demo}}"})).expect("spec");
-        let u = user_data(&spec, &claim()).expect("user data");
+        let none = crate::config::AwsConfig::default();
+        let u = user_data(&spec, &claim(), &none).expect("user data");
         assert!(u.contains("--node-labels=archer.dev/nodepool=default,karpenter.sh/capacity-type=spot,team=a\""), "{u}");
         assert!(u.contains("--register-with-taints=team=a:NoSchedule,karpenter.sh/unregistered=:NoSchedule"), "{u}");
         assert!(u.contains("spec: {cluster: {name: demo}}"), "the class's own part follows: {u}");
         assert!(!u.contains("instance-type") && !u.contains("instance-family"), "offering labels stay out of the template: {u}");
         // Other families get the class's user data as it is.
         let custom: EC2NodeClassSpec = serde_json::from_value(serde_json::json!({"amiSelectorTerms": [{"id": "ami-1"}], "userData": "#!/bin/bash\necho hi"})).expect("spec");
-        assert_eq!(user_data(&custom, &claim()).as_deref(), Some("#!/bin/bash\necho hi"));
+        assert_eq!(user_data(&custom, &claim(), &none).as_deref(), Some("#!/bin/bash\necho hi"));
+        assert!(!u.contains("apiServerEndpoint"), "no cluster section without the settings");
+        // With the cluster's endpoint, CA and CIDR in the settings, a node class needs no user data.
+        let settings = crate::config::AwsConfig { cluster_name: "demo".into(), cluster_endpoint: Some("https://ABC.gr7.us-east-1.eks.amazonaws.com".into()), cluster_ca_bundle: Some("LS0tLS1CRUdJTg==".into()), cluster_cidr: Some("10.100.0.0/16".into()), ..Default::default() };
+        let bare: EC2NodeClassSpec = serde_json::from_value(serde_json::json!({"amiSelectorTerms": [{"alias": "al2023@latest"}]})).expect("spec");
+        let u = user_data(&bare, &claim(), &settings).expect("user data");
+        assert!(u.contains(r#""cluster":{"apiServerEndpoint":"https://ABC.gr7.us-east-1.eks.amazonaws.com","certificateAuthority":"LS0tLS1CRUdJTg==","cidr":"10.100.0.0/16","name":"demo"}"#), "{u}");
     }
 
     #[test]

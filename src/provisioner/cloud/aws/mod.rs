@@ -4,7 +4,7 @@
 //! node shape, and every instance tagged with the cluster, the claim and the pool.
 //!
 //! - `nodeclass`: the EC2NodeClass resource;
-//! - `resolve`: its selectors against EC2;
+//! - `resolve`: its selectors against EC2; `profile`: the instance profile of its `role`;
 //! - `offerings`: instance types, zones, spot prices and the insufficient-capacity cache;
 //! - `launch`: launch templates, the fleet request and what it answers;
 //! - `instances`: finding, listing and terminating this cluster's instances;
@@ -14,6 +14,7 @@ pub mod interruption;
 pub mod launch;
 pub mod nodeclass;
 pub mod offerings;
+pub mod profile;
 pub mod resolve;
 mod instances;
 
@@ -81,6 +82,7 @@ pub struct Class {
 pub struct Aws {
     ec2: aws_sdk_ec2::Client,
     sqs: aws_sdk_sqs::Client,
+    iam: aws_sdk_iam::Client,
     settings: AwsConfig,
     region: String,
     book: Book,
@@ -99,8 +101,9 @@ impl Aws {
         let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| api_error("no AWS region: set provisioner.aws.region or AWS_REGION"))?;
         let ec2 = aws_sdk_ec2::Client::new(sdk);
         let sqs = aws_sdk_sqs::Client::new(sdk);
+        let iam = aws_sdk_iam::Client::new(sdk);
         let book = Book::new(catalog, region.clone(), Duration::from_secs(settings.insufficient_capacity_ttl_seconds));
-        let aws = Aws { ec2, sqs, settings, region, book, classes: ArcSwap::from_pointee(HashMap::new()), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
+        let aws = Aws { ec2, sqs, iam, settings, region, book, classes: ArcSwap::from_pointee(HashMap::new()), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
         aws.book.refresh_types(&aws.ec2).await?;
         aws.book.refresh_spot(&aws.ec2).await?;
         Ok(aws)
@@ -149,10 +152,16 @@ impl Aws {
 
     /// Resolve a node class against EC2 and launch with it from now on.
     pub async fn use_class(&self, nc: &EC2NodeClass) -> Arc<Class> {
-        let resolved = match resolve::resolve(&self.ec2, &nc.spec, &self.settings.ami_owners).await {
+        let mut resolved = match resolve::resolve(&self.ec2, &nc.spec, &self.settings.ami_owners).await {
             Ok(r) => r,
             Err(e) => Resolved { problems: vec![format!("EC2 could not be asked: {e}")], ..Default::default() },
         };
+        if let (None, Some(role)) = (&nc.spec.instance_profile, &nc.spec.role) {
+            match profile::ensure(&self.iam, &self.settings.cluster_name, &nc.name(), role).await {
+                Ok(name) => resolved.instance_profile = Some(name),
+                Err(e) => resolved.problems.push(format!("no instance profile for role {role}: {e}")),
+            }
+        }
         let class = Arc::new(Class { spec: nc.spec.clone(), resolved });
         let mut all = (**self.classes.load()).clone();
         all.insert(nc.name(), class.clone());

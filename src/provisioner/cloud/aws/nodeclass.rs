@@ -31,8 +31,8 @@ pub struct EC2NodeClassSpec {
     /// `AL2023`, `Bottlerocket` or `Custom`; implied by an alias.
     #[serde(default)]
     pub ami_family: Option<String>,
-    /// The IAM role of the nodes: its instance profile of the same name is used (the one the IAM
-    /// console creates with an EC2 role).
+    /// The IAM role of the nodes: Archer keeps an instance profile `archer_<cluster>_<hash>`
+    /// holding exactly this role (created with the cluster's tag).
     #[serde(default)]
     pub role: Option<String>,
     /// The instance profile of the nodes (instead of `role`).

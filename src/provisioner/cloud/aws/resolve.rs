@@ -98,8 +98,9 @@ pub async fn resolve(ec2: &Client, spec: &EC2NodeClassSpec, ami_owners: &[String
             r.problems.push(format!("{what} is empty"));
         }
     }
-    r.instance_profile = spec.instance_profile.clone().or_else(|| spec.role.clone());
-    if r.instance_profile.is_none() {
+    // A `role` gets its instance profile from `profile::ensure` (it needs IAM).
+    r.instance_profile = spec.instance_profile.clone();
+    if r.instance_profile.is_none() && spec.role.is_none() {
         r.problems.push("neither role nor instanceProfile is set".into());
     }
     Ok(r)
