@@ -32,7 +32,6 @@ type Counts = Arc<Mutex<BTreeMap<String, (usize, f64)>>>;
 /// A proxy that forwards to moto and counts each request's `Action` and moto's time on it.
 async fn counting_proxy(upstream: String, counts: Counts) -> String {
     use axum::body::Bytes;
-    use axum::response::IntoResponse;
     let http = reqwest::Client::new();
     let app = axum::Router::new().fallback(move |method: http::Method, uri: http::Uri, headers: http::HeaderMap, body: Bytes| {
         let (http, upstream, counts) = (http.clone(), upstream.clone(), counts.clone());
@@ -40,33 +39,12 @@ async fn counting_proxy(upstream: String, counts: Counts) -> String {
             let text = String::from_utf8_lossy(&body);
             let action = text.split('&').find_map(|kv| kv.strip_prefix("Action=")).unwrap_or("other").to_string();
             let started = Instant::now();
-            let mut req = http.request(method, format!("{upstream}{uri}")).body(body);
-            for (k, v) in &headers {
-                if k != http::header::HOST {
-                    req = req.header(k, v);
-                }
-            }
-            let answer = req.send().await;
-            let body = match answer {
-                Ok(r) => Ok((r.status(), r.headers().get(http::header::CONTENT_TYPE).cloned(), r.bytes().await.unwrap_or_default())),
-                Err(e) => Err(e),
-            };
-            {
-                let mut c = counts.lock().expect("counts");
-                let e = c.entry(action).or_default();
-                e.0 += 1;
-                e.1 += started.elapsed().as_secs_f64();
-            }
-            match body {
-                Ok((status, ct, bytes)) => {
-                    let mut resp = (status, bytes).into_response();
-                    if let Some(ct) = ct {
-                        resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
-                    }
-                    resp
-                }
-                Err(e) => (http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
-            }
+            let answer = common::moto::forward(&http, &upstream, method, &uri, &headers, body).await;
+            let mut c = counts.lock().expect("counts");
+            let e = c.entry(action).or_default();
+            e.0 += 1;
+            e.1 += started.elapsed().as_secs_f64();
+            answer
         }
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

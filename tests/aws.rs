@@ -210,25 +210,7 @@ async fn capacity_failing_proxy(upstream: String) -> String {
                 let xml = format!(r#"<CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>r-1</requestId><fleetId>fleet-1</fleetId><errorSet>{items}</errorSet><fleetInstanceSet/></CreateFleetResponse>"#);
                 return ([(http::header::CONTENT_TYPE, "text/xml")], xml).into_response();
             }
-            let mut req = http.request(method, format!("{upstream}{uri}")).body(body);
-            for (k, v) in &headers {
-                if k != http::header::HOST {
-                    req = req.header(k, v);
-                }
-            }
-            match req.send().await {
-                Ok(r) => {
-                    let status = r.status();
-                    let ct = r.headers().get(http::header::CONTENT_TYPE).cloned();
-                    let bytes = r.bytes().await.unwrap_or_default();
-                    let mut resp = (status, bytes).into_response();
-                    if let Some(ct) = ct {
-                        resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
-                    }
-                    resp
-                }
-                Err(e) => (http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
-            }
+            common::moto::forward(&http, &upstream, method, &uri, &headers, body).await
         }
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

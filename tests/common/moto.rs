@@ -135,3 +135,27 @@ impl Moto {
         r.reservations().iter().flat_map(|r| r.instances().to_vec()).collect()
     }
 }
+
+/// Pass one request through to `upstream` (moto) and its answer back: the body of the small
+/// proxies that count calls or inject the faults moto cannot produce.
+pub async fn forward(http: &reqwest::Client, upstream: &str, method: http::Method, uri: &http::Uri, headers: &http::HeaderMap, body: axum::body::Bytes) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut req = http.request(method, format!("{upstream}{uri}")).body(body);
+    for (k, v) in headers {
+        if k != http::header::HOST {
+            req = req.header(k, v);
+        }
+    }
+    match req.send().await {
+        Ok(r) => {
+            let status = r.status();
+            let ct = r.headers().get(http::header::CONTENT_TYPE).cloned();
+            let mut resp = (status, r.bytes().await.unwrap_or_default()).into_response();
+            if let Some(ct) = ct {
+                resp.headers_mut().insert(http::header::CONTENT_TYPE, ct);
+            }
+            resp
+        }
+        Err(e) => (http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    }
+}
