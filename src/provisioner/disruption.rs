@@ -352,8 +352,7 @@ impl Provisioner {
         while !replacements.is_empty() {
             let nodes = self.stores.nodes.state();
             let claims = self.stores.claims.state();
-            // A replacement's node: the name its launch recorded, else its claim's.
-            let node_of = |r: &String| claims.iter().find(|c| c.name() == *r).and_then(|c| c.status.as_ref()).and_then(|s| s.node_name.clone()).unwrap_or_else(|| r.clone());
+            let node_of = |r: &String| claims.iter().find(|c| c.name() == *r).map(|c| c.node_name()).unwrap_or_else(|| r.clone());
             let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(node_of(r).as_str()) && state::node_ready(n) && !state::has_taint(n, labels::UNREGISTERED_TAINT)));
             if ready {
                 break;

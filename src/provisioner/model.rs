@@ -40,7 +40,7 @@ pub fn planned_nodes(claims: &[&NodeClaim]) -> HashMap<String, String> {
 /// claim's own name while it has none (kwok and the snapshot name it so).
 fn claim_plans<'a>(claims: &'a [&'a NodeClaim]) -> impl Iterator<Item = (String, &'a str)> + 'a {
     claims.iter().filter(|c| !c.deleting()).flat_map(|c| {
-        let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| c.name());
+        let node = c.node_name();
         let list = c.metadata.annotations.as_ref().and_then(|a| a.get(labels::PLANNED_PODS_ANNOTATION)).map(String::as_str).unwrap_or("");
         list.split(',').filter(|p| !p.is_empty()).map(move |p| (node.clone(), p))
     })
@@ -261,9 +261,8 @@ pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], n
         }
     }
     for c in claims {
-        // The node-to-be is named as its node will be: the name its launch recorded (a cloud
-        // instance's), else the claim's (kwok names the node after it).
-        let name = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| c.name());
+        // The node-to-be is named as its node will be.
+        let name = c.node_name();
         if c.deleting() || seen.contains(&name) || seen.contains(&c.name()) || skip(&name) || skip(&c.name()) {
             continue;
         }

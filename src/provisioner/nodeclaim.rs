@@ -98,6 +98,12 @@ impl NodeClaim {
         self.metadata.name.clone().unwrap_or_default()
     }
 
+    /// The name of the claim's node: the one its launch recorded (a cloud names it after the
+    /// instance), else the claim's own (kwok names the node after the claim).
+    pub fn node_name(&self) -> String {
+        self.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| self.name())
+    }
+
     pub fn launched(&self) -> bool {
         self.status.as_ref().and_then(|s| s.provider_id.as_ref()).is_some()
     }

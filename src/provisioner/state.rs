@@ -249,7 +249,7 @@ pub fn consolidation_hold(pool: &str, claims: &[&NodeClaim], nodes: &[&Node], wa
         .iter()
         .filter(|c| c.spec.node_pool == pool && !c.deleting())
         .find(|c| {
-            let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| c.name());
+            let node = c.node_name();
             !settled.contains(node.as_str())
         })
         .map(|c| format!("node claim {} is still launching", c.name()))

@@ -393,8 +393,7 @@ impl Provisioner {
         while !left.is_empty() {
             let nodes = self.stores.nodes.state();
             let claims = self.stores.claims.state();
-            // A claim's node: the name its launch recorded (a cloud's instance name), else the claim's.
-            let node_of = |b: &str| claims.iter().find(|c| c.name() == b).and_then(|c| c.status.as_ref()).and_then(|s| s.node_name.clone()).unwrap_or_else(|| b.to_string());
+            let node_of = |b: &str| claims.iter().find(|c| c.name() == b).map(|c| c.node_name()).unwrap_or_else(|| b.to_string());
             let (up, waiting): (Vec<String>, Vec<String>) = left.into_iter().partition(|b| match nodes.iter().find(|n| n.metadata.name.as_deref() == Some(node_of(b).as_str())) {
                 Some(n) => state::node_ready(n),
                 // Gone (or never launched): nothing to register.
