@@ -256,6 +256,9 @@ pub struct ProvisionerConfig {
     /// An instance of this cluster without a claim is terminated once it is this old (a claim
     /// written a moment ago may not be visible yet).
     pub garbage_grace_seconds: u64,
+    /// How often the cost and savings metrics are computed (three plans of every pod on the
+    /// managed nodes).
+    pub cost_interval_seconds: f64,
     /// Settings of the `aws` provider.
     pub aws: AwsConfig,
 }
@@ -350,6 +353,7 @@ impl Default for ProvisionerConfig {
             launch_attempts: 5,
             registration_timeout_seconds: 900,
             garbage_grace_seconds: 60,
+            cost_interval_seconds: 60.0,
             aws: AwsConfig::default(),
         }
     }
@@ -381,6 +385,9 @@ impl ProvisionerConfig {
         }
         if self.disruption_interval_seconds <= 0.0 || self.disruption_interval_seconds.is_nan() || self.lease_duration_seconds < 2 {
             return Err(ConfigError::Invalid("provisioner: disruptionIntervalSeconds must be > 0 and leaseDurationSeconds >= 2".into()));
+        }
+        if !(self.cost_interval_seconds >= 1.0 && self.cost_interval_seconds <= 3600.0) {
+            return Err(ConfigError::Invalid("provisioner.costIntervalSeconds must be between 1 and 3600".into()));
         }
         if !(self.consolidation_validation_seconds >= 0.0 && self.consolidation_validation_seconds <= 600.0) {
             return Err(ConfigError::Invalid("provisioner.consolidationValidationSeconds must be between 0 and 600".into()));

@@ -3,6 +3,8 @@
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use std::sync::atomic::AtomicU64;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -67,6 +69,16 @@ pub struct Metrics {
     pub claims_given_up: Family<Labels, Counter>,
     /// Interruption queue messages, by kind and outcome.
     pub interruption_messages: Family<Labels, Counter>,
+    /// Nodes Archer manages now, by nodepool, arch and capacity_type.
+    pub managed_nodes: Family<Labels, Gauge>,
+    /// Their hourly price, by the same labels.
+    pub nodes_cost: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Hourly saving of the pods on managed nodes against amd64 on-demand, by source (arm64, spot).
+    pub savings: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Hourly price of the same pods on amd64 on-demand nodes.
+    pub baseline_cost: Gauge<f64, AtomicU64>,
+    /// Created to Ready, of pods the provisioner launched nodes for.
+    pub pod_startup_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -127,6 +139,16 @@ impl Metrics {
         let leader = prometheus_client::metrics::gauge::Gauge::default();
         let claims_given_up = Family::<Labels, Counter>::default();
         let interruption_messages = Family::<Labels, Counter>::default();
+        let managed_nodes = Family::<Labels, Gauge>::default();
+        let nodes_cost = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        let savings = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        let baseline_cost = Gauge::<f64, AtomicU64>::default();
+        let pod_startup_seconds = Histogram::new(exponential_buckets(0.5, 2.0, 14));
+        root.register("managed_nodes", "Nodes Archer manages, by nodepool, arch and capacity_type", managed_nodes.clone());
+        root.register("nodes_cost_per_hour_dollars", "Hourly price of the nodes Archer manages, by nodepool, arch and capacity_type", nodes_cost.clone());
+        root.register("savings_per_hour_dollars", "Hourly saving of the pods on managed nodes against the same pods on amd64 on-demand nodes (as simulate --compare plans them), by source: arm64, spot", savings.clone());
+        root.register("baseline_cost_per_hour_dollars", "Hourly price of the pods on managed nodes if they ran on amd64 on-demand nodes (as simulate --compare plans them)", baseline_cost.clone());
+        root.register("provisioned_pod_startup_duration_seconds", "Time from creation to Ready of pods the provisioner launched nodes for", pod_startup_seconds.clone());
         root.register("nodeclaims_given_up", "NodeClaims deleted because they could not become nodes (launch failures, registration timeouts), by reason", claims_given_up.clone());
         root.register("interruption_messages", "Interruption queue messages, by kind and outcome (handled, ignored, malformed, failed)", interruption_messages.clone());
         root.register("provisioner_batches", "Provisioning batches decided", provisioner_batches.clone());
@@ -140,7 +162,7 @@ impl Metrics {
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, connections_refused, connection_timeouts, connections_open }
+        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, connections_refused, connection_timeouts, connections_open }
     }
 
     /// Export the memory budget's gauge and refusal counter.

@@ -165,17 +165,20 @@ fn scheduler_configurations_register_the_extender_both_ways() {
     assert!(d.spec.and_then(|s| s.template.spec).is_some_and(|p| p.containers[0].command.clone().unwrap_or_default().iter().any(|c| c.starts_with("--config="))));
 }
 
-/// A CRD in deploy/crds/ must equal the one generated from the Rust types; regenerate with
+/// A CRD in deploy/crds/ and in the Helm chart's crds/ must equal the one generated from the Rust types; regenerate with
 /// `ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests`.
 fn generated_crd(file: &str, source: &str, crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition) -> String {
     let generated = format!("# Generated from {source}: ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests\n{}", serde_saphyr::to_string(crd).expect("yaml"));
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file);
-    if std::env::var_os("ARCHER_UPDATE_CRDS").is_some() {
-        std::fs::write(&path, &generated).expect("write crd");
+    // Kustomize's copy and the Helm chart's.
+    for dir in ["deploy/crds", "deploy/helm/archer/crds"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir).join(file);
+        if std::env::var_os("ARCHER_UPDATE_CRDS").is_some() {
+            std::fs::write(&path, &generated).expect("write crd");
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{dir}/{file}: {e}"));
+        assert_eq!(on_disk, generated, "{dir}/{file} is stale: regenerate it");
     }
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("deploy/crds/{file}: {e}"));
-    assert_eq!(on_disk, generated, "deploy/crds/{file} is stale: regenerate it");
-    on_disk
+    generated
 }
 
 #[test]

@@ -401,3 +401,61 @@ fn the_plan_is_printed_with_its_lower_bound() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("of the lower bound") || text.contains("at the lower bound"), "{text}");
 }
+
+/// `--compare` plans the same pods three ways and splits the saving against amd64 on-demand into
+/// what arm64 saves and what spot saves on top; pods only arm64 or spot can run are left out.
+#[test]
+fn compare_splits_the_saving_into_arm64_and_spot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.yaml");
+    std::fs::write(
+        &path,
+        r#"apiVersion: archer.dev/v1alpha1
+kind: NodePool
+metadata: {name: default}
+spec:
+  template:
+    spec:
+      requirements:
+        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
+        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand, spot]}
+        - {key: karpenter.k8s.aws/instance-category, operator: In, values: [c, m, r]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 6
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata:
+      labels: {app: web}
+      annotations: {archer.dev/platforms: "linux/amd64,linux/arm64"}
+    spec:
+      containers: [{name: web, image: example.com/web:1, resources: {requests: {cpu: "1", memory: 2Gi}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: graviton-only, namespace: default, annotations: {archer.dev/platforms: linux/arm64}}
+spec:
+  containers: [{name: a, image: example.com/a:1, resources: {requests: {cpu: "1", memory: 1Gi}}}]
+"#,
+    )
+    .expect("write");
+    let plan = simulate(&["--scenario", path.to_str().expect("path"), "--compare", "--offline"]);
+    let c = &plan["compare"];
+    assert_eq!(c["leftOut"], serde_json::json!(["default/graviton-only"]), "{c}");
+    let total = |p: &Value| p["totalPricePerHour"].as_f64().expect("total");
+    let (arm, spot, baseline) = (c["savingsPerHour"].as_f64().expect("arm"), c["spotSavingsPerHour"].as_f64().expect("spot"), c["baselinePerHour"].as_f64().expect("baseline"));
+    assert!(arm > 0.0 && spot > 0.0, "{c}");
+    assert!((baseline - total(&c["amd64OnDemand"])).abs() < 1e-3);
+    assert!((arm - (total(&c["withoutArm64"]) - total(&c["withArm64"]))).abs() < 1e-3);
+    assert!((total(&c["withArm64"]) + arm + spot - baseline).abs() < 2e-3, "{c}");
+    for n in c["amd64OnDemand"]["nodes"].as_array().expect("nodes") {
+        assert_eq!((n["arch"].as_str(), n["capacityType"].as_str()), (Some("amd64"), Some("on-demand")));
+    }
+    assert!(c["withoutArm64"]["nodes"].as_array().expect("nodes").iter().all(|n| n["arch"] == "amd64"));
+    assert!(c["withArm64"]["nodes"].as_array().expect("nodes").iter().any(|n| n["arch"] == "arm64" && n["capacityType"] == "spot"), "{c}");
+    let placed: usize = c["withArm64"]["nodes"].as_array().expect("nodes").iter().map(|n| n["pods"].as_array().map_or(0, Vec::len)).sum();
+    assert_eq!(placed, 6, "the left-out pod is in no plan of the comparison");
+}

@@ -10,7 +10,7 @@ use super::inspect::Output;
 use super::RegistryArgs;
 use crate::catalog::Catalog;
 use crate::core::labels;
-use crate::core::packer::{Plan, Pool};
+use crate::core::packer::Plan;
 use crate::core::planner::plan_batch;
 use crate::provisioner::consolidation::{self, Decision};
 use crate::metrics::Metrics;
@@ -212,32 +212,23 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     let decisions = if disrupt { Some(disruption(&s, &inputs, &platforms_of, &mut notes)) } else { None };
     let crate::provisioner::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, .. } = inputs;
     let plan = plan_batch(&snapshot, &pods, &pools, &offers);
-    // The comparison is over the pods both plans can place: pods that need arm64 are left out of
-    // both sides (and listed), so the saving is like for like.
-    let comparison = compare.then(|| {
-        let restricted: Vec<Pool> = pools
-            .iter()
-            .cloned()
-            .map(|mut p| {
-                let _ = p.requirements.add(labels::ARCH, "NotIn", &["arm64".into()]);
-                p
-            })
-            .collect();
-        let without = plan_batch(&snapshot, &pods, &restricted, &offers);
-        let needs_arm: std::collections::BTreeSet<&str> = without.unschedulable.iter().map(|u| u.pod.as_str()).collect();
-        let common: Vec<_> = pods.iter().filter(|p| !needs_arm.contains(p.packer.id.as_str())).cloned().collect();
-        let with = plan_batch(&snapshot, &common, &pools, &offers);
-        (with, without)
-    });
+    // The comparison is over the pods every plan can place: pods that need arm64 (or spot) are
+    // left out of all of them (and listed), so the saving is like for like. The live savings
+    // metrics read the same function.
+    let comparison = compare.then(|| crate::core::planner::compare::compare(&snapshot, &pods, &pools, &offers));
 
     match output {
         Output::Json => {
             let mut doc = plan_json(&plan);
-            if let Some((with, without)) = &comparison {
+            if let Some(c) = &comparison {
                 doc["compare"] = json!({
-                    "withArm64": plan_json(with),
-                    "withoutArm64": plan_json(without),
-                    "savingsPerHour": round(without.total_price_per_hour - with.total_price_per_hour),
+                    "withArm64": plan_json(&c.with_arm64),
+                    "withoutArm64": plan_json(&c.without_arm64),
+                    "amd64OnDemand": plan_json(&c.amd64_on_demand),
+                    "savingsPerHour": round(c.arm64_saving()),
+                    "spotSavingsPerHour": round(c.spot_saving()),
+                    "baselinePerHour": round(c.baseline()),
+                    "leftOut": c.left_out,
                 });
             }
             if let Some(d) = &decisions {
@@ -250,18 +241,26 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         }
         Output::Text => {
             print_plan("Plan", &plan);
-            if let Some((with, without)) = &comparison {
+            if let Some(c) = &comparison {
                 println!();
-                print_plan("With arm64 forbidden", without);
-                let saved = without.total_price_per_hour - with.total_price_per_hour;
-                let pct = if without.total_price_per_hour > 0.0 { 100.0 * saved / without.total_price_per_hour } else { 0.0 };
+                print_plan("With arm64 forbidden", &c.without_arm64);
+                let (with, without) = (c.with_arm64.total_price_per_hour, c.without_arm64.total_price_per_hour);
+                let saved = c.arm64_saving();
+                let pct = if without > 0.0 { 100.0 * saved / without } else { 0.0 };
                 println!(
-                    "\nFor the {} pod(s) both plans place: ${:.4}/hour with arm64, ${:.4}/hour without. Multi-arch placement saves ${saved:.4}/hour ({pct:.1}%), ${:.0}/month.",
-                    with.nodes.iter().map(|n| n.pods.len()).sum::<usize>() + with.existing.len(),
-                    with.total_price_per_hour,
-                    without.total_price_per_hour,
+                    "\nFor the {} pod(s) every plan places: ${with:.4}/hour with arm64, ${without:.4}/hour without. Multi-arch placement saves ${saved:.4}/hour ({pct:.1}%), ${:.0}/month.",
+                    c.with_arm64.nodes.iter().map(|n| n.pods.len()).sum::<usize>() + c.with_arm64.existing.len(),
                     saved * 730.0
                 );
+                println!(
+                    "Against amd64 on-demand (${:.4}/hour), spot saves ${:.4}/hour more: ${:.0}/month in all.",
+                    c.baseline(),
+                    c.spot_saving(),
+                    (c.arm64_saving() + c.spot_saving()) * 730.0
+                );
+                if !c.left_out.is_empty() {
+                    println!("Left out of the comparison (need arm64 or spot): {}", c.left_out.join(", "));
+                }
             }
             if let Some(d) = &decisions {
                 print_disruption(d);

@@ -12,6 +12,7 @@
 
 pub mod cloud;
 pub mod consolidation;
+mod cost;
 pub mod disruption;
 pub mod drift;
 pub mod leader;

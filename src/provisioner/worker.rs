@@ -165,13 +165,13 @@ impl Provisioner {
         (p, watches)
     }
 
-    /// Run the batching loop, the claim keeper and disruption until the future is dropped. Each
-    /// runs as a task of its own, so a long disruption pass never holds a provisioning batch back;
-    /// dropping the future (leadership lost) stops all three.
+    /// Run the batching loop, the claim keeper, disruption and the cost metrics until the future
+    /// is dropped. Each runs as a task of its own, so a long disruption pass never holds a
+    /// provisioning batch back; dropping the future (leadership lost) stops them all.
     pub async fn run(self: Arc<Self>) {
         self.stores.wait_ready().await;
         tracing::info!(provider = self.provider.name(), offerings = self.provider.offerings().len(), "provisioner started");
-        let mut tasks = AbortOnDrop(vec![tokio::spawn(self.clone().batch_loop()), tokio::spawn(self.clone().claim_loop()), tokio::spawn(self.clone().disruption_loop())]);
+        let mut tasks = AbortOnDrop(vec![tokio::spawn(self.clone().batch_loop()), tokio::spawn(self.clone().claim_loop()), tokio::spawn(self.clone().disruption_loop()), tokio::spawn(self.clone().cost_loop())]);
         if let Some(notices) = self.provider.interruptions(Arc::new(super::disruption::Interruptions(self.clone()))) {
             tasks.0.push(tokio::spawn(notices));
         }

@@ -671,3 +671,75 @@ pub(crate) async fn metric_sum(c: &Cluster, family: &str) -> f64 {
     let body = reqwest::get(format!("http://127.0.0.1:{}/metrics", c.archer_admin)).await.map(|r| r.text()).expect("metrics");
     body.await.unwrap_or_default().lines().filter(|l| l.starts_with(family) && (l.as_bytes().get(family.len()) == Some(&b'{') || l.as_bytes().get(family.len()) == Some(&b' '))).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() + 0.0
 }
+
+/// The cost and savings metrics of a live cluster: the managed nodes' cost is their offerings'
+/// prices, and the savings against amd64 on-demand are what `archer simulate --compare` says for
+/// the same pods and pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn cost_and_savings_metrics_match_simulate_compare() {
+    let c = Cluster::start("savings").await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    namespace(&client, "shop", json!({})).await;
+    pool(&client, DEFAULT_POOL).await;
+    let image = c.registry.image("apps/web:1");
+    let d = deployment("web", &image, 5, json!({}));
+    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &with_requests(d, "1", "2Gi")).await.expect("create");
+    let pods = wait_running(&client, "shop", "web", 5, Duration::from_secs(120)).await;
+    let catalog = Catalog::embedded().expect("catalog");
+
+    // The gauges follow the cluster within costIntervalSeconds (2 s here).
+    let metrics = || async {
+        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", c.archer_admin)).await.expect("metrics").text().await.expect("text");
+        let sum = |name: &str| text.lines().filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>();
+        let one = |sample: &str| text.lines().find_map(|l| l.strip_prefix(sample).and_then(|r| r.trim().parse::<f64>().ok()));
+        (sum("archer_managed_nodes"), sum("archer_nodes_cost_per_hour_dollars"), one("archer_savings_per_hour_dollars{source=\"arm64\"}"), one("archer_savings_per_hour_dollars{source=\"spot\"}"), one("archer_baseline_cost_per_hour_dollars"))
+    };
+    let nodes = archer_nodes(&client).await;
+    let expected_cost: f64 = nodes.iter().map(|n| price(&catalog, n)).sum();
+    let started = Instant::now();
+    let (count, cost, arm, spot, baseline) = loop {
+        let m = metrics().await;
+        if m.0 == nodes.len() as f64 && m.4.is_some_and(|b| b > 0.0) {
+            break m;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "cost metrics never reflected {} nodes: {m:?}", nodes.len());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(count, nodes.len() as f64);
+    assert!((cost - expected_cost).abs() < 1e-6, "node cost {cost} against the offerings' {expected_cost}");
+
+    // The same pods, pending, and the same pool, planned offline.
+    let mut docs = vec![serde_json::to_string(&archer::yaml::from_str::<serde_json::Value>(DEFAULT_POOL).expect("pool")).expect("json")];
+    for p in &pods {
+        let mut pod = serde_json::to_value(p).expect("pod");
+        pod["metadata"] = json!({"name": p.metadata.name, "namespace": "shop", "labels": p.metadata.labels, "annotations": p.metadata.annotations});
+        pod["spec"].as_object_mut().expect("spec").remove("nodeName");
+        pod.as_object_mut().expect("pod").remove("status");
+        docs.push(serde_json::to_string(&pod).expect("json"));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let scenario = dir.path().join("scenario.yaml");
+    std::fs::write(&scenario, docs.join("\n---\n")).expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer"))
+        .args(["simulate", "--compare", "--offline", "--output", "json", "--scenario"])
+        .arg(&scenario)
+        .output()
+        .expect("simulate");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let compare = &plan["compare"];
+    assert_eq!(compare["leftOut"], json!([]), "{compare}");
+    let close = |metric: Option<f64>, field: &str| {
+        let want = compare[field].as_f64().unwrap_or_else(|| panic!("{field} in {compare}"));
+        assert!(metric.is_some_and(|m| (m - want).abs() < 1e-5), "{field}: metric {metric:?}, simulate {want}");
+    };
+    close(arm, "savingsPerHour");
+    close(spot, "spotSavingsPerHour");
+    close(baseline, "baselinePerHour");
+    assert!(baseline.is_some_and(|b| b > 0.0) && arm.zip(spot).is_some_and(|(a, s)| a + s > 0.0), "multi-arch pods on a spot-allowing pool save something: {compare}");
+    // Pods the claims were launched for were timed from creation to Ready.
+    assert!(c.archer_metric("archer_provisioned_pod_startup_duration_seconds_count").await >= 5.0);
+}

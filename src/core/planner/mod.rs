@@ -5,6 +5,7 @@
 use super::packer::{pack_within, Offering, PendingPod, Plan, Pool, DEFAULT_BUDGET};
 use super::sched::{NodeInfo, PodInfo, Snapshot};
 
+pub mod compare;
 mod order;
 mod verify;
 

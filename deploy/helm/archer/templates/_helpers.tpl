@@ -1,0 +1,53 @@
+{{/* The name every object carries: fullnameOverride, else the release name when it already
+names the chart, else <release>-archer. */}}
+{{- define "archer.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "archer.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "archer.labels" -}}
+{{ include "archer.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "archer.serviceAccountName" -}}
+{{- default (include "archer.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "archer.tlsSecretName" -}}
+{{- if eq .Values.tls.mode "secret" -}}
+{{- default (printf "%s-tls" (include "archer.fullname" .)) .Values.tls.secretName -}}
+{{- else -}}
+{{- printf "%s-tls" (include "archer.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Archer's config file: .Values.config with .Values.provisioner as its provisioner section. */}}
+{{- define "archer.config" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- $_ := set $cfg "provisioner" .Values.provisioner -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* Values that each pass the schema but not together. */}}
+{{- define "archer.validate" -}}
+{{- $decision := int (dig "webhook" "decisionTimeoutSeconds" 4 .Values.config) -}}
+{{- if ge $decision (int .Values.webhook.timeoutSeconds) -}}
+{{- fail (printf "config.webhook.decisionTimeoutSeconds (%d) must be below webhook.timeoutSeconds (%d): Archer must answer before the API server gives up on it" $decision (int .Values.webhook.timeoutSeconds)) -}}
+{{- end -}}
+{{- if and (eq .Values.provisioner.cloudProvider "aws") (not (dig "aws" "clusterName" "" .Values.provisioner)) -}}
+{{- fail "provisioner.aws.clusterName is required when provisioner.cloudProvider is aws: every instance Archer launches is tagged with it" -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,221 @@
+//! What the managed nodes cost and what Archer saves: the cost and savings gauges, and how long
+//! pods the provisioner launched nodes for took to become Ready. Deciding is pure (prices of
+//! nodes, the counterfactual of `core::planner::compare`); the loop only reads the watch caches
+//! and sets metrics.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use super::model;
+use super::state;
+use super::worker::Provisioner;
+use crate::core::labels;
+use crate::core::packer::{Offering, Pool};
+use crate::metrics::Labels;
+
+/// How often pods that became Ready are looked for.
+const STARTUP_EVERY: Duration = Duration::from_secs(5);
+
+/// (nodepool, arch, capacity_type) of a node Archer launched; None for any other node.
+type Key = (String, String, String);
+
+fn node_key(node: &Node) -> Option<Key> {
+    let labels = node.metadata.labels.as_ref()?;
+    let pool = labels.get(labels::NODEPOOL)?;
+    let arch = labels.get(labels::ARCH).cloned().unwrap_or_default();
+    let capacity = labels.get(labels::KARPENTER_CAPACITY_TYPE).or_else(|| labels.get(labels::CAPACITY_TYPE)).cloned().unwrap_or_default();
+    Some((pool.clone(), arch, capacity))
+}
+
+/// The hourly price of a node: its offering's (instance type, zone, capacity type).
+fn node_price(node: &Node, offerings: &[Offering]) -> Option<f64> {
+    let labels = node.metadata.labels.as_ref()?;
+    let get = |k: &str| labels.get(k).map(String::as_str);
+    let instance = get(labels::INSTANCE_TYPE).or(get(labels::INSTANCE_TYPE_BETA))?;
+    let zone = get(labels::ZONE)?;
+    let capacity = get(labels::KARPENTER_CAPACITY_TYPE).or(get(labels::CAPACITY_TYPE))?;
+    Offering::find(offerings, instance, zone, capacity).map(|o| o.price)
+}
+
+/// Managed nodes and their summed hourly price per (nodepool, arch, capacity_type). A node
+/// whose offering is unknown counts, at no price.
+fn node_costs(nodes: &[&Node], offerings: &[Offering]) -> BTreeMap<Key, (i64, f64)> {
+    let mut out: BTreeMap<Key, (i64, f64)> = BTreeMap::new();
+    for n in nodes {
+        let Some(key) = node_key(n) else { continue };
+        let entry = out.entry(key).or_default();
+        entry.0 += 1;
+        entry.1 += node_price(n, offerings).unwrap_or(0.0);
+    }
+    out
+}
+
+/// Seconds from a pod's creation to its Ready condition turning true; None while not Ready.
+fn startup_seconds(pod: &Pod) -> Option<f64> {
+    let created = pod.metadata.creation_timestamp.as_ref()?.0;
+    let ready = pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;
+    let at = ready.last_transition_time.as_ref()?.0;
+    Some(at.duration_since(created).as_secs_f64().max(0.0))
+}
+
+/// The pools as the counterfactual plans them: every NodePool at its full limits (the pods
+/// compared already run inside them), with its DaemonSets.
+fn counterfactual_pools(p: &Provisioner) -> Vec<Pool> {
+    let pools = p.stores.pools.state();
+    let daemons: Vec<_> = p.stores.daemonsets.state().iter().map(|d| state::daemon_load(d)).collect();
+    let mut out = state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &[], &daemons);
+    for pool in &mut out {
+        (pool.limit_cpu_millis, pool.limit_memory_bytes, pool.limit_nodes) = (None, None, None);
+    }
+    out
+}
+
+fn labels3(key: &Key) -> Labels {
+    vec![("nodepool", key.0.clone()), ("arch", key.1.clone()), ("capacity_type", key.2.clone())]
+}
+
+impl Provisioner {
+    /// Keep the cost, savings and startup metrics current while this replica provisions.
+    pub(super) async fn cost_loop(self: Arc<Self>) {
+        let mut observed = HashSet::new();
+        let mut last_cost: Option<tokio::time::Instant> = None;
+        let every = Duration::from_secs_f64(self.settings.cost_interval_seconds.max(1.0));
+        loop {
+            self.observe_startups(&mut observed);
+            if last_cost.is_none_or(|t| t.elapsed() >= every) {
+                self.report_cost().await;
+                last_cost = Some(tokio::time::Instant::now());
+            }
+            tokio::time::sleep(STARTUP_EVERY.min(every)).await;
+        }
+    }
+
+    /// Pods a claim was launched for that became Ready since the last look: their startup time,
+    /// once each. `observed` holds only pods still on a claim's list, so it stays bounded.
+    fn observe_startups(&self, observed: &mut HashSet<String>) {
+        let planned = {
+            let claims = self.stores.claims.state();
+            model::planned_nodes(&claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>())
+        };
+        observed.retain(|id| planned.contains_key(id));
+        for pod in self.stores.pods.state() {
+            let id = state::pod_id(&pod);
+            if !planned.contains_key(&id) || observed.contains(&id) {
+                continue;
+            }
+            if let Some(s) = startup_seconds(&pod) {
+                self.metrics.pod_startup_seconds.observe(s);
+                observed.insert(id);
+            }
+        }
+    }
+
+    /// Set the node cost gauges, and the savings gauges from the counterfactual plans of the pods
+    /// running on managed nodes.
+    #[tracing::instrument(skip_all, fields(nodes = tracing::field::Empty, pods = tracing::field::Empty))]
+    async fn report_cost(&self) {
+        let offerings = self.provider.offerings();
+        let nodes = self.stores.nodes.state();
+        let costs = node_costs(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &offerings);
+        self.metrics.managed_nodes.clear();
+        self.metrics.nodes_cost.clear();
+        for (key, (count, price)) in &costs {
+            self.metrics.managed_nodes.get_or_create(&labels3(key)).set(*count);
+            self.metrics.nodes_cost.get_or_create(&labels3(key)).set(*price);
+        }
+        let managed: HashSet<&str> = nodes.iter().filter(|n| node_key(n).is_some()).filter_map(|n| n.metadata.name.as_deref()).collect();
+        let pods: Vec<Arc<Pod>> = self
+            .stores
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| managed.contains(n)))
+            .filter(|p| !state::is_daemon_pod(p) && !state::is_terminal(p) && p.metadata.deletion_timestamp.is_none())
+            .collect();
+        tracing::Span::current().record("nodes", managed.len()).record("pods", pods.len());
+        // As pending pods: bound to no node (kube-scheduler's NodeName rule would hold them to theirs).
+        let pods: Vec<Pod> = pods
+            .iter()
+            .map(|p| {
+                let mut p = p.as_ref().clone();
+                if let Some(s) = p.spec.as_mut() {
+                    s.node_name = None;
+                }
+                p
+            })
+            .collect();
+        let mut pending = self.pending_pods(&pods, &self.volumes()).await;
+        for p in &mut pending {
+            p.planned = None;
+        }
+        let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
+        let namespaces: Vec<_> = namespaces.iter().map(|n| n.as_ref().clone()).collect();
+        let pools = counterfactual_pools(self);
+        let empty = crate::core::sched::Snapshot::new(&[], &[], &namespaces);
+        let c = tokio::task::block_in_place(|| crate::core::planner::compare::compare(&empty, &pending, &pools, &offerings));
+        self.metrics.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(c.arm64_saving());
+        self.metrics.savings.get_or_create(&vec![("source", "spot".to_string())]).set(c.spot_saving());
+        self.metrics.baseline_cost.set(c.baseline());
+        tracing::debug!(baseline = c.baseline(), arm64 = c.arm64_saving(), spot = c.spot_saving(), left_out = c.left_out.len(), "cost and savings");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, pool: Option<&str>, arch: &str, instance: &str, capacity: &str) -> Node {
+        let mut labels = BTreeMap::from([
+            (labels::ARCH.to_string(), arch.to_string()),
+            (labels::INSTANCE_TYPE.to_string(), instance.to_string()),
+            (labels::ZONE.to_string(), "us-east-1a".to_string()),
+            (labels::KARPENTER_CAPACITY_TYPE.to_string(), capacity.to_string()),
+        ]);
+        if let Some(p) = pool {
+            labels.insert(labels::NODEPOOL.to_string(), p.to_string());
+        }
+        Node { metadata: kube::api::ObjectMeta { name: Some(name.into()), labels: Some(labels), ..Default::default() }, ..Default::default() }
+    }
+
+    #[test]
+    fn node_costs_sum_offering_prices_per_pool_arch_and_capacity_and_skip_unmanaged_nodes() {
+        let offerings = Offering::embedded_on_demand();
+        let price = |t: &str| Offering::find(&offerings, t, "us-east-1a", "on-demand").map(|o| o.price).expect("offered");
+        let nodes = [
+            node("a", Some("default"), "arm64", "m7g.large", "on-demand"),
+            node("b", Some("default"), "arm64", "m7g.large", "on-demand"),
+            node("c", Some("default"), "amd64", "m7i.large", "on-demand"),
+            node("d", None, "amd64", "m7i.large", "on-demand"),
+            node("e", Some("batch"), "amd64", "no-such.type", "on-demand"),
+        ];
+        let costs = node_costs(&nodes.iter().collect::<Vec<_>>(), &offerings);
+        let key = |p: &str, a: &str| (p.to_string(), a.to_string(), "on-demand".to_string());
+        assert_eq!(costs.len(), 3, "{costs:?}");
+        let (n, p) = costs[&key("default", "arm64")];
+        assert_eq!(n, 2);
+        assert!((p - 2.0 * price("m7g.large")).abs() < 1e-9);
+        assert!((costs[&key("default", "amd64")].1 - price("m7i.large")).abs() < 1e-9);
+        assert_eq!(costs[&key("batch", "amd64")], (1, 0.0), "an unknown offering counts at no price");
+    }
+
+    #[test]
+    fn startup_is_creation_to_ready() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:03Z"},
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:42Z"}
+            ]}
+        }))
+        .expect("pod");
+        assert_eq!(startup_seconds(&pod), Some(42.0));
+        let mut not_ready = pod.clone();
+        if let Some(c) = not_ready.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            c[1].status = "False".into();
+        }
+        assert_eq!(startup_seconds(&not_ready), None);
+    }
+}

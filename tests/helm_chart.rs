@@ -1,0 +1,400 @@
+//! The Helm chart (deploy/helm/archer), rendered by the real helm (built from its Go module by
+//! tests/build-helm): it renders the same objects as the kustomize manifests, its values reach
+//! the manifests, its schema refuses bad values, its certificate serves the webhook, and every
+//! metric its dashboard and alert rules name is one a running Archer exports.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use serde_json::Value;
+
+const NAMESPACE: &str = "archer-system";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The helm binary: built once (cached under ~/.cache/archer-e2e) by tests/build-helm.
+fn helm() -> &'static Path {
+    static HELM: OnceLock<PathBuf> = OnceLock::new();
+    HELM.get_or_init(|| {
+        if let Some(p) = std::env::var_os("ARCHER_HELM") {
+            return PathBuf::from(p);
+        }
+        let out = Command::new(root().join("tests/build-helm")).output().expect("run tests/build-helm (needs go)");
+        assert!(out.status.success(), "tests/build-helm failed: {}", String::from_utf8_lossy(&out.stderr));
+        PathBuf::from(String::from_utf8(out.stdout).expect("utf-8").trim())
+    })
+}
+
+/// `helm template archer deploy/helm/archer -n archer-system` with `--set`/`--set-json` flags:
+/// the rendered objects, or helm's error text.
+fn render(flags: &[&str]) -> Result<Vec<Value>, String> {
+    let out = Command::new(helm())
+        .args(["template", "archer"])
+        .arg(root().join("deploy/helm/archer"))
+        .args(["--namespace", NAMESPACE])
+        .args(flags)
+        .output()
+        .expect("run helm");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let docs: Vec<Value> = archer::yaml::from_multiple(&text).expect("helm renders YAML");
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+fn rendered(flags: &[&str]) -> Vec<Value> {
+    render(flags).unwrap_or_else(|e| panic!("helm template {flags:?}: {e}"))
+}
+
+fn find(objects: &[Value], kind: &str, name: &str) -> Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {kind} {name} among {:?}", keys(objects)))
+}
+
+fn typed<T: serde::de::DeserializeOwned>(objects: &[Value], kind: &str, name: &str) -> T {
+    serde_json::from_value(find(objects, kind, name)).unwrap_or_else(|e| panic!("{kind} {name}: {e}"))
+}
+
+fn keys(objects: &[Value]) -> BTreeSet<(String, String)> {
+    objects.iter().map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["metadata"]["name"].as_str().unwrap_or("").to_string())).collect()
+}
+
+fn file_docs(relative: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(root().join(relative)).unwrap_or_else(|e| panic!("{relative}: {e}"));
+    archer::yaml::from_multiple(&text).unwrap_or_else(|e| panic!("{relative}: {e}"))
+}
+
+/// The kustomize base's objects, as `kubectl apply -k deploy/` would create them (the
+/// Namespace and the CRDs aside: Helm users create the namespace, and the chart's crds/ is
+/// checked byte for byte by tests/deploy_manifests.rs).
+fn kustomize_base() -> Vec<Value> {
+    let k = &file_docs("deploy/kustomization.yaml")[0];
+    let mut objects = Vec::new();
+    for r in k["resources"].as_array().expect("resources").iter().filter_map(Value::as_str) {
+        if r.starts_with("crds/") || r == "namespace.yaml" {
+            continue;
+        }
+        objects.extend(file_docs(&format!("deploy/{r}")));
+    }
+    objects
+}
+
+const HELM_ONLY_KEYS: [&str; 5] = ["app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "helm.sh/chart", "app.kubernetes.io/version", "checksum/config"];
+
+/// What may differ between the two by design: Helm's own labels (also in selectors), the config
+/// checksum that rolls the pods, and the config file's comments and layout (compared parsed).
+fn normalize(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            for k in HELM_ONLY_KEYS {
+                map.remove(k);
+            }
+            if map.get("annotations").is_some_and(|a| a.as_object().is_some_and(|a| a.is_empty())) {
+                map.remove("annotations");
+            }
+            if let Some(Value::String(text)) = map.get("config.yaml") {
+                let parsed: Value = archer::yaml::from_str(text).expect("config.yaml parses");
+                map.insert("config.yaml".into(), parsed);
+            }
+            map.values_mut().for_each(normalize);
+            // A map emptied above goes too (a template's `annotations: {checksum}`).
+            map.retain(|k, v| !(k == "annotations" && v.as_object().is_some_and(|a| a.is_empty())));
+        }
+        Value::Array(items) => items.iter_mut().for_each(normalize),
+        _ => {}
+    }
+}
+
+fn assert_same_objects(mut chart: Vec<Value>, mut kustomize: Vec<Value>) {
+    chart.iter_mut().for_each(normalize);
+    kustomize.iter_mut().for_each(normalize);
+    assert_eq!(keys(&chart), keys(&kustomize), "the chart and kustomize render different objects");
+    for k in &kustomize {
+        let (kind, name) = (k["kind"].as_str().unwrap_or(""), k["metadata"]["name"].as_str().unwrap_or(""));
+        let c = find(&chart, kind, name);
+        assert_eq!(&c, k, "{kind} {name} differs between the chart and kustomize");
+    }
+}
+
+#[test]
+fn the_chart_with_a_provided_certificate_renders_exactly_the_kustomize_base() {
+    assert_same_objects(rendered(&["--set", "tls.mode=secret"]), kustomize_base());
+}
+
+#[test]
+fn the_chart_with_cert_manager_renders_exactly_the_cert_manager_overlay() {
+    let mut overlay = kustomize_base();
+    overlay.extend(file_docs("deploy/cert-manager/certificate.yaml"));
+    // The overlay's patch, applied as kustomize does.
+    let k = &file_docs("deploy/cert-manager/kustomization.yaml")[0];
+    let patch_text = k["patches"][0]["patch"].as_str().expect("patch");
+    let patch: json_patch::Patch = serde_json::from_value(archer::yaml::from_str::<Value>(patch_text).expect("patch yaml")).expect("json patch");
+    let webhook = overlay.iter_mut().find(|o| o["kind"] == "MutatingWebhookConfiguration").expect("webhook");
+    json_patch::patch(webhook, &patch).expect("patch applies");
+    for o in overlay.iter_mut().filter(|o| o["apiVersion"].as_str().is_some_and(|a| a.starts_with("cert-manager.io"))) {
+        o["metadata"]["namespace"] = NAMESPACE.into();
+    }
+    let mut chart = rendered(&["--set", "tls.mode=certManager"]);
+    // The chart labels what it creates; the overlay's two cert-manager objects carry none.
+    for o in chart.iter_mut().filter(|o| o["apiVersion"].as_str().is_some_and(|a| a.starts_with("cert-manager.io"))) {
+        o["metadata"].as_object_mut().expect("metadata").remove("labels");
+    }
+    assert_same_objects(chart, overlay);
+}
+
+fn archer_config(objects: &[Value]) -> archer::config::Config {
+    let cm: ConfigMap = typed(objects, "ConfigMap", "archer-config");
+    let text = cm.data.and_then(|d| d.get("config.yaml").cloned()).expect("config.yaml");
+    let cfg: archer::config::Config = archer::yaml::from_str(&text).unwrap_or_else(|e| panic!("the chart's config is not Archer's: {e}\n{text}"));
+    cfg.validate().expect("the chart's config validates");
+    cfg
+}
+
+#[test]
+fn provisioner_values_become_the_config_files_provisioner_section() {
+    let cfg = archer_config(&rendered(&[]));
+    assert_eq!(cfg.provisioner.cloud_provider, "none");
+    let objects = rendered(&[
+        "--set",
+        "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod-eu,provisioner.aws.region=eu-west-1,provisioner.maxLaunchesPerMinute=250",
+        "--set-json",
+        r#"provisioner.zones=["eu-west-1a","eu-west-1b"]"#,
+    ]);
+    let cfg = archer_config(&objects);
+    assert_eq!(cfg.provisioner.cloud_provider, "aws");
+    assert_eq!(cfg.provisioner.max_launches_per_minute, 250);
+    assert_eq!(cfg.provisioner.zones, vec!["eu-west-1a".to_string(), "eu-west-1b".to_string()]);
+    let aws = &cfg.provisioner.aws;
+    assert_eq!((aws.cluster_name.as_str(), aws.region.as_deref()), ("prod-eu", Some("eu-west-1")));
+    // A changed config rolls the pods.
+    let checksum = |o: &[Value]| find(o, "Deployment", "archer")["spec"]["template"]["metadata"]["annotations"]["checksum/config"].clone();
+    assert_ne!(checksum(&objects), checksum(&rendered(&[])));
+}
+
+#[test]
+fn non_default_values_reach_the_manifests() {
+    let objects = rendered(&[
+        "--set",
+        "replicas=3,webhook.failurePolicy=Fail,webhook.timeoutSeconds=10,config.webhook.decisionTimeoutSeconds=8,image.tag=0.2.0,podDisruptionBudget.enabled=false,logFormat=text",
+        "--set",
+        "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::111122223333:role/archer",
+        "--set-json",
+        r#"webhook.excludedNamespaces=["kube-system","monitoring"]"#,
+        "--set-json",
+        r#"webhook.objectSelector={"matchLabels":{"archer.dev/opt-in":"true"}}"#,
+        "--set-json",
+        r#"resources={"requests":{"cpu":"250m","memory":"128Mi"},"limits":{"memory":"512Mi"}}"#,
+        "--set-json",
+        r#"nodeSelector={"kubernetes.io/os":"linux"}"#,
+    ]);
+    let d: Deployment = typed(&objects, "Deployment", "archer");
+    let spec = d.spec.expect("spec");
+    assert_eq!(spec.replicas, Some(3));
+    let pod = spec.template.spec.expect("pod");
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some("ghcr.io/archer-dev/archer:0.2.0"));
+    assert!(c.args.as_ref().expect("args").contains(&"--log-format=text".to_string()));
+    let r = c.resources.as_ref().expect("resources");
+    assert_eq!(r.limits.as_ref().and_then(|l| l.get("memory")).map(|q| q.0.as_str()), Some("512Mi"));
+    assert_eq!(r.requests.as_ref().and_then(|l| l.get("cpu")).map(|q| q.0.as_str()), Some("250m"));
+    assert_eq!(pod.node_selector.as_ref().and_then(|n| n.get("kubernetes.io/os")).map(String::as_str), Some("linux"));
+    let m: MutatingWebhookConfiguration = typed(&objects, "MutatingWebhookConfiguration", "archer");
+    let w = &m.webhooks.expect("webhooks")[0];
+    assert_eq!((w.failure_policy.as_deref(), w.timeout_seconds), (Some("Fail"), Some(10)));
+    let excluded = w.namespace_selector.as_ref().and_then(|s| s.match_expressions.as_ref()).and_then(|e| e.iter().find(|e| e.key == "kubernetes.io/metadata.name")).and_then(|e| e.values.clone());
+    assert_eq!(excluded, Some(vec!["kube-system".to_string(), "monitoring".to_string(), NAMESPACE.to_string()]));
+    assert_eq!(w.object_selector.as_ref().and_then(|s| s.match_labels.as_ref()).and_then(|l| l.get("archer.dev/opt-in")).map(String::as_str), Some("true"));
+    let sa: ServiceAccount = typed(&objects, "ServiceAccount", "archer");
+    assert_eq!(sa.metadata.annotations.and_then(|a| a.get("eks.amazonaws.com/role-arn").cloned()).as_deref(), Some("arn:aws:iam::111122223333:role/archer"));
+    assert!(!objects.iter().any(|o| o["kind"] == "PodDisruptionBudget"), "podDisruptionBudget.enabled=false");
+    assert_eq!(archer_config(&objects).webhook.decision_timeout_seconds, 8.0);
+}
+
+#[test]
+fn the_second_scheduler_consults_the_charts_service() {
+    let objects = rendered(&["--set", "extender.secondScheduler.enabled=true,extender.secondScheduler.schedulerName=cheap,extender.secondScheduler.weight=5"]);
+    let cm: ConfigMap = typed(&objects, "ConfigMap", "archer-scheduler-config");
+    let cfg: Value = archer::yaml::from_str(cm.data.and_then(|d| d.get("config.yaml").cloned()).as_deref().expect("config")).expect("yaml");
+    assert_eq!(cfg["profiles"][0]["schedulerName"], "cheap");
+    let ext = &cfg["extenders"][0];
+    assert_eq!(ext["urlPrefix"], "https://archer.archer-system.svc:443/scheduler");
+    assert_eq!((ext["weight"].as_i64(), ext["nodeCacheCapable"].as_bool(), ext["ignorable"].as_bool()), (Some(5), Some(true), Some(true)));
+    let d: Deployment = typed(&objects, "Deployment", "archer-scheduler");
+    let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
+    assert!(pod.containers[0].command.as_ref().expect("command").iter().any(|a| a == "--config=/etc/archer-scheduler/config.yaml"));
+    assert!(rendered(&[]).iter().all(|o| o["metadata"]["name"] != "archer-scheduler"), "off by default");
+}
+
+#[test]
+fn bad_values_are_refused_with_a_clear_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--set", "webhook.failurePolicy=Sometimes"], "'/webhook/failurePolicy': value must be one of 'Ignore', 'Fail'"),
+        (&["--set", "webhook.timeoutSeconds=40"], "'/webhook/timeoutSeconds': maximum"),
+        (&["--set", "replicas=0"], "'/replicas': minimum"),
+        (&["--set", "replica=2"], "additional properties 'replica' not allowed"),
+        (&["--set", "tls.mode=selfsigned"], "'/tls/mode': value must be one of 'generate', 'certManager', 'secret'"),
+        (&["--set", "provisioner.cloudProvider=gcp"], "'/provisioner/cloudProvider': value must be one of 'none', 'kwok', 'aws'"),
+        (&["--set", "provisioner.cloudProvider=aws"], "missing property 'aws'"),
+        (&["--set", "provisioner.cloudProvider=aws,provisioner.aws.region=eu-west-1"], "missing property 'clusterName'"),
+        (&["--set", "config.provisioner.cloudProvider=kwok"], "/config"),
+        (&["--set", "config.defaults.mode=strict"], "'/config/defaults/mode': value must be one of"),
+        (&["--set", "tls.mode=secret,tls.caBundle=not base64!"], "'/tls/caBundle'"),
+        (&["--set", "config.webhook.decisionTimeoutSeconds=6"], "config.webhook.decisionTimeoutSeconds (6) must be below webhook.timeoutSeconds (5)"),
+    ];
+    for (flags, message) in cases {
+        match render(flags) {
+            Ok(_) => panic!("{flags:?} was accepted"),
+            Err(e) => assert!(e.contains(message), "{flags:?}: expected {message:?} in:\n{e}"),
+        }
+    }
+}
+
+fn rules_file() -> Value {
+    archer::yaml::from_str(&std::fs::read_to_string(root().join("deploy/helm/archer/rules/archer.rules.yaml")).expect("rules")).expect("rules yaml")
+}
+
+fn dashboard_file() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(root().join("deploy/helm/archer/dashboards/archer.json")).expect("dashboard")).expect("dashboard json")
+}
+
+#[test]
+fn monitoring_objects_carry_the_repositorys_rules_and_dashboard() {
+    let none = rendered(&[]);
+    assert!(none.iter().all(|o| !["ServiceMonitor", "PrometheusRule"].contains(&o["kind"].as_str().unwrap_or(""))), "off by default");
+    let objects = rendered(&["--set", "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,metrics.dashboard.enabled=true,metrics.prometheusRule.labels.release=kube-prometheus"]);
+    let rule = find(&objects, "PrometheusRule", "archer");
+    assert_eq!(rule["spec"], rules_file());
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus");
+    let sm = find(&objects, "ServiceMonitor", "archer");
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    let service = find(&objects, "Service", "archer");
+    assert!(service["spec"]["ports"].as_array().expect("ports").iter().any(|p| p["name"] == "metrics"));
+    assert_eq!(sm["spec"]["selector"]["matchLabels"], service["spec"]["selector"]);
+    let cm = find(&objects, "ConfigMap", "archer-dashboard");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let dashboard: Value = serde_json::from_str(cm["data"]["archer.json"].as_str().expect("archer.json")).expect("json");
+    assert_eq!(dashboard, dashboard_file());
+    // Every alert links its README runbook, and the README has it.
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    for r in rules_file()["groups"][0]["rules"].as_array().expect("rules") {
+        let alert = r["alert"].as_str().expect("alert");
+        let url = r["annotations"]["runbook_url"].as_str().expect("runbook_url");
+        assert!(url.ends_with(&format!("#{}", alert.to_lowercase())), "{alert}: {url}");
+        assert!(readme.contains(&format!("#### {alert}\n")), "README has no runbook for {alert}");
+    }
+}
+
+/// Every `archer_*` series a PromQL expression in the rules or the dashboard reads.
+fn named_series() -> BTreeSet<String> {
+    let mut exprs: Vec<String> = rules_file()["groups"].as_array().expect("groups").iter().flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default()).filter_map(|r| r["expr"].as_str().map(String::from)).collect();
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(e)) = m.get("expr") {
+                    out.push(e.clone());
+                }
+                m.values().for_each(|v| walk(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    walk(&dashboard_file(), &mut exprs);
+    assert!(exprs.len() > 20, "the dashboard and rules hold expressions");
+    let mut names = BTreeSet::new();
+    for e in exprs {
+        let mut rest = e.as_str();
+        while let Some(i) = rest.find("archer_") {
+            let tail = &rest[i..];
+            let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+            names.insert(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+    }
+    names
+}
+
+/// The series names a /metrics page can hold, from its `# TYPE` lines (a family with no
+/// samples yet still has one): counters as `_total`, histograms as `_bucket`/`_sum`/`_count`.
+fn exported_series(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else { continue };
+        let mut parts = rest.split_whitespace();
+        let (Some(name), Some(kind)) = (parts.next(), parts.next()) else { continue };
+        let series: Vec<String> = match kind {
+            "counter" => vec![format!("{name}_total")],
+            "histogram" => ["_bucket", "_sum", "_count"].iter().map(|s| format!("{name}{s}")).collect(),
+            _ => vec![name.to_string()],
+        };
+        for s in series {
+            out.insert(s, kind.to_string());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_metric_the_dashboard_and_rules_name_is_exported() {
+    let archer = common::Archer::start("", &[]).await;
+    let exported = exported_series(&archer.metrics().await);
+    let named = named_series();
+    let missing: Vec<&String> = named.iter().filter(|n| !exported.contains_key(*n)).collect();
+    assert!(missing.is_empty(), "named in the dashboard or rules but not exported: {missing:?}");
+    // The cost and savings families the issue names.
+    for n in ["archer_nodes_cost_per_hour_dollars", "archer_savings_per_hour_dollars", "archer_baseline_cost_per_hour_dollars", "archer_provisioned_pod_startup_duration_seconds_bucket"] {
+        assert!(named.contains(n), "{n} is on no panel or rule");
+    }
+}
+
+/// tls.mode generate: the Secret's certificate is signed by the webhook's caBundle and valid for
+/// the Service's DNS name; Archer serves it, on the chart's own config file.
+#[tokio::test]
+async fn the_generated_certificate_serves_the_webhook_service() {
+    let objects = rendered(&[]);
+    let secret: Secret = typed(&objects, "Secret", "archer-tls");
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = secret.data.expect("data");
+    let m: MutatingWebhookConfiguration = typed(&objects, "MutatingWebhookConfiguration", "archer");
+    let ca_bundle = m.webhooks.expect("webhooks")[0].client_config.ca_bundle.clone().expect("caBundle");
+    assert_eq!(ca_bundle.0, data["ca.crt"].0, "the caBundle is the CA in the Secret");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = dir.path().join("certs");
+    std::fs::create_dir_all(&certs).expect("certs dir");
+    for key in ["tls.crt", "tls.key", "ca.crt"] {
+        std::fs::write(certs.join(key), &data[key].0).expect("write");
+    }
+    let cm: ConfigMap = typed(&objects, "ConfigMap", "archer-config");
+    let config = cm.data.and_then(|d| d.get("config.yaml").cloned()).expect("config");
+    let archer = common::Archer::start_with_certs(dir, certs, &config, &[]).await;
+    let port = archer.https.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).expect("port");
+    let host = "archer.archer-system.svc";
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca_bundle.0).expect("ca"))
+        .resolve(host, std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .build()
+        .expect("client");
+    let review = common::review("CREATE", &common::pod("p", &["registry.invalid/app:1"]));
+    let r = client.post(format!("https://{host}:{port}/mutate")).json(&review).send().await.expect("TLS to the service name with the chart's CA");
+    assert_eq!(r.status(), 200);
+    // The same CA does not vouch for another name.
+    let other = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca_bundle.0).expect("ca"))
+        .resolve("other.archer-system.svc", std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .build()
+        .expect("client");
+    assert!(other.get(format!("https://other.archer-system.svc:{port}/mutate")).send().await.is_err());
+}
