@@ -102,6 +102,7 @@ fn rbac_is_least_privilege() {
         ("nodes", &["create", "patch", "delete"]),
         ("nodeclaims", &["create", "delete"]),
         ("nodeclaims/status", &["patch"]),
+        ("nodepools/status", &["patch"]),
         ("ec2nodeclasses/status", &["patch"]),
         ("events", &["create", "patch"]),
     ];

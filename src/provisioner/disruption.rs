@@ -347,6 +347,8 @@ impl Provisioner {
     async fn drain(self: Arc<Self>, node: Arc<Node>, claim: Arc<NodeClaim>, replacements: Vec<String>, reason: &'static str) {
         let name = node.metadata.name.clone().unwrap_or_default();
         self.taint(&node).await;
+        let why = if replacements.is_empty() { format!("node {name} is drained ({reason})") } else { format!("node {name} is drained ({reason}) once its {} replacement(s) are Ready", replacements.len()) };
+        self.mark_claim(&claim.name(), super::status::DISRUPTING, condition_reason(reason), &why).await;
         let deadline = Instant::now() + Duration::from_secs(self.settings.drain_timeout_seconds);
         // Replacements Ready before any pod leaves; without them no pod leaves at all.
         while !replacements.is_empty() {
@@ -480,12 +482,24 @@ impl Provisioner {
             }
             tracing::info!(node = %name, pool = %np.name(), why = %why, "node drifted; replacing it");
             self.metrics.disruption_decisions.get_or_create(&labels2("reason", "drifted", "result", "taken")).inc();
-            self.post_claim_event(&c.claim, "Drifted", &why).await;
+            self.mark_claim(&c.claim.name(), super::status::DRIFTED, "Drifted", &why).await;
             self.take_out(c.node.clone(), c.claim.clone(), &pods, "drifted", true).await;
             self.disruption.release(&name);
             taken += 1;
         }
         taken > 0
+    }
+}
+
+/// A drain's reason as a condition's and an Event's reason (CamelCase, as Karpenter's).
+fn condition_reason(reason: &str) -> &'static str {
+    match reason {
+        "empty" => "Empty",
+        "underutilized" => "Underutilized",
+        "expired" => "Expired",
+        "interrupted" => "Interrupted",
+        "drifted" => "Drifted",
+        _ => "Disrupted",
     }
 }
 

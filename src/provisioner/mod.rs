@@ -11,6 +11,7 @@
 //! - `leader`: the Lease that makes one replica the provisioner.
 
 pub mod cloud;
+pub mod conditions;
 pub mod consolidation;
 mod cost;
 pub mod disruption;
@@ -21,6 +22,7 @@ pub mod nodeclaim;
 pub mod nodepool;
 pub mod scenario;
 pub mod state;
+mod status;
 pub mod worker;
 
 pub use worker::Provisioner;

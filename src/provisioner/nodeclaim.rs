@@ -16,10 +16,14 @@ use crate::core::requirements::Requirements;
 /// What the node must be. Cluster-scoped; named `<pool>-<random>` by the API server.
 #[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[kube(group = "archer.dev", version = "v1alpha1", kind = "NodeClaim", plural = "nodeclaims", shortname = "anc", status = "NodeClaimStatus")]
+#[kube(printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.nodePool"}"#)]
 #[kube(printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.instanceType"}"#)]
 #[kube(printcolumn = r#"{"name":"Zone","type":"string","jsonPath":".spec.zone"}"#)]
 #[kube(printcolumn = r#"{"name":"Capacity","type":"string","jsonPath":".spec.capacityType"}"#)]
 #[kube(printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#)]
+#[kube(printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#)]
+#[kube(printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#)]
+#[kube(printcolumn = r#"{"name":"Price","type":"number","priority":1,"jsonPath":".spec.pricePerHour"}"#)]
 #[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeClaimSpec {
@@ -91,6 +95,10 @@ pub struct NodeClaimStatus {
     pub image_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_class_hash: Option<String>,
+    /// `Launched`, `Registered`, `Initialized` and `Ready` (all three), kept by the claim keeper;
+    /// `Drifted` and `Disrupting` (with the reason) set when disruption takes the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
 impl NodeClaim {

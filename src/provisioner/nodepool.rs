@@ -22,7 +22,13 @@ pub const DEFAULT_ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 /// The NodePool custom resource (cluster-scoped), `archer.dev/v1alpha1`. Its CRD in
 /// `deploy/crds/nodepool.yaml` is generated from these types (see `tests/deploy_manifests.rs`).
 #[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
-#[kube(group = "archer.dev", version = "v1alpha1", kind = "NodePool", plural = "nodepools", shortname = "anp")]
+#[kube(group = "archer.dev", version = "v1alpha1", kind = "NodePool", plural = "nodepools", shortname = "anp", status = "NodePoolStatus")]
+#[kube(printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes"}"#)]
+#[kube(printcolumn = r#"{"name":"CPU","type":"string","jsonPath":".status.resources.cpu"}"#)]
+#[kube(printcolumn = r#"{"name":"Memory","type":"string","jsonPath":".status.resources.memory"}"#)]
+#[kube(printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#)]
+#[kube(printcolumn = r#"{"name":"Weight","type":"integer","priority":1,"jsonPath":".spec.weight"}"#)]
+#[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct NodePoolSpec {
     /// What nodes of this pool look like.
@@ -37,6 +43,23 @@ pub struct NodePoolSpec {
     /// Pools with higher weight are tried first.
     #[serde(default)]
     pub weight: Option<i32>,
+}
+
+/// What the pool holds now, against its limits, and whether it can be used.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolStatus {
+    /// Resources of the pool's nodes and in-flight claims (`cpu`, `memory`, `pods`, `nodes`), as
+    /// quantities: what `limits` is checked against.
+    #[serde(default)]
+    pub resources: BTreeMap<String, String>,
+    /// Nodes and in-flight claims of the pool.
+    #[serde(default)]
+    pub nodes: i64,
+    /// `Ready`: the pool's requirements can be used (and its limits are not all spent:
+    /// reason `LimitsReached`).
+    #[serde(default)]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]

@@ -89,7 +89,7 @@ pub struct Provisioner {
     pub base_keyring: Keyring,
     pub metrics: Arc<Metrics>,
     pub settings: ProvisionerConfig,
-    recorder: Recorder,
+    pub(super) recorder: Recorder,
     limiter: governor::DefaultDirectRateLimiter,
     /// Last event message posted per pod uid (an unchanged reason is not posted again).
     reported: Mutex<HashMap<String, String>>,
@@ -548,6 +548,8 @@ impl Provisioner {
             Ok(i) => {
                 self.metrics.nodes_launched.get_or_create(&label("pool", claim.spec.node_pool.clone())).inc();
                 tracing::info!(node = %i.node_name, provider_id = %i.provider_id, "node launched");
+                let what = format!("{} ({} in {}, {}) for node {}", i.provider_id, i.instance_type.as_deref().unwrap_or(&claim.spec.instance_type), i.zone.as_deref().unwrap_or(&claim.spec.zone), claim.spec.capacity_type, i.node_name);
+                self.post_event(&claim.object_ref(&()), EventType::Normal, "Launched", "Launching", &what).await;
                 if let Some(cluster) = &self.cluster {
                     let planned = claim.metadata.annotations.as_ref().and_then(|a| a.get(crate::core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
                     let pods: Vec<String> = planned.split(',').filter(|p| !p.is_empty()).map(String::from).collect();
@@ -568,6 +570,7 @@ impl Provisioner {
                     self.give_up(claim, "LaunchFailed", &format!("launch failed {attempts} times, the claim is deleted and its pods planned again: {e}")).await;
                     return;
                 }
+                self.post_event(&claim.object_ref(&()), EventType::Warning, "LaunchFailed", "Launching", &format!("attempt {attempts} of {}: {e}", self.settings.launch_attempts)).await;
                 NodeClaimStatus { last_error: Some(e.to_string()), launch_attempts: Some(attempts), last_attempt_at: Some(now_rfc3339()), ..Default::default() }
             }
         };
@@ -576,23 +579,12 @@ impl Provisioner {
         }
     }
 
-    /// A Normal Event on a claim (why it is being disrupted).
-    pub(super) async fn post_claim_event(&self, claim: &NodeClaim, reason: &str, note: &str) {
-        let ev = Event { type_: EventType::Normal, reason: reason.into(), note: Some(note.into()), action: "Disrupting".into(), secondary: None };
-        if let Err(e) = self.recorder.publish(&ev, &claim.object_ref(&())).await {
-            tracing::warn!(claim = %claim.name(), error = %e, "could not post the event");
-        }
-    }
-
     /// Delete a claim that cannot become a node (with a Warning Event on it saying why) and its
     /// instance, if any: it stops counting as room and against the pool's limits.
     async fn give_up(&self, claim: &NodeClaim, reason: &str, note: &str) {
         tracing::warn!(claim = %claim.name(), reason, note, "claim given up");
         self.metrics.claims_given_up.get_or_create(&label("reason", reason)).inc();
-        let ev = Event { type_: EventType::Warning, reason: reason.into(), note: Some(note.into()), action: "Launching".into(), secondary: None };
-        if let Err(e) = self.recorder.publish(&ev, &claim.object_ref(&())).await {
-            tracing::warn!(claim = %claim.name(), error = %e, "could not post the event");
-        }
+        self.post_event(&claim.object_ref(&()), EventType::Warning, reason, "Launching", note).await;
         if let Err(e) = self.provider.delete(claim).await {
             tracing::warn!(claim = %claim.name(), error = %e, "could not terminate the instance; garbage collection will");
         }
@@ -623,6 +615,7 @@ impl Provisioner {
     }
 
     pub async fn keep_claims(&self) {
+        self.write_statuses().await;
         let api: Api<NodeClaim> = Api::all(self.client.clone());
         let claims = self.stores.claims.state();
         let recent = |c: &NodeClaim| {

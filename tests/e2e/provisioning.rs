@@ -743,3 +743,93 @@ async fn cost_and_savings_metrics_match_simulate_compare() {
     // Pods the claims were launched for were timed from creation to Ready.
     assert!(c.archer_metric("archer_provisioned_pod_startup_duration_seconds_count").await >= 5.0);
 }
+
+/// `kubectl get` through the real API server: NodeClaim conditions and NodePool status with
+/// their printer columns (the Table the API server renders from the CRDs), and Events on claims
+/// and pools for launches, registration and disruption with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn claims_and_pools_show_status_columns_and_events() {
+    let c = Cluster::start("status").await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    namespace(&client, "shop", json!({})).await;
+    pool(&client, DEFAULT_POOL).await;
+    let d = with_requests(deployment("web", &c.registry.image("apps/web:1"), 3, json!({})), "1", "2Gi");
+    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &d).await.expect("create");
+    wait_running(&client, "shop", "web", 3, Duration::from_secs(120)).await;
+
+    let ready = |cs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], t: &str| cs.iter().any(|x| x.type_ == t && x.status == "True");
+    wait("every claim Launched, Registered, Initialized and Ready", Duration::from_secs(30), || {
+        let client = client.clone();
+        async move {
+            let cs = claims(&client).await;
+            !cs.is_empty() && cs.iter().all(|cl| {
+                let conds = cl.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+                ["Launched", "Registered", "Initialized", "Ready"].iter().all(|t| ready(&conds, t))
+            })
+        }
+    })
+    .await;
+    let n_claims = claims(&client).await.len() as i64;
+    wait("the pool's status counts its nodes", Duration::from_secs(30), || {
+        let client = client.clone();
+        async move {
+            let p = Api::<NodePool>::all(client).get("default").await.expect("pool");
+            p.status.is_some_and(|s| s.nodes == n_claims && s.resources.get("nodes") == Some(&n_claims.to_string()) && s.conditions.iter().any(|x| x.type_ == "Ready" && x.status == "True"))
+        }
+    })
+    .await;
+
+    // The Table kubectl prints.
+    let table = |plural: &'static str| {
+        let client = client.clone();
+        async move {
+            let req = http::Request::get(format!("/apis/archer.dev/v1alpha1/{plural}")).header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").body(Vec::new()).expect("request");
+            client.request::<serde_json::Value>(req).await.expect("table")
+        }
+    };
+    let t = table("nodeclaims").await;
+    let columns: Vec<&str> = t["columnDefinitions"].as_array().expect("columns").iter().filter_map(|c| c["name"].as_str()).collect();
+    for want in ["Name", "Pool", "Type", "Zone", "Capacity", "Node", "Ready", "Age"] {
+        assert!(columns.contains(&want), "nodeclaims columns {columns:?} lack {want}");
+    }
+    let ready_at = columns.iter().position(|c| *c == "Ready").expect("Ready");
+    assert!(t["rows"].as_array().expect("rows").iter().all(|r| r["cells"][ready_at] == "True"), "{t}");
+    let t = table("nodepools").await;
+    let columns: Vec<&str> = t["columnDefinitions"].as_array().expect("columns").iter().filter_map(|c| c["name"].as_str()).collect();
+    for want in ["Name", "Nodes", "CPU", "Memory", "Ready", "Age"] {
+        assert!(columns.contains(&want), "nodepools columns {columns:?} lack {want}");
+    }
+    let nodes_at = columns.iter().position(|c| *c == "Nodes").expect("Nodes");
+    assert_eq!(t["rows"][0]["cells"][nodes_at].as_i64(), Some(n_claims), "{t}");
+
+    // Events: launches and registrations on the claims; then, scaled to zero, the disruption
+    // and its reason on the claims and the pool.
+    let events = || {
+        let client = client.clone();
+        async move {
+            Api::<k8s_openapi::api::events::v1::Event>::all(client)
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| (e.regarding.as_ref().and_then(|r| r.kind.clone()).unwrap_or_default(), e.reason.unwrap_or_default()))
+                .collect::<BTreeSet<(String, String)>>()
+        }
+    };
+    let seen = events().await;
+    for reason in ["Launched", "Registered", "Initialized"] {
+        assert!(seen.contains(&("NodeClaim".to_string(), reason.to_string())), "no {reason} Event on a NodeClaim: {seen:?}");
+    }
+    scale(&client, "shop", "web", 0).await;
+    wait("an Empty disruption Event on the claim and the pool", Duration::from_secs(60), || {
+        async move {
+            let seen = events().await;
+            seen.contains(&("NodeClaim".to_string(), "Empty".to_string())) && seen.contains(&("NodePool".to_string(), "Empty".to_string()))
+        }
+    })
+    .await;
+}

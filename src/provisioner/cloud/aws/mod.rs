@@ -208,20 +208,9 @@ async fn write_status(api: &Api<EC2NodeClass>, nc: &EC2NodeClass, r: &Resolved) 
         let old = nc.status.clone().unwrap_or_default();
         let ready = r.ready();
         let (status, reason, message) = if ready { ("True", "Resolved", "every selector resolved".to_string()) } else { ("False", "NotResolved", r.problems.join("; ")) };
-        let previous = old.conditions.iter().find(|c| c.type_ == READY_CONDITION);
-        let transition = match previous {
-            Some(c) if c.status == status => c.last_transition_time.clone(),
-            _ => k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
-        };
-        let condition = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: READY_CONDITION.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message,
-            last_transition_time: transition,
-            observed_generation: nc.metadata.generation,
-        };
-        let new = EC2NodeClassStatus { subnets: r.subnets.clone(), security_groups: r.security_groups.clone(), amis: r.amis.clone(), instance_profile: r.instance_profile.clone(), conditions: vec![condition] };
+        let mut conditions = old.conditions.clone();
+        crate::provisioner::conditions::set(&mut conditions, READY_CONDITION, status, reason, &message, nc.metadata.generation);
+        let new = EC2NodeClassStatus { subnets: r.subnets.clone(), security_groups: r.security_groups.clone(), amis: r.amis.clone(), instance_profile: r.instance_profile.clone(), conditions };
         if new == old {
             return Ok(());
         }

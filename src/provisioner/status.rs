@@ -1,0 +1,256 @@
+//! What `kubectl get` shows: NodeClaim conditions (Launched, Registered, Initialized, Ready, and
+//! Drifted / Disrupting when disruption takes the node), NodePool status (resources in use
+//! against limits, node count, Ready), and the Events of their transitions. Deciding is pure
+//! ([`claim_conditions`], [`pool_status`]); the writer patches only what changed, with the
+//! resourceVersion it read, so it never overwrites a condition written in between.
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource};
+
+use super::conditions;
+use super::nodeclaim::NodeClaim;
+use super::nodepool::{NodePool, NodePoolStatus};
+use super::state;
+use super::worker::Provisioner;
+use crate::core::labels;
+
+pub(super) const LAUNCHED: &str = "Launched";
+pub(super) const REGISTERED: &str = "Registered";
+pub(super) const INITIALIZED: &str = "Initialized";
+pub(super) const READY: &str = "Ready";
+pub(super) const DRIFTED: &str = "Drifted";
+pub(super) const DISRUPTING: &str = "Disrupting";
+
+/// The claim's lifecycle conditions given its node (`None`: not registered): its current
+/// conditions with Launched, Registered, Initialized and Ready brought up to date.
+pub(super) fn claim_conditions(claim: &NodeClaim, node: Option<&Node>) -> Vec<Condition> {
+    let status = claim.status.clone().unwrap_or_default();
+    let mut c = status.conditions.clone();
+    let generation = claim.metadata.generation;
+    let mut set = |t: &str, s: &str, reason: &str, message: String| {
+        conditions::set(&mut c, t, s, reason, &message, generation);
+    };
+    match (&status.provider_id, &status.last_error) {
+        (Some(id), _) => set(LAUNCHED, "True", "Launched", format!("{id} ({} in {})", status.instance_type.as_deref().unwrap_or(&claim.spec.instance_type), status.zone.as_deref().unwrap_or(&claim.spec.zone))),
+        (None, Some(e)) => set(LAUNCHED, "False", "LaunchFailed", format!("attempt {}: {e}", status.launch_attempts.unwrap_or(1))),
+        (None, None) => set(LAUNCHED, "Unknown", "Launching", String::new()),
+    }
+    let launched = status.provider_id.is_some();
+    match node {
+        Some(n) => set(REGISTERED, "True", "Registered", format!("node {}", n.metadata.name.as_deref().unwrap_or(""))),
+        None if launched => set(REGISTERED, "Unknown", "AwaitingRegistration", String::new()),
+        None => set(REGISTERED, "Unknown", "NotLaunched", String::new()),
+    }
+    let startup: Vec<&str> = claim.spec.startup_taints.iter().map(|t| t.key.as_str()).filter(|k| node.is_some_and(|n| state::has_taint(n, k))).collect();
+    match node {
+        None => set(INITIALIZED, "Unknown", "NotRegistered", String::new()),
+        Some(n) if !state::node_ready(n) => set(INITIALIZED, "False", "NodeNotReady", "the node's Ready condition is not True".into()),
+        Some(n) if state::has_taint(n, labels::UNREGISTERED_TAINT) => set(INITIALIZED, "Unknown", "AwaitingRegistrationTaintRemoval", format!("taint {} still on the node", labels::UNREGISTERED_TAINT)),
+        Some(_) if !startup.is_empty() => set(INITIALIZED, "Unknown", "StartupTaints", format!("startup taints still on the node: {}", startup.join(", "))),
+        Some(_) => set(INITIALIZED, "True", "Initialized", String::new()),
+    }
+    // Ready: all three True; else the first that is not, with its reason.
+    let first_not = [LAUNCHED, REGISTERED, INITIALIZED].into_iter().find_map(|t| c.iter().find(|x| x.type_ == t && x.status != "True").cloned());
+    match first_not {
+        None => conditions::set(&mut c, READY, "True", "Ready", "", generation),
+        Some(x) => conditions::set(&mut c, READY, if x.status == "False" { "False" } else { "Unknown" }, &x.reason, &format!("{}: {}", x.type_, x.message), generation),
+    };
+    c
+}
+
+/// `cpu` millis and `memory` bytes as Kubernetes quantities (`3500m`, `4`, `1536Mi`, `2Gi`).
+fn cpu_quantity(millis: i64) -> String {
+    if millis % 1000 == 0 {
+        (millis / 1000).to_string()
+    } else {
+        format!("{millis}m")
+    }
+}
+
+fn memory_quantity(bytes: i64) -> String {
+    const UNITS: [(&str, i64); 3] = [("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+    UNITS.iter().find(|(_, u)| bytes != 0 && bytes % u == 0).map(|(s, u)| format!("{}{s}", bytes / u)).unwrap_or_else(|| bytes.to_string())
+}
+
+/// The pool's status from its claims (launched and in flight, as its limits count them).
+pub(super) fn pool_status(np: &NodePool, claims: &[&NodeClaim]) -> NodePoolStatus {
+    let name = np.metadata.name.clone().unwrap_or_default();
+    let (cpu, memory, nodes) = state::pool_usage(&name, claims);
+    let pods: i64 = claims.iter().filter(|c| c.spec.node_pool == name && !c.deleting()).filter_map(|c| c.spec.capacity.get("pods")?.parse::<i64>().ok()).sum();
+    let resources = [("cpu", cpu_quantity(cpu)), ("memory", memory_quantity(memory)), ("pods", pods.to_string()), ("nodes", nodes.to_string())].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let mut c = np.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let generation = np.metadata.generation;
+    match np.to_pool() {
+        Err(e) => {
+            conditions::set(&mut c, READY, "False", "InvalidRequirements", &e.to_string(), generation);
+        }
+        Ok(pool) => {
+            let spent: Vec<&str> = [("cpu", pool.limit_cpu_millis.is_some_and(|l| cpu >= l)), ("memory", pool.limit_memory_bytes.is_some_and(|l| memory >= l)), ("nodes", pool.limit_nodes.is_some_and(|l| nodes >= l))]
+                .into_iter()
+                .filter_map(|(k, spent)| spent.then_some(k))
+                .collect();
+            let message = if spent.is_empty() { String::new() } else { format!("limits reached: {}; no more nodes are launched for this pool", spent.join(", ")) };
+            conditions::set(&mut c, READY, "True", if spent.is_empty() { "Ready" } else { "LimitsReached" }, &message, generation);
+        }
+    }
+    NodePoolStatus { resources, nodes, conditions: c }
+}
+
+fn status_of<'a>(c: &'a [Condition], t: &str) -> Option<&'a str> {
+    conditions::status(c, t)
+}
+
+impl Provisioner {
+    /// Bring every claim's and pool's status up to date, with an Event for each transition.
+    pub(super) async fn write_statuses(&self) {
+        let claims = self.stores.claims.state();
+        for claim in claims.iter().filter(|c| !c.deleting()) {
+            let node = self.stores.nodes.get(&kube::runtime::reflector::ObjectRef::new(&claim.node_name()));
+            let new = claim_conditions(claim, node.as_deref());
+            let old = claim.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+            if new == old {
+                continue;
+            }
+            for (t, reason) in [(REGISTERED, "Registered"), (INITIALIZED, "Initialized")] {
+                if status_of(&new, t) == Some("True") && status_of(&old, t) != Some("True") {
+                    self.post_event(&claim.object_ref(&()), EventType::Normal, reason, "Launching", &format!("node {}", claim.node_name())).await;
+                }
+            }
+            self.patch_claim_conditions(claim, new).await;
+        }
+        let claims: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
+        for np in self.stores.pools.state().iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let new = pool_status(np, &claims);
+            let old = np.status.clone().unwrap_or_default();
+            if new == old {
+                continue;
+            }
+            let ready = |s: &NodePoolStatus| s.conditions.iter().find(|c| c.type_ == READY).map(|c| (c.status.clone(), c.reason.clone()));
+            if let Some((status, reason)) = ready(&new).filter(|r| Some(r) != ready(&old).as_ref()) {
+                let message = new.conditions.iter().find(|c| c.type_ == READY).map(|c| c.message.clone()).unwrap_or_default();
+                let kind = if status == "True" && reason == "Ready" { EventType::Normal } else { EventType::Warning };
+                self.post_event(&np.object_ref(&()), kind, &reason, "Provisioning", if message.is_empty() { "the pool can be used" } else { &message }).await;
+            }
+            let patch = serde_json::json!({"metadata": {"resourceVersion": np.metadata.resource_version}, "status": new});
+            if let Err(e) = Api::<NodePool>::all(self.client.clone()).patch_status(&np.name(), &PatchParams::default(), &Patch::Merge(patch)).await {
+                tracing::debug!(pool = %np.name(), error = %e, "could not write the pool's status; next pass");
+            }
+        }
+    }
+
+    /// Write a claim's conditions, guarded by the resourceVersion they were computed from.
+    async fn patch_claim_conditions(&self, claim: &NodeClaim, conditions: Vec<Condition>) -> bool {
+        let patch = serde_json::json!({"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"conditions": conditions}});
+        match Api::<NodeClaim>::all(self.client.clone()).patch_status(&claim.name(), &PatchParams::default(), &Patch::Merge(patch)).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(claim = %claim.name(), error = %e, "could not write the claim's conditions; next pass");
+                false
+            }
+        }
+    }
+
+    /// Set one condition on a claim (Drifted, Disrupting) from a fresh read, retried on a
+    /// conflict, with an Event saying why.
+    pub(super) async fn mark_claim(&self, claim: &str, type_: &str, reason: &str, message: &str) {
+        let api: Api<NodeClaim> = Api::all(self.client.clone());
+        for _ in 0..3 {
+            let Ok(Some(fresh)) = api.get_opt(claim).await else { return };
+            let mut c = fresh.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+            if !conditions::set(&mut c, type_, "True", reason, message, fresh.metadata.generation) {
+                return;
+            }
+            if self.patch_claim_conditions(&fresh, c).await {
+                self.post_event(&fresh.object_ref(&()), EventType::Normal, reason, type_, message).await;
+                let pool = NodePool::new(&fresh.spec.node_pool, Default::default());
+                self.post_event(&pool.object_ref(&()), EventType::Normal, reason, type_, &format!("node claim {claim}: {message}")).await;
+                return;
+            }
+        }
+    }
+
+    /// Post an Event about `object` (logged when it cannot be posted).
+    pub(super) async fn post_event(&self, object: &k8s_openapi::api::core::v1::ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) {
+        let ev = Event { type_, reason: reason.into(), note: Some(note.into()), action: action.into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&ev, object).await {
+            tracing::warn!(object = object.name.as_deref().unwrap_or(""), reason, error = %e, "could not post the event");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provisioner::nodeclaim::NodeClaimStatus;
+
+    fn claim(status: Option<NodeClaimStatus>) -> NodeClaim {
+        let mut c = NodeClaim::new("default-abc", Default::default());
+        c.spec.node_pool = "default".into();
+        c.spec.instance_type = "m7g.large".into();
+        c.spec.zone = "us-east-1a".into();
+        c.spec.startup_taints = vec![crate::provisioner::nodepool::TaintDoc { key: "example.com/agent".into(), value: None, effect: "NoSchedule".into() }];
+        c.status = status;
+        c
+    }
+
+    fn node(ready: bool, taints: &[&str]) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "default-abc"},
+            "spec": {"taints": taints.iter().map(|k| serde_json::json!({"key": k, "effect": "NoSchedule"})).collect::<Vec<_>>()},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+        }))
+        .expect("node")
+    }
+
+    fn get<'a>(c: &'a [Condition], t: &str) -> (&'a str, &'a str) {
+        c.iter().find(|x| x.type_ == t).map(|x| (x.status.as_str(), x.reason.as_str())).unwrap_or_else(|| panic!("no {t} in {c:?}"))
+    }
+
+    #[test]
+    fn a_claim_goes_launching_launched_registered_initialized_ready() {
+        let c = claim_conditions(&claim(None), None);
+        assert_eq!((get(&c, LAUNCHED), get(&c, REGISTERED), get(&c, READY)), (("Unknown", "Launching"), ("Unknown", "NotLaunched"), ("Unknown", "Launching")));
+        let failed = claim(Some(NodeClaimStatus { last_error: Some("quota".into()), launch_attempts: Some(2), ..Default::default() }));
+        let c = claim_conditions(&failed, None);
+        assert_eq!(get(&c, LAUNCHED), ("False", "LaunchFailed"));
+        assert_eq!(get(&c, READY), ("False", "LaunchFailed"));
+        let launched = claim(Some(NodeClaimStatus { provider_id: Some("kwok://default-abc".into()), node_name: Some("default-abc".into()), ..Default::default() }));
+        let c = claim_conditions(&launched, None);
+        assert_eq!((get(&c, LAUNCHED).0, get(&c, REGISTERED), get(&c, READY).1), ("True", ("Unknown", "AwaitingRegistration"), "AwaitingRegistration"));
+        let c = claim_conditions(&launched, Some(&node(false, &[])));
+        assert_eq!((get(&c, REGISTERED).0, get(&c, INITIALIZED), get(&c, READY).0), ("True", ("False", "NodeNotReady"), "False"));
+        let c = claim_conditions(&launched, Some(&node(true, &[labels::UNREGISTERED_TAINT])));
+        assert_eq!(get(&c, INITIALIZED), ("Unknown", "AwaitingRegistrationTaintRemoval"));
+        let c = claim_conditions(&launched, Some(&node(true, &["example.com/agent"])));
+        assert_eq!(get(&c, INITIALIZED), ("Unknown", "StartupTaints"));
+        let c = claim_conditions(&launched, Some(&node(true, &[])));
+        assert_eq!((get(&c, INITIALIZED), get(&c, READY)), (("True", "Initialized"), ("True", "Ready")));
+    }
+
+    #[test]
+    fn conditions_set_by_disruption_are_kept() {
+        let mut status = NodeClaimStatus { provider_id: Some("kwok://x".into()), ..Default::default() };
+        conditions::set(&mut status.conditions, DISRUPTING, "True", "Underutilized", "replaced by 1 cheaper node", None);
+        let c = claim_conditions(&claim(Some(status)), Some(&node(true, &[])));
+        assert_eq!(get(&c, DISRUPTING), ("True", "Underutilized"));
+        assert_eq!(c.len(), 5);
+    }
+
+    #[test]
+    fn pool_status_counts_claims_against_limits() {
+        let np: NodePool = crate::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  limits: {cpu: \"4\"}\n").expect("pool");
+        let mut a = claim(None);
+        a.spec.capacity = [("cpu", "2"), ("memory", "8Gi"), ("pods", "29")].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let s = pool_status(&np, &[&a]);
+        assert_eq!((s.nodes, s.resources["cpu"].as_str(), s.resources["memory"].as_str(), s.resources["pods"].as_str()), (1, "2", "8Gi", "29"));
+        assert_eq!(get(&s.conditions, READY), ("True", "Ready"));
+        let s = pool_status(&np, &[&a, &a]);
+        assert_eq!((s.resources["cpu"].as_str(), get(&s.conditions, READY)), ("4", ("True", "LimitsReached")));
+        let bad: NodePool = crate::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: bad}\nspec:\n  template:\n    spec:\n      requirements: [{key: kubernetes.io/arch, operator: Gt, values: [arm64]}]\n").expect("pool");
+        assert_eq!(get(&pool_status(&bad, &[]).conditions, READY).0, "False");
+        assert_eq!((cpu_quantity(3500), memory_quantity(1536 << 20)), ("3500m".to_string(), "1536Mi".to_string()));
+    }
+}
