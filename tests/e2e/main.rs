@@ -5,6 +5,7 @@
 mod common;
 mod aws;
 mod cluster;
+mod helm;
 mod provisioning;
 mod scale;
 
