@@ -9,6 +9,7 @@ pub mod extender;
 pub mod limits;
 pub mod metrics;
 pub mod provisioner;
+pub mod report;
 pub mod registry;
 pub mod server;
 pub mod webhook;

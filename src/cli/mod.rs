@@ -3,12 +3,14 @@
 mod certs;
 mod inspect;
 mod prices;
+mod report;
 mod serve;
 mod simulate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::Config;
@@ -44,6 +46,8 @@ pub enum Command {
     Prices(prices::PricesArgs),
     /// Plan nodes for a scenario offline: the provisioner's deciding code, no cluster.
     Simulate(simulate::SimulateArgs),
+    /// Report a cluster's arm64 readiness and cost (read-only): a live cluster or a dump.
+    Report(report::ReportArgs),
 }
 
 /// Registry flags shared by every subcommand that reads images.
@@ -111,6 +115,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Certs(a) => certs::run(a),
             Command::Prices(a) => prices::run(a).await,
             Command::Simulate(a) => simulate::run(a).await,
+            Command::Report(a) => report::run(a).await,
         }
     });
     match result {
@@ -139,4 +144,25 @@ pub fn base_keyring(cfg: &Config) -> anyhow::Result<crate::registry::Keyring> {
         }
         None => Ok(crate::registry::Keyring::default()),
     }
+}
+
+/// A client from `kubeconfig`, else in-cluster credentials or the default kubeconfig; `None` when
+/// there is no cluster to talk to.
+pub(super) async fn connect(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Option<kube::Client>> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::info!(reason = %e, "no cluster configured: running standalone on the cluster defaults");
+                return Ok(None);
+            }
+        },
+    };
+    Ok(Some(kube::Client::try_from(config).context("building the Kubernetes client")?))
 }

@@ -49,25 +49,6 @@ pub struct ServeArgs {
     pub cloud_provider: Option<String>,
 }
 
-async fn connect(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Option<kube::Client>> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("kubeconfig {}", path.display()))?
-        }
-        None => match kube::Config::infer().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::info!(reason = %e, "no cluster configured: running standalone on the cluster defaults");
-                return Ok(None);
-            }
-        },
-    };
-    Ok(Some(kube::Client::try_from(config).context("building the Kubernetes client")?))
-}
-
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig, namespace, catalog, extender_listen, cloud_provider } = args;
     let mut cfg = registry.load()?;
@@ -102,7 +83,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let store = CertStore::load(&cert, &key)?;
     let inspector = super::inspector(&cfg, metrics.clone(), budget.clone())?;
 
-    let (cluster, watch) = match connect(kubeconfig.as_ref()).await? {
+    let (cluster, watch) = match super::connect(kubeconfig.as_ref()).await? {
         Some(client) => {
             let (view, watch) = ClusterView::start(client);
             (Some(view), Some(watch))

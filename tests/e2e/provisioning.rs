@@ -833,3 +833,54 @@ async fn claims_and_pools_show_status_columns_and_events() {
     })
     .await;
 }
+
+/// `archer report` against the live e2e cluster: images from the test registry, one multi-arch
+/// (its pods land on arm64), one amd64-only (blocked, and misplaced where a pod was bound to an
+/// arm64 node by hand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn archer_report_reads_the_live_cluster() {
+    let c = Cluster::start("report").await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    c.registry.push_image("apps/legacy", "1", "linux/amd64", true).await;
+    namespace(&client, "shop", json!({})).await;
+    pool(&client, DEFAULT_POOL).await;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "shop");
+    for (name, image) in [("web", "apps/web:1"), ("legacy", "apps/legacy:1")] {
+        let d = with_requests(deployment(name, &c.registry.image(image), 2, json!({})), "500m", "1Gi");
+        deploys.create(&PostParams::default(), &d).await.expect("create");
+    }
+    wait_running(&client, "shop", "web", 2, Duration::from_secs(120)).await;
+    wait_running(&client, "shop", "legacy", 2, Duration::from_secs(120)).await;
+    let arm_node = archer_nodes(&client).await.into_iter().find(|n| label(n, "kubernetes.io/arch") == "arm64").and_then(|n| n.metadata.name).expect("an arm64 node for the multi-arch pods");
+    // Bound by hand, past the webhook and the scheduler: an amd64-only image on arm64.
+    let stray: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "stray", "namespace": "shop", "labels": {"archer.dev/ignore": "true"}},
+        "spec": {"nodeName": arm_node, "tolerations": [{"operator": "Exists"}], "containers": [{"name": "c", "image": c.registry.image("apps/legacy:1")}]}
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(client.clone(), "shop").create(&PostParams::default(), &stray).await.expect("stray pod");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer"))
+        .args(["report", "--output", "json", "--insecure-registry", &c.registry.host, "--kubeconfig"])
+        .arg(&c.kubeconfig)
+        .output()
+        .expect("archer report");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let w = |name: &str| r["workloads"].as_array().expect("workloads").iter().find(|w| w["name"] == name).cloned().unwrap_or_else(|| panic!("no {name}: {r}"));
+    // The multi-arch pods go where the plan put them: any on amd64 (sharing a node with the
+    // amd64-only pods can be cheapest) make the workload movable, with its saving.
+    let web = w("web");
+    let expected = if web["architectures"]["amd64"].as_u64().unwrap_or(0) > 0 { "movable" } else { "on-arm64" };
+    assert_eq!((web["kind"].as_str(), web["readiness"].as_str()), (Some("Deployment"), Some(expected)), "{r}");
+    assert_eq!(web["savingPerMonth"].is_number(), expected == "movable", "{r}");
+    assert_eq!(w("legacy")["readiness"], "blocked");
+    assert_eq!(w("legacy")["blockedBy"][0]["platforms"], json!(["linux/amd64"]));
+    assert!(w("legacy")["architectures"]["amd64"].as_u64() == Some(2), "{r}");
+    assert_eq!(r["misplaced"][0]["pod"], "shop/stray", "{r}");
+    assert!(r["summary"]["costPerMonth"].as_f64().is_some_and(|c| c > 0.0));
+    assert_eq!(r["summary"]["nodes"].as_u64(), Some(archer_nodes(&client).await.len() as u64));
+}

@@ -146,8 +146,14 @@ impl PodInfo {
 
     /// The pod's nodeSelector and required node affinity (NodeAffinity's filter).
     fn node_affinity_matches(&self, node: &NodeInfo) -> bool {
-        let fields = NodeFields { name: &node.name, labels: &node.labels };
-        self.node_selector.iter().all(|(k, v)| node.labels.get(k) == Some(v)) && self.required_terms.as_ref().is_none_or(|t| selector::node_matches_terms(t, &fields))
+        self.admits_node(&node.name, &node.labels)
+    }
+
+    /// Whether the pod's nodeSelector and required node affinity admit a node of this name and
+    /// these labels.
+    pub fn admits_node(&self, name: &str, labels: &Labels) -> bool {
+        let fields = NodeFields { name, labels };
+        self.node_selector.iter().all(|(k, v)| labels.get(k) == Some(v)) && self.required_terms.as_ref().is_none_or(|t| selector::node_matches_terms(t, &fields))
     }
 }
 
