@@ -73,6 +73,18 @@ fn counterfactual_pools(p: &Provisioner) -> Vec<Pool> {
     out
 }
 
+/// Empties the cost and savings gauges when dropped (the loop's task aborted).
+struct ClearOnDrop(Arc<crate::metrics::Metrics>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.managed_nodes.clear();
+        self.0.nodes_cost.clear();
+        self.0.savings.clear();
+        self.0.baseline_cost.set(0.0);
+    }
+}
+
 fn labels3(key: &Key) -> Labels {
     vec![("nodepool", key.0.clone()), ("arch", key.1.clone()), ("capacity_type", key.2.clone())]
 }
@@ -80,6 +92,9 @@ fn labels3(key: &Key) -> Labels {
 impl Provisioner {
     /// Keep the cost, savings and startup metrics current while this replica provisions.
     pub(super) async fn cost_loop(self: Arc<Self>) {
+        // A replica that stops provisioning (leadership lost) stops reporting, so sums over
+        // replicas count each node once.
+        let _clear = ClearOnDrop(self.metrics.clone());
         let mut observed = HashSet::new();
         let mut last_cost: Option<tokio::time::Instant> = None;
         let every = Duration::from_secs_f64(self.settings.cost_interval_seconds.max(1.0));
@@ -199,6 +214,21 @@ mod tests {
         assert!((p - 2.0 * price("m7g.large")).abs() < 1e-9);
         assert!((costs[&key("default", "amd64")].1 - price("m7i.large")).abs() < 1e-9);
         assert_eq!(costs[&key("batch", "amd64")], (1, 0.0), "an unknown offering counts at no price");
+    }
+
+    #[test]
+    fn a_replica_that_stops_provisioning_stops_reporting_cost() {
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let key = ("default".to_string(), "arm64".to_string(), "spot".to_string());
+        metrics.nodes_cost.get_or_create(&labels3(&key)).set(1.5);
+        metrics.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(0.7);
+        metrics.baseline_cost.set(3.0);
+        let sample = |m: &crate::metrics::Metrics, name: &str| m.encode().lines().any(|l| l.starts_with(name) && !l.ends_with(" 0") && !l.ends_with(" 0.0"));
+        assert!(sample(&metrics, "archer_nodes_cost_per_hour_dollars{") && sample(&metrics, "archer_baseline_cost_per_hour_dollars"));
+        drop(ClearOnDrop(metrics.clone()));
+        for name in ["archer_nodes_cost_per_hour_dollars{", "archer_savings_per_hour_dollars{", "archer_baseline_cost_per_hour_dollars"] {
+            assert!(!sample(&metrics, name), "{name} still reported:\n{}", metrics.encode());
+        }
     }
 
     #[test]
