@@ -165,10 +165,28 @@ impl Provisioner {
             }
             if self.patch_claim_conditions(&fresh, c).await {
                 self.post_event(&fresh.object_ref(&()), EventType::Normal, reason, type_, message).await;
-                let pool = NodePool::new(&fresh.spec.node_pool, Default::default());
-                self.post_event(&pool.object_ref(&()), EventType::Normal, reason, type_, &format!("node claim {claim}: {message}")).await;
+                self.post_pool_event(&fresh.spec.node_pool, EventType::Normal, reason, type_, &format!("node claim {claim}: {message}")).await;
                 return;
             }
+        }
+    }
+
+    /// Post an Event about a NodePool.
+    pub(super) async fn post_pool_event(&self, pool: &str, type_: EventType, reason: &str, action: &str, note: &str) {
+        let np = NodePool::new(pool, Default::default());
+        self.post_event(&np.object_ref(&()), type_, reason, action, note).await;
+    }
+
+    /// One Event per pool for a batch of claims written: how many nodes of which shapes, and why.
+    pub(super) async fn post_launch_events(&self, claims: &[NodeClaim], reason: &str) {
+        let mut by_pool: std::collections::BTreeMap<&str, std::collections::BTreeMap<String, usize>> = Default::default();
+        for c in claims {
+            *by_pool.entry(c.spec.node_pool.as_str()).or_default().entry(format!("{} ({}, {})", c.spec.instance_type, c.spec.capacity_type, c.spec.zone)).or_default() += 1;
+        }
+        for (pool, shapes) in by_pool {
+            let total: usize = shapes.values().sum();
+            let list: Vec<String> = shapes.iter().map(|(s, n)| format!("{n} x {s}")).collect();
+            self.post_pool_event(pool, EventType::Normal, "Launching", "Launching", &format!("{total} node(s) for {reason}: {}", list.join(", "))).await;
         }
     }
 

@@ -371,6 +371,7 @@ impl Provisioner {
                 c.metadata.annotations.get_or_insert_with(Default::default).insert(crate::core::labels::BATCH_NODES_ANNOTATION.into(), siblings.join(","));
             }
         }
+        self.post_launch_events(&claims, reason).await;
         // Launched concurrently too, a bounded number at a time (a cloud API has its own limits).
         let launches: Vec<_> = claims.iter().map(|c| self.launch(c)).collect();
         futures::stream::iter(launches).buffer_unordered(LAUNCHES_IN_FLIGHT).collect::<Vec<()>>().await;
@@ -585,6 +586,7 @@ impl Provisioner {
         tracing::warn!(claim = %claim.name(), reason, note, "claim given up");
         self.metrics.claims_given_up.get_or_create(&label("reason", reason)).inc();
         self.post_event(&claim.object_ref(&()), EventType::Warning, reason, "Launching", note).await;
+        self.post_pool_event(&claim.spec.node_pool, EventType::Warning, reason, "Launching", &format!("node claim {}: {note}", claim.name())).await;
         if let Err(e) = self.provider.delete(claim).await {
             tracing::warn!(claim = %claim.name(), error = %e, "could not terminate the instance; garbage collection will");
         }

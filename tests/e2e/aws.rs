@@ -380,10 +380,17 @@ async fn aws_failed_launches_and_leaked_instances_are_cleaned_up() {
     pool(&client, &AWS_POOL.replace("name: default}\n      requirements", "name: missing}\n      requirements")).await;
     Api::<Deployment>::namespaced(client.clone(), "nowhere").create(&PostParams::default(), &deployment("nowhere", &c.registry.image("apps/nowhere:1"), 1, json!({}))).await.expect("create");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
-    wait("a LaunchFailed Event on a claim", Duration::from_secs(90), || async {
-        events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default().iter().any(|e| e.reason.as_deref() == Some("LaunchFailed") && e.note.as_deref().is_some_and(|n| n.contains("EC2NodeClass missing does not exist")))
-    })
-    .await;
+    // Each failed attempt is a LaunchFailed Event on the claim; giving up is one on the pool too.
+    let failed_on = |kind: &'static str| {
+        let events = events.clone();
+        async move {
+            events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default().iter().any(|e| {
+                e.reason.as_deref() == Some("LaunchFailed") && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(kind) && e.note.as_deref().is_some_and(|n| n.contains("EC2NodeClass missing does not exist"))
+            })
+        }
+    };
+    wait("a LaunchFailed Event on the pool (the claim given up)", Duration::from_secs(90), || failed_on("NodePool")).await;
+    assert!(failed_on("NodeClaim").await, "the claim's attempts have Events of their own");
     assert!(c.archer_metric("archer_nodeclaims_given_up_total{reason=\"LaunchFailed\"}").await >= 1.0);
     wait("the leaked instance terminated", Duration::from_secs(60), || async { moto.instances("terminated").await.iter().any(|i| i.instance_id() == Some(leaked_id.as_str())) }).await;
     assert!(live_instances(&moto).await.is_empty(), "no instance for the failing pool, and the leaked one gone");

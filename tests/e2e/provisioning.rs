@@ -672,21 +672,32 @@ pub(crate) async fn metric_sum(c: &Cluster, family: &str) -> f64 {
     body.await.unwrap_or_default().lines().filter(|l| l.starts_with(family) && (l.as_bytes().get(family.len()) == Some(&b'{') || l.as_bytes().get(family.len()) == Some(&b' '))).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() + 0.0
 }
 
+/// A cluster with Archer's webhook, the multi-arch image `apps/web:1` in the registry, the
+/// namespace `shop` and the default pool.
+async fn shop(test: &str) -> (Cluster, Client) {
+    let c = Cluster::start(test).await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    namespace(&client, "shop", json!({})).await;
+    pool(&client, DEFAULT_POOL).await;
+    (c, client)
+}
+
+/// A Deployment `name` in `shop` of the registry's `image`, with these cpu and memory requests.
+async fn web(c: &Cluster, client: &Client, name: &str, image: &str, replicas: i32, (cpu, memory): (&str, &str)) {
+    let d = with_requests(deployment(name, &c.registry.image(image), replicas, json!({})), cpu, memory);
+    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &d).await.expect("create");
+}
+
 /// The cost and savings metrics of a live cluster: the managed nodes' cost is their offerings'
 /// prices, and the savings against amd64 on-demand are what `archer simulate --compare` says for
 /// the same pods and pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn cost_and_savings_metrics_match_simulate_compare() {
-    let c = Cluster::start("savings").await;
-    c.register_webhook(c.archer_port).await;
-    let client = c.client().await;
-    c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
-    namespace(&client, "shop", json!({})).await;
-    pool(&client, DEFAULT_POOL).await;
-    let image = c.registry.image("apps/web:1");
-    let d = deployment("web", &image, 5, json!({}));
-    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &with_requests(d, "1", "2Gi")).await.expect("create");
+    let (c, client) = shop("savings").await;
+    web(&c, &client, "web", "apps/web:1", 5, ("1", "2Gi")).await;
     let pods = wait_running(&client, "shop", "web", 5, Duration::from_secs(120)).await;
     let catalog = Catalog::embedded().expect("catalog");
 
@@ -697,20 +708,6 @@ async fn cost_and_savings_metrics_match_simulate_compare() {
         let one = |sample: &str| text.lines().find_map(|l| l.strip_prefix(sample).and_then(|r| r.trim().parse::<f64>().ok()));
         (sum("archer_managed_nodes"), sum("archer_nodes_cost_per_hour_dollars"), one("archer_savings_per_hour_dollars{source=\"arm64\"}"), one("archer_savings_per_hour_dollars{source=\"spot\"}"), one("archer_baseline_cost_per_hour_dollars"))
     };
-    let nodes = archer_nodes(&client).await;
-    let expected_cost: f64 = nodes.iter().map(|n| price(&catalog, n)).sum();
-    let started = Instant::now();
-    let (count, cost, arm, spot, baseline) = loop {
-        let m = metrics().await;
-        if m.0 == nodes.len() as f64 && m.4.is_some_and(|b| b > 0.0) {
-            break m;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "cost metrics never reflected {} nodes: {m:?}", nodes.len());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    assert_eq!(count, nodes.len() as f64);
-    assert!((cost - expected_cost).abs() < 1e-6, "node cost {cost} against the offerings' {expected_cost}");
-
     // The same pods, pending, and the same pool, planned offline.
     let mut docs = vec![serde_json::to_string(&archer::yaml::from_str::<serde_json::Value>(DEFAULT_POOL).expect("pool")).expect("json")];
     for p in &pods {
@@ -732,14 +729,28 @@ async fn cost_and_savings_metrics_match_simulate_compare() {
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let compare = &plan["compare"];
     assert_eq!(compare["leftOut"], json!([]), "{compare}");
-    let close = |metric: Option<f64>, field: &str| {
-        let want = compare[field].as_f64().unwrap_or_else(|| panic!("{field} in {compare}"));
-        assert!(metric.is_some_and(|m| (m - want).abs() < 1e-5), "{field}: metric {metric:?}, simulate {want}");
-    };
-    close(arm, "savingsPerHour");
-    close(spot, "spotSavingsPerHour");
-    close(baseline, "baselinePerHour");
-    assert!(baseline.is_some_and(|b| b > 0.0) && arm.zip(spot).is_some_and(|(a, s)| a + s > 0.0), "multi-arch pods on a spot-allowing pool save something: {compare}");
+    let want = |field: &str| compare[field].as_f64().unwrap_or_else(|| panic!("{field} in {compare}"));
+    let (arm, spot, baseline) = (want("savingsPerHour"), want("spotSavingsPerHour"), want("baselinePerHour"));
+    assert!(baseline > 0.0 && arm + spot > 0.0, "multi-arch pods on a spot-allowing pool save something: {compare}");
+
+    // The gauges catch up with the cluster within costIntervalSeconds (2 s here): node count and
+    // cost those of the nodes now (consolidation may still be at work), savings simulate's.
+    let started = Instant::now();
+    loop {
+        let m = metrics().await;
+        let nodes = archer_nodes(&client).await;
+        let expected_cost: f64 = nodes.iter().map(|n| price(&catalog, n)).sum();
+        let close = |metric: Option<f64>, want: f64| metric.is_some_and(|m| (m - want).abs() < 1e-5);
+        if m.0 == nodes.len() as f64 && (m.1 - expected_cost).abs() < 1e-6 && close(m.2, arm) && close(m.3, spot) && close(m.4, baseline) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "metrics (nodes, cost, arm64, spot, baseline) {m:?}; expected {} nodes at {expected_cost}/h and simulate's {arm}, {spot}, {baseline}",
+            nodes.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     // Pods the claims were launched for were timed from creation to Ready.
     assert!(c.archer_metric("archer_provisioned_pod_startup_duration_seconds_count").await >= 5.0);
 }
@@ -750,14 +761,8 @@ async fn cost_and_savings_metrics_match_simulate_compare() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn claims_and_pools_show_status_columns_and_events() {
-    let c = Cluster::start("status").await;
-    c.register_webhook(c.archer_port).await;
-    let client = c.client().await;
-    c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
-    namespace(&client, "shop", json!({})).await;
-    pool(&client, DEFAULT_POOL).await;
-    let d = with_requests(deployment("web", &c.registry.image("apps/web:1"), 3, json!({})), "1", "2Gi");
-    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &d).await.expect("create");
+    let (c, client) = shop("status").await;
+    web(&c, &client, "web", "apps/web:1", 3, ("1", "2Gi")).await;
     wait_running(&client, "shop", "web", 3, Duration::from_secs(120)).await;
 
     let ready = |cs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], t: &str| cs.iter().any(|x| x.type_ == t && x.status == "True");
@@ -824,6 +829,7 @@ async fn claims_and_pools_show_status_columns_and_events() {
     for reason in ["Launched", "Registered", "Initialized"] {
         assert!(seen.contains(&("NodeClaim".to_string(), reason.to_string())), "no {reason} Event on a NodeClaim: {seen:?}");
     }
+    assert!(seen.contains(&("NodePool".to_string(), "Launching".to_string())), "no Launching Event on the NodePool: {seen:?}");
     scale(&client, "shop", "web", 0).await;
     wait("an Empty disruption Event on the claim and the pool", Duration::from_secs(60), || {
         async move {
@@ -840,17 +846,10 @@ async fn claims_and_pools_show_status_columns_and_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn archer_report_reads_the_live_cluster() {
-    let c = Cluster::start("report").await;
-    c.register_webhook(c.archer_port).await;
-    let client = c.client().await;
-    c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    let (c, client) = shop("report").await;
     c.registry.push_image("apps/legacy", "1", "linux/amd64", true).await;
-    namespace(&client, "shop", json!({})).await;
-    pool(&client, DEFAULT_POOL).await;
-    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "shop");
     for (name, image) in [("web", "apps/web:1"), ("legacy", "apps/legacy:1")] {
-        let d = with_requests(deployment(name, &c.registry.image(image), 2, json!({})), "500m", "1Gi");
-        deploys.create(&PostParams::default(), &d).await.expect("create");
+        web(&c, &client, name, image, 2, ("500m", "1Gi")).await;
     }
     wait_running(&client, "shop", "web", 2, Duration::from_secs(120)).await;
     wait_running(&client, "shop", "legacy", 2, Duration::from_secs(120)).await;
