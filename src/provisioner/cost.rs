@@ -85,6 +85,16 @@ impl Drop for ClearOnDrop {
     }
 }
 
+/// Which pods (by uid) run on which node: the savings are recomputed only when this changes.
+fn pod_fingerprint(pods: &[Arc<Pod>]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut ids: Vec<(&str, &str)> = pods.iter().map(|p| (p.metadata.uid.as_deref().unwrap_or(""), p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or(""))).collect();
+    ids.sort_unstable();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ids.hash(&mut h);
+    h.finish()
+}
+
 fn labels3(key: &Key) -> Labels {
     vec![("nodepool", key.0.clone()), ("arch", key.1.clone()), ("capacity_type", key.2.clone())]
 }
@@ -97,11 +107,12 @@ impl Provisioner {
         let _clear = ClearOnDrop(self.metrics.clone());
         let mut observed = HashSet::new();
         let mut last_cost: Option<tokio::time::Instant> = None;
+        let mut last_pods = None;
         let every = Duration::from_secs_f64(self.settings.cost_interval_seconds.max(1.0));
         loop {
             self.observe_startups(&mut observed);
             if last_cost.is_none_or(|t| t.elapsed() >= every) {
-                self.report_cost().await;
+                self.report_cost(&mut last_pods).await;
                 last_cost = Some(tokio::time::Instant::now());
             }
             tokio::time::sleep(STARTUP_EVERY.min(every)).await;
@@ -131,7 +142,7 @@ impl Provisioner {
     /// Set the node cost gauges, and the savings gauges from the counterfactual plans of the pods
     /// running on managed nodes.
     #[tracing::instrument(skip_all, fields(nodes = tracing::field::Empty, pods = tracing::field::Empty))]
-    async fn report_cost(&self) {
+    async fn report_cost(&self, last: &mut Option<u64>) {
         let offerings = self.provider.offerings();
         let nodes = self.stores.nodes.state();
         let costs = node_costs(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &offerings);
@@ -151,6 +162,17 @@ impl Provisioner {
             .filter(|p| !state::is_daemon_pod(p) && !state::is_terminal(p) && p.metadata.deletion_timestamp.is_none())
             .collect();
         tracing::Span::current().record("nodes", managed.len()).record("pods", pods.len());
+        // The savings take three plans of every pod: only once the cluster has settled (no claim
+        // in flight, no pod waiting for one) and when the pods on managed nodes have changed, so
+        // a burst's provisioning never shares the CPU with them.
+        let in_flight = self.stores.claims.state().iter().any(|c| !c.deleting() && !nodes.iter().any(|n| n.metadata.name.as_deref() == Some(c.node_name().as_str()) && state::node_ready(n)));
+        let waiting = !self.waiting_now().is_empty();
+        // New spot prices change the savings as much as new pods.
+        let fingerprint = pod_fingerprint(&pods) ^ offerings.iter().map(|o| o.price).sum::<f64>().to_bits();
+        if in_flight || waiting || *last == Some(fingerprint) {
+            return;
+        }
+        *last = Some(fingerprint);
         // As pending pods: bound to no node (kube-scheduler's NodeName rule would hold them to theirs).
         let pods: Vec<Pod> = pods
             .iter()

@@ -147,12 +147,18 @@ impl Provisioner {
         (pool_nodes.len(), disrupting, candidates)
     }
 
+    /// Pods the last batch placed that are still pending: they wait for capacity Archer is
+    /// providing.
+    pub(super) fn waiting_now(&self) -> Vec<String> {
+        let pods = self.stores.pods.state();
+        let provisionable: std::collections::HashSet<String> = pods.iter().filter(|p| state::is_provisionable(p)).map(|p| state::pod_id(p)).collect();
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|id| provisionable.contains(*id)).cloned().collect()
+    }
+
     /// Why the pool must not be consolidated now: pods wait for capacity Archer is providing, or
     /// claims are still launching.
     fn hold(&self, pool: &str) -> Option<String> {
-        let pods = self.stores.pods.state();
-        let provisionable: std::collections::HashSet<String> = pods.iter().filter(|p| state::is_provisionable(p)).map(|p| state::pod_id(p)).collect();
-        let waiting: Vec<String> = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|id| provisionable.contains(*id)).cloned().collect();
+        let waiting = self.waiting_now();
         let (nodes, claims) = (self.stores.nodes.state(), self.stores.claims.state());
         let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
         let claim_refs: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
