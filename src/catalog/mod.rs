@@ -40,8 +40,9 @@ impl CapacityType {
         }
     }
 
+    /// `on-demand` / `spot`, also as EKS managed node groups write them (`ON_DEMAND`, `SPOT`).
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
+        match s.to_ascii_lowercase().as_str() {
             "on-demand" | "ondemand" | "on_demand" => Some(CapacityType::OnDemand),
             "spot" => Some(CapacityType::Spot),
             _ => None,
@@ -202,7 +203,8 @@ impl Catalog {
 
     /// The hourly price of a node from its labels and annotations: the explicit
     /// `archer.dev/price-per-hour` annotation, else the catalog by instance type, region and
-    /// capacity type (`karpenter.sh/capacity-type` or `archer.dev/capacity-type`, default on-demand).
+    /// capacity type (`karpenter.sh/capacity-type`, `archer.dev/capacity-type` or EKS managed node groups'
+    /// `eks.amazonaws.com/capacityType`; default on-demand).
     pub fn node_price(&self, labels: &dyn Fn(&str) -> Option<String>, annotation: Option<&str>) -> Option<f64> {
         if let Some(p) = annotation.and_then(|a| a.trim().parse::<f64>().ok()).filter(|p| p.is_finite() && *p >= 0.0) {
             return Some(p);
@@ -211,6 +213,7 @@ impl Catalog {
         let region = labels(labels::REGION).or_else(|| labels(labels::REGION_BETA));
         let capacity = labels(labels::KARPENTER_CAPACITY_TYPE)
             .or_else(|| labels(labels::CAPACITY_TYPE))
+            .or_else(|| labels(labels::EKS_CAPACITY_TYPE))
             .and_then(|c| CapacityType::parse(&c))
             .unwrap_or(CapacityType::OnDemand);
         self.price(&instance_type, region.as_deref(), capacity)

@@ -10,6 +10,8 @@ pub const REGION_BETA: &str = "failure-domain.beta.kubernetes.io/region";
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 pub const KARPENTER_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
 pub const CAPACITY_TYPE: &str = "archer.dev/capacity-type";
+/// EKS managed node groups' capacity label (`ON_DEMAND`, `SPOT`).
+pub const EKS_CAPACITY_TYPE: &str = "eks.amazonaws.com/capacityType";
 /// Explicit hourly price of a node, overriding the catalog.
 pub const PRICE_ANNOTATION: &str = "archer.dev/price-per-hour";
 pub const KARPENTER_NODEPOOL: &str = "karpenter.sh/nodepool";
