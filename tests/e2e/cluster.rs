@@ -266,7 +266,7 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "provisioner:\n  cloudProvider: {}\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  disruptionGraceSeconds: 5\n  consolidationValidationSeconds: 2\n  leaseDurationSeconds: 4\n  costIntervalSeconds: 2\n{}",
+                "provisioner:\n  cloudProvider: {}\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  disruptionGraceSeconds: 5\n  consolidationValidationSeconds: 2\n  leaseDurationSeconds: 4\n{}",
                 self.cloud_provider,
                 self.provisioner_config.iter().map(|l| format!("  {l}\n")).collect::<String>()
             ),
