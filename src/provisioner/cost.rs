@@ -65,8 +65,7 @@ fn startup_seconds(pod: &Pod) -> Option<f64> {
 /// compared already run inside them), with its DaemonSets.
 fn counterfactual_pools(p: &Provisioner) -> Vec<Pool> {
     let pools = p.stores.pools.state();
-    let daemons: Vec<_> = p.stores.daemonsets.state().iter().map(|d| state::daemon_load(d)).collect();
-    let mut out = state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &[], &daemons);
+    let mut out = state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &[], &p.daemon_loads());
     for pool in &mut out {
         (pool.limit_cpu_millis, pool.limit_memory_bytes, pool.limit_nodes) = (None, None, None);
     }
@@ -162,32 +161,21 @@ impl Provisioner {
             .filter(|p| !state::is_daemon_pod(p) && !state::is_terminal(p) && p.metadata.deletion_timestamp.is_none())
             .collect();
         tracing::Span::current().record("nodes", managed.len()).record("pods", pods.len());
-        // The savings take three plans of every pod: only once the cluster has settled (no claim
-        // in flight, no pod waiting for one) and when the pods on managed nodes have changed, so
-        // a burst's provisioning never shares the CPU with them.
-        let in_flight = self.stores.claims.state().iter().any(|c| !c.deleting() && !nodes.iter().any(|n| n.metadata.name.as_deref() == Some(c.node_name().as_str()) && state::node_ready(n)));
-        let waiting = !self.waiting_now().is_empty();
+        // The savings take three plans of every pod: only once the cluster has settled (as the
+        // consolidation hold judges it: no claim in flight, no pod waiting for one) and when the
+        // pods on managed nodes have changed, so a burst's provisioning never shares the CPU
+        // with them.
+        let claimed: std::collections::BTreeSet<String> = self.stores.claims.state().iter().map(|c| c.spec.node_pool.clone()).collect();
+        let unsettled = !self.waiting_now().is_empty() || claimed.iter().any(|pool| self.hold(pool).is_some());
         // New spot prices change the savings as much as new pods.
         let fingerprint = pod_fingerprint(&pods) ^ offerings.iter().map(|o| o.price).sum::<f64>().to_bits();
-        if in_flight || waiting || *last == Some(fingerprint) {
+        if unsettled || *last == Some(fingerprint) {
             return;
         }
         *last = Some(fingerprint);
-        // As pending pods: bound to no node (kube-scheduler's NodeName rule would hold them to theirs).
-        let pods: Vec<Pod> = pods
-            .iter()
-            .map(|p| {
-                let mut p = p.as_ref().clone();
-                if let Some(s) = p.spec.as_mut() {
-                    s.node_name = None;
-                }
-                p
-            })
-            .collect();
-        let mut pending = self.pending_pods(&pods, &self.volumes()).await;
-        for p in &mut pending {
-            p.planned = None;
-        }
+        let volumes = self.volumes();
+        let platforms = futures::future::join_all(pods.iter().map(|p| self.platforms(p))).await;
+        let pending: Vec<_> = pods.iter().zip(platforms).map(|(p, platforms)| model::pending_unbound(p, platforms, &volumes)).collect();
         let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
         let namespaces: Vec<_> = namespaces.iter().map(|n| n.as_ref().clone()).collect();
         let pools = counterfactual_pools(self);

@@ -157,7 +157,7 @@ impl Provisioner {
 
     /// Why the pool must not be consolidated now: pods wait for capacity Archer is providing, or
     /// claims are still launching.
-    fn hold(&self, pool: &str) -> Option<String> {
+    pub(super) fn hold(&self, pool: &str) -> Option<String> {
         let waiting = self.waiting_now();
         let (nodes, claims) = (self.stores.nodes.state(), self.stores.claims.state());
         let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();

@@ -30,6 +30,17 @@ pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes) -> 
     Pending { packer, sched: PodInfo::from_pod(pod).with_volumes(pod, volumes), planned: None, queue_order }
 }
 
+/// A running pod as the planner sees it when planned afresh (the counterfactuals of the savings
+/// metrics and `archer report`): bound to no node, since kube-scheduler's NodeName rule would hold
+/// it to its own, and planned nowhere.
+pub fn pending_unbound(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes) -> Pending {
+    let mut unbound = pod.clone();
+    if let Some(s) = unbound.spec.as_mut() {
+        s.node_name = None;
+    }
+    pending(&unbound, platforms, volumes)
+}
+
 /// Where the live claims' plans put pods (`namespace/name` -> the claim's node, or the claim
 /// while it has none): a later batch keeps a pod there while that node takes it.
 pub fn planned_nodes(claims: &[&NodeClaim]) -> HashMap<String, String> {

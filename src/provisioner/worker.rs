@@ -238,8 +238,12 @@ impl Provisioner {
     pub(super) fn pools(&self) -> Vec<Pool> {
         let pools = self.stores.pools.state();
         let claims = self.stores.claims.state();
-        let daemons: Vec<_> = self.stores.daemonsets.state().iter().map(|d| state::daemon_load(d)).collect();
-        state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &daemons)
+        state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &self.daemon_loads())
+    }
+
+    /// The DaemonSets' pods as loads on the nodes they would run on.
+    pub(super) fn daemon_loads(&self) -> Vec<crate::core::packer::DaemonLoad> {
+        self.stores.daemonsets.state().iter().map(|d| state::daemon_load(d)).collect()
     }
 
     /// The cluster as kube-scheduler's rules see it: usable nodes with their pods, in-flight
