@@ -36,6 +36,8 @@ pub struct Metrics {
     /// Node prices not believed (NaN, infinite, negative or above the ceiling).
     pub extender_invalid_prices: Counter,
     pub extender_planned_placements: Counter,
+    /// Nodes the filter refused a pod because their room is held for pods a plan put there.
+    pub extender_held_room_refusals: Counter,
     /// Connections closed at once because the listener was at its connection cap.
     pub connections_refused: Counter,
     /// Connections closed by a timeout, by phase (handshake, headers, idle).
@@ -105,11 +107,13 @@ impl Metrics {
         let extender_unknown_price_nodes = Counter::default();
         let extender_invalid_prices = Counter::default();
         let extender_planned_placements = Counter::default();
+        let extender_held_room_refusals = Counter::default();
         let connections_refused = Counter::default();
         let connection_timeouts = Family::<Labels, Counter>::default();
         let connections_open = prometheus_client::metrics::gauge::Gauge::default();
         root.register("extender_invalid_prices", "Node prices treated as unknown because they are not sane numbers", extender_invalid_prices.clone());
         root.register("extender_planned_placements", "Prioritize calls that scored the node a provisioning plan put the pod on highest", extender_planned_placements.clone());
+        root.register("extender_held_room_refusals", "Nodes the filter refused a pod because their room is held for pending pods a provisioning plan put there", extender_held_room_refusals.clone());
         root.register("connections_refused", "Connections closed at once because the listener was at its connection cap", connections_refused.clone());
         root.register("connection_timeouts", "Connections closed by a timeout, by phase", connection_timeouts.clone());
         root.register("connections_open", "Connections open now", connections_open.clone());
@@ -162,7 +166,7 @@ impl Metrics {
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, connections_refused, connection_timeouts, connections_open }
+        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connection_timeouts, connections_open }
     }
 
     /// Export the memory budget's gauge and refusal counter.

@@ -1,7 +1,7 @@
 //! What Archer reads from the cluster: a watch-backed Namespace cache (no API call per
 //! admission) and image pull secrets from the pod's own namespace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -132,9 +132,28 @@ impl ClusterView {
         }
     }
 
+    /// Forget where plans put these pods (a batch found no place for them): the room they held
+    /// is free again.
+    pub async fn plan_forgotten(&self, pods: Vec<String>) {
+        for p in pods {
+            self.placements.invalidate(&p).await;
+        }
+    }
+
     /// The node a plan put the pod on, if one did recently, and how long ago.
     pub async fn planned_node(&self, pod: &str) -> Option<(String, Duration)> {
         self.placements.get(pod).await.map(|(n, at)| (n, at.elapsed()))
+    }
+
+    /// The pods (`namespace/name`) recent plans put on each of these nodes.
+    pub fn planned_on(&self, nodes: &std::collections::HashSet<&str>) -> HashMap<String, Vec<String>> {
+        let mut out: HashMap<String, Vec<String>> = HashMap::new();
+        for (pod, (node, _)) in self.placements.iter() {
+            if nodes.contains(node.as_str()) {
+                out.entry(node).or_default().push(pod.as_ref().clone());
+            }
+        }
+        out
     }
 
     /// Share the provisioner's Pod cache (see the field); `None` when it stops.

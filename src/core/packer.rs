@@ -288,6 +288,25 @@ pub struct Plan {
     pub lower_bound_per_hour: f64,
 }
 
+impl Plan {
+    /// The plan less these pods (bound or gone since it was made): they leave their nodes, a
+    /// new node left with no pod is not bought, and the lower bound no longer applies.
+    pub fn without(mut self, gone: &std::collections::HashSet<String>) -> Plan {
+        if gone.is_empty() {
+            return self;
+        }
+        for n in &mut self.nodes {
+            n.pods.retain(|p| !gone.contains(p));
+        }
+        self.nodes.retain(|n| !n.pods.is_empty());
+        self.existing.retain(|p, _| !gone.contains(p));
+        self.unschedulable.retain(|u| !gone.contains(&u.pod));
+        self.total_price_per_hour = self.nodes.iter().map(|n| n.price_per_hour).sum();
+        self.lower_bound_per_hour = 0.0;
+        self
+    }
+}
+
 fn tolerates_all(pod: &PendingPod, taints: &[Taint]) -> bool {
     taints.iter().filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute").all(|t| {
         pod.tolerations.iter().any(|tol| super::patch::tolerates(tol, &t.key, t.value.as_deref().unwrap_or(""), &t.effect))

@@ -3,6 +3,7 @@
 //! the webhook never saw); prioritize scores nodes by what the pod costs there.
 //! One job each: nothing the default scheduler already checks (resources, taints) is re-checked.
 
+mod held_room;
 mod plan_wait;
 pub mod wire;
 
@@ -237,6 +238,27 @@ impl Extender {
         waits.then(|| (planned.clone(), format!("waiting for node {planned}, where the provisioning plan put the pod, until the pods planned before it in other domains land")))
     }
 
+    /// Candidates refused to a pod kube-scheduler is free to place (no plan steers it) because
+    /// their room is held for pending pods a plan put there ([`held_room`]); its own planned
+    /// node, if any, aside. Node name -> why.
+    async fn held_refusals(&self, pod: &Pod, candidates: &[String]) -> std::collections::HashMap<String, String> {
+        let (Some(cluster), Some(nodes)) = (self.cluster.as_ref(), self.nodes.as_ref()) else { return Default::default() };
+        let Some(pods) = cluster.pods() else { return Default::default() };
+        let id = format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or(""));
+        let own = cluster.planned_node(&id).await.map(|(n, _)| n);
+        let set: std::collections::HashSet<&str> = candidates.iter().map(String::as_str).filter(|c| Some(*c) != own.as_deref()).collect();
+        let held = cluster.planned_on(&set);
+        if held.is_empty() {
+            return Default::default();
+        }
+        let refused = cpu_bound(|| held_room::refusals(pod, &held, &pods, nodes));
+        self.metrics.extender_held_room_refusals.inc_by(refused.len() as u64);
+        for (node, why) in &refused {
+            tracing::debug!(node = %node, reason = %why, "node refused: room held for planned pods");
+        }
+        refused.into_iter().collect()
+    }
+
     async fn pod_platforms(&self, pod: &Pod) -> PodPlatforms {
         crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspection_timeout).await
     }
@@ -304,6 +326,7 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             if let Some((planned, _)) = &steer {
                 span.record("planned", planned.as_str());
             }
+            let held = if steer.is_none() { x.held_refusals(&args.pod, &names).await } else { Default::default() };
             for n in &nodes {
                 let facts = NodeFacts::from_lite(&n.lite, &x.prices());
                 if let Some((planned, why)) = &steer {
@@ -311,6 +334,10 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
                         result.failed_nodes.insert(facts.name, why.clone());
                         continue;
                     }
+                }
+                if let Some(why) = held.get(&facts.name) {
+                    result.failed_nodes.insert(facts.name, why.clone());
+                    continue;
                 }
                 match all.and_then(|a| unrunnable_reason(&facts, a, per_image)) {
                     Some(why) => {
@@ -330,12 +357,17 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             if let Some((planned, _)) = &steer {
                 span.record("planned", planned.as_str());
             }
+            let held = if steer.is_none() { x.held_refusals(&args.pod, &names).await } else { Default::default() };
             for (name, facts) in names.into_iter().zip(facts) {
                 if let Some((planned, why)) = &steer {
                     if name != *planned {
                         result.failed_nodes.insert(name, why.clone());
                         continue;
                     }
+                }
+                if let Some(why) = held.get(&name) {
+                    result.failed_nodes.insert(name, why.clone());
+                    continue;
                 }
                 let Some(facts) = facts else {
                     result.failed_nodes.insert(name, "node not found in Archer's node cache".into());

@@ -273,28 +273,26 @@ impl Provisioner {
     #[tracing::instrument(skip_all, fields(pods = tracing::field::Empty, nodes = tracing::field::Empty))]
     pub async fn provision_once(self: &Arc<Self>) {
         let started = Instant::now();
-        let all_pods = self.stores.pods.state();
-        // Pods a live plan already placed on a node still coming are not planned again.
-        let covered: HashSet<String> = {
-            let nodes = self.stores.nodes.state();
-            let claims = self.stores.claims.state();
-            let (n, c, p): (Vec<&Node>, Vec<&NodeClaim>, Vec<&Pod>) = (nodes.iter().map(|x| x.as_ref()).collect(), claims.iter().map(|x| x.as_ref()).collect(), all_pods.iter().map(|x| x.as_ref()).collect());
-            model::covered(&c, &n, &p).into_iter().map(|(p, _)| pod_id(p)).collect()
-        };
-        let pending: Vec<Arc<Pod>> = all_pods.iter().filter(|p| state::is_provisionable(p) && !covered.contains(&pod_id(p))).cloned().collect();
-        if pending.is_empty() {
-            return;
-        }
+        let Some((pending, covered, plan)) = self.decide().await else { return };
         tracing::Span::current().record("pods", pending.len());
         self.metrics.provisioner_batches.inc();
-        let pools = self.pools();
-        let snapshot = self.snapshot(&pools, &all_pods, &|_| false);
-        let batch: Vec<Pending> = self.pending_pods(&pending, &self.volumes()).await;
-        let offerings = &self.provider.offerings();
-        let plan = if pools.is_empty() {
-            Plan { unschedulable: batch.iter().map(|p| crate::core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
-        } else {
-            tokio::task::block_in_place(|| plan_batch_within(&snapshot, &batch, &pools, offerings, batch_budget(self.settings.packing_budget(), batch.len())))
+        // kube-scheduler goes on binding pods while the batch is decided: nodes bought for pods
+        // bound meanwhile would stay (partly) empty. Decide once more on the cluster as it is
+        // now; what is bound even then leaves the plan.
+        let (pending, covered, plan) = match self.gone_from(&plan) {
+            gone if gone.is_empty() => (pending, covered, plan),
+            gone => {
+                tracing::info!(gone = gone.len(), "pods of the batch were bound or deleted while it was decided; deciding again");
+                match self.decide().await {
+                    Some(again) => again,
+                    None => return,
+                }
+            }
+        };
+        tracing::Span::current().record("pods", pending.len());
+        let plan = {
+            let gone = self.gone_from(&plan);
+            plan.without(&gone)
         };
         if !plan.nodes.is_empty() && plan.lower_bound_per_hour > 0.0 {
             self.metrics.plan_cost_ratio.observe(plan.total_price_per_hour / plan.lower_bound_per_hour);
@@ -315,6 +313,7 @@ impl Provisioner {
             for (pod, node) in &plan.existing {
                 cluster.plan_placed(vec![pod.clone()], node).await;
             }
+            cluster.plan_forgotten(plan.unschedulable.iter().map(|u| u.pod.clone()).collect()).await;
         }
         {
             let unplaceable: HashSet<&str> = plan.unschedulable.iter().map(|u| u.pod.as_str()).collect();
@@ -329,6 +328,45 @@ impl Provisioner {
         }
         self.launch_plan(&plan.nodes, PROVISIONING).await;
         self.metrics.provisioner_batch_seconds.observe(started.elapsed().as_secs_f64());
+    }
+
+    /// What a batch would do on the cluster as the caches have it now: the pods it plans (those
+    /// a live plan already covers aside), the covered ones, the plan. `None`: nothing pending.
+    async fn decide(&self) -> Option<(Vec<Arc<Pod>>, HashSet<String>, Plan)> {
+        let all_pods = self.stores.pods.state();
+        // Pods a live plan already placed on a node still coming are not planned again.
+        let covered: HashSet<String> = {
+            let nodes = self.stores.nodes.state();
+            let claims = self.stores.claims.state();
+            let (n, c, p): (Vec<&Node>, Vec<&NodeClaim>, Vec<&Pod>) = (nodes.iter().map(|x| x.as_ref()).collect(), claims.iter().map(|x| x.as_ref()).collect(), all_pods.iter().map(|x| x.as_ref()).collect());
+            model::covered(&c, &n, &p).into_iter().map(|(p, _)| pod_id(p)).collect()
+        };
+        let pending: Vec<Arc<Pod>> = all_pods.iter().filter(|p| state::is_provisionable(p) && !covered.contains(&pod_id(p))).cloned().collect();
+        if pending.is_empty() {
+            return None;
+        }
+        let pools = self.pools();
+        let snapshot = self.snapshot(&pools, &all_pods, &|_| false);
+        let batch: Vec<Pending> = self.pending_pods(&pending, &self.volumes()).await;
+        let offerings = &self.provider.offerings();
+        let plan = if pools.is_empty() {
+            Plan { unschedulable: batch.iter().map(|p| crate::core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
+        } else {
+            tokio::task::block_in_place(|| plan_batch_within(&snapshot, &batch, &pools, offerings, batch_budget(self.settings.packing_budget(), batch.len())))
+        };
+        Some((pending, covered, plan))
+    }
+
+    /// The pods the plan places that the Pod cache no longer has pending (bound, deleted).
+    fn gone_from(&self, plan: &Plan) -> HashSet<String> {
+        let placed = plan.nodes.iter().flat_map(|n| n.pods.iter()).chain(plan.existing.keys());
+        placed
+            .filter(|id| {
+                let Some((ns, name)) = id.split_once('/') else { return false };
+                self.stores.pods.get(&kube::runtime::reflector::ObjectRef::new(name).within(ns)).is_none_or(|p| !state::is_provisionable(&p))
+            })
+            .cloned()
+            .collect()
     }
 
     async fn report_unprovisionable(&self, pod: &Pod, reason: &str) {

@@ -590,3 +590,23 @@ fn two_partly_filled_nodes_are_merged_into_one_within_caps() {
     merge::merge_pairs(&mut drafts, &capped, &offerings, &room);
     assert_eq!(drafts.len(), 2);
 }
+
+#[test]
+fn pods_bound_while_the_plan_was_made_leave_it_and_emptied_nodes_are_not_bought() {
+    let node = |name: &str, price: f64, pods: &[&str]| PlannedNode { name: name.into(), pool: "p".into(), instance_type: "t".into(), arch: "arm64".into(), zone: "z".into(), capacity_type: "on-demand".into(), price_per_hour: price, pods: pods.iter().map(|p| p.to_string()).collect() };
+    let plan = Plan {
+        nodes: vec![node("a", 1.0, &["ns/1", "ns/2"]), node("b", 2.0, &["ns/3"])],
+        existing: [("ns/4".to_string(), "old".to_string()), ("ns/5".to_string(), "old".to_string())].into(),
+        unschedulable: vec![Unschedulable { pod: "ns/6".into(), reason: "r".into() }],
+        total_price_per_hour: 3.0,
+        lower_bound_per_hour: 2.5,
+    };
+    assert_eq!(plan.clone().without(&Default::default()), plan, "nothing gone: the same plan");
+    let gone: std::collections::HashSet<String> = ["ns/2", "ns/3", "ns/4", "ns/6"].iter().map(|s| s.to_string()).collect();
+    let left = plan.without(&gone);
+    assert_eq!(left.nodes, vec![node("a", 1.0, &["ns/1"])], "b had only a gone pod: not bought");
+    assert_eq!(left.existing.keys().collect::<Vec<_>>(), vec!["ns/5"]);
+    assert!(left.unschedulable.is_empty());
+    assert_eq!(left.total_price_per_hour, 1.0);
+    assert_eq!(left.lower_bound_per_hour, 0.0);
+}

@@ -397,6 +397,15 @@ impl Snapshot {
         if let Some(t) = crate::core::taints::untolerated(&node.taints, &pod.tolerations) {
             return Err(Unfit::Taint(format!("{}: {}", t.key, t.value.as_deref().unwrap_or(""))));
         }
+        self.room_for(pod, i)?;
+        spread.filter(self, pod, node)?;
+        interpod.filter(node)
+    }
+
+    /// Does node `i` have room for the pod: free host ports, a pod slot, and every requested
+    /// resource (NodePorts and NodeResourcesFit)? The rest of the filters aside.
+    pub fn room_for(&self, pod: &PodInfo, i: usize) -> Result<(), Unfit> {
+        let node = &self.nodes[i];
         let used_ports = node.pods.iter().flat_map(|&p| self.pods[p].host_ports.iter());
         if used_ports.into_iter().any(|u| pod.host_ports.iter().any(|w| w.conflicts(u))) {
             return Err(Unfit::Ports);
@@ -409,7 +418,6 @@ impl Snapshot {
         if let Some((name, _, _)) = pod.requests.first_short(&free) {
             return Err(Unfit::Insufficient(name.to_string()));
         }
-        spread.filter(self, pod, node)?;
-        interpod.filter(node)
+        Ok(())
     }
 }
