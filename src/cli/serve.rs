@@ -117,6 +117,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         body: body_limits(&cfg, &budget, cfg.extender.max_body_bytes, EXTENDER_EXPANSION, "extender_body"),
         max_price_per_hour: cfg.extender.max_price_per_hour,
         facts: Default::default(),
+        held: Default::default(),
     });
     let extender_router = extender::router(ext);
     let router = webhook::router(hook).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));

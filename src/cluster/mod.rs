@@ -35,6 +35,9 @@ where
     let on_applied = Arc::new(on_applied);
     let stream = watcher(api, config.any_semantic())
         .default_backoff()
+        // Nothing here reads managedFields, often the largest part of an object: the caches
+        // hold every Pod and Node of the cluster, so they are not kept.
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
         .reflect(writer)
         .applied_objects()
         .for_each(move |ev| {
@@ -112,6 +115,9 @@ pub struct ClusterView {
     /// The provisioner's watch-backed Pod cache, while this process provisions (it holds the
     /// plans too): the extender reads it to tell why kube-scheduler refuses a planned node.
     pods: Arc<std::sync::RwLock<Option<Store<Pod>>>>,
+    /// Bumped whenever a placement is recorded or forgotten: views derived from them
+    /// ([`ClusterView::planned_on`]) are current while it holds still.
+    plans_version: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How long a planned placement is followed.
@@ -129,7 +135,13 @@ impl ClusterView {
                 continue;
             }
             self.placements.insert(p, (node.to_string(), std::time::Instant::now())).await;
+            self.plans_version.fetch_add(1, std::sync::atomic::Ordering::Release);
         }
+    }
+
+    /// Changes whenever a placement is recorded or forgotten.
+    pub fn plans_version(&self) -> u64 {
+        self.plans_version.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Forget where plans put these pods (a batch found no place for them): the room they held
@@ -138,6 +150,7 @@ impl ClusterView {
         for p in pods {
             self.placements.invalidate(&p).await;
         }
+        self.plans_version.fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 
     /// The node a plan put the pod on, if one did recently, and how long ago.
@@ -145,11 +158,11 @@ impl ClusterView {
         self.placements.get(pod).await.map(|(n, at)| (n, at.elapsed()))
     }
 
-    /// The pods (`namespace/name`) recent plans put on each of these nodes.
-    pub fn planned_on(&self, nodes: &std::collections::HashSet<&str>) -> HashMap<String, Vec<String>> {
+    /// The pods (`namespace/name`) recent plans put on each node (of `nodes`, or any).
+    pub fn planned_on(&self, nodes: Option<&std::collections::HashSet<&str>>) -> HashMap<String, Vec<String>> {
         let mut out: HashMap<String, Vec<String>> = HashMap::new();
         for (pod, (node, _)) in self.placements.iter() {
-            if nodes.contains(node.as_str()) {
+            if nodes.is_none_or(|n| n.contains(node.as_str())) {
                 out.entry(node).or_default().push(pod.as_ref().clone());
             }
         }
@@ -179,6 +192,7 @@ impl ClusterView {
             service_accounts: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
             placements: Cache::builder().max_capacity(MAX_PLACEMENTS).time_to_live(PLACEMENT_TTL).build(),
             pods: Arc::default(),
+            plans_version: Arc::default(),
         };
         (view, async move {
             futures::future::join(ns_stream, node_stream).await;

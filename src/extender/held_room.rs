@@ -15,61 +15,104 @@
 //! brings, or the binding of the pods the room was held for, is a cluster event kube-scheduler
 //! retries the pod on.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::core::sched::{NodeInfo, PodInfo, Snapshot};
 
-/// `(node, why)` for each node in `held` (node name -> pods, `namespace/name`, plans put there)
-/// whose room is held for other pods than `pod`.
-pub(super) fn refusals(pod: &Pod, held: &HashMap<String, Vec<String>>, pods: &Store<Pod>, nodes: &Store<Node>) -> Vec<(String, String)> {
-    let me = id(pod);
-    let mine = priority(pod);
-    let waiting: HashMap<&str, Vec<std::sync::Arc<Pod>>> = held
-        .iter()
-        .map(|(node, ids)| (node.as_str(), ids.iter().filter(|i| **i != me).filter_map(|i| pending(pods, i)).filter(|p| priority(p) >= mine).collect::<Vec<_>>()))
-        .filter(|(_, ps)| !ps.is_empty())
-        .collect();
-    if waiting.is_empty() {
-        return Vec::new();
-    }
-    let mut bound: HashMap<&str, Vec<std::sync::Arc<Pod>>> = HashMap::new();
-    let all = pods.state();
-    for p in &all {
-        if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            if let Some((node, _)) = waiting.get_key_value(n) {
-                bound.entry(node).or_default().push(p.clone());
+/// The nodes whose room plans hold, each as a one-node snapshot of its bound pods plus the
+/// pending pods planned there. Built from the caches and shared by the filter calls of a
+/// short while: a pod binding in between counts the same on its node bound or held.
+pub(super) struct HeldRoom {
+    pub(super) built: Instant,
+    /// The placements' version it was built from ([`crate::cluster::ClusterView::plans_version`]).
+    pub(super) version: u64,
+    nodes: HashMap<String, Held>,
+}
+
+struct Held {
+    snapshot: Mutex<Snapshot>,
+    /// The pods the room is held for (`namespace/name`) and the highest of their priorities.
+    pods: HashSet<String>,
+    priority: i32,
+}
+
+impl HeldRoom {
+    /// From `held` (node name -> pods, `namespace/name`, plans put there): the pods still
+    /// pending, on the nodes in the cache, that still fit beside what is there (a stale plan
+    /// holds nothing).
+    pub(super) fn build(held: &HashMap<String, Vec<String>>, version: u64, pods: &Store<Pod>, nodes: &Store<Node>) -> Self {
+        let waiting: HashMap<&str, Vec<std::sync::Arc<Pod>>> = held
+            .iter()
+            .map(|(node, ids)| (node.as_str(), ids.iter().filter_map(|i| pending(pods, i)).collect::<Vec<_>>()))
+            .filter(|(_, ps)| !ps.is_empty())
+            .collect();
+        let mut bound: HashMap<&str, Vec<std::sync::Arc<Pod>>> = HashMap::new();
+        if !waiting.is_empty() {
+            for p in pods.state() {
+                if let Some((node, _)) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).and_then(|n| waiting.get_key_value(n)) {
+                    bound.entry(node).or_default().push(p);
+                }
             }
         }
-    }
-    let info = PodInfo::from_pod(pod);
-    let mut out = Vec::new();
-    for (node, planned) in &waiting {
-        let Some(n) = nodes.get(&ObjectRef::new(node)) else { continue };
-        let mut snap = Snapshot::default();
-        snap.nodes.push(NodeInfo::from_node(&n));
-        for p in bound.get(node).into_iter().flatten() {
-            snap.bind(PodInfo::from_pod(p), 0);
-        }
-        let mut holding = 0;
-        for q in planned {
-            let q = PodInfo::from_pod(q);
-            if snap.room_for(&q, 0).is_ok() {
-                snap.bind(q, 0);
-                holding += 1;
+        let mut out = HashMap::new();
+        for (node, planned) in waiting {
+            let Some(n) = nodes.get(&ObjectRef::new(node)) else { continue };
+            let mut snap = Snapshot::default();
+            snap.nodes.push(NodeInfo::from_node(&n));
+            for p in bound.get(node).into_iter().flatten() {
+                snap.bind(PodInfo::from_pod(p), 0);
+            }
+            let (mut ids, mut priority) = (HashSet::new(), i32::MIN);
+            for q in planned {
+                let info = PodInfo::from_pod(&q);
+                if snap.room_and_anti_affinity(&info, 0).is_ok() {
+                    snap.bind(info, 0);
+                    ids.insert(id(&q));
+                    priority = priority.max(self::priority(&q));
+                }
+            }
+            if !ids.is_empty() {
+                out.insert(node.to_string(), Held { snapshot: Mutex::new(snap), pods: ids, priority });
             }
         }
-        if holding == 0 {
-            continue;
-        }
-        if let Err(why) = snap.room_for(&info, 0) {
-            out.push((node.to_string(), format!("room on node {node} is held for {holding} pending pod(s) the provisioning plan put there ({why})")));
-        }
+        HeldRoom { built: Instant::now(), version, nodes: out }
     }
-    out.sort();
-    out
+
+    /// `(node, why)` for each of `candidates` (the nodes kube-scheduler found feasible, the
+    /// pod's own planned node aside) whose room is held for pods other than `pod`: it does not
+    /// fit there (room, host ports, anti-affinity either way) once they count as bound. As for
+    /// kube-scheduler's nominated pods, a pod of higher priority than all of them is not held
+    /// back. Held room never leaves a pod with no node: when every candidate is held, nothing
+    /// is, and the pod binds now (see the README, "Plans kube-scheduler follows", for the
+    /// alternatives measured).
+    pub(super) fn refusals(&self, pod: &Pod, candidates: &[&str]) -> Vec<(String, String)> {
+        if self.nodes.is_empty() {
+            return Vec::new();
+        }
+        let (me, mine) = (id(pod), priority(pod));
+        let info = PodInfo::from_pod(pod);
+        let mut out = Vec::new();
+        for node in candidates {
+            let Some(h) = self.nodes.get(*node) else { continue };
+            if h.pods.contains(&me) || mine > h.priority {
+                continue;
+            }
+            let snap = h.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(why) = snap.room_and_anti_affinity(&info, 0) {
+                out.push((node.to_string(), format!("room on node {node} is held for {} pending pod(s) the provisioning plan put there ({why})", h.pods.len())));
+            }
+        }
+        if out.len() >= candidates.len() {
+            return Vec::new();
+        }
+        out.sort();
+        out
+    }
 }
 
 fn id(p: &Pod) -> String {
@@ -121,6 +164,11 @@ mod tests {
         writer.as_reader()
     }
 
+    /// `n` candidates: the held node and others.
+    fn cands(n: usize) -> &'static [&'static str] {
+        &["n", "other", "third"][..n]
+    }
+
     fn held(node: &str, pods: &[&str]) -> HashMap<String, Vec<String>> {
         [(node.to_string(), pods.iter().map(|p| format!("ns/{p}")).collect())].into()
     }
@@ -130,14 +178,53 @@ mod tests {
         let nodes = store(vec![node("n", "2")]);
         let intruder = pod("intruder", "1500m", None, json!({}));
         let pods = store(vec![pod("running", "500m", Some("n"), json!({})), pod("planned", "1", None, json!({})), intruder.clone()]);
-        let why = refusals(&intruder, &held("n", &["planned"]), &pods, &nodes);
+        let why = HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&intruder, cands(2));
         assert_eq!(why, vec![("n".to_string(), "room on node n is held for 1 pending pod(s) the provisioning plan put there (Insufficient cpu)".to_string())]);
         // A pod that fits beside the held room is not refused.
         let small = pod("small", "500m", None, json!({}));
-        assert!(refusals(&small, &held("n", &["planned"]), &pods, &nodes).is_empty());
+        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&small, cands(2)).is_empty());
         // The planned pod itself is never refused by its own hold.
         let planned = pod("planned", "1", None, json!({}));
-        assert!(refusals(&planned, &held("n", &["planned"]), &pods, &nodes).is_empty());
+        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&planned, cands(2)).is_empty());
+    }
+
+    #[test]
+    fn held_room_never_leaves_a_pod_without_a_node() {
+        let nodes = store(vec![node("n", "2")]);
+        let intruder = pod("intruder", "1500m", None, json!({}));
+        let pods = store(vec![pod("planned", "1", None, json!({})), intruder.clone()]);
+        let held = HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes);
+        assert_eq!(held.refusals(&intruder, cands(2)).len(), 1, "another node is left");
+        assert!(held.refusals(&intruder, cands(1)).is_empty(), "n was the only candidate");
+    }
+
+    #[test]
+    fn held_room_counts_anti_affinity_both_ways() {
+        let nodes = store(vec![node("n", "4")]);
+        let anti = |app: &str| json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": "kubernetes.io/hostname"}]}}});
+        let labelled = |name: &str, app: &str, extra: serde_json::Value| {
+            let mut p = pod(name, "100m", None, extra);
+            p.metadata.labels = Some([("app".to_string(), app.to_string())].into());
+            p
+        };
+        let mut n = node("n", "4");
+        n.metadata.labels = Some([("kubernetes.io/hostname".to_string(), "n".to_string())].into());
+        let nodes_l = store(vec![n]);
+        // The held pod refuses pods it must not share a host with...
+        let db = labelled("db", "db", anti("web"));
+        let web = labelled("web", "web", json!({}));
+        let pods = store(vec![db.clone(), web.clone()]);
+        let why = HeldRoom::build(&held("n", &["db"]), 0, &pods, &nodes_l).refusals(&web, cands(2));
+        assert_eq!(why.len(), 1, "{why:?}");
+        assert!(why[0].1.contains("anti-affinity"), "{why:?}");
+        // ...and a pod that must not share a host with the held one is refused too.
+        let web2 = labelled("web2", "web", anti("db"));
+        let db2 = labelled("db2", "db", json!({}));
+        let pods = store(vec![db2, web2.clone()]);
+        assert_eq!(HeldRoom::build(&held("n", &["db2"]), 0, &pods, &nodes_l).refusals(&web2, cands(2)).len(), 1);
+        // Without labels on the node there is no domain, hence no conflict.
+        let pods = store(vec![db, web.clone()]);
+        assert!(HeldRoom::build(&held("n", &["db"]), 0, &pods, &nodes).refusals(&web, cands(2)).is_empty());
     }
 
     #[test]
@@ -146,17 +233,17 @@ mod tests {
         let intruder = pod("intruder", "1500m", None, json!({}));
         // Bound elsewhere: nothing held.
         let pods = store(vec![pod("planned", "1", Some("m"), json!({}))]);
-        assert!(refusals(&intruder, &held("n", &["planned"]), &pods, &nodes).is_empty());
+        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&intruder, cands(2)).is_empty());
         // Deleted (not in the cache): nothing held.
         let pods = store(Vec::<Pod>::new());
-        assert!(refusals(&intruder, &held("n", &["planned"]), &pods, &nodes).is_empty());
+        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&intruder, cands(2)).is_empty());
         // Stale: the planned pod no longer fits beside what is bound there.
         let pods = store(vec![pod("running", "1500m", Some("n"), json!({})), pod("planned", "1", None, json!({}))]);
         let small = pod("small", "500m", None, json!({}));
-        assert!(refusals(&small, &held("n", &["planned"]), &pods, &nodes).is_empty());
+        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&small, cands(2)).is_empty());
         // An unknown node holds nothing.
         let pods = store(vec![pod("planned", "1", None, json!({}))]);
-        assert!(refusals(&intruder, &held("gone", &["planned"]), &pods, &nodes).is_empty());
+        assert!(HeldRoom::build(&held("gone", &["planned"]), 0, &pods, &nodes).refusals(&intruder, cands(2)).is_empty());
     }
 
     #[test]
@@ -166,15 +253,15 @@ mod tests {
         let planned = pod("planned", "100m", None, port.clone());
         let other = pod("other", "100m", None, port);
         let pods = store(vec![planned, other.clone()]);
-        let why = refusals(&other, &held("n", &["planned"]), &pods, &nodes);
+        let why = HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&other, cands(2));
         assert_eq!(why.len(), 1, "{why:?}");
         assert!(why[0].1.contains("free ports"), "{why:?}");
         // A pod of higher priority than the held pods is not held back (kube-scheduler counts
         // nominated pods only for pods of no higher priority).
         let urgent = pod("urgent", "3900m", None, json!({"priority": 1000}));
         let pods = store(vec![pod("planned", "1", None, json!({})), urgent.clone()]);
-        assert!(refusals(&urgent, &held("n", &["planned"]), &pods, &nodes).is_empty());
+        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&urgent, cands(2)).is_empty());
         let plain = pod("plain", "3900m", None, json!({}));
-        assert_eq!(refusals(&plain, &held("n", &["planned"]), &pods, &nodes).len(), 1);
+        assert_eq!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&plain, cands(2)).len(), 1);
     }
 }

@@ -52,7 +52,13 @@ pub struct Extender {
     pub max_price_per_hour: f64,
     /// Facts derived from cached Nodes, by name, valid for the resourceVersion they came from.
     pub facts: FactsCache,
+    /// The room plans hold, as last built ([`held_room`]).
+    pub held: HeldCache,
 }
+
+/// The last view of the room plans hold, shared by filter calls for [`HELD_ROOM_REFRESH`].
+#[derive(Default)]
+pub struct HeldCache(std::sync::Mutex<Option<Arc<held_room::HeldRoom>>>);
 
 /// Per-node facts computed once per Node version, so a NodeNames call over thousands of nodes
 /// is a lookup per name rather than a label walk and catalog lookup per name.
@@ -246,16 +252,25 @@ impl Extender {
         let Some(pods) = cluster.pods() else { return Default::default() };
         let id = format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or(""));
         let own = cluster.planned_node(&id).await.map(|(n, _)| n);
-        let set: std::collections::HashSet<&str> = candidates.iter().map(String::as_str).filter(|c| Some(*c) != own.as_deref()).collect();
-        let held = cluster.planned_on(&set);
-        if held.is_empty() {
+        let held = {
+            let cached = self.held.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let version = cluster.plans_version();
+            match cached {
+                Some(h) if h.version == version && h.built.elapsed() < HELD_ROOM_REFRESH => h,
+                _ => {
+                    let h = Arc::new(cpu_bound(|| held_room::HeldRoom::build(&cluster.planned_on(None), version, &pods, nodes)));
+                    *self.held.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(h.clone());
+                    h
+                }
+            }
+        };
+        let set: Vec<&str> = candidates.iter().map(String::as_str).filter(|c| Some(*c) != own.as_deref()).collect();
+        let refused = held.refusals(pod, &set);
+        if refused.is_empty() {
             return Default::default();
         }
-        let refused = cpu_bound(|| held_room::refusals(pod, &held, &pods, nodes));
         self.metrics.extender_held_room_refusals.inc_by(refused.len() as u64);
-        for (node, why) in &refused {
-            tracing::debug!(node = %node, reason = %why, "node refused: room held for planned pods");
-        }
+        tracing::debug!(nodes = refused.len(), first = refused.first().map(|(_, why)| why.as_str()).unwrap_or(""), "nodes refused: room held for planned pods");
         refused.into_iter().collect()
     }
 
@@ -263,6 +278,10 @@ impl Extender {
         crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspection_timeout).await
     }
 }
+
+/// How long one view of the room plans hold serves filter calls while no placement changes. A
+/// pod binding meanwhile counts the same on its node, held or bound.
+const HELD_ROOM_REFRESH: Duration = Duration::from_millis(250);
 
 /// How long after its plan a pod may wait for a node kube-scheduler's spread refuses for now.
 const PLAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);

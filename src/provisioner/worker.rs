@@ -56,13 +56,21 @@ pub struct Stores {
 
 impl Stores {
     /// Start the watches; `pending` is notified whenever a pod may need capacity.
-    fn start(client: &Client, pending: Arc<tokio::sync::Notify>) -> (Stores, impl std::future::Future<Output = ()> + Send + 'static) {
+    /// `nodes`: a Node cache the process keeps already (the cluster view's), shared rather than
+    /// watched twice.
+    fn start(client: &Client, pending: Arc<tokio::sync::Notify>, nodes: Option<Store<Node>>) -> (Stores, impl std::future::Future<Output = ()> + Send + 'static) {
         let (pods, p) = reflect_with(Api::<Pod>::all(client.clone()), watcher::Config::default(), "pod", move |pod: &Pod| {
             if state::is_provisionable(pod) {
                 pending.notify_one();
             }
         });
-        let (nodes, n) = reflect_with(Api::<Node>::all(client.clone()), watcher::Config::default(), "node", |_: &Node| {});
+        let (nodes, n) = match nodes {
+            Some(shared) => (shared, futures::future::Either::Left(futures::future::pending::<()>())),
+            None => {
+                let (store, watch) = reflect_with(Api::<Node>::all(client.clone()), watcher::Config::default(), "node", |_: &Node| {});
+                (store, futures::future::Either::Right(watch))
+            }
+        };
         let (claims, c) = reflect_with(Api::<NodeClaim>::all(client.clone()), watcher::Config::default(), "nodeclaim", |_: &NodeClaim| {});
         let (pools, np) = reflect_with(Api::<NodePool>::all(client.clone()), watcher::Config::default(), "nodepool", |_: &NodePool| {});
         let (daemonsets, d) = reflect_with(Api::<DaemonSet>::all(client.clone()), watcher::Config::default(), "daemonset", |_: &DaemonSet| {});
@@ -138,7 +146,7 @@ impl Provisioner {
         settings: ProvisionerConfig,
     ) -> (Arc<Self>, impl std::future::Future<Output = ()> + Send + 'static) {
         let pending = Arc::new(tokio::sync::Notify::new());
-        let (stores, watches) = Stores::start(&client, pending.clone());
+        let (stores, watches) = Stores::start(&client, pending.clone(), cluster.as_ref().map(ClusterView::nodes));
         let per_minute = std::num::NonZeroU32::new(settings.max_launches_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
         let reporter = Reporter { controller: "archer-provisioner".into(), instance: std::env::var("POD_NAME").ok() };
         if let Some(c) = &cluster {
@@ -274,7 +282,6 @@ impl Provisioner {
     pub async fn provision_once(self: &Arc<Self>) {
         let started = Instant::now();
         let Some((pending, covered, plan)) = self.decide().await else { return };
-        tracing::Span::current().record("pods", pending.len());
         self.metrics.provisioner_batches.inc();
         // kube-scheduler goes on binding pods while the batch is decided: nodes bought for pods
         // bound meanwhile would stay (partly) empty. Decide once more on the cluster as it is

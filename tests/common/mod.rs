@@ -593,6 +593,7 @@ pub async fn serve_extender_with_metrics(
         },
         max_price_per_hour: cfg.extender.max_price_per_hour,
         facts: Default::default(),
+        held: Default::default(),
     });
     let dir = tempfile::tempdir().expect("tmp");
     let certs = make_certs(dir.path());

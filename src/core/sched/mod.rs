@@ -402,6 +402,17 @@ impl Snapshot {
         interpod.filter(node)
     }
 
+    /// What node `i` alone decides: room ([`Snapshot::room_for`]) and inter-pod anti-affinity
+    /// both ways with the pods placed on it (a node is in every domain it has a label for, so a
+    /// conflict there is a conflict anywhere; conflicts with pods on other nodes are not seen).
+    pub fn room_and_anti_affinity(&self, pod: &PodInfo, i: usize) -> Result<(), Unfit> {
+        self.room_for(pod, i)?;
+        self.memo.borrow_mut().with(self, pod, |_, interpod| match interpod.filter(&self.nodes[i]) {
+            Err(e @ (Unfit::AntiAffinity | Unfit::ExistingAntiAffinity)) => Err(e),
+            _ => Ok(()),
+        })
+    }
+
     /// Does node `i` have room for the pod: free host ports, a pod slot, and every requested
     /// resource (NodePorts and NodeResourcesFit)? The rest of the filters aside.
     pub fn room_for(&self, pod: &PodInfo, i: usize) -> Result<(), Unfit> {
