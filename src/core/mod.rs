@@ -16,3 +16,8 @@ pub mod taints;
 
 #[cfg(test)]
 mod placement_tests;
+
+/// A pod's key in plans, placements and hints: `namespace/name` (`default` when unset).
+pub fn pod_id(p: &k8s_openapi::api::core::v1::Pod) -> String {
+    format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or("default"), p.metadata.name.as_deref().unwrap_or(""))
+}

@@ -22,6 +22,7 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use crate::core::pod_id;
 use crate::core::sched::{NodeInfo, PodInfo, Snapshot};
 
 /// The nodes whose room plans hold, each as a one-node snapshot of its bound pods plus the
@@ -72,7 +73,7 @@ impl HeldRoom {
                 let info = PodInfo::from_pod(&q);
                 if snap.room_and_anti_affinity(&info, 0).is_ok() {
                     snap.bind(info, 0);
-                    ids.insert(id(&q));
+                    ids.insert(pod_id(&q));
                     priority = priority.max(self::priority(&q));
                 }
             }
@@ -94,7 +95,7 @@ impl HeldRoom {
         if self.nodes.is_empty() {
             return Vec::new();
         }
-        let (me, mine) = (id(pod), priority(pod));
+        let (me, mine) = (pod_id(pod), priority(pod));
         let info = PodInfo::from_pod(pod);
         let mut out = Vec::new();
         for node in candidates {
@@ -113,10 +114,6 @@ impl HeldRoom {
         out.sort();
         out
     }
-}
-
-fn id(p: &Pod) -> String {
-    format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or("default"), p.metadata.name.as_deref().unwrap_or(""))
 }
 
 fn priority(p: &Pod) -> i32 {

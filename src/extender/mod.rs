@@ -227,7 +227,7 @@ impl Extender {
     /// configured `ignorable`, as it should be, has its errors skipped.
     async fn plan_steer(&self, pod: &Pod, candidates: &[String]) -> Option<(String, String)> {
         let cluster = self.cluster.as_ref()?;
-        let id = format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or(""));
+        let id = crate::core::pod_id(pod);
         let (planned, age) = cluster.planned_node(&id).await?;
         tracing::Span::current().record("hint", planned.as_str());
         if candidates.contains(&planned) {
@@ -250,7 +250,7 @@ impl Extender {
     async fn held_refusals(&self, pod: &Pod, candidates: &[String]) -> std::collections::HashMap<String, String> {
         let (Some(cluster), Some(nodes)) = (self.cluster.as_ref(), self.nodes.as_ref()) else { return Default::default() };
         let Some(pods) = cluster.pods() else { return Default::default() };
-        let id = format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or("default"), pod.metadata.name.as_deref().unwrap_or(""));
+        let id = crate::core::pod_id(pod);
         let own = cluster.planned_node(&id).await.map(|(n, _)| n);
         let held = {
             let cached = self.held.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -472,7 +472,7 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     let mut scores = scoring::score(request, &candidates, &policy, x.preference_bonus);
     // The node the provisioner's plan put this pod on scores highest; the others keep their
     // order at half weight. kube-scheduler then binds the pod where the plan counted on it.
-    let id = format!("{}/{}", args.pod.metadata.namespace.as_deref().unwrap_or("default"), args.pod.metadata.name.as_deref().unwrap_or(""));
+    let id = crate::core::pod_id(&args.pod);
     if let Some((planned, _)) = match &x.cluster {
         Some(c) => c.planned_node(&id).await,
         None => None,

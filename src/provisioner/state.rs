@@ -19,9 +19,7 @@ use crate::core::resources::{pod_requests, Resources};
 /// fits an in-flight node waits for it rather than getting a second node.
 pub(super) const EPHEMERAL_TAINTS: [&str; 4] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered"];
 
-pub fn pod_id(p: &Pod) -> String {
-    format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or("default"), p.metadata.name.as_deref().unwrap_or(""))
-}
+pub use crate::core::pod_id;
 
 pub fn is_daemon_pod(p: &Pod) -> bool {
     p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
