@@ -224,6 +224,11 @@ pub struct ProvisionerConfig {
     pub batch_idle_seconds: f64,
     /// ... or this long after it opened, whichever comes first.
     pub batch_max_seconds: f64,
+    /// Schedulers that consult Archer (kube-scheduler with Archer as its extender): their pods
+    /// are planned as soon as they are created, not only once the scheduler has marked them
+    /// Unschedulable (a pod the scheduler would bind to room already there is planned there).
+    /// Pods of any other scheduler wait for its Unschedulable, as with Karpenter.
+    pub scheduler_names: Vec<String>,
     /// Cap on node launches for pending pods per minute (across pools): a safety valve against a
     /// runaway, not a pace (a burst of 1,000 pods needs a few hundred nodes at once).
     pub max_launches_per_minute: u32,
@@ -341,6 +346,7 @@ impl Default for ProvisionerConfig {
             zones: vec!["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()],
             batch_idle_seconds: 1.0,
             batch_max_seconds: 10.0,
+            scheduler_names: vec!["default-scheduler".into()],
             max_launches_per_minute: 1000,
             disruption_interval_seconds: 10.0,
             drain_timeout_seconds: 600,
@@ -376,6 +382,9 @@ impl ProvisionerConfig {
         }
         if self.enabled() && self.zones.is_empty() {
             return Err(ConfigError::Invalid("provisioner.zones must name at least one zone".into()));
+        }
+        if self.scheduler_names.iter().any(|n| n.trim().is_empty()) {
+            return Err(ConfigError::Invalid("provisioner.schedulerNames: a scheduler name is empty".into()));
         }
         if !(self.batch_idle_seconds > 0.0 && self.batch_max_seconds >= self.batch_idle_seconds) {
             return Err(ConfigError::Invalid("provisioner: need 0 < batchIdleSeconds <= batchMaxSeconds".into()));

@@ -235,6 +235,9 @@ fn the_second_scheduler_consults_the_charts_service() {
     let d: Deployment = typed(&objects, "Deployment", "archer-scheduler");
     let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
     assert!(pod.containers[0].command.as_ref().expect("command").iter().any(|a| a == "--config=/etc/archer-scheduler/config.yaml"));
+    // Its pods are planned as soon as they are created, like the default scheduler's.
+    assert_eq!(archer_config(&objects).provisioner.scheduler_names, ["default-scheduler", "cheap"]);
+    assert_eq!(archer_config(&rendered(&[])).provisioner.scheduler_names, ["default-scheduler"]);
     assert!(rendered(&[]).iter().all(|o| o["metadata"]["name"] != "archer-scheduler"), "off by default");
 }
 

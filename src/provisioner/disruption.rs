@@ -151,7 +151,7 @@ impl Provisioner {
     /// providing.
     pub(super) fn waiting_now(&self) -> Vec<String> {
         let pods = self.stores.pods.state();
-        let provisionable: std::collections::HashSet<String> = pods.iter().filter(|p| state::is_provisionable(p)).map(|p| state::pod_id(p)).collect();
+        let provisionable: std::collections::HashSet<String> = pods.iter().filter(|p| state::is_provisionable(p, &self.settings.scheduler_names)).map(|p| state::pod_id(p)).collect();
         self.waiting.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|id| provisionable.contains(*id)).cloned().collect()
     }
 

@@ -29,9 +29,14 @@ pub fn is_terminal(p: &Pod) -> bool {
     matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
-/// A pod the provisioner should find room for: the scheduler said Unschedulable, and it is not
-/// gated, not a DaemonSet's, not nominated to a node (preemption will make room), not leaving.
-pub fn is_provisionable(p: &Pod) -> bool {
+/// A pod the provisioner should find room for: not bound, not gated, not a DaemonSet's, not
+/// nominated to a node (preemption will make room), not leaving; and either its scheduler said
+/// Unschedulable, or its scheduler is one of `eager` and has not tried it yet. `eager` names the
+/// schedulers that consult Archer (kube-scheduler with Archer as extender): the planner decides
+/// what they will do, so a pod they would bind to room already there is planned there and no node
+/// is bought for it, and a burst of pods does not wait for the scheduler to fail each one first
+/// (at ~40 pods a second, 1,000 pods take 25 s to be marked Unschedulable).
+pub fn is_provisionable(p: &Pod, eager: &[String]) -> bool {
     let Some(spec) = p.spec.as_ref() else { return false };
     if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) || p.metadata.deletion_timestamp.is_some() || is_terminal(p) || is_daemon_pod(p) {
         return false;
@@ -43,9 +48,19 @@ pub fn is_provisionable(p: &Pod) -> bool {
     if status.and_then(|s| s.nominated_node_name.as_deref()).is_some_and(|n| !n.is_empty()) {
         return false;
     }
-    status
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")))
+    let scheduled = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"));
+    match scheduled {
+        Some(c) if c.status == "False" && c.reason.as_deref() == Some("Unschedulable") => true,
+        // Not tried yet (a gate lifted leaves `SchedulingGated` until the scheduler tries it).
+        None => eager_scheduler(spec, eager),
+        Some(c) if c.status == "False" && c.reason.as_deref() == Some("SchedulingGated") => eager_scheduler(spec, eager),
+        Some(_) => false,
+    }
+}
+
+fn eager_scheduler(spec: &k8s_openapi::api::core::v1::PodSpec, eager: &[String]) -> bool {
+    let name = spec.scheduler_name.as_deref().unwrap_or("default-scheduler");
+    eager.iter().any(|e| e == name)
 }
 
 /// Requests of the live pods bound to each node.

@@ -58,9 +58,9 @@ impl Stores {
     /// Start the watches; `pending` is notified whenever a pod may need capacity.
     /// `nodes`: a Node cache the process keeps already (the cluster view's), shared rather than
     /// watched twice.
-    fn start(client: &Client, pending: Arc<tokio::sync::Notify>, nodes: Option<Store<Node>>) -> (Stores, impl std::future::Future<Output = ()> + Send + 'static) {
+    fn start(client: &Client, pending: Arc<tokio::sync::Notify>, nodes: Option<Store<Node>>, eager: Vec<String>) -> (Stores, impl std::future::Future<Output = ()> + Send + 'static) {
         let (pods, p) = reflect_with(Api::<Pod>::all(client.clone()), watcher::Config::default(), "pod", move |pod: &Pod| {
-            if state::is_provisionable(pod) {
+            if state::is_provisionable(pod, &eager) {
                 pending.notify_one();
             }
         });
@@ -146,7 +146,7 @@ impl Provisioner {
         settings: ProvisionerConfig,
     ) -> (Arc<Self>, impl std::future::Future<Output = ()> + Send + 'static) {
         let pending = Arc::new(tokio::sync::Notify::new());
-        let (stores, watches) = Stores::start(&client, pending.clone(), cluster.as_ref().map(ClusterView::nodes));
+        let (stores, watches) = Stores::start(&client, pending.clone(), cluster.as_ref().map(ClusterView::nodes), settings.scheduler_names.clone());
         let per_minute = std::num::NonZeroU32::new(settings.max_launches_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
         let reporter = Reporter { controller: "archer-provisioner".into(), instance: std::env::var("POD_NAME").ok() };
         if let Some(c) = &cluster {
@@ -348,7 +348,7 @@ impl Provisioner {
             let (n, c, p): (Vec<&Node>, Vec<&NodeClaim>, Vec<&Pod>) = (nodes.iter().map(|x| x.as_ref()).collect(), claims.iter().map(|x| x.as_ref()).collect(), all_pods.iter().map(|x| x.as_ref()).collect());
             model::covered(&c, &n, &p).into_iter().map(|(p, _)| pod_id(p)).collect()
         };
-        let pending: Vec<Arc<Pod>> = all_pods.iter().filter(|p| state::is_provisionable(p) && !covered.contains(&pod_id(p))).cloned().collect();
+        let pending: Vec<Arc<Pod>> = all_pods.iter().filter(|p| state::is_provisionable(p, &self.settings.scheduler_names) && !covered.contains(&pod_id(p))).cloned().collect();
         if pending.is_empty() {
             return None;
         }
@@ -370,7 +370,7 @@ impl Provisioner {
         placed
             .filter(|id| {
                 let Some((ns, name)) = id.split_once('/') else { return false };
-                self.stores.pods.get(&kube::runtime::reflector::ObjectRef::new(name).within(ns)).is_none_or(|p| !state::is_provisionable(&p))
+                self.stores.pods.get(&kube::runtime::reflector::ObjectRef::new(name).within(ns)).is_none_or(|p| !state::is_provisionable(&p, &self.settings.scheduler_names))
             })
             .cloned()
             .collect()

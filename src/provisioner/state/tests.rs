@@ -22,16 +22,29 @@ fn pending(extra_spec: serde_json::Value, extra_status: serde_json::Value) -> Po
 
 #[test]
 fn provisionable_pods_are_unschedulable_ungated_unnominated_and_not_daemons() {
-    assert!(is_provisionable(&pending(json!({}), json!({}))));
-    assert!(!is_provisionable(&pending(json!({"schedulingGates": [{"name": "wait"}]}), json!({}))), "gated");
-    assert!(!is_provisionable(&pending(json!({}), json!({"nominatedNodeName": "n1"}))), "nominated");
-    assert!(!is_provisionable(&pending(json!({"nodeName": "n1"}), json!({}))), "bound");
-    assert!(!is_provisionable(&pending(json!({}), json!({"conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}))), "not Unschedulable");
-    assert!(!is_provisionable(&pending(json!({}), json!({"conditions": []}))), "not yet tried by the scheduler");
-    assert!(!is_provisionable(&pending(json!({}), json!({"phase": "Failed"}))), "terminal");
-    let mut d = pending(json!({}), json!({}));
-    d.metadata.owner_references = Some(vec![serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "2", "controller": true})).expect("owner")]);
-    assert!(!is_provisionable(&d), "DaemonSet pod");
+    let none: &[String] = &[];
+    let eager = &["default-scheduler".to_string()];
+    for e in [none, eager] {
+        assert!(is_provisionable(&pending(json!({}), json!({})), e));
+        assert!(!is_provisionable(&pending(json!({"schedulingGates": [{"name": "wait"}]}), json!({})), e), "gated");
+        assert!(!is_provisionable(&pending(json!({}), json!({"nominatedNodeName": "n1"})), e), "nominated");
+        assert!(!is_provisionable(&pending(json!({"nodeName": "n1"}), json!({})), e), "bound");
+        assert!(!is_provisionable(&pending(json!({}), json!({"phase": "Failed"})), e), "terminal");
+        assert!(!is_provisionable(&pending(json!({}), json!({"conditions": [{"type": "PodScheduled", "status": "True"}]})), e), "scheduled, binding");
+        let mut d = pending(json!({}), json!({}));
+        d.metadata.owner_references = Some(vec![serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "2", "controller": true})).expect("owner")]);
+        assert!(!is_provisionable(&d, e), "DaemonSet pod");
+    }
+    // Not tried yet by its scheduler: only a scheduler that consults Archer's plan.
+    let untried = pending(json!({}), json!({"conditions": []}));
+    let gate_lifted = pending(json!({}), json!({"conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}));
+    let other = pending(json!({"schedulerName": "someone-else"}), json!({"conditions": []}));
+    let named = pending(json!({"schedulerName": "default-scheduler"}), json!({"conditions": []}));
+    assert!(!is_provisionable(&untried, none) && !is_provisionable(&gate_lifted, none), "waits for Unschedulable");
+    assert!(is_provisionable(&untried, eager) && is_provisionable(&gate_lifted, eager) && is_provisionable(&named, eager), "planned at once");
+    assert!(!is_provisionable(&other, eager), "another scheduler's pod waits until it says Unschedulable");
+    let other_failed = pending(json!({"schedulerName": "someone-else"}), json!({}));
+    assert!(is_provisionable(&other_failed, eager), "any scheduler's Unschedulable counts");
 }
 
 fn node(name: &str, pool: Option<&str>, taints: serde_json::Value) -> Node {

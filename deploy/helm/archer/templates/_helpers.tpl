@@ -34,10 +34,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
-{{/* Archer's config file: .Values.config with .Values.provisioner as its provisioner section. */}}
+{{/* Archer's config file: .Values.config with .Values.provisioner as its provisioner section
+(the second scheduler, when enabled, among the schedulers whose pods are planned at once). */}}
 {{- define "archer.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
-{{- $_ := set $cfg "provisioner" .Values.provisioner -}}
+{{- $prov := deepCopy .Values.provisioner -}}
+{{- if .Values.extender.secondScheduler.enabled -}}
+{{- $names := default (list "default-scheduler") $prov.schedulerNames -}}
+{{- $_ := set $prov "schedulerNames" (append $names .Values.extender.secondScheduler.schedulerName | uniq) -}}
+{{- end -}}
+{{- $_ := set $cfg "provisioner" $prov -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
