@@ -123,10 +123,7 @@ fn priority(p: &Pod) -> i32 {
 /// The pod `namespace/name` when it is in the cache, not bound, not going away and not done.
 fn pending(pods: &Store<Pod>, id: &str) -> Option<std::sync::Arc<Pod>> {
     let (ns, name) = id.split_once('/')?;
-    let p = pods.get(&ObjectRef::new(name).within(ns))?;
-    let unbound = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty);
-    let done = p.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
-    (unbound && p.metadata.deletion_timestamp.is_none() && !done).then_some(p)
+    pods.get(&ObjectRef::new(name).within(ns)).filter(|p| crate::core::awaits_node(p))
 }
 
 #[cfg(test)]

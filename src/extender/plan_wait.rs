@@ -41,7 +41,7 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
     let siblings: Vec<&Pod> = all
         .iter()
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == info.namespace && p.metadata.name.as_deref() != Some(info.name.as_str()))
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty) && p.metadata.deletion_timestamp.is_none())
+        .filter(|p| crate::core::awaits_node(p))
         .filter(|p| {
             let labels = p.metadata.labels.clone().unwrap_or_default();
             info.spread.iter().any(|c| c.selector.matches(&labels))

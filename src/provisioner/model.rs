@@ -325,7 +325,7 @@ pub fn covered<'a>(claims: &[&NodeClaim], nodes: &[&Node], pods: &[&'a Pod]) -> 
     }
     pods.iter()
         .copied()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty) && p.metadata.deletion_timestamp.is_none() && !state::is_terminal(p))
+        .filter(|p| crate::core::awaits_node(p))
         .filter_map(|p| planned.get(state::pod_id(p).as_str()).map(|n| (p, n.clone())))
         .collect()
 }

@@ -19,15 +19,12 @@ use crate::core::resources::{pod_requests, Resources};
 /// fits an in-flight node waits for it rather than getting a second node.
 pub(super) const EPHEMERAL_TAINTS: [&str; 4] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered"];
 
-pub use crate::core::pod_id;
+pub use crate::core::{is_terminal, pod_id};
 
 pub fn is_daemon_pod(p: &Pod) -> bool {
     p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
 }
 
-pub fn is_terminal(p: &Pod) -> bool {
-    matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
-}
 
 /// A pod the provisioner should find room for: not bound, not gated, not a DaemonSet's, not
 /// nominated to a node (preemption will make room), not leaving; and either its scheduler said
