@@ -35,7 +35,7 @@ pub fn is_daemon_pod(p: &Pod) -> bool {
 /// (at ~40 pods a second, 1,000 pods take 25 s to be marked Unschedulable).
 pub fn is_provisionable(p: &Pod, eager: &[String]) -> bool {
     let Some(spec) = p.spec.as_ref() else { return false };
-    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) || p.metadata.deletion_timestamp.is_some() || is_terminal(p) || is_daemon_pod(p) {
+    if !crate::core::awaits_node(p) || is_daemon_pod(p) {
         return false;
     }
     if spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()) {
