@@ -598,5 +598,9 @@ webhook:
         assert_eq!(ProvisionerConfig::default().packing_budget(), std::time::Duration::from_secs(2));
         let parsed: Config = crate::yaml::from_str("provisioner: {packingBudgetSeconds: 0.5}").expect("config");
         assert_eq!(parsed.provisioner.packing_budget(), std::time::Duration::from_millis(500));
+        assert!(provisioner(ProvisionerConfig { scheduler_names: vec!["default-scheduler".into(), " ".into()], ..Default::default() }).is_err_and(|e| e.contains("schedulerNames")));
+        assert_eq!(ProvisionerConfig::default().scheduler_names, ["default-scheduler"]);
+        let parsed: Config = crate::yaml::from_str("provisioner: {schedulerNames: []}").expect("config");
+        assert!(parsed.validate().is_ok() && parsed.provisioner.scheduler_names.is_empty(), "none: every pod waits for its scheduler's Unschedulable");
     }
 }
