@@ -50,7 +50,7 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
         .collect();
     let mut planned = Vec::new();
     for p in siblings {
-        let id = format!("{}/{}", info.namespace, p.metadata.name.as_deref().unwrap_or(""));
+        let id = crate::core::pod_id(p);
         if let Some((node, _)) = cluster.planned_node(&id).await {
             planned.push((p, node));
         }

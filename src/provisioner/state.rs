@@ -46,11 +46,10 @@ pub fn is_provisionable(p: &Pod, eager: &[String]) -> bool {
         return false;
     }
     let scheduled = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"));
-    match scheduled {
-        Some(c) if c.status == "False" && c.reason.as_deref() == Some("Unschedulable") => true,
+    match scheduled.map(|c| (c.status.as_str(), c.reason.as_deref())) {
+        Some(("False", Some("Unschedulable"))) => true,
         // Not tried yet (a gate lifted leaves `SchedulingGated` until the scheduler tries it).
-        None => eager_scheduler(spec, eager),
-        Some(c) if c.status == "False" && c.reason.as_deref() == Some("SchedulingGated") => eager_scheduler(spec, eager),
+        None | Some(("False", Some("SchedulingGated"))) => eager_scheduler(spec, eager),
         Some(_) => false,
     }
 }
