@@ -932,6 +932,178 @@ fn preferential_fallback_should_relax_preferred_node_affinity_that_cannot_be_met
     assert!(o.scheduled("p"));
 }
 
+fn node_preferences(terms: Value) -> Value {
+    json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}})
+}
+
+fn zone_pref(weight: i32, key: &str, op: &str, values: &[&str]) -> Value {
+    json!({"weight": weight, "preference": {"matchExpressions": [{"key": key, "operator": op, "values": values}]}})
+}
+
+#[test]
+fn preferential_fallback_required_should_not_relax_the_final_term() {
+    let aff = json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["invalid"]}]}]}}}});
+    let o = run(&[pool(zones_in(&[Z1])), pod("p", json!({}), "100m", aff)]);
+    assert!(!o.scheduled("p"));
+    assert!(o.plan.nodes.is_empty());
+}
+
+#[test]
+fn preferential_fallback_required_should_relax_multiple_terms() {
+    // Karpenter drops required terms one at a time and lands in test-zone-1; kube-scheduler ORs
+    // them, so any zone a term names is right (the planner takes the cheapest).
+    let term = |z: &str| json!({"matchExpressions": [{"key": ZONE, "operator": "In", "values": [z]}]});
+    let aff = json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term("invalid"), term("invalid"), term(Z1), term(Z2)]}}}});
+    let o = run(&[pool(json!([])), pod("p", json!({}), "100m", aff)]);
+    assert!(matches!(o.label_of("p", ZONE).as_deref(), Some(Z1 | Z2)), "{:?}", o.plan);
+}
+
+#[test]
+fn preferential_fallback_preferred_should_relax_all_terms() {
+    let aff = node_preferences(json!([zone_pref(1, ZONE, "In", &["invalid"]), zone_pref(1, "node.kubernetes.io/instance-type", "In", &["invalid"])]));
+    let o = run(&[pool(json!([])), pod("p", json!({}), "100m", aff)]);
+    assert!(o.scheduled("p"));
+}
+
+#[test]
+fn preferential_fallback_preferred_should_relax_to_use_lighter_weights() {
+    let aff = node_preferences(json!([zone_pref(100, "node.kubernetes.io/instance-type", "In", &["invalid"]), zone_pref(50, ZONE, "In", &[Z2]), zone_pref(1, ZONE, "In", &[Z1])]));
+    let o = run(&[pool(zones_in(&[Z1, Z2])), pod("p", json!({}), "100m", aff)]);
+    assert_eq!(o.label_of("p", ZONE).as_deref(), Some(Z2));
+}
+
+#[test]
+fn preferential_fallback_preferred_should_schedule_even_if_preference_is_conflicting_with_requirement() {
+    let mut aff = node_preferences(json!([zone_pref(1, ZONE, "NotIn", &[Z3])]));
+    aff["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] = json!({"nodeSelectorTerms": [{"matchExpressions": [{"key": ZONE, "operator": "In", "values": [Z3]}]}]});
+    let o = run(&[pool(json!([])), pod("p", json!({}), "100m", aff)]);
+    assert_eq!(o.label_of("p", ZONE).as_deref(), Some(Z3));
+}
+
+#[test]
+fn preferential_fallback_preferred_should_schedule_even_if_preference_requirements_are_conflicting() {
+    let aff = node_preferences(json!([{"weight": 1, "preference": {"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["invalid"]}, {"key": ZONE, "operator": "NotIn", "values": ["invalid"]}]}}]));
+    let o = run(&[pool(json!([])), pod("p", json!({}), "100m", aff)]);
+    assert!(o.scheduled("p"));
+}
+
+#[test]
+fn pod_affinity_should_allow_violation_of_a_pod_affinity_preference_with_a_conflicting_required_constraint() {
+    let mut spec = spread(HOST, 1, sel());
+    spec["affinity"] = preferred("podAffinity", HOST, json!({"matchLabels": {"security": "s2"}}))["affinity"].clone();
+    let o = run(&docs(vec![vec![pool(json!([])), pod("aff", json!({"security": "s2"}), "100m", json!({}))], pods("p", 3, test_labels(), "100m", spec)]));
+    assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);
+    assert_eq!(o.skew(HOST, &TEST), [1, 1, 1]);
+}
+
+#[test]
+fn pod_affinity_should_violate_preferred_pod_anti_affinity_on_zone_inverse() {
+    let anti = preferred("podAntiAffinity", ZONE, json!({"matchLabels": {"security": "s2"}}));
+    let zoned = |name: &str, zone: &str| {
+        let mut spec = anti.clone();
+        spec["nodeSelector"] = json!({ZONE: zone});
+        pod(name, json!({}), "2", spec)
+    };
+    let o = run(&[pool(json!([])), zoned("z1", Z1), zoned("z2", Z2), zoned("z3", Z3), pod("aff", json!({"security": "s2"}), "100m", json!({}))]);
+    for p in ["z1", "z2", "z3", "aff"] {
+        assert!(o.scheduled(p), "{p}: {:?}", o.plan.unschedulable);
+    }
+    assert_eq!(o.label_of("z2", ZONE).as_deref(), Some(Z2));
+}
+
+// ------------------------------------------------- Preferences honoured while they can be
+
+fn host_anti_own(app_label: &str) -> Value {
+    preferred("podAntiAffinity", HOST, app_sel(app_label))
+}
+
+#[test]
+fn preferences_preferred_anti_affinity_on_hostname_spreads_new_nodes() {
+    let o = run(&docs(vec![vec![pool(json!([]))], pods("p", 3, app("a"), "100m", host_anti_own("a"))]));
+    assert_eq!(o.unschedulable(), 0);
+    assert_eq!(o.nodes_of(&names("p", 3)), 3, "{:?}", o.plan);
+}
+
+#[test]
+fn preferences_preferred_anti_affinity_relaxes_at_the_pools_node_limit() {
+    let mut limited = pool(json!([]));
+    limited["spec"]["limits"] = json!({"nodes": "2"});
+    let o = run(&docs(vec![vec![limited], pods("p", 3, app("a"), "100m", host_anti_own("a"))]));
+    assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);
+    assert_eq!(o.nodes_of(&names("p", 3)), 2, "{:?}", o.plan);
+}
+
+#[test]
+fn preferences_preferred_anti_affinity_on_zone_relaxes_past_three_zones() {
+    let o = run(&docs(vec![vec![pool(json!([]))], pods("p", 4, app("a"), "100m", preferred("podAntiAffinity", ZONE, app_sel("a")))]));
+    assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);
+    assert_eq!(o.skew(ZONE, &[("app", "a")]), [2, 1, 1]);
+}
+
+#[test]
+fn preferences_schedule_anyway_zone_spread_balances_new_nodes() {
+    let mut spec = spread(ZONE, 1, sel());
+    spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] = json!("ScheduleAnyway");
+    let o = run(&docs(vec![vec![pool(json!([]))], pods("p", 6, test_labels(), "100m", spec)]));
+    assert_eq!(o.skew(ZONE, &TEST), [2, 2, 2]);
+}
+
+#[test]
+fn preferences_schedule_anyway_spread_is_violated_when_it_cannot_be_met() {
+    // The only pool offers zone 1; a full node in zone 2 makes zone 2 a domain with no pods.
+    let mut spec = spread(ZONE, 1, sel());
+    spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] = json!("ScheduleAnyway");
+    let o = run(&docs(vec![vec![pool(zones_in(&[Z1])), node("full", json!({ZONE: Z2}), "10m")], pods("p", 3, test_labels(), "100m", spec.clone())]));
+    assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);
+    assert_eq!(o.skew(ZONE, &TEST), [3]);
+    // The same spread as DoNotSchedule places one pod only.
+    spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] = json!("DoNotSchedule");
+    let o = run(&docs(vec![vec![pool(zones_in(&[Z1])), node("full", json!({ZONE: Z2}), "10m")], pods("p", 3, test_labels(), "100m", spec)]));
+    assert_eq!(o.unschedulable(), 2);
+}
+
+#[test]
+fn preferences_existing_room_goes_to_the_node_that_honours_anti_affinity() {
+    let nodes = vec![pool(json!([])), node("n1", json!({ZONE: Z1}), "4"), node("n2", json!({ZONE: Z1}), "4"), bound("x", app("x"), "n1")];
+    let o = run(&docs(vec![nodes.clone(), vec![pod("p", json!({}), "100m", host_anti_own("x"))]]));
+    assert_eq!(o.plan.existing.get("default/p").map(String::as_str), Some("n2"), "{:?}", o.plan);
+    // Without the preference the first node that takes it is n1.
+    let o = run(&docs(vec![nodes, vec![pod("p", json!({}), "100m", json!({}))]]));
+    assert_eq!(o.plan.existing.get("default/p").map(String::as_str), Some("n1"));
+}
+
+#[test]
+fn preferences_existing_room_goes_to_the_node_that_honours_affinity() {
+    let o = run(&[pool(json!([])), node("n1", json!({ZONE: Z1}), "4"), node("n2", json!({ZONE: Z2}), "4"), bound("x", app("x"), "n2"), pod("p", json!({}), "100m", preferred("podAffinity", ZONE, app_sel("x")))]);
+    assert_eq!(o.plan.existing.get("default/p").map(String::as_str), Some("n2"), "{:?}", o.plan);
+    assert!(o.plan.nodes.is_empty());
+}
+
+#[test]
+fn preferences_a_preference_existing_room_cannot_honour_buys_no_node() {
+    // kube-scheduler binds the pod to a node that takes it: a new node would stay empty.
+    let o = run(&[pool(json!([])), node("n1", json!({ZONE: Z1}), "4"), bound("x", app("x"), "n1"), pod("p", json!({}), "100m", host_anti_own("x"))]);
+    assert_eq!(o.plan.existing.get("default/p").map(String::as_str), Some("n1"));
+    assert!(o.plan.nodes.is_empty());
+}
+
+#[test]
+fn preferences_heaviest_affinity_wins_among_existing_nodes() {
+    let mut aff = preferred("podAffinity", HOST, app_sel("light"));
+    aff["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] = json!(1);
+    let heavy = preferred("podAffinity", HOST, app_sel("heavy"))["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0].clone();
+    aff["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"].as_array_mut().expect("terms").push(heavy);
+    let o = run(&[
+        pool(json!([])),
+        node("n1", json!({ZONE: Z1}), "4"),
+        node("n2", json!({ZONE: Z1}), "4"),
+        bound("l", app("light"), "n1"),
+        bound("h", app("heavy"), "n2"),
+        pod("p", json!({}), "100m", aff),
+    ]);
+    assert_eq!(o.plan.existing.get("default/p").map(String::as_str), Some("n2"), "{:?}", o.plan);
+}
+
 #[test]
 fn multiple_nodepools_should_schedule_to_the_highest_weight_nodepool() {
     let o = run(&[pool_named("low", 10, json!([]), json!({})), pool_named("high", 100, json!([]), json!({})), pod("p", json!({}), "100m", json!({}))]);

@@ -12,22 +12,26 @@ use super::state;
 use crate::core::labels;
 use crate::core::packer::{PendingPod, Pool};
 use crate::core::placement::PLATFORMS_ANNOTATION;
-use crate::core::planner::Pending;
+use crate::core::planner::{Pending, Step};
 use crate::core::platform::PlatformSet;
 use crate::core::requirements::Requirements;
 use crate::core::resources::{pod_requests, Resources};
 use crate::core::sched::resources::ResourceList;
-use crate::core::sched::{NodeInfo, PodInfo, Snapshot, Volumes};
+use crate::core::sched::{preferences, NodeInfo, PodInfo, Snapshot, Volumes};
 
 /// A pending pod for the planner: the packer's view and the scheduler's, both held to the zones
 /// of the volumes its claims are bound to.
 pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes) -> Pending {
     let terms = volumes.terms_for(pod);
-    let packer = with_volume_terms(pending_pod(&state::pod_id(pod), pod, platforms), &terms);
+    let id = state::pod_id(pod);
+    let views = |p: &Pod| Step { packer: with_volume_terms(pending_pod(&id, p, platforms.clone()), &terms), sched: PodInfo::from_pod(p).with_volumes(p, volumes) };
+    let stricter = preferences::stricter(pod).iter().map(views).collect();
+    let preferences = preferences::each(pod).into_iter().map(|(w, p)| (w, PodInfo::from_pod(&p).with_volumes(&p, volumes))).collect();
+    let Step { packer, sched } = views(pod);
     // resourceVersion is opaque to clients; read as a number (etcd's revision, as every API
     // server writes it) it only orders interchangeable pods, and anything else sorts last.
     let queue_order = pod.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
-    Pending { packer, sched: PodInfo::from_pod(pod).with_volumes(pod, volumes), planned: None, queue_order }
+    Pending { packer, sched, stricter, preferences, planned: None, queue_order }
 }
 
 /// A running pod as the planner sees it when planned afresh (the counterfactuals of the savings
@@ -154,12 +158,17 @@ pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> Pendi
         if !selects_own(c.label_selector.as_ref()) {
             continue;
         }
+        // A ScheduleAnyway constraint is a preference: the step of the pod that takes it as a
+        // rule has it as DoNotSchedule ([`preferences::stricter`]).
+        if c.when_unsatisfiable != "DoNotSchedule" {
+            continue;
+        }
         match c.topology_key.as_str() {
             crate::core::labels::ZONE => {
                 zone_spread = true;
                 note_group(c.label_selector.as_ref());
             }
-            crate::core::labels::HOSTNAME if c.when_unsatisfiable == "DoNotSchedule" => {
+            crate::core::labels::HOSTNAME => {
                 let m = usize::try_from(c.max_skew.max(1)).unwrap_or(1);
                 per_node_max = Some(per_node_max.map_or(m, |x| x.min(m)));
                 note_group(c.label_selector.as_ref());

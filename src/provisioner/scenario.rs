@@ -152,9 +152,7 @@ impl Scenario {
                     sets.and_then(PlatformSet::intersect_all)
                 });
                 assumed += usize::from(platforms.is_none());
-                let mut pending = model::pending(&p.pod, platforms, &volumes);
-                pending.packer.id = p.id.clone();
-                pending
+                model::pending(&p.pod, platforms, &volumes).with_id(&p.id)
             })
             .collect();
         let mut pools: Vec<crate::core::packer::Pool> = self.pools.iter().map(|p| p.to_pool().map_err(|source| ScenarioError::Pool { pool: p.name(), source })).collect::<Result<_, _>>()?;
@@ -202,6 +200,12 @@ mod tests {
 
         let spread = format!("{base}      topologySpreadConstraints:\n        - {{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway, labelSelector: {{matchLabels: {{app: web}}}}}}\n        - {{maxSkew: 2, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: web}}}}}}\n");
         let p = first_pod(&spread);
+        assert!(!p.zone_spread, "a ScheduleAnyway spread is a preference: only the stricter step has it");
+        assert_eq!(p.per_node_max, Some(2));
+        let s = Scenario::parse(&spread).expect("scenario");
+        let strict = crate::core::sched::preferences::stricter(&s.pods[0].pod);
+        assert_eq!(strict.len(), 1);
+        let p = crate::provisioner::model::pending_pod(&s.pods[0].id, &strict[0], None);
         assert!(p.zone_spread);
         assert_eq!(p.per_node_max, Some(2));
 

@@ -577,6 +577,63 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
     eprintln!("plan fidelity total: {:?}", started.elapsed());
 }
 
+/// Preferences on the real control plane: 6 replicas that prefer a zone of their own (preferred
+/// zone anti-affinity) and an even zone spread (ScheduleAnyway). The planner honours both while it
+/// can (one node in each of the 3 zones for the first 3) and then relaxes the anti-affinity, not
+/// the spread (Karpenter's order), for the other 3: 3 nodes, zones 2/2/2, every pod on the node
+/// its plan named, none left empty. With its required rules alone the group fits one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn preferences_are_honoured_until_they_cannot_be() {
+    let started = Instant::now();
+    let c = Cluster::start("preferences").await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    namespace(&client, "prefs", json!({})).await;
+    pool(
+        &client,
+        "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n  disruption:\n    consolidationPolicy: WhenEmpty\n    consolidateAfter: Never\n",
+    )
+    .await;
+    let spec = json!({
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "pref"}}}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "pref"}}}}]}}
+    });
+    let d = with_requests(deployment("pref", &c.registry.image("apps/web:1"), 6, spec), "200m", "128Mi");
+    let t0 = Instant::now();
+    Api::<Deployment>::namespaced(client.clone(), "prefs").create(&PostParams::default(), &d).await.expect("create");
+    let pods = wait_running(&client, "prefs", "pref", 6, Duration::from_secs(120)).await;
+    eprintln!("preferences: 6 pods Running in {:?}", t0.elapsed());
+
+    let nodes: BTreeMap<String, Node> = archer_nodes(&client).await.into_iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n)).collect();
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &pods {
+        let n = nodes.get(&node_of(p)).expect("on an Archer node");
+        *per_node.entry(node_of(p)).or_default() += 1;
+        *per_zone.entry(label(n, "topology.kubernetes.io/zone").to_string()).or_default() += 1;
+    }
+    eprintln!("preferences: pods per node {per_node:?}, per zone {per_zone:?}");
+    assert_eq!(nodes.len(), 3, "a node per zone: {per_node:?}");
+    assert_eq!(per_node.len(), 3, "no node left empty: {per_node:?}");
+    assert_eq!(per_zone.values().copied().collect::<Vec<_>>(), [2, 2, 2], "the spread preference kept: {per_zone:?}");
+    // Each pod where the plan put it.
+    let mut planned: BTreeMap<String, String> = BTreeMap::new();
+    for claim in claims(&client).await {
+        let node = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let list = claim.metadata.annotations.as_ref().and_then(|a| a.get(archer::core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
+        for p in list.split(',').filter(|p| !p.is_empty()) {
+            planned.insert(p.to_string(), node.clone());
+        }
+    }
+    for p in &pods {
+        let id = format!("prefs/{}", p.metadata.name.clone().unwrap_or_default());
+        assert_eq!(planned.get(&id), Some(&node_of(p)), "{id} planned on {:?}", planned.get(&id));
+    }
+    eprintln!("preferences total: {:?}", started.elapsed());
+}
+
 /// `namespace/name` -> node for each pod Archer's log says a batch placed on room the cluster
 /// already had (the last such line per pod).
 fn placed_on_room(log: &std::path::Path) -> BTreeMap<String, String> {

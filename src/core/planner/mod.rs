@@ -14,6 +14,14 @@ mod verify;
 pub struct Pending {
     pub packer: PendingPod,
     pub sched: PodInfo,
+    /// The pod with its preferences taken as rules ([`crate::core::sched::preferences::stricter`]),
+    /// strictest first; `packer` and `sched` (its required rules only) come after the last. The
+    /// planner buys new nodes for it at the first step the packer and the filters allow.
+    pub stricter: Vec<Step>,
+    /// Each preference alone as a rule, with its weight ([`crate::core::sched::preferences::each`]):
+    /// among the nodes that take the pod, the planner picks one with the heaviest sum honoured,
+    /// as kube-scheduler scores them.
+    pub preferences: Vec<(i32, PodInfo)>,
     /// The node (or claim) an earlier plan put this pod on, if any: while that node takes it,
     /// the pod stays there, so batches do not move a pod kube-scheduler is about to bind.
     pub planned: Option<String>,
@@ -21,6 +29,46 @@ pub struct Pending {
     /// pod's resourceVersion, which its last failed scheduling attempt set. Only the order in
     /// which interchangeable pods take their places depends on it ([`order`]).
     pub queue_order: u64,
+}
+
+/// One step of a pod's relaxation: both views of the pod with some of its preferences as rules.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub packer: PendingPod,
+    pub sched: PodInfo,
+}
+
+impl Pending {
+    /// Its views at step `k` of its relaxation (past the last stricter step: as written).
+    fn step(&self, k: usize) -> (&PendingPod, &PodInfo) {
+        self.stricter.get(k).map_or((&self.packer, &self.sched), |s| (&s.packer, &s.sched))
+    }
+
+    /// The index of its last step (required rules only).
+    fn last_step(&self) -> usize {
+        self.stricter.len()
+    }
+
+    /// The same pod under another id (at every step).
+    pub fn with_id(mut self, id: &str) -> Self {
+        self.packer.id = id.to_string();
+        for s in &mut self.stricter {
+            s.packer.id = id.to_string();
+        }
+        self
+    }
+
+    /// The same pod unbound, at every step (what it is once evicted).
+    pub fn unbound(mut self) -> Self {
+        self.sched.node_name = None;
+        for s in &mut self.stricter {
+            s.sched.node_name = None;
+        }
+        for (_, info) in &mut self.preferences {
+            info.node_name = None;
+        }
+        self
+    }
 }
 
 /// Can the pod's images run on this node's architecture and OS (unknown platforms: anywhere)?
@@ -84,12 +132,13 @@ pub fn plan_batch_within(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool
     rest.sort_by(|a, b| b.packer.requests.cmp(&a.packer.requests).then_with(|| a.packer.id.cmp(&b.packer.id)));
     for p in rest {
         if grouped(p) {
-            remaining.push(p.packer.clone());
+            remaining.push(p.step(0).0.clone());
             continue;
         }
         let verdicts = snap.feasible(&p.sched);
-        match verdicts.iter().filter_map(|r| r.as_ref().ok()).copied().find(|&i| runs_on(&p.packer, &snap.nodes[i])) {
-            Some(i) => {
+        match first_taker(&snap, &p.packer, &verdicts) {
+            Some(any) => {
+                let i = if p.preferences.is_empty() { any } else { most_preferred(&snap, p, &verdicts) };
                 placed.insert(p.packer.id.clone(), snap.nodes[i].name.clone());
                 snap.bind(p.sched.clone(), i);
             }
@@ -97,7 +146,8 @@ pub fn plan_batch_within(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool
                 if !snap.nodes.is_empty() {
                     refused.insert(p.packer.id.clone(), refusals(&snap, &p.packer, &verdicts));
                 }
-                remaining.push(p.packer.clone());
+                // New nodes are bought for the pod with every preference as a rule first.
+                remaining.push(p.step(0).0.clone());
             }
         }
     }
@@ -117,6 +167,28 @@ pub fn plan_batch_within(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool
         }
     }
     plan
+}
+
+/// Among the nodes the verdicts pass that the pod's images run on, the first (in snapshot order)
+/// with the heaviest sum of the pod's preferences honoured (kube-scheduler scores preferred pod
+/// affinity and anti-affinity by their weights and prefers the nodes a ScheduleAnyway spread
+/// allows).
+fn most_preferred(snap: &Snapshot, p: &Pending, verdicts: &[Result<usize, (usize, super::sched::Unfit)>]) -> usize {
+    let mut score: std::collections::BTreeMap<usize, i64> = verdicts.iter().filter_map(|r| r.as_ref().ok()).copied().filter(|&i| runs_on(&p.packer, &snap.nodes[i])).map(|i| (i, 0)).collect();
+    for (weight, info) in &p.preferences {
+        for i in snap.feasible(info).into_iter().filter_map(Result::ok) {
+            if let Some(s) = score.get_mut(&i) {
+                *s += i64::from(*weight);
+            }
+        }
+    }
+    // The highest score, the first node among equals.
+    score.iter().max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0))).map_or(0, |(&i, _)| i)
+}
+
+/// The first node (in snapshot order) the verdicts pass that the pod's images run on.
+fn first_taker(snap: &Snapshot, pod: &PendingPod, verdicts: &[Result<usize, (usize, super::sched::Unfit)>]) -> Option<usize> {
+    verdicts.iter().filter_map(|r| r.as_ref().ok()).copied().find(|&i| runs_on(pod, &snap.nodes[i]))
 }
 
 /// kube-scheduler's summary of why no existing node took the pod: `0/3 nodes are available: 2

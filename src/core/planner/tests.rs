@@ -45,6 +45,8 @@ fn pending(p: &Pod, platforms: &str) -> Pending {
             spread_keys: Vec::new(),
             extended: Default::default(),
         },
+        stricter: Vec::new(),
+        preferences: Vec::new(),
         planned: None,
         queue_order: 0,
         sched: PodInfo::from_pod(p),

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use super::{refusals, runs_on, Pending};
+use super::{refusals, Pending};
 use crate::core::labels::HOSTNAME;
 use crate::core::packer::{could_host_with, pack_within, Offering, PendingPod, Plan, PlannedNode, Pool, Unschedulable, GPU_RESOURCE};
 use crate::core::requirements::Requirements;
@@ -31,9 +31,12 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
     let mut new = NewNodes { nodes: Vec::new(), index: Vec::new() };
     let mut batch = std::mem::take(&mut plan.nodes);
     let mut pools = pools.to_vec();
-    for round in 0..=ROUNDS {
+    // Each pod's step of relaxation (absent: the first, every preference a rule).
+    let mut steps: HashMap<String, usize> = HashMap::new();
+    let mut retry = relax_unplaced(&mut plan.unschedulable, pending, &mut steps);
+    for round in 0.. {
         let queues = add_nodes(snap, &mut new, batch, pools.as_slice(), offerings, &mut plan.unschedulable);
-        let mut refused = Vec::new();
+        let mut work: VecDeque<(String, bool)> = VecDeque::new();
         // One pod from each new node in turn, as kube-scheduler would see them arrive: a spread
         // group split over zones is checked zone by zone, never one whole zone first.
         let mut queues: Vec<(usize, VecDeque<String>)> = queues;
@@ -41,33 +44,42 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
             for (k, q) in &mut queues {
                 let Some(id) = q.pop_front() else { continue };
                 let Some(p) = pending.get(id.as_str()) else { continue };
-                let info = domains.with_potential(p, &pools, offerings);
+                let info = domains.at_step(p, step_of(&steps, &id), &pools, offerings);
                 match snap.fits(&info, new.index[*k]) {
                     Ok(()) => {
-                        snap.bind(info, new.index[*k]);
+                        snap.bind(p.sched.clone(), new.index[*k]);
                         new.nodes[*k].pods.push(id);
                     }
-                    Err(_) => refused.push(id),
+                    Err(_) => work.push_back((id, false)),
                 }
             }
         }
+        // Pods just relaxed may be repacked whatever the round: relaxing ends.
+        work.extend(retry.drain(..).map(|id| (id, true)));
         let mut repack = Vec::new();
-        for id in refused {
+        while let Some((id, relaxed)) = work.pop_front() {
             let Some(p) = pending.get(id.as_str()) else { continue };
-            let info = domains.with_potential(p, &pools, offerings);
+            let k = step_of(&steps, &id);
+            let info = domains.at_step(p, k, &pools, offerings);
             let verdicts = snap.feasible(&info);
-            if let Some(i) = verdicts.iter().filter_map(|r| r.as_ref().ok()).copied().find(|&i| runs_on(&p.packer, &snap.nodes[i])) {
+            if let Some(i) = super::first_taker(snap, &p.packer, &verdicts) {
                 match new.index.iter().position(|&x| x == i) {
                     Some(k) => new.nodes[k].pods.push(id.clone()),
                     None => {
                         plan.existing.insert(id.clone(), snap.nodes[i].name.clone());
                     }
                 }
-                snap.bind(info, i);
+                snap.bind(p.sched.clone(), i);
                 continue;
             }
+            let (packer, _) = p.step(k);
             match snap.new_node_domains(&info) {
-                Ok(rules) if round < ROUNDS => repack.push(narrow(&p.packer, &rules)),
+                Ok(rules) if round < ROUNDS || relaxed => repack.push(narrow(packer, &rules)),
+                // Its next preference goes, and it is tried again (Karpenter's relaxation).
+                _ if k < p.last_step() => {
+                    steps.insert(id.clone(), k + 1);
+                    work.push_back((id, true));
+                }
                 Ok(_) => plan.unschedulable.push(Unschedulable { pod: id, reason: refusals(snap, &p.packer, &verdicts) }),
                 Err(e) => plan.unschedulable.push(Unschedulable { pod: id, reason: e.to_string() }),
             }
@@ -77,13 +89,36 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
         }
         charge_limits(&mut pools, &new.nodes[..], offerings);
         // Few pods, each round: the greedy packer.
-        let next = pack_within(&repack, &pools, offerings, &[], std::time::Duration::ZERO);
+        let mut next = pack_within(&repack, &pools, offerings, &[], std::time::Duration::ZERO);
+        retry = relax_unplaced(&mut next.unschedulable, pending, &mut steps);
         plan.unschedulable.extend(next.unschedulable);
         batch = next.nodes;
         // Pods the packer put on planned nodes are verified against them above; none go to
         // existing ones (the packer was given none).
     }
     finish(plan, new.nodes);
+}
+
+/// The pod's step of relaxation.
+fn step_of(steps: &HashMap<String, usize>, id: &str) -> usize {
+    steps.get(id).copied().unwrap_or(0)
+}
+
+/// Take out of `unplaced` the pods the packer could not place that still have a preference to
+/// relax, relax it, and return them to be tried again.
+fn relax_unplaced(unplaced: &mut Vec<Unschedulable>, pending: &HashMap<&str, &Pending>, steps: &mut HashMap<String, usize>) -> Vec<String> {
+    let mut retry = Vec::new();
+    unplaced.retain(|u| {
+        let Some(p) = pending.get(u.pod.as_str()) else { return true };
+        let k = step_of(steps, &u.pod);
+        if k >= p.last_step() {
+            return true;
+        }
+        steps.insert(u.pod.clone(), k + 1);
+        retry.push(u.pod.clone());
+        false
+    });
+    retry
 }
 
 /// Add `batch` to the snapshot as nodes-to-be, empty; returns each one's queue of planned pods.
@@ -178,14 +213,15 @@ struct DomainCache {
 }
 
 impl DomainCache {
-    /// The pod's scheduling view with [`PodInfo::potential`] filled for its spread keys.
-    fn with_potential(&mut self, p: &Pending, pools: &[Pool], offerings: &[Offering]) -> PodInfo {
-        let mut info = p.sched.clone();
+    /// The pod's scheduling view at step `k` of its relaxation, with [`PodInfo::potential`]
+    /// filled for its spread keys.
+    fn at_step(&mut self, p: &Pending, k: usize, pools: &[Pool], offerings: &[Offering]) -> PodInfo {
+        let (pod, sched) = p.step(k);
+        let mut info = sched.clone();
         let keys: BTreeSet<&str> = info.spread.iter().map(|c| c.topology_key.as_str()).filter(|k| *k != HOSTNAME).collect();
         if keys.is_empty() {
             return info;
         }
-        let pod = &p.packer;
         let kind = format!("{keys:?}|{:?}|{:?}|{:?}|{:?}", pod.terms, pod.tolerations, pod.platforms.as_ref().map(|s| s.to_annotation()), pod.extended);
         let all = self.labels.get_or_insert_with(|| pools.iter().map(|pool| offerings.iter().map(|o| o.labels(pool)).collect()).collect());
         let potential = self.by_kind.entry(kind).or_insert_with(|| {

@@ -8,10 +8,13 @@
 //! `maxSkew`, `minDomains`, `nodeAffinityPolicy`, `nodeTaintsPolicy`, `matchLabelKeys`) and
 //! InterPodAffinity (required affinity and anti-affinity of the incoming pod, and the required
 //! anti-affinity of pods already running, with `namespaces` and `namespaceSelector`).
-//! Each pod placed with [`Snapshot::bind`] counts for the pods decided after it.
+//! Each pod placed with [`Snapshot::bind`] counts for the pods decided after it. Preferences
+//! (preferred pod affinity and anti-affinity, ScheduleAnyway spread) only score in kube-scheduler;
+//! the planner takes them as rules while it can ([`preferences`]).
 
 mod interpod;
 mod memo;
+pub mod preferences;
 pub mod resources;
 pub mod selector;
 mod spread;
