@@ -1,5 +1,6 @@
 //! `cargo bench --bench provisioner`: the planner's decision throughput, peak memory and cost
-//! quality, on two workloads (select with ARCHER_BENCH_WORKLOAD=catalog|karpenter, default both):
+//! quality, on these workloads (select one with ARCHER_BENCH_WORKLOAD=optimality|catalog|karpenter|
+//! preferences, default all):
 //!
 //! - catalog: batches of 100, 1,000 and 5,000 pending pods of mixed sizes and platforms against
 //!   the full embedded AWS catalog, one NodePool allowing both architectures, three zones.
@@ -10,6 +11,9 @@
 //!   DoNotSchedule; hostname spread maxSkew 1 DoNotSchedule; required zone affinity among pods
 //!   labelled with one of 7 values; required hostname anti-affinity within the group), requests
 //!   drawn with a fixed seed from cpu {100,250,500,1000,1500}m x memory {100,...,4096}Mi.
+//! - preferences: Karpenter's `makePreferencePods` (4,000 pods preferring zone 1 and no sibling in
+//!   their zone or on their node) on the same types, with the preference policy Respect and Ignore
+//!   (Karpenter's BenchmarkRespectPreferences / BenchmarkIgnorePreferences).
 //!
 //! Pods are API objects with their real constraints, turned into planner input by the
 //! provisioner's one adapter, and planned by `plan_batch_within` exactly as the worker does (the budget scaled to the batch): packed,
@@ -28,6 +32,7 @@ use std::time::{Duration, Instant};
 use archer::catalog::{CapacityType, Catalog, InstanceType};
 use archer::core::packer::{batch_budget, Offering, Plan, Pool, DEFAULT_BUDGET};
 use archer::core::planner::{plan_batch_within, Pending};
+use archer::core::sched::preferences::Policy;
 use archer::core::sched::{Snapshot, Volumes};
 use archer::provisioner::model;
 use k8s_openapi::api::core::v1::Pod;
@@ -101,10 +106,14 @@ fn report(label: &str, n: usize, plan: &Plan, mean: Duration, peak_mib: f64) {
 /// A pending pod as the API server would hold it, through the provisioner's one adapter (the
 /// packer's and the scheduling model's views, as the worker builds them).
 fn pod(name: &str, cpu: i64, mem_mib: i64, labels: Value, spec: Value, platforms: Option<PlatformSet>) -> Pending {
+    pod_with(name, cpu, mem_mib, labels, spec, platforms, Policy::Respect)
+}
+
+fn pod_with(name: &str, cpu: i64, mem_mib: i64, labels: Value, spec: Value, platforms: Option<PlatformSet>, policy: Policy) -> Pending {
     let mut spec = spec;
     spec["containers"] = json!([{"name": "app", "image": "app", "resources": {"requests": {"cpu": format!("{cpu}m"), "memory": format!("{mem_mib}Mi")}}}]);
     let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default", "labels": labels}, "spec": spec})).expect("pod");
-    model::pending(&pod, platforms, &Volumes::default())
+    model::pending(&pod, platforms, &Volumes::default(), policy)
 }
 
 fn spread(key: &str, group: &str) -> Value {
@@ -192,6 +201,23 @@ fn karpenter_workload(n: usize, rng: &mut Rng) -> Vec<Pending> {
         pods.push(pod(&format!("p{i}"), cpu, mem, labels, spec, None));
     }
     pods
+}
+
+/// Karpenter's `makePreferencePods`: every pod labelled `app: nginx`, preferring zone 1 (preferred
+/// node affinity), and preferring no other such pod in its zone (weight 10, which cannot hold past
+/// three pods) nor on its node (weight 1, which can); requests as in [`karpenter_workload`].
+fn preference_workload(n: usize, policy: Policy, rng: &mut Rng) -> Vec<Pending> {
+    let anti = |w: i32, key: &str| json!({"weight": w, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "nginx"}}, "topologyKey": key}});
+    let spec = json!({"affinity": {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["test-zone-1"]}]}}]},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [anti(10, ZONE), anti(1, HOSTNAME)]}
+    }});
+    (0..n)
+        .map(|i| {
+            let (cpu, mem) = (rng.pick(&[100, 250, 500, 1000, 1500]), rng.pick(&[100, 256, 512, 1024, 2048, 4096]));
+            pod_with(&format!("p{i}"), cpu, mem, json!({"app": "nginx"}), spec.clone(), None, policy)
+        })
+        .collect()
 }
 
 /// `deployments` Deployments of `replicas`, one shape each (cpu 100m-1.5, memory 128Mi-4Gi),
@@ -287,6 +313,18 @@ fn main() {
             let pods = karpenter_workload(n, &mut Rng(42));
             let (plan, mean, peak) = measure(&pods, std::slice::from_ref(&pool), &offers);
             report("karpenter", n, &plan, mean, peak);
+        }
+    }
+    if which.is_empty() || which == "preferences" {
+        let offers = karpenter_types();
+        let pool: Pool = default_pool.to_pool().expect("pool");
+        println!("preferences (Karpenter's makePreferencePods): 400 synthetic types, {} offerings", offers.len());
+        for n in std::env::var("ARCHER_BENCH_SIZES").ok().map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect::<Vec<usize>>()).unwrap_or_else(|| vec![4_000]) {
+            for (label, policy) in [("respect", Policy::Respect), ("ignore", Policy::Ignore)] {
+                let pods = preference_workload(n, policy, &mut Rng(42));
+                let (plan, mean, peak) = measure(&pods, std::slice::from_ref(&pool), &offers);
+                report(label, n, &plan, mean, peak);
+            }
         }
     }
 }

@@ -229,6 +229,10 @@ pub struct ProvisionerConfig {
     /// Unschedulable (a pod the scheduler would bind to room already there is planned there).
     /// Pods of any other scheduler wait for its Unschedulable, as with Karpenter.
     pub scheduler_names: Vec<String>,
+    /// `Respect` (default): new nodes are bought to honour pods' preferences (preferred pod
+    /// affinity and anti-affinity, ScheduleAnyway spread) while that is possible, relaxed one at a
+    /// time, as Karpenter does. `Ignore`: new nodes follow required rules alone.
+    pub preference_policy: crate::core::sched::preferences::Policy,
     /// Cap on node launches for pending pods per minute (across pools): a safety valve against a
     /// runaway, not a pace (a burst of 1,000 pods needs a few hundred nodes at once).
     pub max_launches_per_minute: u32,
@@ -347,6 +351,7 @@ impl Default for ProvisionerConfig {
             batch_idle_seconds: 1.0,
             batch_max_seconds: 10.0,
             scheduler_names: vec!["default-scheduler".into()],
+            preference_policy: Default::default(),
             max_launches_per_minute: 1000,
             disruption_interval_seconds: 10.0,
             drain_timeout_seconds: 600,
@@ -600,6 +605,9 @@ webhook:
         assert_eq!(parsed.provisioner.packing_budget(), std::time::Duration::from_millis(500));
         assert!(provisioner(ProvisionerConfig { scheduler_names: vec!["default-scheduler".into(), " ".into()], ..Default::default() }).is_err_and(|e| e.contains("schedulerNames")));
         assert_eq!(ProvisionerConfig::default().scheduler_names, ["default-scheduler"]);
+        let parsed: Config = crate::yaml::from_str("provisioner: {preferencePolicy: Ignore}").expect("config");
+        assert_eq!(parsed.provisioner.preference_policy, crate::core::sched::preferences::Policy::Ignore);
+        assert!(crate::yaml::from_str::<Config>("provisioner: {preferencePolicy: Sometimes}").is_err(), "only Respect or Ignore");
         let parsed: Config = crate::yaml::from_str("provisioner: {schedulerNames: []}").expect("config");
         assert!(parsed.validate().is_ok() && parsed.provisioner.scheduler_names.is_empty(), "none: every pod waits for its scheduler's Unschedulable");
     }

@@ -167,15 +167,17 @@ fn archer_config(objects: &[Value]) -> archer::config::Config {
 fn provisioner_values_become_the_config_files_provisioner_section() {
     let cfg = archer_config(&rendered(&[]));
     assert_eq!(cfg.provisioner.cloud_provider, "none");
+    assert_eq!(cfg.provisioner.preference_policy, archer::core::sched::preferences::Policy::Respect);
     let objects = rendered(&[
         "--set",
-        "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod-eu,provisioner.aws.region=eu-west-1,provisioner.maxLaunchesPerMinute=250",
+        "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod-eu,provisioner.aws.region=eu-west-1,provisioner.maxLaunchesPerMinute=250,provisioner.preferencePolicy=Ignore",
         "--set-json",
         r#"provisioner.zones=["eu-west-1a","eu-west-1b"]"#,
     ]);
     let cfg = archer_config(&objects);
     assert_eq!(cfg.provisioner.cloud_provider, "aws");
     assert_eq!(cfg.provisioner.max_launches_per_minute, 250);
+    assert_eq!(cfg.provisioner.preference_policy, archer::core::sched::preferences::Policy::Ignore);
     assert_eq!(cfg.provisioner.zones, vec!["eu-west-1a".to_string(), "eu-west-1b".to_string()]);
     let aws = &cfg.provisioner.aws;
     assert_eq!((aws.cluster_name.as_str(), aws.region.as_deref()), ("prod-eu", Some("eu-west-1")));

@@ -215,6 +215,56 @@ spec:
 }
 
 #[test]
+fn preferences_buy_nodes_unless_the_policy_ignores_them() {
+    // Six replicas that prefer a zone of their own and an even zone spread.
+    let scenario = r#"
+apiVersion: archer.dev/v1alpha1
+kind: NodePool
+metadata: {name: default}
+spec:
+  template:
+    spec:
+      requirements:
+        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
+        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: pref}
+spec:
+  replicas: 6
+  selector: {matchLabels: {app: pref}}
+  template:
+    metadata: {labels: {app: pref}}
+    spec:
+      topologySpreadConstraints:
+        - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway, labelSelector: {matchLabels: {app: pref}}}
+      affinity:
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+            - {weight: 100, podAffinityTerm: {topologyKey: topology.kubernetes.io/zone, labelSelector: {matchLabels: {app: pref}}}}
+      containers: [{name: c, image: nginx, resources: {requests: {cpu: 200m, memory: 128Mi}}}]
+"#;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("pref.yaml");
+    std::fs::write(&path, scenario).expect("write");
+    let zones = |plan: &Value| -> Vec<(String, usize)> {
+        let mut z: Vec<(String, usize)> = plan["nodes"].as_array().expect("nodes").iter().map(|n| (n["zone"].as_str().unwrap_or("").to_string(), n["pods"].as_array().map_or(0, Vec::len))).collect();
+        z.sort();
+        z
+    };
+    let respect = simulate(&["--scenario", path.to_str().expect("path"), "--offline"]);
+    let got = zones(&respect);
+    assert_eq!(got.iter().map(|(_, n)| *n).collect::<Vec<_>>(), [2, 2, 2], "a node per zone, the spread kept: {respect}");
+    assert_eq!(got.iter().map(|(z, _)| z.as_str()).collect::<std::collections::BTreeSet<_>>().len(), 3);
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "provisioner: {preferencePolicy: Ignore}\n").expect("write");
+    let ignore = simulate(&["--scenario", path.to_str().expect("path"), "--offline", "--config", config.to_str().expect("path")]);
+    assert_eq!(zones(&ignore).len(), 1, "required rules alone: one node: {ignore}");
+    assert!(ignore["totalPricePerHour"].as_f64() < respect["totalPricePerHour"].as_f64());
+}
+
+#[test]
 fn gpus_host_ports_and_unknown_extended_resources_on_new_nodes() {
     let scenario = r#"
 apiVersion: apps/v1

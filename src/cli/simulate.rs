@@ -45,12 +45,12 @@ pub struct SimulateArgs {
 /// underutilised set, within the pool's budgets. Nodes are the pool's by their
 /// `archer.dev/nodepool` or `karpenter.sh/nodepool` label, priced by the catalog from their
 /// instance type, zone and capacity type.
-fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platforms: &(dyn Fn(&k8s_openapi::api::core::v1::Pod) -> Option<crate::core::platform::PlatformSet> + Sync), notes: &mut Vec<String>) -> Vec<Decision> {
+fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platforms: &(dyn Fn(&k8s_openapi::api::core::v1::Pod) -> Option<crate::core::platform::PlatformSet> + Sync), preferences: crate::core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
     use crate::provisioner::state;
     let nodes: Vec<&k8s_openapi::api::core::v1::Node> = s.nodes.iter().collect();
     let pods: Vec<&k8s_openapi::api::core::v1::Pod> = s.bound.iter().collect();
     let volumes = s.volumes();
-    let world = consolidation::World { nodes: &nodes, claims: &[], pods: &pods, namespaces: &[], pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms, budget: crate::core::packer::DEFAULT_BUDGET };
+    let world = consolidation::World { nodes: &nodes, claims: &[], pods: &pods, namespaces: &[], pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms, budget: crate::core::packer::DEFAULT_BUDGET, preferences };
     let by_node = state::usage_by_node(pods.iter().copied());
     let mut out = Vec::new();
     for np in &s.pools {
@@ -199,7 +199,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let inputs = s.inputs(&catalog, &found)?;
+    let inputs = s.inputs(&catalog, &found, cfg.provisioner.preference_policy)?;
     if inputs.assumed > 0 {
         notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));
     }
@@ -209,7 +209,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             sets.and_then(crate::core::platform::PlatformSet::intersect_all)
         })
     };
-    let decisions = if disrupt { Some(disruption(&s, &inputs, &platforms_of, &mut notes)) } else { None };
+    let decisions = if disrupt { Some(disruption(&s, &inputs, &platforms_of, cfg.provisioner.preference_policy, &mut notes)) } else { None };
     let crate::provisioner::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, .. } = inputs;
     let plan = plan_batch(&snapshot, &pods, &pools, &offers);
     // The comparison is over the pods every plan can place: pods that need arm64 (or spot) are

@@ -45,6 +45,8 @@ pub struct World<'a> {
     pub platforms: &'a (dyn Fn(&Pod) -> Option<PlatformSet> + Sync),
     /// The packer's time budget for each re-plan.
     pub budget: std::time::Duration,
+    /// Whether re-plans buy new nodes to honour preferences (the worker's setting).
+    pub preferences: crate::core::sched::preferences::Policy,
 }
 
 /// One disruption: the nodes that go, why, what replaces them and the saving per hour.
@@ -81,7 +83,7 @@ pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
     let batch: Vec<Pending> = set
         .iter()
         .flat_map(|c| state::evictable(&c.pods))
-        .map(|p| model::pending(p, (world.platforms)(p), world.volumes).unbound())
+        .map(|p| model::pending(p, (world.platforms)(p), world.volumes, world.preferences).unbound())
         .collect();
     let snapshot = model::cluster_snapshot(world.nodes, world.claims, world.pods, world.namespaces, world.pools, &|n: &str| leaving.contains(&n));
     let plan = plan_batch_within(&snapshot, &batch, world.pools, world.offerings, batch_budget(world.budget, batch.len()));

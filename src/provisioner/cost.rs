@@ -175,7 +175,7 @@ impl Provisioner {
         *last = Some(fingerprint);
         let volumes = self.volumes();
         let platforms = futures::future::join_all(pods.iter().map(|p| self.platforms(p))).await;
-        let pending: Vec<_> = pods.iter().zip(platforms).map(|(p, platforms)| model::pending_unbound(p, platforms, &volumes)).collect();
+        let pending: Vec<_> = pods.iter().zip(platforms).map(|(p, platforms)| model::pending_unbound(p, platforms, &volumes, self.settings.preference_policy)).collect();
         let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
         let namespaces: Vec<_> = namespaces.iter().map(|n| n.as_ref().clone()).collect();
         let pools = counterfactual_pools(self);

@@ -267,7 +267,7 @@ impl Provisioner {
         let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
         let ns_refs: Vec<&k8s_openapi::api::core::v1::Namespace> = namespaces.iter().map(|n| n.as_ref()).collect();
         let (pools, volumes) = (self.pools(), self.volumes());
-        let world = consolidation::World { nodes: &node_refs, claims: &claim_refs, pods: &pod_refs, namespaces: &ns_refs, pools: &pools, offerings: &self.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.settings.packing_budget() };
+        let world = consolidation::World { nodes: &node_refs, claims: &claim_refs, pods: &pod_refs, namespaces: &ns_refs, pools: &pools, offerings: &self.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.settings.packing_budget(), preferences: self.settings.preference_policy };
         tokio::task::block_in_place(|| decide(&world))
     }
 

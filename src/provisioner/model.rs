@@ -21,11 +21,15 @@ use crate::core::sched::{preferences, NodeInfo, PodInfo, Snapshot, Volumes};
 
 /// A pending pod for the planner: the packer's view and the scheduler's, both held to the zones
 /// of the volumes its claims are bound to.
-pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes) -> Pending {
+/// With [`preferences::Policy::Ignore`] new nodes are planned by its required rules alone.
+pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes, policy: preferences::Policy) -> Pending {
     let terms = volumes.terms_for(pod);
     let id = state::pod_id(pod);
     let views = |p: &Pod| Step { packer: with_volume_terms(pending_pod(&id, p, platforms.clone()), &terms), sched: PodInfo::from_pod(p).with_volumes(p, volumes) };
-    let stricter = preferences::stricter(pod).iter().map(views).collect();
+    let stricter = match policy {
+        preferences::Policy::Respect => preferences::stricter(pod).iter().map(views).collect(),
+        preferences::Policy::Ignore => Vec::new(),
+    };
     let preferences = preferences::each(pod).into_iter().map(|(w, p)| (w, PodInfo::from_pod(&p).with_volumes(&p, volumes))).collect();
     let Step { packer, sched } = views(pod);
     // resourceVersion is opaque to clients; read as a number (etcd's revision, as every API
@@ -37,12 +41,12 @@ pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes) -> 
 /// A running pod as the planner sees it when planned afresh (the counterfactuals of the savings
 /// metrics and `archer report`): bound to no node, since kube-scheduler's NodeName rule would hold
 /// it to its own, and planned nowhere.
-pub fn pending_unbound(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes) -> Pending {
+pub fn pending_unbound(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes, policy: preferences::Policy) -> Pending {
     let mut unbound = pod.clone();
     if let Some(s) = unbound.spec.as_mut() {
         s.node_name = None;
     }
-    pending(&unbound, platforms, volumes)
+    pending(&unbound, platforms, volumes, policy)
 }
 
 /// Where the live claims' plans put pods (`namespace/name` -> the claim's node, or the claim

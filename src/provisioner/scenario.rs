@@ -139,7 +139,7 @@ impl Scenario {
     /// The planner's inputs: each pending pod with its platforms (its annotation, else the
     /// platforms `found` for all its images, else unknown), the pools with the scenario's
     /// DaemonSets, offerings in the pools' zones, and the cluster as the live worker sees it.
-    pub fn inputs(&self, catalog: &crate::catalog::Catalog, found: &BTreeMap<String, PlatformSet>) -> Result<Inputs, ScenarioError> {
+    pub fn inputs(&self, catalog: &crate::catalog::Catalog, found: &BTreeMap<String, PlatformSet>, policy: crate::core::sched::preferences::Policy) -> Result<Inputs, ScenarioError> {
         use crate::provisioner::model;
         let volumes = self.volumes();
         let mut assumed = 0;
@@ -152,7 +152,7 @@ impl Scenario {
                     sets.and_then(PlatformSet::intersect_all)
                 });
                 assumed += usize::from(platforms.is_none());
-                model::pending(&p.pod, platforms, &volumes).with_id(&p.id)
+                model::pending(&p.pod, platforms, &volumes, policy).with_id(&p.id)
             })
             .collect();
         let mut pools: Vec<crate::core::packer::Pool> = self.pools.iter().map(|p| p.to_pool().map_err(|source| ScenarioError::Pool { pool: p.name(), source })).collect::<Result<_, _>>()?;

@@ -232,7 +232,7 @@ impl Provisioner {
         join_all(pods.iter().map(|p| async move {
             let p: &Pod = p.borrow();
             let platforms = self.platforms(p).await;
-            let mut pending = model::pending(p, platforms, volumes);
+            let mut pending = model::pending(p, platforms, volumes, self.settings.preference_policy);
             let latest = match &self.cluster {
                 Some(c) => c.planned_node(&pending.packer.id).await.map(|(node, _)| node),
                 None => None,

@@ -196,7 +196,7 @@ fn admits_arm64(pod: &Pod, node: &Node) -> bool {
 /// the savings metrics use, on a default pool (any architecture, on-demand) in `zones`.
 fn arm64_saving(pods: &[&Pod], platforms: &PlatformSet, catalog: &Catalog, zones: &[String]) -> f64 {
     let volumes = crate::core::sched::Volumes::default();
-    let pending: Vec<_> = pods.iter().map(|p| model::pending_unbound(p, Some(platforms.clone()), &volumes)).collect();
+    let pending: Vec<_> = pods.iter().map(|p| model::pending_unbound(p, Some(platforms.clone()), &volumes, crate::core::sched::preferences::Policy::default())).collect();
     let Ok(pool) = NodePool::default_pool().to_pool() else { return 0.0 };
     let offers = offerings(catalog, zones);
     let snapshot = crate::core::sched::Snapshot::new(&[], &[], &[]);

@@ -14,13 +14,24 @@
 
 use k8s_openapi::api::core::v1::{Affinity, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, WeightedPodAffinityTerm};
 
+/// Whether new nodes are bought to honour preferences (Karpenter's `--preference-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum Policy {
+    /// Honour them on new nodes while that is possible, relaxing one at a time.
+    #[default]
+    Respect,
+    /// Plan new nodes by the required rules alone: a preference never buys a node. Among nodes
+    /// already there the planner still prefers those that honour them, as kube-scheduler does.
+    Ignore,
+}
+
 /// Most preferences taken as rules per pod; any beyond stay scores only (each one costs the
 /// planner one more pass over the nodes for a pod that cannot honour it).
-pub const MAX_PREFERENCES: usize = 8;
+const MAX_PREFERENCES: usize = 8;
 
 /// What a honoured ScheduleAnyway constraint counts for against weighted terms (1-100) when
 /// nodes are compared: as much as the heaviest term.
-pub const SPREAD_WEIGHT: i32 = 100;
+const SPREAD_WEIGHT: i32 = 100;
 
 /// One preference of a pod.
 #[derive(Debug, Clone)]

@@ -45,7 +45,7 @@ fn with_world<R>(nodes: &[Node], pods: &[Pod], pools: &[Pool], f: impl FnOnce(&W
     let pod_refs: Vec<&Pod> = pods.iter().collect();
     let offerings = offerings();
     let volumes = Volumes::default();
-    let world = World { nodes: &node_refs, claims: &[], pods: &pod_refs, namespaces: &[], pools, offerings: &offerings, volumes: &volumes, platforms: &amd64, budget: crate::core::packer::DEFAULT_BUDGET };
+    let world = World { nodes: &node_refs, claims: &[], pods: &pod_refs, namespaces: &[], pools, offerings: &offerings, volumes: &volumes, platforms: &amd64, budget: crate::core::packer::DEFAULT_BUDGET, preferences: Default::default() };
     let candidates: Vec<Candidate> = nodes
         .iter()
         .map(|n| Candidate { node: n, pods: pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == n.metadata.name.as_deref()).collect(), price: 0.20 })
