@@ -1034,6 +1034,21 @@ fn preferences_preferred_anti_affinity_relaxes_at_the_pools_node_limit() {
 }
 
 #[test]
+fn preferences_at_a_node_limit_relax_the_anti_affinity_and_keep_the_spread() {
+    // Six replicas preferring a node of their own and an even zone spread, four nodes allowed:
+    // Karpenter's order drops the anti-affinity first, so the last two join nodes in the zones
+    // that keep the spread even.
+    let mut limited = pool(json!([]));
+    limited["spec"]["limits"] = json!({"nodes": "4"});
+    let mut spec = host_anti_own("a");
+    spec["topologySpreadConstraints"] = json!([{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": app_sel("a")}]);
+    let o = run(&docs(vec![vec![limited], pods("p", 6, app("a"), "100m", spec)]));
+    assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);
+    assert_eq!(o.nodes_of(&names("p", 6)), 4, "{:?}", o.plan);
+    assert_eq!(o.skew(ZONE, &[("app", "a")]), [2, 2, 2], "{:?}", o.plan);
+}
+
+#[test]
 fn preferences_preferred_anti_affinity_on_zone_relaxes_past_three_zones() {
     let o = run(&docs(vec![vec![pool(json!([]))], pods("p", 4, app("a"), "100m", preferred("podAntiAffinity", ZONE, app_sel("a")))]));
     assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);

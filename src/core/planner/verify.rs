@@ -30,10 +30,13 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
     let mut domains = DomainCache::default();
     let mut new = NewNodes { nodes: Vec::new(), index: Vec::new() };
     let mut batch = std::mem::take(&mut plan.nodes);
+    let limits = pools;
     let mut pools = pools.to_vec();
     // Each pod's step of relaxation (absent: the first, every preference a rule).
     let mut steps: HashMap<String, usize> = HashMap::new();
-    let mut retry = relax_unplaced(&mut plan.unschedulable, pending, &mut steps);
+    // Pods the packer could not place, with the step it failed them at and why.
+    let mut failed: HashMap<String, (usize, String)> = HashMap::new();
+    let mut retry = unplaced(&mut plan.unschedulable, pending, &steps, &mut failed);
     for round in 0.. {
         let queues = add_nodes(snap, &mut new, batch, pools.as_slice(), offerings, &mut plan.unschedulable);
         let mut work: VecDeque<(String, bool)> = VecDeque::new();
@@ -54,7 +57,7 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
                 }
             }
         }
-        // Pods just relaxed may be repacked whatever the round: relaxing ends.
+        // Pods the packer could not place are tried on the nodes planned since, then relaxed.
         work.extend(retry.drain(..).map(|id| (id, true)));
         let mut repack = Vec::new();
         while let Some((id, relaxed)) = work.pop_front() {
@@ -73,13 +76,16 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
                 continue;
             }
             let (packer, _) = p.step(k);
+            let packer_failed = failed.get(&id).filter(|(at, _)| *at == k).map(|(_, why)| why.clone());
             match snap.new_node_domains(&info) {
-                Ok(rules) if round < ROUNDS || relaxed => repack.push(narrow(packer, &rules)),
+                // Pods just relaxed may be repacked whatever the round: relaxing ends.
+                Ok(rules) if packer_failed.is_none() && (round < ROUNDS || relaxed) => repack.push(narrow(packer, &rules)),
                 // Its next preference goes, and it is tried again (Karpenter's relaxation).
                 _ if k < p.last_step() => {
                     steps.insert(id.clone(), k + 1);
                     work.push_back((id, true));
                 }
+                _ if packer_failed.is_some() => plan.unschedulable.push(Unschedulable { pod: id, reason: packer_failed.unwrap_or_default() }),
                 Ok(_) => plan.unschedulable.push(Unschedulable { pod: id, reason: refusals(snap, &p.packer, &verdicts) }),
                 Err(e) => plan.unschedulable.push(Unschedulable { pod: id, reason: e.to_string() }),
             }
@@ -87,10 +93,18 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
         if repack.is_empty() {
             break;
         }
+        // New nodes left empty are given up (nothing lands there any more): only the others
+        // count against the pools' limits.
+        for (n, &i) in new.nodes.iter().zip(&new.index) {
+            if n.pods.is_empty() {
+                snap.nodes[i].unschedulable = true;
+            }
+        }
+        pools = limits.to_vec();
         charge_limits(&mut pools, &new.nodes[..], offerings);
         // Few pods, each round: the greedy packer.
         let mut next = pack_within(&repack, &pools, offerings, &[], std::time::Duration::ZERO);
-        retry = relax_unplaced(&mut next.unschedulable, pending, &mut steps);
+        retry = unplaced(&mut next.unschedulable, pending, &steps, &mut failed);
         plan.unschedulable.extend(next.unschedulable);
         batch = next.nodes;
         // Pods the packer put on planned nodes are verified against them above; none go to
@@ -104,17 +118,18 @@ fn step_of(steps: &HashMap<String, usize>, id: &str) -> usize {
     steps.get(id).copied().unwrap_or(0)
 }
 
-/// Take out of `unplaced` the pods the packer could not place that still have a preference to
-/// relax, relax it, and return them to be tried again.
-fn relax_unplaced(unplaced: &mut Vec<Unschedulable>, pending: &HashMap<&str, &Pending>, steps: &mut HashMap<String, usize>) -> Vec<String> {
+/// Take out of `list` the pods the packer could not place that still have a preference to
+/// relax, noting the step it failed them at and why, and return them to be tried again: first on
+/// the nodes planned by then, as they are, and only then with their next preference relaxed.
+fn unplaced(list: &mut Vec<Unschedulable>, pending: &HashMap<&str, &Pending>, steps: &HashMap<String, usize>, failed: &mut HashMap<String, (usize, String)>) -> Vec<String> {
     let mut retry = Vec::new();
-    unplaced.retain(|u| {
+    list.retain(|u| {
         let Some(p) = pending.get(u.pod.as_str()) else { return true };
         let k = step_of(steps, &u.pod);
         if k >= p.last_step() {
             return true;
         }
-        steps.insert(u.pod.clone(), k + 1);
+        failed.insert(u.pod.clone(), (k, u.reason.clone()));
         retry.push(u.pod.clone());
         false
     });
@@ -177,11 +192,11 @@ fn narrow(pod: &PendingPod, rules: &[DomainRule]) -> PendingPod {
     PendingPod { terms, ..pod.clone() }
 }
 
-/// Take the nodes planned so far off each pool's remaining limits before repacking.
+/// Take the nodes planned so far that hold pods off each pool's limits before repacking.
 fn charge_limits(pools: &mut [Pool], planned: &[PlannedNode], offerings: &[Offering]) {
     for pool in pools.iter_mut() {
         let (mut cpu, mut mem, mut nodes) = (0i64, 0i64, 0i64);
-        for n in planned.iter().filter(|n| n.pool == pool.name) {
+        for n in planned.iter().filter(|n| n.pool == pool.name && !n.pods.is_empty()) {
             if let Some(o) = offerings.iter().find(|o| o.instance.name == n.instance_type) {
                 cpu += i64::from(o.instance.vcpu) * 1000;
                 mem += o.instance.memory_mib as i64 * 1024 * 1024;
