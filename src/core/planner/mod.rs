@@ -138,7 +138,7 @@ pub fn plan_batch_within(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool
         let verdicts = snap.feasible(&p.sched);
         match first_taker(&snap, &p.packer, &verdicts) {
             Some(any) => {
-                let i = if p.preferences.is_empty() { any } else { most_preferred(&snap, p, &verdicts) };
+                let i = if p.preferences.is_empty() { any } else { most_preferred(&snap, p, &verdicts, any) };
                 placed.insert(p.packer.id.clone(), snap.nodes[i].name.clone());
                 snap.bind(p.sched.clone(), i);
             }
@@ -173,7 +173,7 @@ pub fn plan_batch_within(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool
 /// with the heaviest sum of the pod's preferences honoured (kube-scheduler scores preferred pod
 /// affinity and anti-affinity by their weights and prefers the nodes a ScheduleAnyway spread
 /// allows).
-fn most_preferred(snap: &Snapshot, p: &Pending, verdicts: &[Result<usize, (usize, super::sched::Unfit)>]) -> usize {
+fn most_preferred(snap: &Snapshot, p: &Pending, verdicts: &[Result<usize, (usize, super::sched::Unfit)>], any: usize) -> usize {
     let mut score: std::collections::BTreeMap<usize, i64> = verdicts.iter().filter_map(|r| r.as_ref().ok()).copied().filter(|&i| runs_on(&p.packer, &snap.nodes[i])).map(|i| (i, 0)).collect();
     for (weight, info) in &p.preferences {
         for i in snap.feasible(info).into_iter().filter_map(Result::ok) {
@@ -183,7 +183,7 @@ fn most_preferred(snap: &Snapshot, p: &Pending, verdicts: &[Result<usize, (usize
         }
     }
     // The highest score, the first node among equals.
-    score.iter().max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0))).map_or(0, |(&i, _)| i)
+    score.iter().max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0))).map_or(any, |(&i, _)| i)
 }
 
 /// The first node (in snapshot order) the verdicts pass that the pod's images run on.

@@ -82,6 +82,7 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
                 Ok(rules) if packer_failed.is_none() && (round < ROUNDS || relaxed) => repack.push(narrow(packer, &rules)),
                 // Its next preference goes, and it is tried again (Karpenter's relaxation).
                 _ if k < p.last_step() => {
+                    tracing::debug!(pod = %id, step = k + 1, of = p.last_step(), "relaxing a preference the plan cannot honour");
                     steps.insert(id.clone(), k + 1);
                     work.push_back((id, true));
                 }
