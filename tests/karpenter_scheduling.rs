@@ -1103,6 +1103,13 @@ fn preferences_a_preference_existing_room_cannot_honour_buys_no_node() {
 }
 
 #[test]
+fn preferences_existing_room_goes_to_the_node_preferred_node_affinity_names() {
+    let nodes = vec![pool(json!([])), node("n1", json!({ZONE: Z1}), "4"), node("n2", json!({ZONE: Z2}), "4")];
+    let o = run(&docs(vec![nodes, vec![pod("p", json!({}), "100m", node_preferences(json!([zone_pref(20, ZONE, "In", &[Z2])])))]]));
+    assert_eq!(o.plan.existing.get("default/p").map(String::as_str), Some("n2"), "{:?}", o.plan);
+}
+
+#[test]
 fn preferences_heaviest_affinity_wins_among_existing_nodes() {
     let mut aff = preferred("podAffinity", HOST, app_sel("light"));
     aff["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] = json!(1);

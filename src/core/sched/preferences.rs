@@ -12,7 +12,7 @@
 //!
 //! Preferred node affinity is not relaxed here: the packer honours it when it costs nothing.
 
-use k8s_openapi::api::core::v1::{Affinity, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, WeightedPodAffinityTerm};
+use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, NodeSelector, NodeSelectorTerm, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, WeightedPodAffinityTerm};
 
 /// Whether new nodes are bought to honour preferences (Karpenter's `--preference-policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -115,9 +115,31 @@ pub fn stricter(pod: &Pod) -> Vec<Pod> {
 }
 
 /// Each preference alone as a rule, with its weight: a node that takes the pod so honours it.
-/// kube-scheduler scores a node by the weights of the preferences it honours.
+/// kube-scheduler scores a node by the weights of the preferences it honours; preferred node
+/// affinity terms count too (NodeAffinity's score), though they are not relaxed in [`stricter`].
 pub fn each(pod: &Pod) -> Vec<(i32, Pod)> {
-    preferences(pod).into_iter().map(|p| (p.weight(), with_rules(pod, std::slice::from_ref(&p)))).collect()
+    let mut out: Vec<(i32, Pod)> = preferences(pod).into_iter().map(|p| (p.weight(), with_rules(pod, std::slice::from_ref(&p)))).collect();
+    let preferred = pod.spec.as_ref().and_then(|s| s.affinity.as_ref()).and_then(|a| a.node_affinity.as_ref()).and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref());
+    out.extend(preferred.into_iter().flatten().take(MAX_PREFERENCES).map(|t| (t.weight, with_node_term(pod, &t.preference))));
+    out
+}
+
+/// The pod with `term` ANDed into its required node affinity (into each of its terms, which are
+/// ORed; the term alone when it has none).
+fn with_node_term(pod: &Pod, term: &NodeSelectorTerm) -> Pod {
+    let mut out = pod.clone();
+    let Some(spec) = out.spec.as_mut() else { return out };
+    let node = spec.affinity.get_or_insert_with(Affinity::default).node_affinity.get_or_insert_with(NodeAffinity::default);
+    let required = node.required_during_scheduling_ignored_during_execution.get_or_insert_with(NodeSelector::default);
+    if required.node_selector_terms.is_empty() {
+        required.node_selector_terms.push(term.clone());
+    } else {
+        for t in &mut required.node_selector_terms {
+            t.match_expressions.get_or_insert_with(Vec::new).extend(term.match_expressions.iter().flatten().cloned());
+            t.match_fields.get_or_insert_with(Vec::new).extend(term.match_fields.iter().flatten().cloned());
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -203,6 +225,26 @@ mod tests {
         assert!(spread_modes(&each[0].1).is_empty(), "the other preferences are gone");
         assert!(required(&each[2].1, false).is_empty());
         assert_eq!(spread_modes(&each[2].1), ["zone:DoNotSchedule"]);
+    }
+
+    #[test]
+    fn preferred_node_affinity_terms_score_anded_into_the_required_ones() {
+        let expr = |k: &str, v: &str| json!({"key": k, "operator": "In", "values": [v]});
+        let p = pod(json!({"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [expr("arch", "arm64")]}, {"matchExpressions": [expr("arch", "amd64")]}]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 30, "preference": {"matchExpressions": [expr("zone", "a")]}}]
+        }}}));
+        assert!(stricter(&p).is_empty(), "preferred node affinity is not relaxed here");
+        let steps = each(&p);
+        assert_eq!(steps.len(), 1);
+        assert_eq!(steps[0].0, 30);
+        let terms = steps[0].1.spec.as_ref().and_then(|s| s.affinity.as_ref()).and_then(|a| a.node_affinity.as_ref()).and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref()).map(|r| r.node_selector_terms.clone()).unwrap_or_default();
+        let keys: Vec<Vec<String>> = terms.iter().map(|t| t.match_expressions.iter().flatten().map(|e| format!("{}={}", e.key, e.values.clone().unwrap_or_default().join(","))).collect()).collect();
+        assert_eq!(keys, [vec!["arch=arm64", "zone=a"], vec!["arch=amd64", "zone=a"]]);
+        let alone = pod(json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 5, "preference": {"matchExpressions": [expr("zone", "b")]}}]}}}));
+        let e = each(&alone);
+        let terms = e[0].1.spec.as_ref().and_then(|s| s.affinity.as_ref()).and_then(|a| a.node_affinity.as_ref()).and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref()).map(|r| r.node_selector_terms.len());
+        assert_eq!(terms, Some(1));
     }
 
     #[test]
