@@ -522,17 +522,7 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
     // Where the plans put each pod (the claims record it), against where kube-scheduler bound it.
     let nodes: BTreeMap<String, Node> = archer_nodes(&client).await.into_iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n)).collect();
     let shape = |n: &Node| (label(n, "archer.dev/nodepool").to_string(), label(n, "node.kubernetes.io/instance-type").to_string(), label(n, "topology.kubernetes.io/zone").to_string());
-    let mut planned: BTreeMap<String, String> = BTreeMap::new();
-    // A pod planned again by a later batch follows the later plan: claims in the order written.
-    let mut written = claims(&client).await;
-    written.sort_by_key(|c| c.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0));
-    for claim in written {
-        let node = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-        let pods = claim.metadata.annotations.as_ref().and_then(|a| a.get(archer::core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
-        for p in pods.split(',').filter(|p| !p.is_empty()) {
-            planned.insert(p.to_string(), node.clone());
-        }
-    }
+    let planned = planned_by_claims(&client).await;
     // Pods a batch placed on room already there (a node up, or a claim of an earlier batch):
     // Archer's log names them (`placed on room the cluster already has`).
     let on_room = placed_on_room(&c.logs.join("archer.log"));
@@ -619,19 +609,28 @@ async fn preferences_are_honoured_until_they_cannot_be() {
     assert_eq!(per_node.len(), 3, "no node left empty: {per_node:?}");
     assert_eq!(per_zone.values().copied().collect::<Vec<_>>(), [2, 2, 2], "the spread preference kept: {per_zone:?}");
     // Each pod where the plan put it.
-    let mut planned: BTreeMap<String, String> = BTreeMap::new();
-    for claim in claims(&client).await {
-        let node = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-        let list = claim.metadata.annotations.as_ref().and_then(|a| a.get(archer::core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
-        for p in list.split(',').filter(|p| !p.is_empty()) {
-            planned.insert(p.to_string(), node.clone());
-        }
-    }
+    let planned = planned_by_claims(&client).await;
     for p in &pods {
         let id = format!("prefs/{}", p.metadata.name.clone().unwrap_or_default());
         assert_eq!(planned.get(&id), Some(&node_of(p)), "{id} planned on {:?}", planned.get(&id));
     }
     eprintln!("preferences total: {:?}", started.elapsed());
+}
+
+/// `namespace/name` -> the node of the claim whose plan put the pod there (the claims record it);
+/// a pod planned again by a later batch follows the later plan (claims in the order written).
+async fn planned_by_claims(client: &Client) -> BTreeMap<String, String> {
+    let mut planned = BTreeMap::new();
+    let mut written = claims(client).await;
+    written.sort_by_key(|c| c.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0));
+    for claim in written {
+        let node = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let pods = claim.metadata.annotations.as_ref().and_then(|a| a.get(archer::core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
+        for p in pods.split(',').filter(|p| !p.is_empty()) {
+            planned.insert(p.to_string(), node.clone());
+        }
+    }
+    planned
 }
 
 /// `namespace/name` -> node for each pod Archer's log says a batch placed on room the cluster
