@@ -1049,6 +1049,24 @@ fn preferences_at_a_node_limit_relax_the_anti_affinity_and_keep_the_spread() {
 }
 
 #[test]
+fn preferences_relaxed_at_a_node_limit_never_exceed_it_even_tolerating_everything() {
+    // Pods that tolerate every taint (cordons included) must not revive a node the plan gave up;
+    // at 2 nodes the ones bought for the stricter steps are too small for 7 pods, and the batch is
+    // planned by required rules alone rather than leave a pod out.
+    let mut limited = pool(json!([]));
+    let mut spec = host_anti_own("a");
+    spec["topologySpreadConstraints"] = json!([{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": app_sel("a")}]);
+    spec["tolerations"] = json!([{"operator": "Exists"}]);
+    for limit in ["2", "3", "4"] {
+        limited["spec"]["limits"] = json!({"nodes": limit});
+        let o = run(&docs(vec![vec![limited.clone()], pods("p", 7, app("a"), "100m", spec.clone())]));
+        assert_eq!(o.unschedulable(), 0, "limit {limit}: {:?} {:?}", o.plan.unschedulable, o.plan.nodes);
+        let limit: usize = limit.parse().expect("limit");
+        assert!(o.plan.nodes.len() <= limit, "limit {limit}: {:?}", o.plan.nodes);
+    }
+}
+
+#[test]
 fn preferences_preferred_anti_affinity_on_zone_relaxes_past_three_zones() {
     let o = run(&docs(vec![vec![pool(json!([]))], pods("p", 4, app("a"), "100m", preferred("podAntiAffinity", ZONE, app_sel("a")))]));
     assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);

@@ -93,7 +93,28 @@ pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offe
 /// [`plan_batch`], the packer spending at most `budget` on the optimal plan before it keeps the
 /// greedy one (zero: the greedy plan, with no lower bound). The live paths pass
 /// [`crate::core::packer::batch_budget`], so a small batch is decided quickly.
+///
+/// Preferences never cost a pod its place: when the plan that honours them leaves a pod with
+/// preferences unschedulable (the nodes bought for the stricter steps too small for the relaxed
+/// pods under a pool's limit), the batch is planned again by required rules alone and that plan is
+/// kept if it places more pods.
 pub fn plan_batch_within(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings: &[Offering], budget: std::time::Duration) -> Plan {
+    let plan = plan_once(snapshot, pending, pools, offerings, budget);
+    let with_preferences: std::collections::HashSet<&str> = pending.iter().filter(|p| !p.stricter.is_empty()).map(|p| p.packer.id.as_str()).collect();
+    if !plan.unschedulable.iter().any(|u| with_preferences.contains(u.pod.as_str())) {
+        return plan;
+    }
+    let plain: Vec<Pending> = pending.iter().map(|p| Pending { stricter: Vec::new(), ..p.clone() }).collect();
+    let fallback = plan_once(snapshot, &plain, pools, offerings, budget);
+    if fallback.unschedulable.len() < plan.unschedulable.len() {
+        fallback
+    } else {
+        plan
+    }
+}
+
+/// One plan of the batch (see [`plan_batch_within`]).
+fn plan_once(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings: &[Offering], budget: std::time::Duration) -> Plan {
     let mut snap = snapshot.clone();
     let mut order: Vec<&Pending> = pending.iter().collect();
     order.sort_by(|a, b| b.packer.requests.cmp(&a.packer.requests).then_with(|| a.packer.id.cmp(&b.packer.id)));

@@ -94,11 +94,11 @@ pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&st
         if repack.is_empty() {
             break;
         }
-        // New nodes left empty are given up (nothing lands there any more): only the others
-        // count against the pools' limits.
+        // New nodes left empty are given up (no pod slot left, whatever it tolerates): only the
+        // others count against the pools' limits.
         for (n, &i) in new.nodes.iter().zip(&new.index) {
             if n.pods.is_empty() {
-                snap.nodes[i].unschedulable = true;
+                snap.nodes[i].max_pods = 0;
             }
         }
         pools = limits.to_vec();
