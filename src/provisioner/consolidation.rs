@@ -83,7 +83,7 @@ pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
     let batch: Vec<Pending> = set
         .iter()
         .flat_map(|c| state::evictable(&c.pods))
-        .map(|p| model::pending(p, (world.platforms)(p), world.volumes, world.preferences).unbound())
+        .map(|p| model::pending_unbound(p, (world.platforms)(p), world.volumes, world.preferences))
         .collect();
     let snapshot = model::cluster_snapshot(world.nodes, world.claims, world.pods, world.namespaces, world.pools, &|n: &str| leaving.contains(&n));
     let plan = plan_batch_within(&snapshot, &batch, world.pools, world.offerings, batch_budget(world.budget, batch.len()));

@@ -38,8 +38,8 @@ pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes, pol
     Pending { packer, sched, stricter, preferences, planned: None, queue_order }
 }
 
-/// A running pod as the planner sees it when planned afresh (the counterfactuals of the savings
-/// metrics and `archer report`): bound to no node, since kube-scheduler's NodeName rule would hold
+/// A running pod as the planner sees it when planned afresh (consolidation's moves, the
+/// counterfactuals of the savings metrics and `archer report`): bound to no node, since kube-scheduler's NodeName rule would hold
 /// it to its own, and planned nowhere.
 pub fn pending_unbound(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes, policy: preferences::Policy) -> Pending {
     let mut unbound = pod.clone();

@@ -57,18 +57,6 @@ impl Pending {
         }
         self
     }
-
-    /// The same pod unbound, at every step (what it is once evicted).
-    pub fn unbound(mut self) -> Self {
-        self.sched.node_name = None;
-        for s in &mut self.stricter {
-            s.sched.node_name = None;
-        }
-        for (_, info) in &mut self.preferences {
-            info.node_name = None;
-        }
-        self
-    }
 }
 
 /// Can the pod's images run on this node's architecture and OS (unknown platforms: anywhere)?
