@@ -6,11 +6,13 @@
 //! kube-scheduler only scores preferences: among the nodes its filters pass, it prefers those
 //! that honour them, by weight. The planner follows it there ([`each`]: among the nodes that take
 //! a pod, one that honours the heaviest sum of preferences) and, for a pod no node takes yet, buys
-//! new nodes that honour them while that is possible, as Karpenter does ([`stricter`]). Each step is the pod itself with the remaining
-//! preferences written as required rules, so the one adapter derives both of the planner's views
-//! (packer and filters) from it with the rules it already knows.
+//! new nodes that honour them while that is possible, as Karpenter does ([`stricter`]). Each step
+//! is the pod itself with the remaining preferences written as required rules, so the one adapter
+//! derives both of the planner's views (packer and filters) from it with the rules it already
+//! knows.
 //!
-//! Preferred node affinity is not relaxed here: the packer honours it when it costs nothing.
+//! Preferred node affinity is not relaxed here (the packer honours it when it costs nothing); it
+//! only scores, in [`each`].
 
 use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, NodeSelector, NodeSelectorTerm, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, WeightedPodAffinityTerm};
 
