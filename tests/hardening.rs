@@ -321,6 +321,46 @@ async fn no_connection_is_refused_during_the_shutdown_delay() {
     assert!(started.elapsed() >= Duration::from_secs(2), "the listener stayed open for the whole delay");
 }
 
+/// An API server that takes connections and never answers (a hung list: a fault the real one
+/// cannot be made to produce on demand) keeps Archer not ready, and /readyz names the lists it
+/// still waits for.
+#[tokio::test]
+async fn a_silent_api_server_keeps_archer_not_ready_and_readyz_says_why() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    let held = Arc::new(tokio::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = silent.accept().await {
+            keep.lock().await.push(conn);
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: silent\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: silent\n  context:\n    cluster: silent\n    user: nobody\ncurrent-context: silent\nusers:\n- name: nobody\n  user: {{}}\n"),
+    )
+    .expect("kubeconfig");
+    let certs = make_certs(&dir.path().join("certs"));
+    let archer = Archer::spawn(dir, certs, "", &["--kubeconfig", kubeconfig.to_str().expect("utf-8 path")]);
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(40) {
+        if let Ok(r) = reqwest::get(format!("{}/readyz", archer.admin)).await {
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "ready without a single list");
+            last = r.text().await.unwrap_or_default();
+            if last.contains("waiting for the first list of namespaces, nodes") {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(last, "not ready: waiting for the first list of namespaces, nodes", "log:\n{}", archer.log_text());
+    assert!(held.lock().await.len() >= 2, "the watches did reach the API server");
+    assert!(archer.log_text().contains("caches not synced yet"), "a warning is logged:\n{}", archer.log_text());
+}
+
 #[tokio::test]
 async fn pods_too_large_to_decide_on_are_left_unchanged_or_denied_when_fail_closed() {
     // 600 KiB of tolerations: decoded whole it would cost ~45x that; Archer does not decode it.

@@ -14,6 +14,9 @@ use crate::metrics::Metrics;
 use crate::server::{self, admin, tls::CertStore};
 use crate::webhook::{self, Webhook};
 
+/// How often a cache that has not synced is reported (a warning, and /readyz's reason).
+const SYNC_REPORT_INTERVAL: Duration = Duration::from_secs(15);
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -148,11 +151,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     });
     let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.clone()));
 
-    // Ready once the namespace cache has synced (at once when standalone).
+    // Ready once the namespace and node caches have synced (at once when standalone). While
+    // they have not, /readyz and a warning say which list is still outstanding.
     let ready_health = health.clone();
     let ready = tokio::spawn(async move {
         if let Some(view) = &cluster {
-            view.wait_ready().await;
+            while tokio::time::timeout(SYNC_REPORT_INTERVAL, view.wait_ready()).await.is_err() {
+                let waiting = view.unsynced();
+                ready_health.set_not_ready(&format!("waiting for the first list of {}", waiting.join(", ")));
+                tracing::warn!(?waiting, "caches not synced yet; not ready");
+            }
         }
         ready_health.set_ready();
         tracing::info!("ready");

@@ -214,6 +214,19 @@ impl ClusterView {
         let _ = self.nodes.wait_until_ready().await;
     }
 
+    /// The caches still waiting for their first full list (what keeps Archer not ready).
+    pub fn unsynced(&self) -> Vec<&'static str> {
+        use futures::FutureExt;
+        let mut waiting = Vec::new();
+        if self.namespaces.wait_until_ready().now_or_never().is_none() {
+            waiting.push("namespaces");
+        }
+        if self.nodes.wait_until_ready().now_or_never().is_none() {
+            waiting.push("nodes");
+        }
+        waiting
+    }
+
     /// Every Namespace in the cache (their labels answer `namespaceSelector`s).
     pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
         self.namespaces.state()

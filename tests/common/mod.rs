@@ -271,6 +271,20 @@ impl Archer {
     }
 
     pub async fn start_with_certs(dir: tempfile::TempDir, certs: PathBuf, config_yaml: &str, extra: &[&str]) -> Archer {
+        let archer = Self::spawn(dir, certs, config_yaml, extra);
+        for _ in 0..400 {
+            if let Ok(r) = reqwest::get(format!("{}/readyz", archer.admin)).await {
+                if r.status().is_success() {
+                    return archer;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("archer did not become ready; log:\n{}", archer.log_text());
+    }
+
+    /// Start `archer serve` (`extra` may name a kubeconfig) without waiting for it to be ready.
+    pub fn spawn(dir: tempfile::TempDir, certs: PathBuf, config_yaml: &str, extra: &[&str]) -> Archer {
         let config = dir.path().join("config.yaml");
         std::fs::write(&config, config_yaml).expect("config");
         let log = dir.path().join("archer.log");
@@ -299,16 +313,7 @@ impl Archer {
             .add_root_certificate(reqwest::Certificate::from_pem(&ca).expect("ca pem"))
             .build()
             .expect("client");
-        let archer = Archer { https: format!("https://127.0.0.1:{hp}"), admin: format!("http://127.0.0.1:{ap}"), certs, child, log, _dir: dir, client };
-        for _ in 0..400 {
-            if let Ok(r) = reqwest::get(format!("{}/readyz", archer.admin)).await {
-                if r.status().is_success() {
-                    return archer;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("archer did not become ready; log:\n{}", archer.log_text());
+        Archer { https: format!("https://127.0.0.1:{hp}"), admin: format!("http://127.0.0.1:{ap}"), certs, child, log, _dir: dir, client }
     }
 
     pub fn pid(&self) -> u32 {

@@ -293,13 +293,15 @@ impl Cluster {
 
     async fn wait_ready(&self, admin: u16) {
         let start = Instant::now();
+        let mut last = String::from("no answer");
         loop {
             if let Ok(r) = reqwest::get(format!("http://127.0.0.1:{admin}/readyz")).await {
                 if r.status().is_success() {
                     break;
                 }
+                last = r.text().await.unwrap_or_default();
             }
-            assert!(start.elapsed() < Duration::from_secs(60), "archer did not become ready; see {}", self.logs.display());
+            assert!(start.elapsed() < Duration::from_secs(60), "archer did not become ready ({last}); see {}", self.logs.display());
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
