@@ -1,12 +1,14 @@
 //! `archer report`: a cluster's arm64 readiness and cost, read-only, from a live cluster or a
 //! dump (`kubectl get nodes,pods -A -o yaml`). The report itself is `crate::report`.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::Api;
@@ -15,7 +17,10 @@ use serde_json::Value;
 use super::inspect::Output;
 use super::RegistryArgs;
 use crate::catalog::Catalog;
+use crate::cluster::ClusterView;
+use crate::core::platform::PlatformSet;
 use crate::metrics::Metrics;
+use crate::registry::{Inspector, Keyring};
 use crate::report::{self, ImagePlatforms};
 
 #[derive(Args, Debug)]
@@ -77,39 +82,83 @@ where
     }
 }
 
-async fn read_cluster(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
+/// The live cluster's nodes and pods, and a view of it that reads pods' pull secrets.
+async fn read_cluster(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(Vec<Node>, Vec<Pod>, ClusterView)> {
     let client = super::connect(kubeconfig).await?.context("no cluster to read: pass --kubeconfig, run in a cluster, or report on a dump with --from-file")?;
     let nodes = list_all(Api::<Node>::all(client.clone())).await.context("nodes")?;
-    let pods = list_all(Api::<Pod>::all(client)).await.context("pods")?;
-    Ok((nodes, pods))
+    let pods = list_all(Api::<Pod>::all(client.clone())).await.context("pods")?;
+    // Its watches are never driven: the report reads secrets and service accounts by GET only.
+    let (view, _watches) = ClusterView::start(client);
+    Ok((nodes, pods, view))
 }
+
+/// Pods that read their images with the same credentials: namespace, service account and
+/// `imagePullSecrets`. Without a cluster every pod is read with the configured credentials alone.
+type CredentialKey = (String, String, Vec<String>);
+
+fn credential_key(pod: &Pod, live: bool) -> CredentialKey {
+    if !live {
+        return Default::default();
+    }
+    let spec = pod.spec.as_ref();
+    let mut secrets: Vec<String> = spec.and_then(|s| s.image_pull_secrets.as_ref()).map(|l| l.iter().map(|r| r.name.clone()).collect()).unwrap_or_default();
+    secrets.sort();
+    let account = spec.and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into());
+    (pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()), account, secrets)
+}
+
+/// The images of bound pods the webhook has not annotated, inspected as the webhook does: with
+/// the pod's own namespace's pull secrets (a live cluster), then the configured credentials. An
+/// image one set of credentials reads is known, whichever pod it was read for.
+async fn inspect_unannotated(pods: &[Pod], inspector: &Inspector, base: &Keyring, cluster: Option<&ClusterView>) -> ImagePlatforms {
+    let mut groups: BTreeMap<CredentialKey, (&Pod, BTreeSet<String>)> = BTreeMap::new();
+    let bound = pods.iter().filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) && !crate::core::is_terminal(p));
+    for pod in bound.filter(|p| crate::provisioner::model::annotated_platforms(p).is_none()) {
+        groups.entry(credential_key(pod, cluster.is_some())).or_insert_with(|| (pod, BTreeSet::new())).1.extend(crate::core::placement::pod_images(pod));
+    }
+    let found: Vec<Vec<(String, Result<PlatformSet, String>)>> = futures::stream::iter(groups.into_values())
+        .map(|(pod, images)| async move {
+            let images: Vec<String> = images.into_iter().collect();
+            let keyring = crate::cluster::pod_keyring(cluster, base, pod.metadata.namespace.as_deref().unwrap_or("default"), pod).await;
+            let results = inspector.inspect_each(&images, &keyring).await;
+            images.into_iter().zip(results).map(|(i, r)| (i, r.map(|x| x.platforms.clone()).map_err(|e| e.to_string()))).collect()
+        })
+        .buffer_unordered(CREDENTIAL_GROUPS_AT_ONCE)
+        .collect()
+        .await;
+    let mut images = ImagePlatforms::default();
+    for (image, r) in found.into_iter().flatten() {
+        if !matches!(images.get(&image), Some(Ok(_))) {
+            images.insert(image, r);
+        }
+    }
+    images
+}
+
+/// Credential groups inspected at once (each inspects its images `perPodConcurrency` at a time).
+const CREDENTIAL_GROUPS_AT_ONCE: usize = 4;
 
 pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let ReportArgs { registry, from_file, kubeconfig, catalog, offline, output } = args;
-    let (nodes, pods) = match &from_file {
-        Some(path) => read_dump(&std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?)?,
-        None => read_cluster(kubeconfig.as_ref()).await?,
+    let (nodes, pods, cluster) = match &from_file {
+        Some(path) => {
+            let (nodes, pods) = read_dump(&std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?)?;
+            (nodes, pods, None)
+        }
+        None => {
+            let (nodes, pods, view) = read_cluster(kubeconfig.as_ref()).await?;
+            (nodes, pods, Some(view))
+        }
     };
     let cfg = registry.load()?;
     let catalog = Catalog::with_user_file(catalog.as_deref().or(cfg.catalog.as_deref()))?;
-    // The images of pods the webhook has not annotated, inspected as the webhook does.
-    let mut images: ImagePlatforms = Default::default();
-    let wanted: Vec<String> = pods
-        .iter()
-        .filter(|p| crate::provisioner::model::annotated_platforms(p).is_none())
-        .flat_map(crate::core::placement::pod_images)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    if offline {
-        images.extend(wanted.into_iter().map(|i| (i, Err("not inspected (--offline)".to_string()))));
-    } else if !wanted.is_empty() {
+    let images = if offline {
+        let wanted: BTreeSet<String> = pods.iter().filter(|p| crate::provisioner::model::annotated_platforms(p).is_none()).flat_map(crate::core::placement::pod_images).collect();
+        wanted.into_iter().map(|i| (i, Err("not inspected (--offline)".to_string()))).collect()
+    } else {
         let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;
-        let keyring = super::base_keyring(&cfg)?;
-        for (image, r) in wanted.iter().zip(inspector.inspect_each(&wanted, &keyring).await) {
-            images.insert(image.clone(), r.map(|i| i.platforms.clone()).map_err(|e| e.to_string()));
-        }
-    }
+        inspect_unannotated(&pods, &inspector, &super::base_keyring(&cfg)?, cluster.as_ref()).await
+    };
     let report = tokio::task::block_in_place(|| report::build(&nodes, &pods, &images, &catalog));
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -121,6 +170,19 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pods_share_a_credential_group_only_with_the_same_namespace_account_and_secrets() {
+        let pod = |ns: &str, sa: Option<&str>, secrets: &[&str]| -> Pod {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "p", "namespace": ns}, "spec": {"serviceAccountName": sa, "imagePullSecrets": secrets.iter().map(|s| serde_json::json!({"name": s})).collect::<Vec<_>>(), "containers": []}})).expect("pod")
+        };
+        let key = |p: &Pod| credential_key(p, true);
+        assert_eq!(key(&pod("a", None, &["x", "y"])), key(&pod("a", Some("default"), &["y", "x"])), "order of secrets, the default account");
+        assert_ne!(key(&pod("a", None, &["x"])), key(&pod("b", None, &["x"])), "another namespace's secret of the same name");
+        assert_ne!(key(&pod("a", None, &["x"])), key(&pod("a", Some("builder"), &["x"])));
+        assert_ne!(key(&pod("a", None, &["x"])), key(&pod("a", None, &[])));
+        assert_eq!(credential_key(&pod("a", None, &["x"]), false), credential_key(&pod("b", Some("s"), &[]), false), "a dump: the docker config alone");
+    }
 
     #[test]
     fn a_kubectl_list_and_plain_documents_both_read() {

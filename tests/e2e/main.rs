@@ -251,6 +251,34 @@ async fn webhook_pull_secrets_and_namespace_policy() {
     let w = Api::<Pod>::namespaced(client.clone(), "watching").create(&PostParams::default(), &w).await.expect("create pod");
     assert_eq!(annotation(&w, "archer.dev/decision"), Some("observed"), "namespace annotation archer.dev/mode=observe");
     assert!(w.spec.as_ref().and_then(|s| s.affinity.as_ref()).is_none());
+
+    // `archer report` reads private images as the webhook does: with each pod's own namespace's
+    // pull secrets. Pods bound by hand past the webhook (no platforms annotation) on an amd64 node.
+    private.push_index("team/other", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "reported", "labels": {"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "m6i.large", "topology.kubernetes.io/zone": "us-east-1a"}}})).expect("node");
+    Api::<Node>::all(client.clone()).create(&PostParams::default(), &node).await.expect("node");
+    for (ns, image, secrets) in [("team-a", "team/app:1", true), ("team-c", "team/app:1", false), ("team-b", "team/other:1", true)] {
+        let mut p = make(ns, secrets);
+        p.metadata.name = Some("reported".into());
+        p.metadata.labels = Some([("archer.dev/ignore".to_string(), "true".to_string())].into());
+        if let Some(spec) = p.spec.as_mut() {
+            spec.node_name = Some("reported".into());
+            spec.containers[0].image = Some(private.image(image));
+        }
+        let created = Api::<Pod>::namespaced(client.clone(), ns).create(&PostParams::default(), &p).await.expect("bound pod");
+        assert_eq!(annotation(&created, "archer.dev/platforms"), None, "past the webhook");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer"))
+        .args(["report", "--output", "json", "--insecure-registry", &private.host, "--kubeconfig"])
+        .arg(&c.kubeconfig)
+        .output()
+        .expect("archer report");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let readiness = |ns: &str| r["workloads"].as_array().expect("workloads").iter().find(|w| w["namespace"] == ns && w["name"] == "reported").map(|w| w["readiness"].clone());
+    assert_eq!(readiness("team-a"), Some(json!("movable")), "the pod's pull secret reads its image: {r}");
+    assert_eq!(readiness("team-c"), Some(json!("movable")), "the service account's pull secret: {r}");
+    assert_eq!(readiness("team-b"), Some(json!("unknown")), "team-a's secret is never used for team-b: {r}");
 }
 
 /// The generated NodePool CRD is accepted by a real API server (structural schema), and the
