@@ -11,7 +11,7 @@ use archer::catalog::{CapacityType, Catalog};
 use archer::provisioner::cloud::aws::interruption::{self, Kind, Outcome};
 use archer::provisioner::cloud::aws::nodeclass::EC2NodeClass;
 use archer::provisioner::cloud::aws::Aws;
-use archer::provisioner::cloud::{CloudError, CloudProvider};
+use archer::provisioner::cloud::{CloudError, CloudProvider, NodeClassReadiness};
 use archer::provisioner::nodeclaim::NodeClaim;
 use common::moto::*;
 
@@ -64,6 +64,15 @@ async fn a_node_class_resolves_its_subnets_groups_and_the_newest_image_per_archi
     assert_eq!(r.ami("arm64").map(|a| a.id.as_str()), Some(ARM_AMIS[1]), "the newest arm64 image");
     assert_eq!(r.ami("amd64").map(|a| a.id.as_str()), Some(AMD_AMI));
     assert!(r.instance_profile.as_deref().is_some_and(|p| p.starts_with("archer_archer-test_")), "the role's instance profile: {:?}", r.instance_profile);
+    // A NodePool naming it can launch; one naming another class or none cannot (NodeClassReady).
+    let class_ref = |name: &str| [("group", "archer.dev"), ("kind", "EC2NodeClass"), ("name", name)].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<std::collections::BTreeMap<_, _>>();
+    assert_eq!(aws.node_class_readiness(Some(&class_ref("default"))), NodeClassReadiness::Ready);
+    let not_ready = |r: NodeClassReadiness| match r {
+        NodeClassReadiness::NotReady { reason, message } => (reason, message),
+        other => panic!("not ready expected: {other:?}"),
+    };
+    assert_eq!(not_ready(aws.node_class_readiness(Some(&class_ref("other")))), ("NodeClassNotFound".to_string(), "EC2NodeClass other not found on the cluster".to_string()));
+    assert_eq!(not_ready(aws.node_class_readiness(None)).0, "NodeClassNotFound");
 
     // A selector that matches nothing makes the class not ready, saying which.
     let broken = aws.use_class(&node_class(serde_json::json!({"subnetSelectorTerms": [{"tags": {"nope": "nothing"}}], "amiSelectorTerms": [{"alias": "bottlerocket@latest"}]}))).await;
@@ -71,6 +80,8 @@ async fn a_node_class_resolves_its_subnets_groups_and_the_newest_image_per_archi
     assert!(broken.resolved.problems.iter().any(|p| p.contains("subnetSelectorTerm") && p.contains("nope")), "{:?}", broken.resolved.problems);
     assert_eq!(broken.resolved.ami("arm64"), None, "no arm64 Bottlerocket image exists");
     assert!(broken.resolved.ami("amd64").is_some());
+    let (reason, message) = not_ready(aws.node_class_readiness(Some(&class_ref("default"))));
+    assert!(reason == "NotResolved" && message.starts_with("EC2NodeClass default is not ready: ") && message.contains("nope"), "{reason}: {message}");
     let c = claim("general-broken", "m6g.large", "arm64", "us-east-1a", "on-demand");
     let err = aws.create(&c).await.expect_err("a launch with a class that is not ready");
     assert!(err.to_string().contains("not ready"), "{err}");

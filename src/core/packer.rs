@@ -126,6 +126,10 @@ pub struct Pool {
     /// DaemonSets that would run on this pool's nodes (those whose selector the node matches
     /// and that tolerate the pool's taints take room on it).
     pub daemons: Vec<DaemonLoad>,
+    /// Why no node may be launched for this pool now (its node class is not ready), as
+    /// Karpenter skips a NodePool that is not Ready. Its room is then zero nodes; the nodes it
+    /// already has stay as they are.
+    pub closed: Option<String>,
 }
 
 /// One DaemonSet's pod, as it weighs on every node it runs on.

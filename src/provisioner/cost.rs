@@ -65,7 +65,8 @@ fn startup_seconds(pod: &Pod) -> Option<f64> {
 /// compared already run inside them), with its DaemonSets.
 fn counterfactual_pools(p: &Provisioner) -> Vec<Pool> {
     let pools = p.stores.pools.state();
-    let mut out = state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &[], &p.daemon_loads());
+    // What the pods would cost on the pools as written, whatever their node classes' state now.
+    let mut out = state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &[], &p.daemon_loads(), &|_| None);
     for pool in &mut out {
         (pool.limit_cpu_millis, pool.limit_memory_bytes, pool.limit_nodes) = (None, None, None);
     }

@@ -186,6 +186,7 @@ impl NodePool {
             limit_memory_bytes: limits.get("memory").and_then(|q| quantity::value(q)),
             limit_nodes: limits.get("nodes").and_then(|q| quantity::value(q)),
             daemons: Vec::new(),
+            closed: None,
         })
     }
 

@@ -123,7 +123,9 @@ pub fn pool_usage(pool: &str, claims: &[&NodeClaim]) -> (i64, i64, i64) {
 
 /// The packer's pools: each NodePool with the room left under its limits and the DaemonSets that
 /// would run on its nodes. Pools that cannot be read are skipped with a log line.
-pub fn packer_pools(pools: &[&NodePool], claims: &[&NodeClaim], daemons: &[DaemonLoad]) -> Vec<Pool> {
+/// `closed` says why a pool may launch nothing now (its node class is not ready): it keeps no room
+/// for a new node, and the packer gives that reason for pods no other pool takes.
+pub fn packer_pools(pools: &[&NodePool], claims: &[&NodeClaim], daemons: &[DaemonLoad], closed: &dyn Fn(&NodePool) -> Option<String>) -> Vec<Pool> {
     pools
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -134,6 +136,10 @@ pub fn packer_pools(pools: &[&NodePool], claims: &[&NodeClaim], daemons: &[Daemo
                 pool.limit_memory_bytes = pool.limit_memory_bytes.map(|l| l - mem);
                 pool.limit_nodes = pool.limit_nodes.map(|l| l - nodes);
                 pool.daemons = daemons.to_vec();
+                pool.closed = closed(np);
+                if pool.closed.is_some() {
+                    pool.limit_nodes = Some(0);
+                }
                 Some(pool)
             }
             Err(e) => {

@@ -10,6 +10,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource};
 
+use super::cloud::NodeClassReadiness;
 use super::conditions;
 use super::nodeclaim::NodeClaim;
 use super::nodepool::{NodePool, NodePoolStatus};
@@ -21,6 +22,8 @@ pub(super) const LAUNCHED: &str = "Launched";
 pub(super) const REGISTERED: &str = "Registered";
 pub(super) const INITIALIZED: &str = "Initialized";
 pub(super) const READY: &str = "Ready";
+/// A NodePool's condition on its node class (Karpenter's `NodeClassReady`).
+const NODE_CLASS_READY: &str = "NodeClassReady";
 pub(super) const DRIFTED: &str = "Drifted";
 pub(super) const DISRUPTING: &str = "Disrupting";
 
@@ -75,19 +78,33 @@ fn memory_quantity(bytes: i64) -> String {
     UNITS.iter().find(|(_, u)| bytes != 0 && bytes % u == 0).map(|(s, u)| format!("{}{s}", bytes / u)).unwrap_or_else(|| bytes.to_string())
 }
 
-/// The pool's status from its claims (launched and in flight, as its limits count them).
-pub(super) fn pool_status(np: &NodePool, claims: &[&NodeClaim]) -> NodePoolStatus {
+/// The pool's status from its claims (launched and in flight, as its limits count them) and its
+/// node class's readiness (`NodeClassReady`, as Karpenter writes it; a pool whose class is not
+/// ready is not Ready).
+pub(super) fn pool_status(np: &NodePool, claims: &[&NodeClaim], class: &NodeClassReadiness) -> NodePoolStatus {
     let name = np.metadata.name.clone().unwrap_or_default();
     let (cpu, memory, nodes) = state::pool_usage(&name, claims);
     let pods: i64 = claims.iter().filter(|c| c.spec.node_pool == name && !c.deleting()).filter_map(|c| c.spec.capacity.get("pods")?.parse::<i64>().ok()).sum();
     let resources = [("cpu", cpu_quantity(cpu)), ("memory", memory_quantity(memory)), ("pods", pods.to_string()), ("nodes", nodes.to_string())].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     let mut c = np.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     let generation = np.metadata.generation;
-    match np.to_pool() {
-        Err(e) => {
+    match class {
+        NodeClassReadiness::NotUsed => {}
+        NodeClassReadiness::Ready => {
+            conditions::set(&mut c, NODE_CLASS_READY, "True", "Ready", "", generation);
+        }
+        NodeClassReadiness::NotReady { reason, message } => {
+            conditions::set(&mut c, NODE_CLASS_READY, "False", reason, message, generation);
+        }
+    }
+    match (np.to_pool(), class) {
+        (Err(e), _) => {
             conditions::set(&mut c, READY, "False", "InvalidRequirements", &e.to_string(), generation);
         }
-        Ok(pool) => {
+        (Ok(_), NodeClassReadiness::NotReady { message, .. }) => {
+            conditions::set(&mut c, READY, "False", "NodeClassNotReady", &format!("{message}; no node is launched for this pool"), generation);
+        }
+        (Ok(pool), _) => {
             let spent: Vec<&str> = [("cpu", pool.limit_cpu_millis.is_some_and(|l| cpu >= l)), ("memory", pool.limit_memory_bytes.is_some_and(|l| memory >= l)), ("nodes", pool.limit_nodes.is_some_and(|l| nodes >= l))]
                 .into_iter()
                 .filter_map(|(k, spent)| spent.then_some(k))
@@ -123,7 +140,7 @@ impl Provisioner {
         }
         let claims: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
         for np in self.stores.pools.state().iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
-            let new = pool_status(np, &claims);
+            let new = pool_status(np, &claims, &self.provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()));
             let old = np.status.clone().unwrap_or_default();
             if new == old {
                 continue;
@@ -192,17 +209,42 @@ impl Provisioner {
 
     /// Post an Event about `object` (logged when it cannot be posted).
     pub(super) async fn post_event(&self, object: &k8s_openapi::api::core::v1::ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) {
-        let ev = Event { type_, reason: reason.into(), note: Some(note.into()), action: action.into(), secondary: None };
+        let ev = Event { type_, reason: reason.into(), note: Some(event_note(note)), action: action.into(), secondary: None };
         if let Err(e) = self.recorder.publish(&ev, object).await {
             tracing::warn!(object = object.name.as_deref().unwrap_or(""), reason, error = %e, "could not post the event");
         }
     }
 }
 
+/// The API server refuses an Event whose note is over 1 KiB (and with it the Event): a longer
+/// note is cut on a character boundary, marked with an ellipsis.
+fn event_note(note: &str) -> String {
+    const MAX_NOTE_BYTES: usize = 1024;
+    if note.len() <= MAX_NOTE_BYTES {
+        return note.to_string();
+    }
+    let mut end = MAX_NOTE_BYTES - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &note[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::provisioner::nodeclaim::NodeClaimStatus;
+
+    #[test]
+    fn event_notes_fit_the_api_servers_limit() {
+        assert_eq!(event_note("short"), "short");
+        let exact = "x".repeat(1024);
+        assert_eq!(event_note(&exact), exact);
+        for long in ["y".repeat(5000), "é".repeat(3000)] {
+            let n = event_note(&long);
+            assert!(n.len() <= 1024 && n.len() > 1000 && n.ends_with('…'), "{} bytes", n.len());
+        }
+    }
 
     fn claim(status: Option<NodeClaimStatus>) -> NodeClaim {
         let mut c = NodeClaim::new("default-abc", Default::default());
@@ -262,13 +304,27 @@ mod tests {
         let np: NodePool = crate::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  limits: {cpu: \"4\"}\n").expect("pool");
         let mut a = claim(None);
         a.spec.capacity = [("cpu", "2"), ("memory", "8Gi"), ("pods", "29")].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let s = pool_status(&np, &[&a]);
+        let s = pool_status(&np, &[&a], &NodeClassReadiness::NotUsed);
         assert_eq!((s.nodes, s.resources["cpu"].as_str(), s.resources["memory"].as_str(), s.resources["pods"].as_str()), (1, "2", "8Gi", "29"));
         assert_eq!(get(&s.conditions, READY), ("True", "Ready"));
-        let s = pool_status(&np, &[&a, &a]);
+        let s = pool_status(&np, &[&a, &a], &NodeClassReadiness::NotUsed);
         assert_eq!((s.resources["cpu"].as_str(), get(&s.conditions, READY)), ("4", ("True", "LimitsReached")));
         let bad: NodePool = crate::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: bad}\nspec:\n  template:\n    spec:\n      requirements: [{key: kubernetes.io/arch, operator: Gt, values: [arm64]}]\n").expect("pool");
-        assert_eq!(get(&pool_status(&bad, &[]).conditions, READY).0, "False");
+        assert_eq!(get(&pool_status(&bad, &[], &NodeClassReadiness::NotUsed).conditions, READY).0, "False");
         assert_eq!((cpu_quantity(3500), memory_quantity(1536 << 20)), ("3500m".to_string(), "1536Mi".to_string()));
+    }
+
+    #[test]
+    fn a_pool_whose_node_class_is_not_ready_is_not_ready() {
+        let np: NodePool = crate::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec: {}\n").expect("pool");
+        let s = pool_status(&np, &[], &NodeClassReadiness::NotUsed);
+        assert!(s.conditions.iter().all(|c| c.type_ != NODE_CLASS_READY), "kwok has no node classes: no condition");
+        let s = pool_status(&np, &[], &NodeClassReadiness::Ready);
+        assert_eq!((get(&s.conditions, NODE_CLASS_READY), get(&s.conditions, READY)), (("True", "Ready"), ("True", "Ready")));
+        let missing = NodeClassReadiness::NotReady { reason: "NodeClassNotFound".into(), message: "EC2NodeClass gone not found on the cluster".into() };
+        let s = pool_status(&np, &[], &missing);
+        assert_eq!((get(&s.conditions, NODE_CLASS_READY), get(&s.conditions, READY)), (("False", "NodeClassNotFound"), ("False", "NodeClassNotReady")));
+        let message = &s.conditions.iter().find(|c| c.type_ == READY).expect("ready").message;
+        assert!(message.starts_with("EC2NodeClass gone not found on the cluster"), "{message}");
     }
 }

@@ -11,12 +11,12 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 
-use super::cloud::CloudProvider;
+use super::cloud::{CloudProvider, NodeClassReadiness};
 use super::nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
 use super::nodepool::NodePool;
 use super::model;
@@ -246,7 +246,11 @@ impl Provisioner {
     pub(super) fn pools(&self) -> Vec<Pool> {
         let pools = self.stores.pools.state();
         let claims = self.stores.claims.state();
-        state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &self.daemon_loads())
+        let closed = |np: &NodePool| match self.provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()) {
+            NodeClassReadiness::NotReady { message, .. } => Some(message),
+            NodeClassReadiness::Ready | NodeClassReadiness::NotUsed => None,
+        };
+        state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &self.daemon_loads(), &closed)
     }
 
     /// The DaemonSets' pods as loads on the nodes they would run on.
@@ -388,10 +392,7 @@ impl Provisioner {
         }
         self.metrics.unprovisionable_pods.inc();
         tracing::warn!(pod = %pod_id(pod), reason, "no node launched for the pod");
-        let ev = Event { type_: EventType::Warning, reason: UNPROVISIONABLE_REASON.into(), note: Some(note), action: "Provisioning".into(), secondary: None };
-        if let Err(e) = self.recorder.publish(&ev, &pod.object_ref(&())).await {
-            tracing::warn!(pod = %pod_id(pod), error = %e, "could not post the event");
-        }
+        self.post_event(&pod.object_ref(&()), EventType::Warning, UNPROVISIONABLE_REASON, "Provisioning", &note).await;
     }
 
     /// Write a claim per planned node, then launch them. Returns the names of the claims written,

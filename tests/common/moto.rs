@@ -159,3 +159,24 @@ pub async fn forward(http: &reqwest::Client, upstream: &str, method: http::Metho
         Err(e) => (http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
     }
 }
+
+/// A proxy in front of moto that refuses every CreateFleet with EC2's `UnauthorizedOperation`
+/// (moto launches whatever it is asked to), and passes everything else through.
+pub async fn launch_refusing_proxy(upstream: String) -> String {
+    use axum::response::IntoResponse;
+    let http = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |method: http::Method, uri: http::Uri, headers: http::HeaderMap, body: axum::body::Bytes| {
+        let (http, upstream) = (http.clone(), upstream.clone());
+        async move {
+            if String::from_utf8_lossy(&body).contains("Action=CreateFleet") {
+                let xml = r#"<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>UnauthorizedOperation</Code><Message>You are not authorized to perform this operation.</Message></Error></Errors><RequestID>r-1</RequestID></Response>"#;
+                return (http::StatusCode::FORBIDDEN, [(http::header::CONTENT_TYPE, "text/xml")], xml).into_response();
+            }
+            forward(&http, &upstream, method, &uri, &headers, body).await
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}

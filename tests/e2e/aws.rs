@@ -32,14 +32,21 @@ const AWS_POOL: &str = "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadat
 /// A cluster whose Archer runs the aws provider against a fresh moto (network and interruption
 /// queue made), with the node class applied and Ready.
 async fn aws_cluster(name: &str, extra: &[&str], env: &[(&str, &str)]) -> (Cluster, Moto) {
+    aws_cluster_through(name, extra, env, false).await
+}
+
+/// [`aws_cluster`], with Archer's EC2 calls through a proxy that refuses every launch when
+/// `refuse_launches` (the harness's own calls go to moto directly).
+async fn aws_cluster_through(name: &str, extra: &[&str], env: &[(&str, &str)], refuse_launches: bool) -> (Cluster, Moto) {
     let mut c = Cluster::start(name).await;
     let moto = Moto::start().await;
     moto.network().await;
     let sqs = aws_sdk_sqs::Client::new(&moto.sdk().await);
     sqs.create_queue().queue_name(QUEUE).send().await.expect("queue");
+    let endpoint = if refuse_launches { crate::common::moto::launch_refusing_proxy(moto.endpoint.clone()).await } else { moto.endpoint.clone() };
     c.stop_archer();
     c.cloud_provider = "aws";
-    c.provisioner_config = ["registrationTimeoutSeconds: 600", "garbageGraceSeconds: 5", "aws:", &format!("  clusterName: {CLUSTER}"), "  region: us-east-1", &format!("  endpoint: {}", moto.endpoint), &format!("  interruptionQueue: {QUEUE}"), "  nodeClassRefreshSeconds: 2"]
+    c.provisioner_config = ["registrationTimeoutSeconds: 600", "garbageGraceSeconds: 5", "aws:", &format!("  clusterName: {CLUSTER}"), "  region: us-east-1", &format!("  endpoint: {endpoint}"), &format!("  interruptionQueue: {QUEUE}"), "  nodeClassRefreshSeconds: 2"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -355,14 +362,15 @@ async fn aws_a_changed_node_class_replaces_its_nodes_as_drifted() {
     assert!(posted.iter().any(|e| e.reason.as_deref() == Some("Drifted") && e.note.as_deref().is_some_and(|n| n.contains("EC2NodeClass default changed"))), "a Drifted Event says why");
 }
 
-/// A launch that cannot succeed (the pool names a node class that does not exist) is given up
-/// after `launchAttempts` with a LaunchFailed Event on the claim and no instance; an instance
+/// A launch that cannot succeed (EC2 refuses every CreateFleet, through a proxy: moto launches
+/// whatever it is asked to) is given up after `launchAttempts` with a LaunchFailed Event on the
+/// claim and no instance; an instance
 /// tagged for the cluster with no claim (leaked by a crash, or made by hand) is terminated once
 /// older than `garbageGraceSeconds`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn aws_failed_launches_and_leaked_instances_are_cleaned_up() {
-    let (c, moto) = aws_cluster("aws-cleanup", &["launchAttempts: 1"], &[]).await;
+    let (c, moto) = aws_cluster_through("aws-cleanup", &["launchAttempts: 1"], &[], true).await;
     let client = c.client().await;
     let _kubelets = kubelets(client.clone(), moto.sdk().await, &[]);
     // A leaked instance: the cluster's tag, a claim that does not exist.
@@ -377,7 +385,7 @@ async fn aws_failed_launches_and_leaked_instances_are_cleaned_up() {
 
     c.registry.push_image("apps/nowhere", "1", "linux/amd64", true).await;
     namespace(&client, "nowhere", json!({})).await;
-    pool(&client, &AWS_POOL.replace("name: default}\n      requirements", "name: missing}\n      requirements")).await;
+    pool(&client, AWS_POOL).await;
     Api::<Deployment>::namespaced(client.clone(), "nowhere").create(&PostParams::default(), &deployment("nowhere", &c.registry.image("apps/nowhere:1"), 1, json!({}))).await.expect("create");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
     // Each failed attempt is a LaunchFailed Event on the claim; giving up is one on the pool too.
@@ -385,7 +393,7 @@ async fn aws_failed_launches_and_leaked_instances_are_cleaned_up() {
         let events = events.clone();
         async move {
             events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default().iter().any(|e| {
-                e.reason.as_deref() == Some("LaunchFailed") && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(kind) && e.note.as_deref().is_some_and(|n| n.contains("EC2NodeClass missing does not exist"))
+                e.reason.as_deref() == Some("LaunchFailed") && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(kind) && e.note.as_deref().is_some_and(|n| n.contains("UnauthorizedOperation") || n.contains("not authorized"))
             })
         }
     };
@@ -394,4 +402,49 @@ async fn aws_failed_launches_and_leaked_instances_are_cleaned_up() {
     assert!(c.archer_metric("archer_nodeclaims_given_up_total{reason=\"LaunchFailed\"}").await >= 1.0);
     wait("the leaked instance terminated", Duration::from_secs(60), || async { moto.instances("terminated").await.iter().any(|i| i.instance_id() == Some(leaked_id.as_str())) }).await;
     assert!(live_instances(&moto).await.is_empty(), "no instance for the failing pool, and the leaked one gone");
+}
+
+/// A NodePool whose EC2NodeClass does not exist is not Ready (`NodeClassReady=False`,
+/// `NodeClassNotFound`) and buys nothing: its pods fall through to the next pool by weight, as
+/// Karpenter skips a NodePool that is not Ready. Once the class exists and resolves, the heavier
+/// pool is used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn aws_a_pool_whose_node_class_is_missing_is_skipped_for_the_next_by_weight() {
+    let (c, moto) = aws_cluster("aws-nodeclass-missing", &[], &[]).await;
+    let client = c.client().await;
+    let _kubelets = kubelets(client.clone(), moto.sdk().await, &[]);
+    pool(&client, &AWS_POOL.replace("metadata: {name: default}", "metadata: {name: preferred}").replace("name: default}\n      requirements", "name: later}\n      requirements").replace("spec:\n  template:", "spec:\n  weight: 50\n  template:")).await;
+    pool(&client, AWS_POOL).await;
+    let pools: Api<archer::provisioner::nodepool::NodePool> = Api::all(client.clone());
+    let condition = |name: &'static str, t: &'static str| {
+        let pools = pools.clone();
+        async move { pools.get(name).await.ok().and_then(|p| p.status).and_then(|s| s.conditions.into_iter().find(|c| c.type_ == t)).map(|c| (c.status, c.reason)) }
+    };
+    wait("the preferred pool not Ready: its node class is missing", Duration::from_secs(60), || async {
+        condition("preferred", "NodeClassReady").await == Some(("False".into(), "NodeClassNotFound".into())) && condition("preferred", "Ready").await == Some(("False".into(), "NodeClassNotReady".into()))
+    })
+    .await;
+    assert_eq!(condition("default", "NodeClassReady").await, Some(("True".into(), "Ready".into())));
+
+    c.registry.push_image("apps/fallthrough", "1", "linux/amd64", true).await;
+    namespace(&client, "fallthrough", json!({})).await;
+    let spec = json!({"containers": [{"name": "app", "image": c.registry.image("apps/fallthrough:1"), "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]});
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "fallthrough");
+    deploys.create(&PostParams::default(), &deployment("web", "unused", 2, spec.clone())).await.expect("create");
+    wait_running(&client, "fallthrough", "web", 2, Duration::from_secs(120)).await;
+    let written = claims(&client).await;
+    assert!(!written.is_empty() && written.iter().all(|cl| cl.spec.node_pool == "default"), "every claim from the lighter pool: {:?}", written.iter().map(|cl| &cl.spec.node_pool).collect::<Vec<_>>());
+
+    // The class appears and resolves: the heavier pool is Ready and takes the next pods.
+    let later: EC2NodeClass = archer::yaml::from_str(&NODE_CLASS.replace("metadata: {name: default}", "metadata: {name: later}")).expect("node class");
+    Api::<EC2NodeClass>::all(client.clone()).create(&PostParams::default(), &later).await.expect("create node class");
+    wait("the preferred pool Ready", Duration::from_secs(60), || async { condition("preferred", "Ready").await.is_some_and(|(s, _)| s == "True") }).await;
+    // Kept off web's nodes, so they need a new node (existing room would take them first).
+    let mut apart = spec;
+    apart["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}});
+    deploys.create(&PostParams::default(), &deployment("api", "unused", 2, apart)).await.expect("create");
+    wait_running(&client, "fallthrough", "api", 2, Duration::from_secs(120)).await;
+    let preferred = claims(&client).await.into_iter().filter(|cl| cl.spec.node_pool == "preferred").count();
+    assert!(preferred >= 1, "the heavier pool launches once its class is ready");
 }

@@ -89,7 +89,10 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
                 let reason = if classes[ci].colocate {
                     format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds all {} of them", classes[ci].pods.len())
                 } else {
-                    format!("pool limits reached ({pool_name})")
+                    match classes[ci].offerings.first().and_then(|&(pi, _)| pools[pi].closed.as_deref()) {
+                        Some(why) => format!("NodePool {pool_name} is not ready: {why}"),
+                        None => format!("pool limits reached ({pool_name})"),
+                    }
                 };
                 for p in classes[ci].pods.drain(..) {
                     out.unschedulable.push(Unschedulable { pod: p, reason: reason.clone() });

@@ -28,6 +28,7 @@ fn pool(name: &str) -> Pool {
         limit_memory_bytes: None,
         limit_nodes: None,
         daemons: Vec::new(),
+        closed: None,
     }
 }
 

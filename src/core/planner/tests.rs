@@ -58,7 +58,7 @@ fn offerings() -> Vec<Offering> {
 }
 
 fn pool() -> Pool {
-    Pool { name: "default".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new() }
+    Pool { name: "default".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None }
 }
 
 #[test]
@@ -182,4 +182,24 @@ fn an_earlier_plan_for_a_spread_holds_as_a_whole_whatever_order_its_pods_are_che
     let got: Vec<(&str, &str)> = plan.existing.iter().map(|(p, n)| (p.as_str(), n.as_str())).collect();
     assert_eq!(got, [("default/z-0", "a"), ("default/z-1", "a"), ("default/z-2", "b")], "{plan:?}");
     assert!(plan.nodes.is_empty());
+}
+
+#[test]
+fn a_closed_pool_buys_nothing_and_its_pods_fall_through_to_the_next_by_weight() {
+    // As a NodePool whose node class is not ready: no room for a new node, and that reason.
+    let closed = |name: &str, weight: i32| Pool { name: name.into(), weight, limit_nodes: Some(0), closed: Some("EC2NodeClass gone not found on the cluster".into()), ..pool() };
+    let open = |name: &str, weight: i32| Pool { name: name.into(), weight, ..pool() };
+    let snapshot = Snapshot::new(&[], &[], &[]);
+    let pods: Vec<Pending> = (0..3).map(|i| pending(&pod(&format!("web-{i}"), json!({"app": "web"}), json!({}), None), "linux/amd64")).collect();
+    let plan = plan_batch(&snapshot, &pods, &[closed("heavy", 10), open("light", 1)], &offerings());
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert!(!plan.nodes.is_empty() && plan.nodes.iter().all(|n| n.pool == "light"), "{:?}", plan.nodes);
+    // The heavier pool open again: it is chosen.
+    let plan = plan_batch(&snapshot, &pods, &[open("heavy", 10), open("light", 1)], &offerings());
+    assert!(plan.nodes.iter().all(|n| n.pool == "heavy"), "{:?}", plan.nodes);
+    // Only a closed pool: every pod is unschedulable, saying why.
+    let plan = plan_batch(&snapshot, &pods, &[closed("heavy", 10)], &offerings());
+    assert!(plan.nodes.is_empty());
+    assert_eq!(plan.unschedulable.len(), 3);
+    assert!(plan.unschedulable.iter().all(|u| u.reason.contains("NodePool heavy is not ready: EC2NodeClass gone not found on the cluster")), "{:?}", plan.unschedulable);
 }

@@ -60,9 +60,24 @@ pub trait InterruptionHandler: Send + Sync {
     fn count(&self, kind: &str, outcome: &str);
 }
 
+/// Whether a pool's node class lets it launch (Karpenter's NodePool condition `NodeClassReady`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeClassReadiness {
+    /// The provider has no node classes (kwok): the condition is not written.
+    NotUsed,
+    Ready,
+    NotReady { reason: String, message: String },
+}
+
 #[async_trait]
 pub trait CloudProvider: Send + Sync {
     fn name(&self) -> &'static str;
+    /// Whether the node class a pool names (`spec.template.spec.nodeClassRef`) is there and
+    /// ready. A pool whose class is not gets no new node: its pods fall through to the next pool
+    /// by weight, as Karpenter skips a NodePool that is not Ready.
+    fn node_class_readiness(&self, _node_class_ref: Option<&std::collections::BTreeMap<String, String>>) -> NodeClassReadiness {
+        NodeClassReadiness::NotUsed
+    }
     /// Every (instance type, zone, capacity type) this provider can launch now, with its price
     /// (read at each batch: prices and availability change).
     fn offerings(&self) -> Arc<Vec<Offering>>;

@@ -133,7 +133,7 @@ fn pool_limits_are_reduced_by_what_the_pool_already_launched() {
     let mut gone = claim("gone", "p", &[]);
     gone.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-01-01T00:00:00Z".parse().expect("time")));
     let claims = [claim("a", "p", &[]), claim("b", "p", &[]), claim("other", "q", &[]), gone];
-    let pools = packer_pools(&[&np], &claims.iter().collect::<Vec<_>>(), &[]);
+    let pools = packer_pools(&[&np], &claims.iter().collect::<Vec<_>>(), &[], &|_| None);
     assert_eq!(pools[0].limit_cpu_millis, Some(10_000 - 4000));
     assert_eq!(pools[0].limit_memory_bytes, Some(100 * (1 << 30) - 2 * 8192 * (1 << 20)));
     assert_eq!(pools[0].limit_nodes, Some(1), "two live claims of this pool count; another pool's and a deleted one do not");

@@ -18,7 +18,7 @@ pub mod profile;
 pub mod resolve;
 mod instances;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 
-use super::{CloudError, CloudProvider, Instance};
+use super::{CloudError, CloudProvider, Instance, NodeClassReadiness};
 use crate::catalog::Catalog;
 use crate::config::AwsConfig;
 use crate::core::packer::Offering;
@@ -50,9 +50,29 @@ const TEMPLATE_UNUSED_FOR: Duration = Duration::from_secs(3600);
 /// The condition a node class reports.
 pub const READY_CONDITION: &str = "Ready";
 
-/// A readable message of an SDK error (service code and message, or the transport's failure).
-pub(crate) fn sdk_error<E: std::error::Error + 'static, R: std::fmt::Debug>(e: aws_sdk_ec2::error::SdkError<E, R>) -> String {
-    aws_sdk_ec2::error::DisplayErrorContext(&e).to_string()
+/// A readable message of an SDK error (of any AWS service): the service's code and message, or
+/// the chain of causes of a failure to get an answer. Never the raw response (SDK errors' own
+/// rendering carries it, and that overflows an Event's 1 KiB note).
+pub(crate) fn sdk_error<E, R>(e: aws_sdk_ec2::error::SdkError<E, R>) -> String
+where
+    E: std::error::Error + aws_sdk_ec2::error::ProvideErrorMetadata + 'static,
+    R: std::fmt::Debug,
+{
+    use aws_sdk_ec2::error::ProvideErrorMetadata;
+    match (e.code(), e.message()) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code.to_string(),
+        _ => {
+            let mut out = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                out.push_str(": ");
+                out.push_str(&s.to_string());
+                source = s.source();
+            }
+            out
+        }
+    }
 }
 
 pub(crate) fn api_error(message: impl Into<String>) -> CloudError {
@@ -223,6 +243,18 @@ async fn write_status(api: &Api<EC2NodeClass>, nc: &EC2NodeClass, r: &Resolved) 
 impl CloudProvider for Aws {
     fn name(&self) -> &'static str {
         PROVIDER
+    }
+
+    fn node_class_readiness(&self, node_class_ref: Option<&BTreeMap<String, String>>) -> NodeClassReadiness {
+        let not_ready = |reason: &str, message: String| NodeClassReadiness::NotReady { reason: reason.into(), message };
+        let Some(name) = node_class_ref.and_then(|r| r.get("name")) else {
+            return not_ready("NodeClassNotFound", "the pool names no EC2NodeClass (spec.template.spec.nodeClassRef)".into());
+        };
+        match self.classes.load().get(name) {
+            None => not_ready("NodeClassNotFound", format!("EC2NodeClass {name} not found on the cluster")),
+            Some(c) if !c.resolved.ready() => not_ready("NotResolved", format!("EC2NodeClass {name} is not ready: {}", c.resolved.problems.join("; "))),
+            Some(_) => NodeClassReadiness::Ready,
+        }
     }
 
     fn offerings(&self) -> Arc<Vec<Offering>> {

@@ -13,8 +13,8 @@ pub fn profile_name(cluster: &str, role: &str) -> String {
     format!("archer_{cluster}_{hash}")
 }
 
-fn iam_error<E: std::error::Error + 'static, R: std::fmt::Debug>(e: aws_sdk_iam::error::SdkError<E, R>) -> String {
-    aws_sdk_iam::error::DisplayErrorContext(&e).to_string()
+fn iam_error<E: std::error::Error + aws_sdk_iam::error::ProvideErrorMetadata + 'static, R: std::fmt::Debug>(e: aws_sdk_iam::error::SdkError<E, R>) -> String {
+    super::sdk_error(e)
 }
 
 /// The instance profile holding `role`, made (or corrected) when needed; its name.
