@@ -100,10 +100,8 @@ fn credential_key(pod: &Pod, live: bool) -> CredentialKey {
     if !live {
         return Default::default();
     }
-    let spec = pod.spec.as_ref();
-    let mut secrets: Vec<String> = spec.and_then(|s| s.image_pull_secrets.as_ref()).map(|l| l.iter().map(|r| r.name.clone()).collect()).unwrap_or_default();
+    let (account, mut secrets) = crate::cluster::pull_secret_refs(pod);
     secrets.sort();
-    let account = spec.and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into());
     (pod.metadata.namespace.clone().unwrap_or_else(|| "default".into()), account, secrets)
 }
 
@@ -112,8 +110,7 @@ fn credential_key(pod: &Pod, live: bool) -> CredentialKey {
 /// image one set of credentials reads is known, whichever pod it was read for.
 async fn inspect_unannotated(pods: &[Pod], inspector: &Inspector, base: &Keyring, cluster: Option<&ClusterView>) -> ImagePlatforms {
     let mut groups: BTreeMap<CredentialKey, (&Pod, BTreeSet<String>)> = BTreeMap::new();
-    let bound = pods.iter().filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) && !crate::core::is_terminal(p));
-    for pod in bound.filter(|p| crate::provisioner::model::annotated_platforms(p).is_none()) {
+    for pod in unannotated(pods) {
         groups.entry(credential_key(pod, cluster.is_some())).or_insert_with(|| (pod, BTreeSet::new())).1.extend(crate::core::placement::pod_images(pod));
     }
     let found: Vec<Vec<(String, Result<PlatformSet, String>)>> = futures::stream::iter(groups.into_values())
@@ -135,6 +132,14 @@ async fn inspect_unannotated(pods: &[Pod], inspector: &Inspector, base: &Keyring
     images
 }
 
+/// The pods whose images the report reads: bound and running or pending (the only pods it
+/// counts), without the webhook's `archer.dev/platforms` annotation.
+fn unannotated(pods: &[Pod]) -> impl Iterator<Item = &Pod> {
+    pods.iter()
+        .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) && !crate::core::is_terminal(p))
+        .filter(|p| crate::provisioner::model::annotated_platforms(p).is_none())
+}
+
 /// Credential groups inspected at once (each inspects its images `perPodConcurrency` at a time).
 const CREDENTIAL_GROUPS_AT_ONCE: usize = 4;
 
@@ -153,7 +158,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let cfg = registry.load()?;
     let catalog = Catalog::with_user_file(catalog.as_deref().or(cfg.catalog.as_deref()))?;
     let images = if offline {
-        let wanted: BTreeSet<String> = pods.iter().filter(|p| crate::provisioner::model::annotated_platforms(p).is_none()).flat_map(crate::core::placement::pod_images).collect();
+        let wanted: BTreeSet<String> = unannotated(&pods).flat_map(crate::core::placement::pod_images).collect();
         wanted.into_iter().map(|i| (i, Err("not inspected (--offline)".to_string()))).collect()
     } else {
         let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;

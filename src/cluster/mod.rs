@@ -65,6 +65,15 @@ pub async fn pod_keyring(cluster: Option<&ClusterView>, base: &Keyring, namespac
     }
 }
 
+/// Where a pod's pull credentials come from: its service account (`default` when unnamed) and
+/// its own `imagePullSecrets`, in order.
+pub fn pull_secret_refs(pod: &Pod) -> (String, Vec<String>) {
+    let spec = pod.spec.as_ref();
+    let secrets = spec.and_then(|s| s.image_pull_secrets.as_ref()).map(|l| l.iter().map(|r| r.name.clone()).collect()).unwrap_or_default();
+    let account = spec.and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into());
+    (account, secrets)
+}
+
 /// The platforms a pod's images run on, and per image when they were inspected here.
 pub enum PodPlatforms {
     Known { all: PlatformSet, per_image: Vec<(String, PlatformSet)> },
@@ -242,12 +251,7 @@ impl ClusterView {
     /// does the same); the lookup then goes on anonymously.
     #[tracing::instrument(skip_all, fields(namespace = %namespace))]
     pub async fn pull_keyring(&self, namespace: &str, pod: &Pod) -> Keyring {
-        let spec = pod.spec.as_ref();
-        let mut names: Vec<String> = spec
-            .and_then(|s| s.image_pull_secrets.as_ref())
-            .map(|l| l.iter().map(|r| r.name.clone()).collect())
-            .unwrap_or_default();
-        let sa = spec.and_then(|s| s.service_account_name.clone()).unwrap_or_else(|| "default".into());
+        let (sa, mut names) = pull_secret_refs(pod);
         names.extend(self.service_account_secrets(namespace, &sa).await);
         let mut ring = Keyring::default();
         for name in names.iter().filter(|n| !n.is_empty()) {
