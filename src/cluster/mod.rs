@@ -127,12 +127,58 @@ pub struct ClusterView {
     /// Bumped whenever a placement is recorded or forgotten: views derived from them
     /// ([`ClusterView::planned_on`]) are current while it holds still.
     plans_version: Arc<std::sync::atomic::AtomicU64>,
+    /// When nodes the Node cache saw registering became free of registering taints.
+    registrations: Registrations,
+}
+
+/// When each node the Node cache saw registering (a [`REGISTERING_TAINTS`] taint on it) was
+/// first seen without them, by this process's clock. kube-scheduler's own cache can be moments
+/// behind Archer's: a node registered here may still be tainted in the snapshot it filters on.
+/// Nodes already free of the taints when first seen (at start-up) are not recorded.
+///
+/// [`REGISTERING_TAINTS`]: crate::core::taints::REGISTERING_TAINTS
+#[derive(Clone)]
+struct Registrations {
+    registering: moka::sync::Cache<String, ()>,
+    registered: moka::sync::Cache<String, std::time::Instant>,
+}
+
+impl Registrations {
+    fn new() -> Self {
+        Self {
+            registering: moka::sync::Cache::builder().max_capacity(MAX_REGISTRATIONS).time_to_live(REGISTERING_TTL).build(),
+            registered: moka::sync::Cache::builder().max_capacity(MAX_REGISTRATIONS).time_to_live(REGISTERED_TTL).build(),
+        }
+    }
+
+    /// A node added or changed in the cache, at `now`.
+    fn observe(&self, node: &Node, now: std::time::Instant) {
+        let Some(name) = node.metadata.name.as_deref() else { return };
+        if crate::core::taints::node_registering(node) {
+            self.registering.insert(name.to_string(), ());
+            self.registered.invalidate(name);
+        } else if self.registering.contains_key(name) {
+            self.registering.invalidate(name);
+            self.registered.insert(name.to_string(), now);
+        }
+    }
+
+    /// How long ago the node was seen to finish registering, if it was recently.
+    fn since(&self, name: &str) -> Option<Duration> {
+        self.registered.get(name).map(|at| at.elapsed())
+    }
 }
 
 /// How long a planned placement is followed.
 const PLACEMENT_TTL: Duration = Duration::from_secs(600);
 /// At most this many planned placements are remembered.
 const MAX_PLACEMENTS: u64 = 200_000;
+/// At most this many nodes are remembered registering, and as many as registered.
+const MAX_REGISTRATIONS: u64 = 100_000;
+/// A node seen registering is forgotten after this long (it was deleted, or never registers).
+const REGISTERING_TTL: Duration = Duration::from_secs(3600);
+/// A node's registration time is kept this long: only a recent one matters.
+const REGISTERED_TTL: Duration = Duration::from_secs(600);
 
 impl ClusterView {
     /// Record that a plan put these pods (`namespace/name`) on `node`. A pod planned onto the
@@ -192,7 +238,9 @@ impl ClusterView {
     /// for the life of the process (they retry with back-off when the API server goes away).
     pub fn start(client: Client) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
         let (namespaces, ns_stream) = reflect::<Namespace>(&client, "namespace");
-        let (nodes, node_stream) = reflect::<Node>(&client, "node");
+        let registrations = Registrations::new();
+        let seen = registrations.clone();
+        let (nodes, node_stream) = reflect_with(Api::all(client.clone()), watcher::Config::default(), "node", move |n: &Node| seen.observe(n, std::time::Instant::now()));
         let view = Self {
             client,
             namespaces,
@@ -202,10 +250,17 @@ impl ClusterView {
             placements: Cache::builder().max_capacity(MAX_PLACEMENTS).time_to_live(PLACEMENT_TTL).build(),
             pods: Arc::default(),
             plans_version: Arc::default(),
+            registrations,
         };
         (view, async move {
             futures::future::join(ns_stream, node_stream).await;
         })
+    }
+
+    /// How long ago the node, seen registering, was seen free of registering taints (for ten
+    /// minutes at most; `None` for a node never seen registering).
+    pub fn registered_for(&self, node: &str) -> Option<Duration> {
+        self.registrations.since(node)
     }
 
     /// The watch-backed Node cache.
@@ -306,5 +361,42 @@ impl ClusterView {
                 }
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, taints: &[&str]) -> Node {
+        let taints = taints.iter().map(|k| k8s_openapi::api::core::v1::Taint { key: k.to_string(), effect: "NoSchedule".into(), ..Default::default() }).collect();
+        Node {
+            metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec { taints: Some(taints), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_is_recorded_registered_when_its_registering_taints_go() {
+        let r = Registrations::new();
+        let t0 = std::time::Instant::now().checked_sub(Duration::from_secs(10)).expect("a machine up for 10 s");
+        // Up before Archer saw it: never recorded.
+        r.observe(&node("old", &[]), t0);
+        assert_eq!(r.since("old"), None);
+        // New: unregistered, then not-ready (a startup taint of another kind does not count).
+        r.observe(&node("new", &["karpenter.sh/unregistered", "node.kubernetes.io/not-ready"]), t0);
+        r.observe(&node("new", &["node.kubernetes.io/not-ready", "cni-not-ready"]), t0);
+        assert_eq!(r.since("new"), None);
+        r.observe(&node("new", &["cni-not-ready"]), t0);
+        assert!(r.since("new").expect("registered") >= Duration::from_secs(10));
+        // Later updates keep the first time; tainted again (not-ready) and back records anew.
+        r.observe(&node("new", &[]), std::time::Instant::now());
+        assert!(r.since("new").expect("registered") >= Duration::from_secs(10));
+        r.observe(&node("new", &["node.kubernetes.io/not-ready"]), t0);
+        assert_eq!(r.since("new"), None);
+        let later = std::time::Instant::now() + Duration::from_secs(3600);
+        r.observe(&node("new", &[]), later);
+        assert_eq!(r.since("new"), Some(Duration::ZERO), "a time not yet come reads as now");
     }
 }

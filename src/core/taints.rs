@@ -30,3 +30,17 @@ pub fn untolerated<'a>(taints: &'a [k8s_openapi::api::core::v1::Taint], tolerati
 pub fn node_has_taint(node: &k8s_openapi::api::core::v1::Node, key: &str) -> bool {
     node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == key))
 }
+
+/// The taints a new node carries until it is registered and Ready: while it has one, the pods a
+/// plan put there wait for it.
+pub const REGISTERING_TAINTS: [&str; 2] = [crate::core::labels::UNREGISTERED_TAINT, "node.kubernetes.io/not-ready"];
+
+/// Is this one of [`REGISTERING_TAINTS`]?
+pub fn is_registering_taint(key: &str) -> bool {
+    REGISTERING_TAINTS.contains(&key)
+}
+
+/// Is the node still registering (one of [`REGISTERING_TAINTS`] on it)?
+pub fn node_registering(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    REGISTERING_TAINTS.iter().any(|k| node_has_taint(node, k))
+}

@@ -213,9 +213,10 @@ impl Extender {
 
     /// The provisioning plan's node for the pod, when kube-scheduler should take only it:
     /// (that node, why the others are refused). The planned node among the candidates: only it.
-    /// Not among them but still registering: none of them (the pod waits for the node bought
-    /// for it rather than landing on a sibling the plan counted on for other pods; the node's
-    /// taints going away is a cluster event that makes kube-scheduler try the pod again).
+    /// Not among them but still registering, or registered too recently for kube-scheduler's
+    /// cache to show it ([`awaiting_registration`]): none of them (the pod waits for the node
+    /// bought for it rather than landing on a sibling the plan counted on for other pods; the
+    /// node's taints going away is a cluster event that makes kube-scheduler try the pod again).
     /// Registered but refused by kube-scheduler's topology spread alone while pods planned for
     /// the other domains are still pending: none of them, for at most [`PLAN_PATIENCE`] (their
     /// binding requeues the pod; see [`plan_wait`]). Otherwise: no steering (any node).
@@ -235,9 +236,8 @@ impl Extender {
             return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
         }
         let node = self.nodes.as_ref()?.get(&kube::runtime::reflector::ObjectRef::new(&planned))?;
-        let registering = crate::core::taints::node_has_taint(&node, labels::UNREGISTERED_TAINT) || crate::core::taints::node_has_taint(&node, "node.kubernetes.io/not-ready");
-        if registering {
-            return Some((planned.clone(), format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register")));
+        if let Some(why) = awaiting_registration(&planned, &node, cluster.registered_for(&planned)) {
+            return Some((planned, why));
         }
         let pods = cluster.pods()?;
         let waits = age < PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &pods) && plan_wait::siblings_coming(pod, &pods, self.nodes.as_ref()?, cluster).await;
@@ -278,6 +278,26 @@ impl Extender {
         crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspection_timeout).await
     }
 }
+
+/// Why a pod should wait for `planned`, the node its plan bought, which kube-scheduler did not
+/// offer: the node is still registering, or was seen registered less than
+/// [`SCHEDULER_VIEW_LAG`] ago (`registered_for`), so kube-scheduler's cache, which can be moments
+/// behind Archer's, may still show it tainted. Either way kube-scheduler tries the pod again when
+/// its cache shows the taints gone (a Node event its taint filter requeues pods on). `None`: the
+/// node is up and kube-scheduler refused it for reasons of its own.
+fn awaiting_registration(planned: &str, node: &Node, registered_for: Option<Duration>) -> Option<String> {
+    if crate::core::taints::node_registering(node) {
+        return Some(format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register"));
+    }
+    registered_for
+        .is_some_and(|d| d < SCHEDULER_VIEW_LAG)
+        .then(|| format!("waiting for kube-scheduler to see node {planned}, which the provisioning plan bought for the pod, registered"))
+}
+
+/// How long after Archer saw a node finish registering kube-scheduler may still filter on a view
+/// in which it has not (its informer lags under load; tens of milliseconds were seen on a busy
+/// 2-core machine, where a pod then bound to a sibling node the plan had counted on for others).
+const SCHEDULER_VIEW_LAG: Duration = Duration::from_secs(5);
 
 /// How long one view of the room plans hold serves filter calls while no placement changes. A
 /// pod binding meanwhile counts the same on its node, held or bound.
@@ -521,5 +541,23 @@ mod tests {
         assert_eq!(batch_registering(&s, "a"), None);
         let s = store(vec![node("a", false, "b")]);
         assert_eq!(batch_registering(&s, "a"), None);
+    }
+
+    #[test]
+    fn a_pod_waits_for_its_planned_node_while_it_registers_and_while_kube_scheduler_may_lag() {
+        // Still tainted as registering, or Ready but not-ready still on: wait.
+        let why = awaiting_registration("n", &node("n", true, ""), None);
+        assert_eq!(why.as_deref(), Some("waiting for node n, which the provisioning plan bought for the pod, to register"));
+        let mut not_ready = node("n", false, "");
+        not_ready.spec = Some(k8s_openapi::api::core::v1::NodeSpec { taints: Some(vec![k8s_openapi::api::core::v1::Taint { key: "node.kubernetes.io/not-ready".into(), effect: "NoSchedule".into(), ..Default::default() }]), ..Default::default() });
+        assert!(awaiting_registration("n", &not_ready, None).is_some());
+        // Registered a moment ago by Archer's cache: kube-scheduler's may still show the taint.
+        let up = node("n", false, "");
+        let why = awaiting_registration("n", &up, Some(Duration::from_millis(40)));
+        assert_eq!(why.as_deref(), Some("waiting for kube-scheduler to see node n, which the provisioning plan bought for the pod, registered"));
+        // Long registered, or never seen registering (up before Archer started): kube-scheduler
+        // refused it for reasons of its own, and the pod is not held back.
+        assert_eq!(awaiting_registration("n", &up, Some(SCHEDULER_VIEW_LAG)), None);
+        assert_eq!(awaiting_registration("n", &up, None), None);
     }
 }

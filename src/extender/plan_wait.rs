@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::Store;
 
 use crate::cluster::ClusterView;
-use crate::core::labels;
 use crate::core::sched::{PodInfo, Snapshot};
 
 /// Would `node` take the pod but for topology spread across nodes? It is checked alone, with
@@ -63,7 +62,7 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
     let snap = Snapshot::new(&node_list, &bound, &[]);
     planned.into_iter().any(|(p, node)| {
         let Some(i) = snap.nodes.iter().position(|n| n.name == node) else { return false };
-        let registering = snap.nodes[i].taints.iter().any(|t| t.key == labels::UNREGISTERED_TAINT || t.key == "node.kubernetes.io/not-ready");
+        let registering = snap.nodes[i].taints.iter().any(|t| crate::core::taints::is_registering_taint(&t.key));
         registering || snap.fits(&PodInfo::from_pod(p), i).is_ok()
     })
 }
