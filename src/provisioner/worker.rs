@@ -618,7 +618,8 @@ impl Provisioner {
                 }
                 let attempts = claim.status.as_ref().and_then(|s| s.launch_attempts).unwrap_or(0) + 1;
                 if attempts >= self.settings.launch_attempts {
-                    self.give_up(claim, "LaunchFailed", &format!("launch failed {attempts} times, the claim is deleted and its pods planned again: {e}")).await;
+                    let times = if attempts == 1 { "once".to_string() } else { format!("{attempts} times") };
+                    self.give_up(claim, "LaunchFailed", &format!("launch failed {times}, the claim is deleted and its pods planned again: {e}")).await;
                     return;
                 }
                 self.post_event(&claim.object_ref(&()), EventType::Warning, "LaunchFailed", "Launching", &format!("attempt {attempts} of {}: {e}", self.settings.launch_attempts)).await;

@@ -85,14 +85,14 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
                         continue;
                     }
                 }
-                let pool_name = classes[ci].offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
-                let reason = if classes[ci].colocate {
-                    format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds all {} of them", classes[ci].pods.len())
-                } else {
-                    match classes[ci].offerings.first().and_then(|&(pi, _)| pools[pi].closed.as_deref()) {
-                        Some(why) => format!("NodePool {pool_name} is not ready: {why}"),
-                        None => format!("pool limits reached ({pool_name})"),
-                    }
+                let c = &classes[ci];
+                let pool_name = c.offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
+                // Limits aside, could one node hold a colocated class whole?
+                let holds_all = || c.offerings.iter().any(|&(pi, oi)| pods_that_fit(c, room_of(pi, oi), i64::from(offerings[oi].instance.gpu_count)) >= c.pods.len());
+                let reason = match c.offerings.first().and_then(|&(pi, _)| pools[pi].closed.as_deref()) {
+                    Some(why) => format!("NodePool {pool_name} is not ready: {why}"),
+                    None if c.colocate && !holds_all() => format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds all {} of them", c.pods.len()),
+                    None => format!("pool limits reached ({pool_name})"),
                 };
                 for p in classes[ci].pods.drain(..) {
                     out.unschedulable.push(Unschedulable { pod: p, reason: reason.clone() });

@@ -203,3 +203,50 @@ fn a_closed_pool_buys_nothing_and_its_pods_fall_through_to_the_next_by_weight() 
     assert_eq!(plan.unschedulable.len(), 3);
     assert!(plan.unschedulable.iter().all(|u| u.reason.contains("NodePool heavy is not ready: EC2NodeClass gone not found on the cluster")), "{:?}", plan.unschedulable);
 }
+
+#[test]
+fn a_closed_pool_names_itself_whatever_packer_path_gives_up_on_the_pod() {
+    // Zone spread, one per zone, a node of their own, colocated, a zone group: each packer path
+    // that gives up on a pod for want of a pool's room says the pool is not ready.
+    let closed = Pool { name: "heavy".into(), limit_nodes: Some(0), closed: Some("EC2NodeClass gone not found on the cluster".into()), ..pool() };
+    let snapshot = Snapshot::new(&[], &[], &[]);
+    // Three zones, so that one pod per zone can place every pod.
+    let zones: Vec<Offering> = ["us-east-1a", "us-east-1b", "us-east-1c"].iter().flat_map(|z| offerings().into_iter().map(|o| Offering { zone: z.to_string(), ..o })).collect();
+    type Shape = fn(&mut PendingPod);
+    let shapes: [(&str, Shape); 5] = [
+        ("zone spread", |p| {
+            p.zone_spread = true;
+            p.spread_group = Some("web".into());
+            p.spread_keys = vec!["topology.kubernetes.io/zone".into()];
+        }),
+        ("one per zone", |p| p.one_per_zone = true),
+        ("one per node", |p| p.per_node_max = Some(1)),
+        ("colocated", |p| p.colocate = true),
+        ("zone group", |p| p.zone_group = Some("web".into())),
+    ];
+    for (what, shape) in shapes {
+        let pods: Vec<Pending> = (0..3)
+            .map(|i| {
+                let mut p = pending(&pod(&format!("web-{i}"), json!({"app": "web"}), json!({}), None), "linux/amd64");
+                shape(&mut p.packer);
+                p
+            })
+            .collect();
+        let plan = plan_batch(&snapshot, &pods, std::slice::from_ref(&closed), &zones);
+        assert!(plan.nodes.is_empty(), "{what}: {:?}", plan.nodes);
+        assert_eq!(plan.unschedulable.len(), 3, "{what}");
+        assert!(plan.unschedulable.iter().all(|u| u.reason.contains("NodePool heavy is not ready: EC2NodeClass gone not found on the cluster")), "{what}: {:?}", plan.unschedulable);
+    }
+    // Colocated pods one node would hold, in a pool at its limits: the limit is the reason (it
+    // used to say no instance type holds them).
+    let full = Pool { name: "heavy".into(), limit_nodes: Some(0), ..pool() };
+    let pods: Vec<Pending> = (0..3)
+        .map(|i| {
+            let mut p = pending(&pod(&format!("web-{i}"), json!({"app": "web"}), json!({}), None), "linux/amd64");
+            p.packer.colocate = true;
+            p
+        })
+        .collect();
+    let plan = plan_batch(&snapshot, &pods, &[full], &zones);
+    assert!(plan.unschedulable.len() == 3 && plan.unschedulable.iter().all(|u| u.reason == "pool limits reached (heavy)"), "{:?}", plan.unschedulable);
+}
