@@ -51,10 +51,13 @@ async fn aws_cluster_through(name: &str, extra: &[&str], env: &[(&str, &str)], r
         .map(|s| s.to_string())
         .collect();
     for line in extra {
-        // A later line of the same key wins over the default above.
-        let key = line.split(':').next().unwrap_or_default();
-        c.provisioner_config.retain(|l| !l.starts_with(&format!("{key}:")));
-        c.provisioner_config.insert(0, line.to_string());
+        // A line of the same key (indented alike: `  key:` is one of `aws:`) replaces the
+        // default above.
+        let key = format!("{}:", line.split(':').next().unwrap_or_default());
+        match c.provisioner_config.iter().position(|l| l.starts_with(&key)) {
+            Some(i) => c.provisioner_config[i] = line.to_string(),
+            None => c.provisioner_config.insert(0, line.to_string()),
+        }
     }
     c.archer_env = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_EC2_METADATA_DISABLED", "true")].iter().chain(env).map(|(k, v)| (k.to_string(), v.to_string())).collect();
     c.start_archer().await;
@@ -399,6 +402,8 @@ async fn aws_failed_launches_and_leaked_instances_are_cleaned_up() {
     };
     wait("a LaunchFailed Event on the pool (the claim given up)", Duration::from_secs(90), || failed_on("NodePool")).await;
     assert!(failed_on("NodeClaim").await, "the claim's attempts have Events of their own");
+    let given_up: Vec<String> = events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default().into_iter().filter(|e| e.reason.as_deref() == Some("LaunchFailed") && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("NodePool")).filter_map(|e| e.note).collect();
+    assert!(!given_up.is_empty() && given_up.iter().all(|n| n.contains("launch failed once, the claim is deleted")), "{given_up:?}");
     assert!(c.archer_metric("archer_nodeclaims_given_up_total{reason=\"LaunchFailed\"}").await >= 1.0);
     wait("the leaked instance terminated", Duration::from_secs(60), || async { moto.instances("terminated").await.iter().any(|i| i.instance_id() == Some(leaked_id.as_str())) }).await;
     assert!(live_instances(&moto).await.is_empty(), "no instance for the failing pool, and the leaked one gone");
@@ -407,11 +412,12 @@ async fn aws_failed_launches_and_leaked_instances_are_cleaned_up() {
 /// A NodePool whose EC2NodeClass does not exist is not Ready (`NodeClassReady=False`,
 /// `NodeClassNotFound`) and buys nothing: its pods fall through to the next pool by weight, as
 /// Karpenter skips a NodePool that is not Ready. Once the class exists and resolves, the heavier
-/// pool is used again.
+/// pool is used again. The periodic refresh is set to 10 minutes here, longer than any wait: the
+/// classes are resolved when the watch sees them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn aws_a_pool_whose_node_class_is_missing_is_skipped_for_the_next_by_weight() {
-    let (c, moto) = aws_cluster("aws-nodeclass-missing", &[], &[]).await;
+    let (c, moto) = aws_cluster("aws-nodeclass-missing", &["  nodeClassRefreshSeconds: 600"], &[]).await;
     let client = c.client().await;
     let _kubelets = kubelets(client.clone(), moto.sdk().await, &[]);
     pool(&client, &AWS_POOL.replace("metadata: {name: default}", "metadata: {name: preferred}").replace("name: default}\n      requirements", "name: later}\n      requirements").replace("spec:\n  template:", "spec:\n  weight: 50\n  template:")).await;
@@ -447,4 +453,8 @@ async fn aws_a_pool_whose_node_class_is_missing_is_skipped_for_the_next_by_weigh
     wait_running(&client, "fallthrough", "api", 2, Duration::from_secs(120)).await;
     let preferred = claims(&client).await.into_iter().filter(|cl| cl.spec.node_pool == "preferred").count();
     assert!(preferred >= 1, "the heavier pool launches once its class is ready");
+
+    // The class deleted: the pool is not Ready again, before any periodic refresh.
+    Api::<EC2NodeClass>::all(client.clone()).delete("later", &Default::default()).await.expect("delete node class");
+    wait("the preferred pool not Ready once its class is deleted", Duration::from_secs(60), || async { condition("preferred", "NodeClassReady").await == Some(("False".into(), "NodeClassNotFound".into())) }).await;
 }

@@ -97,6 +97,8 @@ pub async fn sdk_config(settings: &AwsConfig) -> aws_config::SdkConfig {
 pub struct Class {
     pub spec: EC2NodeClassSpec,
     pub resolved: Resolved,
+    /// When it was resolved.
+    at: std::time::Instant,
 }
 
 pub struct Aws {
@@ -150,6 +152,7 @@ impl Aws {
         let spot = Duration::from_secs(self.settings.spot_price_refresh_seconds);
         let classes = Duration::from_secs(self.settings.node_class_refresh_seconds);
         let me = self.clone();
+        let (me_watch, kube_watch) = (self.clone(), kube.clone());
         let spot_loop = async move {
             loop {
                 tokio::time::sleep(spot).await;
@@ -167,7 +170,38 @@ impl Aws {
                 }
             }
         };
-        futures::future::join(spot_loop, class_loop).await;
+        futures::future::join3(spot_loop, class_loop, me_watch.watch_classes(kube_watch)).await;
+    }
+
+    /// Resolve a node class as soon as it appears or its spec changes, and forget one deleted,
+    /// so that a NodePool naming it opens or closes at once rather than at the next refresh
+    /// (which still runs, for what changes on EC2's side). A status write is not a spec change.
+    async fn watch_classes(self: Arc<Self>, kube: Client) {
+        use futures::StreamExt;
+        use kube::runtime::{watcher, WatchStreamExt};
+        let api: Api<EC2NodeClass> = Api::all(kube);
+        let mut events = std::pin::pin!(watcher(api.clone(), watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(nc) | watcher::Event::InitApply(nc)) => {
+                    if self.classes.load().get(&nc.name()).is_some_and(|c| c.spec == nc.spec) {
+                        continue;
+                    }
+                    tracing::info!(nodeclass = %nc.name(), "node class added or changed; resolving it");
+                    let class = self.use_class(&nc).await;
+                    if let Err(e) = write_status(&api, &nc, &class.resolved).await {
+                        tracing::warn!(nodeclass = %nc.name(), error = %e, "could not write the node class status");
+                    }
+                }
+                Ok(watcher::Event::Delete(nc)) => {
+                    tracing::info!(nodeclass = %nc.name(), "node class deleted; its pools launch nothing");
+                    let name = nc.name();
+                    self.classes.rcu(|all| all.iter().filter(|(k, _)| **k != name).map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>());
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                Err(e) => tracing::warn!(error = %e, "EC2NodeClass watch error; retrying"),
+            }
+        }
     }
 
     /// Resolve a node class against EC2 and launch with it from now on.
@@ -182,17 +216,20 @@ impl Aws {
                 Err(e) => resolved.problems.push(format!("no instance profile for role {role}: {e}")),
             }
         }
-        let class = Arc::new(Class { spec: nc.spec.clone(), resolved });
-        let mut all = (**self.classes.load()).clone();
-        all.insert(nc.name(), class.clone());
-        self.classes.store(Arc::new(all));
+        let class = Arc::new(Class { spec: nc.spec.clone(), resolved, at: std::time::Instant::now() });
+        self.classes.rcu(|all| {
+            let mut all = (**all).clone();
+            all.insert(nc.name(), class.clone());
+            all
+        });
         class
     }
 
     /// Resolve every EC2NodeClass of the cluster and write what it resolved to into its status;
-    /// node classes gone from the cluster are forgotten.
+    /// node classes gone from the cluster (and not resolved since the list) are forgotten.
     pub async fn refresh_classes(&self, kube: &Client) {
         let api: Api<EC2NodeClass> = Api::all(kube.clone());
+        let listed_at = std::time::Instant::now();
         let list = match api.list(&ListParams::default()).await {
             Ok(l) => l,
             Err(e) => {
@@ -207,8 +244,8 @@ impl Aws {
             }
         }
         let names: Vec<String> = list.items.iter().map(|n| n.name()).collect();
-        let kept: HashMap<String, Arc<Class>> = self.classes.load().iter().filter(|(k, _)| names.contains(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
-        self.classes.store(Arc::new(kept));
+        // A class the watch resolved after the list was taken is newer than the list: kept.
+        self.classes.rcu(|all| all.iter().filter(|(k, c)| names.contains(k) || c.at > listed_at).map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>());
     }
 
     /// The node class a claim launches with.
