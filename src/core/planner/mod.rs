@@ -147,7 +147,7 @@ fn plan_once(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings
         let verdicts = snap.feasible(&p.sched);
         match first_taker(&snap, &p.packer, &verdicts) {
             Some(any) => {
-                let i = if p.preferences.is_empty() { any } else { most_preferred(&snap, p, &verdicts, any) };
+                let i = most_preferred(&snap, p, &verdicts, any);
                 placed.insert(p.packer.id.clone(), snap.nodes[i].name.clone());
                 snap.bind(p.sched.clone(), i);
             }
@@ -181,9 +181,20 @@ fn plan_once(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings
 /// Among the nodes the verdicts pass that the pod's images run on, the first (in snapshot order)
 /// with the heaviest sum of the pod's preferences honoured (kube-scheduler scores preferred pod
 /// affinity and anti-affinity by their weights and prefers the nodes a ScheduleAnyway spread
-/// allows).
+/// allows) and of what running pods' own affinity terms that select it give each node
+/// ([`Snapshot::affinity_scores`], InterPodAffinity's symmetry).
 fn most_preferred(snap: &Snapshot, p: &Pending, verdicts: &[Result<usize, (usize, super::sched::Unfit)>], any: usize) -> usize {
-    let mut score: std::collections::BTreeMap<usize, i64> = verdicts.iter().filter_map(|r| r.as_ref().ok()).copied().filter(|&i| runs_on(&p.packer, &snap.nodes[i])).map(|i| (i, 0)).collect();
+    let toward = snap.affinity_scores(&p.sched);
+    if p.preferences.is_empty() && toward.is_empty() {
+        return any;
+    }
+    let mut score: std::collections::BTreeMap<usize, i64> = verdicts
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .copied()
+        .filter(|&i| runs_on(&p.packer, &snap.nodes[i]))
+        .map(|i| (i, toward.iter().filter(|((k, v), _)| snap.nodes[i].labels.get(k) == Some(v)).map(|(_, s)| s).sum()))
+        .collect();
     for (weight, info) in &p.preferences {
         for i in snap.feasible(info).into_iter().filter_map(Result::ok) {
             if let Some(s) = score.get_mut(&i) {

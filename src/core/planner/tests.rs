@@ -85,6 +85,30 @@ fn anti_affinity_to_a_running_pod_buys_a_node_instead_of_a_refused_placement() {
 }
 
 #[test]
+fn running_pods_preferences_toward_the_incoming_pod_decide_among_existing_nodes() {
+    // kube-scheduler's InterPodAffinity scores a node by running pods' own preferred terms that
+    // select the incoming pod: a cache on n2 that prefers web beside it draws web to n2, though
+    // n1 comes first; one on n1 that prefers web away sends it on to n2 as well.
+    let near = json!({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}}]}}});
+    let away = json!({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}}]}}});
+    let web = pending(&pod("web-0", json!({"app": "web"}), json!({}), None), "linux/amd64");
+    let nodes = [node("n1", "amd64"), node("n2", "amd64")];
+    for (what, running) in [("affinity on n2", pod("cache", json!({"app": "cache"}), near, Some("n2"))), ("anti-affinity on n1", pod("cache", json!({"app": "cache"}), away, Some("n1")))] {
+        let snapshot = Snapshot::new(&nodes, std::slice::from_ref(&running), &[]);
+        let plan = plan_batch(&snapshot, std::slice::from_ref(&web), &[pool()], &offerings());
+        assert_eq!(plan.existing.get("default/web-0").map(String::as_str), Some("n2"), "{what}: {:?}", plan.existing);
+    }
+    // A running pod whose terms do not select web changes nothing: the first node.
+    let other = pod("cache", json!({"app": "cache"}), json!({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "api"}}, "topologyKey": "kubernetes.io/hostname"}}]}}}), Some("n2"));
+    let snapshot = Snapshot::new(&nodes, &[other], &[]);
+    let plan = plan_batch(&snapshot, &[web], &[pool()], &offerings());
+    assert_eq!(plan.existing.get("default/web-0").map(String::as_str), Some("n1"));
+}
+
+#[test]
 fn running_pods_count_for_spread_and_images_decide_the_architecture() {
     // As the webhook leaves them: pinned to the architectures their images run on.
     let spread = json!({"nodeSelector": {"kubernetes.io/arch": "amd64"}, "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}]});

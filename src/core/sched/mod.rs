@@ -23,7 +23,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim, Pod, PodAffinityTerm, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim, Pod, PodAffinityTerm, Taint, Toleration, WeightedPodAffinityTerm};
 
 use resources::ResourceList;
 use selector::{Labels, NodeFields, Selector};
@@ -45,6 +45,10 @@ pub struct PodInfo {
     pub spread: Vec<spread::Constraint>,
     pub affinity: Vec<AffinityTerm>,
     pub anti_affinity: Vec<AffinityTerm>,
+    /// Preferred pod affinity and anti-affinity terms with their weights: they only score (a
+    /// running pod's count toward the pods that come after it, see [`Snapshot::affinity_scores`]).
+    pub preferred_affinity: Vec<(i32, AffinityTerm)>,
+    pub preferred_anti_affinity: Vec<(i32, AffinityTerm)>,
     pub terminating: bool,
     /// The required node affinity of each PersistentVolume its claims are bound to (all hold).
     pub volume_terms: Vec<Vec<NodeSelectorTerm>>,
@@ -111,6 +115,9 @@ impl PodInfo {
         let pod_terms = |required: Option<&Vec<PodAffinityTerm>>| -> Vec<AffinityTerm> {
             required.into_iter().flatten().map(|t| AffinityTerm::from_api(t, &namespace, &labels)).collect()
         };
+        let weighted = |preferred: Option<&Vec<WeightedPodAffinityTerm>>| -> Vec<(i32, AffinityTerm)> {
+            preferred.into_iter().flatten().map(|w| (w.weight, AffinityTerm::from_api(&w.pod_affinity_term, &namespace, &labels))).collect()
+        };
         let host_ports = spec
             .into_iter()
             .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
@@ -132,6 +139,8 @@ impl PodInfo {
             spread: spec.map(|s| spread::Constraint::from_pod(s, &labels)).unwrap_or_default(),
             affinity: pod_terms(affinity.and_then(|a| a.pod_affinity.as_ref()).and_then(|p| p.required_during_scheduling_ignored_during_execution.as_ref())),
             anti_affinity: pod_terms(affinity.and_then(|a| a.pod_anti_affinity.as_ref()).and_then(|p| p.required_during_scheduling_ignored_during_execution.as_ref())),
+            preferred_affinity: weighted(affinity.and_then(|a| a.pod_affinity.as_ref()).and_then(|p| p.preferred_during_scheduling_ignored_during_execution.as_ref())),
+            preferred_anti_affinity: weighted(affinity.and_then(|a| a.pod_anti_affinity.as_ref()).and_then(|p| p.preferred_during_scheduling_ignored_during_execution.as_ref())),
             terminating: meta.deletion_timestamp.is_some(),
             volume_terms: Vec::new(),
             potential: BTreeMap::new(),
@@ -286,9 +295,22 @@ pub struct Snapshot {
     /// Placed pods that carry required anti-affinity (indices into `pods`, and of their nodes): a pod without terms
     /// of its own need only look at these.
     with_anti_affinity: Vec<(usize, usize)>,
+    /// Placed pods whose terms score the pods that come after them (required affinity, preferred
+    /// affinity or anti-affinity), and their nodes.
+    with_scoring_terms: Vec<(usize, usize)>,
+    /// Per kind of incoming pod (namespace, labels), what `with_scoring_terms` gives it and how
+    /// many of them that covers: pods are only ever added, so a later call adds the newer ones.
+    scoring: std::cell::RefCell<std::collections::HashMap<(String, Labels), (usize, TopologyScores)>>,
     /// Each kind of pod's spread counts and inter-pod domains, kept up to date by [`Snapshot::bind`].
     memo: std::cell::RefCell<memo::Memo>,
 }
+
+/// A score per topology domain: `(key, value)` -> score.
+pub type TopologyScores = BTreeMap<(String, String), i64>;
+
+/// What a running pod's required affinity term that selects the incoming pod adds to a node's
+/// score (kube-scheduler's `hardPodAffinityWeight`, 1 by default).
+const HARD_POD_AFFINITY_WEIGHT: i64 = 1;
 
 impl Snapshot {
     /// From API objects: every node, the pods bound to them (others are ignored), namespaces.
@@ -298,6 +320,8 @@ impl Snapshot {
             pods: Vec::new(),
             namespace_labels: namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default()))).collect(),
             with_anti_affinity: Vec::new(),
+            with_scoring_terms: Vec::new(),
+            scoring: Default::default(),
             memo: Default::default(),
         };
         // One lookup table, not a scan of every node per bound pod.
@@ -334,9 +358,40 @@ impl Snapshot {
         if !pod.anti_affinity.is_empty() {
             self.with_anti_affinity.push((self.pods.len(), i));
         }
+        if !(pod.affinity.is_empty() && pod.preferred_affinity.is_empty() && pod.preferred_anti_affinity.is_empty()) {
+            self.with_scoring_terms.push((self.pods.len(), i));
+        }
         self.nodes[i].requested.add(&pod.requests);
         self.nodes[i].pods.push(self.pods.len());
         self.pods.push(pod);
+    }
+
+    /// What placed pods' own terms add to the score of each node for `pod`, as kube-scheduler's
+    /// InterPodAffinity scores them: for every running pod whose preferred affinity term selects
+    /// `pod`, the term's weight goes to each node sharing that pod's node's value of the term's
+    /// topology key; a preferred anti-affinity term takes its weight away; a required affinity
+    /// term that selects `pod` adds 1 (`hardPodAffinityWeight`). `(key, value)` -> score. The
+    /// incoming pod's own preferences are scored by the planner.
+    pub fn affinity_scores(&self, pod: &PodInfo) -> TopologyScores {
+        let own_ns = self.ns_labels(&pod.namespace);
+        let mut cache = self.scoring.borrow_mut();
+        let (done, scores) = cache.entry((pod.namespace.clone(), pod.labels.clone())).or_default();
+        for &(p, n) in &self.with_scoring_terms[(*done).min(self.with_scoring_terms.len())..] {
+            let other = &self.pods[p];
+            if other.terminating {
+                continue;
+            }
+            let hard = other.affinity.iter().map(|t| (HARD_POD_AFFINITY_WEIGHT, t));
+            let preferred = other.preferred_affinity.iter().map(|(w, t)| (i64::from(*w), t));
+            let avoided = other.preferred_anti_affinity.iter().map(|(w, t)| (-i64::from(*w), t));
+            for (weight, t) in hard.chain(preferred).chain(avoided) {
+                if let Some(v) = self.nodes[n].labels.get(&t.topology_key).filter(|_| t.matches(pod, own_ns)) {
+                    *scores.entry((t.topology_key.clone(), v.clone())).or_default() += weight;
+                }
+            }
+        }
+        *done = self.with_scoring_terms.len();
+        scores.iter().filter(|(_, s)| **s != 0).map(|(k, s)| (k.clone(), *s)).collect()
     }
 
     /// Every node the pod may be bound to, or for each node why not.

@@ -356,6 +356,101 @@ fn anti_affinity_to_own_replicas_spreads_them_one_per_node_as_they_are_placed() 
     assert!(s.nodes.iter().all(|n| n.pods.len() == 1));
 }
 
+// ---- InterPodAffinity scoring: running pods' own terms (scoring_test.go's symmetry cases) ----
+
+fn preferred(kind: &str, weight: i32, key: &str, selector: Value) -> Value {
+    json!({"affinity": {kind: {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": weight, "podAffinityTerm": {"labelSelector": selector, "topologyKey": key}}]}}})
+}
+
+/// Each node's score for `p` from running pods' terms ([`Snapshot::affinity_scores`]).
+fn scores(s: &Snapshot, p: &PodInfo) -> Vec<i64> {
+    let toward = s.affinity_scores(p);
+    s.nodes.iter().map(|n| toward.iter().filter(|((k, v), _)| n.labels.get(k) == Some(v)).map(|(_, w)| w).sum()).collect()
+}
+
+fn regions() -> Vec<Node> {
+    vec![node("node1", json!({"region": "China"})), node("node2", json!({"region": "India"})), node("node3", json!({"az": "az1"}))]
+}
+
+#[test]
+fn affinity_symmetry_considered_only_the_preferred_during_scheduling_in_pod_affinity_symmetry() {
+    let existing = pods(vec![
+        on(pod("e1", json!({"security": "S1"}), preferred("podAffinity", 5, "region", sel("security", &["S1"]))), "node1"),
+        on(pod("e2", json!({"security": "S2"}), preferred("podAffinity", 5, "region", sel("security", &["S2"]))), "node2"),
+    ]);
+    let s = Snapshot::new(&regions(), &existing, &[]);
+    assert_eq!(scores(&s, &info(pod("p", json!({"security": "S2"}), json!({})))), [0, 5, 0]);
+}
+
+#[test]
+fn affinity_symmetry_considered_required_during_scheduling_in_pod_affinity_symmetry() {
+    // A running pod's required affinity that selects the incoming pod counts as weight 1.
+    let hard = affinity("podAffinity", "region", sel("security", &["S1", "value2"]), json!({}));
+    let existing = pods(vec![on(pod("e1", json!({"security": "S1"}), hard.clone()), "node1"), on(pod("e2", json!({"security": "S2"}), hard), "node2")]);
+    let s = Snapshot::new(&regions(), &existing, &[]);
+    assert_eq!(scores(&s, &info(pod("p", json!({"security": "S1"}), json!({})))), [1, 1, 0]);
+}
+
+#[test]
+fn affinity_symmetry_with_namespace_selector() {
+    let namespaces: Vec<Namespace> = vec![serde_json::from_value(json!({"metadata": {"name": "subteam1.team1", "labels": {"team": "team1"}}})).expect("ns")];
+    let mut term = preferred("podAffinity", 5, "region", sel("security", &["S1"]));
+    term["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["namespaceSelector"] = json!({"matchLabels": {"team": "team1"}});
+    let existing = pods(vec![on(pod("e1", json!({"security": "S1"}), term), "node1"), on(pod("e2", json!({"security": "S2"}), preferred("podAffinity", 5, "region", sel("security", &["S2"]))), "node2")]);
+    let s = Snapshot::new(&regions(), &existing, &namespaces);
+    assert_eq!(scores(&s, &info(in_ns(pod("p", json!({"security": "S1"}), json!({})), "subteam1.team1"))), [5, 0, 0]);
+    // Its own namespace's default does not reach another namespace.
+    let plain = pods(vec![on(pod("e1", json!({"security": "S1"}), preferred("podAffinity", 5, "region", sel("security", &["S1"]))), "node1")]);
+    let s = Snapshot::new(&regions(), &plain, &namespaces);
+    assert_eq!(scores(&s, &info(in_ns(pod("p", json!({"security": "S1"}), json!({})), "subteam1.team1"))), [0, 0, 0]);
+}
+
+#[test]
+fn anti_affinity_symmetry_the_existing_pods_in_node_which_has_anti_affinity_match_will_get_high_score() {
+    // Upstream's scores, normalized: node1 0, node2 the maximum. Raw: node1 loses the weight.
+    let nodes = vec![node("node1", json!({"az": "az1"})), node("node2", json!({"az": "az2"}))];
+    let existing = pods(vec![
+        on(pod("e1", json!({"security": "S1"}), preferred("podAntiAffinity", 5, "az", sel("security", &["S2"]))), "node1"),
+        on(pod("e2", json!({"security": "S2"}), preferred("podAntiAffinity", 5, "az", sel("security", &["S1"]))), "node2"),
+    ]);
+    let s = Snapshot::new(&nodes, &existing, &[]);
+    assert_eq!(scores(&s, &info(pod("p", json!({"security": "S2"}), json!({})))), [-5, 0]);
+}
+
+#[test]
+fn avoid_panic_when_partial_nodes_in_a_topology_dont_have_pods_with_affinity() {
+    // Both nodes share the region a running pod's preference points at: they score alike.
+    let both = vec![node("node1", json!({"region": "China"})), node("node2", json!({"region": "China"}))];
+    let mut terms = preferred("podAffinity", 5, "region", sel("security", &["S1"]));
+    terms["affinity"]["podAntiAffinity"] = preferred("podAntiAffinity", 5, "az", sel("security", &["S2"]))["affinity"]["podAntiAffinity"].clone();
+    let existing = pods(vec![on(pod("e1", json!({"security": "S1"}), json!({})), "node1"), on(pod("e2", json!({}), terms), "node2")]);
+    let s = Snapshot::new(&both, &existing, &[]);
+    let [a, b] = scores(&s, &info(pod("p", json!({"security": "S1"}), json!({}))))[..] else { panic!("two nodes") };
+    assert_eq!((a, b), (5, 5));
+}
+
+#[test]
+fn scores_follow_the_pods_placed_since_the_last_look() {
+    let mut s = Snapshot::new(&regions(), &[], &[]);
+    let web = info(pod("p", json!({"security": "S1"}), json!({})));
+    assert_eq!(scores(&s, &web), [0, 0, 0]);
+    s.bind(info(pod("e1", json!({}), preferred("podAffinity", 5, "region", sel("security", &["S1"])))), 1);
+    assert_eq!(scores(&s, &web), [0, 5, 0]);
+    s.bind(info(pod("e2", json!({}), preferred("podAntiAffinity", 3, "region", sel("security", &["S1"])))), 1);
+    s.bind(info(pod("e3", json!({}), preferred("podAffinity", 2, "region", sel("security", &["S1"])))), 0);
+    assert_eq!(scores(&s, &web), [2, 2, 0]);
+    // Another kind of pod is scored on its own.
+    assert_eq!(scores(&s, &info(pod("q", json!({"security": "S2"}), json!({})))), [0, 0, 0]);
+}
+
+#[test]
+fn a_terminating_pods_terms_and_pods_without_terms_score_nothing() {
+    let mut leaving = on(pod("e1", json!({}), preferred("podAffinity", 5, "region", sel("security", &["S1"]))), "node1");
+    leaving["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    let s = Snapshot::new(&regions(), &pods(vec![leaving, on(pod("e2", json!({"security": "S1"}), json!({})), "node2")]), &[]);
+    assert!(s.affinity_scores(&info(pod("p", json!({"security": "S1"}), json!({})))).is_empty());
+}
+
 // ---- NodeResourcesFit, NodePorts, TaintToleration, NodeUnschedulable, NodeAffinity ----
 
 #[test]

@@ -238,6 +238,10 @@ impl Aws {
             }
         };
         for nc in &list.items {
+            // The watch resolved it since the list was taken, from a spec at least as new.
+            if self.classes.load().get(&nc.name()).is_some_and(|c| c.at > listed_at) {
+                continue;
+            }
             let class = self.use_class(nc).await;
             if let Err(e) = write_status(&api, nc, &class.resolved).await {
                 tracing::warn!(nodeclass = %nc.name(), error = %e, "could not write the node class status");
