@@ -24,6 +24,32 @@ pub fn from_multiple<T: DeserializeOwned>(text: &str) -> Result<Vec<T>, Error> {
     serde_saphyr::from_multiple_with_options(text, options())
 }
 
+/// Every object of a `---`-separated stream of Kubernetes objects: a document, or the items of
+/// a list as `kubectl get -o yaml` prints several objects (`kind: List`) or the API returns them
+/// (`NodeList`, `PodList`: items without a kind of their own take the list's).
+pub fn objects(text: &str) -> Result<Vec<serde_json::Value>, Error> {
+    Ok(from_multiple::<serde_json::Value>(text)?.into_iter().flat_map(list_items).collect())
+}
+
+/// A document, or a list's items.
+fn list_items(doc: serde_json::Value) -> Vec<serde_json::Value> {
+    let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+    let Some(item_kind) = kind.strip_suffix("List") else { return vec![doc] };
+    let Some(items) = doc.get("items").and_then(|i| i.as_array()) else { return vec![doc] };
+    let api = doc.get("apiVersion").cloned().unwrap_or_default();
+    items
+        .iter()
+        .cloned()
+        .map(|mut item| {
+            if item.get("kind").is_none() && !item_kind.is_empty() {
+                item["kind"] = serde_json::json!(item_kind);
+                item["apiVersion"] = api.clone();
+            }
+            item
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -32,6 +58,14 @@ mod tests {
         assert_eq!(v, serde_json::json!({"a": "y", "b": "on", "c": "no", "d": true, "e": "0755", "f": "1_000", "g": 3, "h": "500m"}));
         let docs: Vec<serde_json::Value> = super::from_multiple("a: 1\n---\nb: 2\n").expect("yaml");
         assert_eq!(docs.len(), 2);
+    }
+
+    #[test]
+    fn lists_are_read_as_their_items() {
+        let text = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Node, metadata: {name: a}}\n- {apiVersion: v1, kind: Pod, metadata: {name: p}}\n---\napiVersion: v1\nkind: PodList\nitems:\n- {metadata: {name: q}}\n---\n{apiVersion: v1, kind: Service, metadata: {name: s}}\n";
+        let kinds: Vec<(String, String)> = super::objects(text).expect("yaml").iter().map(|o| (o["kind"].as_str().unwrap_or("").to_string(), o["metadata"]["name"].as_str().unwrap_or("").to_string())).collect();
+        let want = [("Node", "a"), ("Pod", "p"), ("Pod", "q"), ("Service", "s")].map(|(k, n)| (k.to_string(), n.to_string()));
+        assert_eq!(kinds, want);
     }
 
     #[test]

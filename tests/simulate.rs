@@ -174,6 +174,37 @@ fn a_cluster_dump_plans_with_running_pods_and_kube_schedulers_rules() {
 }
 
 #[test]
+fn a_dump_printed_as_a_list_plans_as_the_same_documents() {
+    // `kubectl get nodes,pods -A -o yaml` prints one `kind: List`; the API's own lists
+    // (`NodeList`, `PodList`) carry items without a kind.
+    let docs: Vec<Value> = archer::yaml::from_multiple(DUMP).expect("dump");
+    let dir = tempfile::tempdir().expect("tmp");
+    let list = dir.path().join("list.yaml");
+    std::fs::write(&list, serde_json::to_string(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs})).expect("json")).expect("write");
+    let plan = simulate(&["--scenario", list.to_str().expect("path"), "--offline"]);
+    assert_eq!(plan["existing"], serde_json::json!([{"node": "ip-10-0-1-1", "pods": ["default/web-0"]}]), "{plan}");
+    assert!(!plan.to_string().contains("ignored"), "nothing of the list left out: {plan}");
+    let strip = |kind: &str| -> Value {
+        let items: Vec<Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == kind)
+            .map(|d| {
+                let mut d = d.clone();
+                d.as_object_mut().map(|o| (o.remove("kind"), o.remove("apiVersion")));
+                d
+            })
+            .collect();
+        serde_json::json!({"apiVersion": "v1", "kind": format!("{kind}List"), "items": items})
+    };
+    let typed = dir.path().join("typed.yaml");
+    let others: Vec<String> = docs.iter().filter(|d| d["kind"] != "Node" && d["kind"] != "Pod").map(|d| serde_json::to_string(d).expect("json")).collect();
+    let text = [serde_json::to_string(&strip("Node")).expect("json"), serde_json::to_string(&strip("Pod")).expect("json")].into_iter().chain(others).collect::<Vec<_>>().join("\n---\n");
+    std::fs::write(&typed, text).expect("write");
+    let plan = simulate(&["--scenario", typed.to_str().expect("path"), "--offline"]);
+    assert_eq!(plan["existing"], serde_json::json!([{"node": "ip-10-0-1-1", "pods": ["default/web-0"]}]), "{plan}");
+}
+
+#[test]
 fn a_spread_on_a_key_no_node_can_have_buys_no_node() {
     let scenario = r#"
 apiVersion: archer.dev/v1alpha1

@@ -12,7 +12,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::Api;
-use serde_json::Value;
 
 use super::inspect::Output;
 use super::RegistryArgs;
@@ -46,14 +45,7 @@ pub struct ReportArgs {
 
 /// Nodes and pods of a dump: a `List`'s items, or the documents themselves.
 fn read_dump(text: &str) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
-    let docs: Vec<Value> = crate::yaml::from_multiple(text).context("the dump is not YAML")?;
-    let mut objects = Vec::new();
-    for d in docs {
-        match d["items"].as_array() {
-            Some(items) if d["kind"] == "List" || d["kind"].as_str().is_some_and(|k| k.ends_with("List")) => objects.extend(items.iter().cloned()),
-            _ => objects.push(d),
-        }
-    }
+    let objects = crate::yaml::objects(text).context("the dump is not YAML")?;
     let (mut nodes, mut pods) = (Vec::new(), Vec::new());
     for o in objects {
         match o["kind"].as_str() {

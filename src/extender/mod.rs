@@ -236,10 +236,15 @@ impl Extender {
             return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
         }
         let node = self.nodes.as_ref()?.get(&kube::runtime::reflector::ObjectRef::new(&planned))?;
-        if let Some(why) = awaiting_registration(&planned, &node, cluster.registered_for(&planned)) {
+        let pods = cluster.pods();
+        // Registered moments ago counts only while the node would take the pod by Archer's own
+        // view of it: if its room is taken, kube-scheduler refuses it for that, and no event
+        // would end the wait.
+        let recently = cluster.registered_for(&planned).filter(|_| pods.as_ref().is_some_and(|pods| plan_wait::fits_alone(&crate::core::sched::PodInfo::from_pod(pod), &node, pods)));
+        if let Some(why) = awaiting_registration(&planned, &node, recently) {
             return Some((planned, why));
         }
-        let pods = cluster.pods()?;
+        let pods = pods?;
         let waits = age < PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &pods) && plan_wait::siblings_coming(pod, &pods, self.nodes.as_ref()?, cluster).await;
         waits.then(|| (planned.clone(), format!("waiting for node {planned}, where the provisioning plan put the pod, until the pods planned before it in other domains land")))
     }

@@ -24,9 +24,17 @@ pub(super) fn refused_only_for_spread(pod: &Pod, node: &Node, pods: &Store<Pod>)
     if info.spread.is_empty() || !info.affinity.is_empty() || !info.anti_affinity.is_empty() {
         return false;
     }
+    fits_alone(&info, node, pods)
+}
+
+/// Would `node` take the pod by every filter of the scheduling model, checked alone with the
+/// pods bound to it? (Spread over a single domain always holds, and inter-pod rules see only
+/// that node's pods.) A node whose room, ports or pods refuse the pod here is refused by
+/// kube-scheduler for that, not for a view that lags.
+pub(super) fn fits_alone(info: &PodInfo, node: &Node, pods: &Store<Pod>) -> bool {
     let Some(name) = node.metadata.name.as_deref() else { return false };
     let bound: Vec<Pod> = pods.state().iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)).map(|p| p.as_ref().clone()).collect();
-    Snapshot::new(std::slice::from_ref(node), &bound, &[]).fits(&info, 0).is_ok()
+    Snapshot::new(std::slice::from_ref(node), &bound, &[]).fits(info, 0).is_ok()
 }
 
 /// Will another pod the pod's spread counts bind soon, where its own plan put it? Such a pod is
@@ -65,4 +73,36 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
         let registering = snap.nodes[i].taints.iter().any(|t| crate::core::taints::is_registering_taint(&t.key));
         registering || snap.fits(&PodInfo::from_pod(p), i).is_ok()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::{reflector, watcher};
+    use serde_json::json;
+
+    fn pod(name: &str, cpu: &str, node: Option<&str>) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": cpu}}}]}}))
+        .expect("pod")
+    }
+
+    fn store(pods: Vec<Pod>) -> Store<Pod> {
+        let mut writer = reflector::store::Writer::<Pod>::default();
+        for p in pods {
+            writer.apply_watcher_event(&watcher::Event::Apply(p));
+        }
+        writer.as_reader()
+    }
+
+    #[test]
+    fn a_node_whose_room_a_bound_pod_took_does_not_fit_alone() {
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": "n", "labels": {"kubernetes.io/hostname": "n"}},
+            "status": {"allocatable": {"cpu": "2", "memory": "4Gi", "pods": "110"}}}))
+        .expect("node");
+        let incoming = PodInfo::from_pod(&pod("api-1", "1500m", None));
+        assert!(fits_alone(&incoming, &node, &store(vec![pod("elsewhere", "1500m", Some("m"))])));
+        // A sibling bound there first (kube-scheduler's refusal is its room, not a lagging view).
+        assert!(!fits_alone(&incoming, &node, &store(vec![pod("api-0", "1500m", Some("n"))])));
+    }
 }

@@ -57,7 +57,7 @@ pub struct Scenario {
 impl Scenario {
     pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
         let mut s = Scenario::default();
-        let docs: Vec<serde_json::Value> = crate::yaml::from_multiple(text).map_err(|e| ScenarioError::Yaml(e.to_string()))?;
+        let docs = crate::yaml::objects(text).map_err(|e| ScenarioError::Yaml(e.to_string()))?;
         for (index, json) in docs.into_iter().enumerate() {
             let err = |message: String| ScenarioError::Document { index, message };
             if json.is_null() {
@@ -181,6 +181,7 @@ pub fn all_images(pods: &[ScenarioPod]) -> Vec<String> {
     }
     seen.into_keys().collect()
 }
+
 
 #[cfg(test)]
 mod tests {

@@ -152,6 +152,61 @@ async fn scenario_3_images_decide_the_architecture() {
     eprintln!("scenario 3 total: {:?}", started.elapsed());
 }
 
+/// A running pod's own preferred pod affinity toward the incoming pod decides where
+/// kube-scheduler binds it among nodes with room (InterPodAffinity scores it), and
+/// `archer simulate` on a dump of that cluster places the pod on the same node. Two nodes alike
+/// in type, zone and price; `cache` runs on the second and prefers `web` beside it, so the first
+/// node, which would otherwise come first and has more room, is not chosen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn a_running_pods_preference_draws_the_pod_and_simulate_agrees_with_kube_scheduler() {
+    let c = Cluster::start("symmetry").await;
+    let client = c.client().await;
+    namespace(&client, "shop", json!({})).await;
+    for name in ["node-a", "node-b"] {
+        node(&client, name, "m6i.large", "us-east-1a", "on-demand").await;
+    }
+    nodes_ready(&client, 2).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "shop");
+    let near = json!({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}}]}});
+    let cache: Pod = serde_json::from_value(json!({"metadata": {"name": "cache", "labels": {"app": "cache"}}, "spec": {"nodeName": "node-b", "affinity": near,
+        "containers": [{"name": "c", "image": "cache", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]}})).expect("pod");
+    pods.create(&PostParams::default(), &cache).await.expect("create cache");
+    let web = |name: &str| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": "web"}}, "spec": {"containers": [{"name": "w", "image": "web", "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}})).expect("pod")
+    };
+    pods.create(&PostParams::default(), &web("web-0")).await.expect("create web");
+    let bound = wait_running(&client, "shop", "web", 1, Duration::from_secs(60)).await;
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    assert_eq!(node_of(&bound[0]), "node-b", "kube-scheduler scores node-b for cache's preference");
+
+    // The cluster as `kubectl get nodes,pods -A -o yaml` shows it, with one more web pod pending.
+    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.expect("nodes").items;
+    let running = pods.list(&ListParams::default()).await.expect("pods").items;
+    let mut items: Vec<serde_json::Value> = nodes.iter().map(|n| json!(n)).chain(running.iter().map(|p| json!(p))).collect();
+    items.iter_mut().for_each(|o| {
+        o["apiVersion"] = json!("v1");
+        o["kind"] = json!(if o["spec"].get("containers").is_some() { "Pod" } else { "Node" });
+    });
+    let mut pending = json!(web("web-1"));
+    pending["metadata"]["namespace"] = json!("shop");
+    pending["apiVersion"] = json!("v1");
+    pending["kind"] = json!("Pod");
+    items.push(pending);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dump = dir.path().join("dump.yaml");
+    std::fs::write(&dump, serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": items})).expect("json")).expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer")).args(["simulate", "--offline", "--output", "json", "--scenario"]).arg(&dump).output().expect("simulate");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(plan["existing"], json!([{"node": "node-b", "pods": ["shop/web-1"]}]), "{plan}");
+    // And kube-scheduler puts that pod there too.
+    pods.create(&PostParams::default(), &web("web-1")).await.expect("create web-1");
+    wait("web-1 bound", Duration::from_secs(60), || async { pods.get("web-1").await.ok().is_some_and(|p| !node_of(&p).is_empty()) }).await;
+    assert_eq!(node_of(&pods.get("web-1").await.expect("web-1")), "node-b");
+}
+
 /// Scenario 5 (webhook and extender parts): with the webhook down the extender keeps amd64-only
 /// pods off arm64; with the extender down scheduling goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
