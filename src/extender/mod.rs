@@ -240,7 +240,11 @@ impl Extender {
         // Registered moments ago counts only while the node would take the pod by Archer's own
         // view of it: if its room is taken, kube-scheduler refuses it for that, and no event
         // would end the wait.
-        let recently = cluster.registered_for(&planned).filter(|_| pods.as_ref().is_some_and(|pods| plan_wait::fits_alone(&crate::core::sched::PodInfo::from_pod(pod), &node, pods)));
+        // (The window first: the fit reads every bound pod, and most nodes are long registered.)
+        let recently = cluster
+            .registered_for(&planned)
+            .filter(|d| *d < SCHEDULER_VIEW_LAG)
+            .filter(|_| pods.as_ref().is_some_and(|pods| plan_wait::fits_alone(&crate::core::sched::PodInfo::from_pod(pod), &node, pods)));
         if let Some(why) = awaiting_registration(&planned, &node, recently) {
             return Some((planned, why));
         }
