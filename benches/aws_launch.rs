@@ -7,6 +7,7 @@
 //! moto answers in a few milliseconds on this machine where EC2 takes hundreds (CreateFleet is
 //! typically 1-3 s), so the times here are Archer's own overhead plus moto's, a floor; the calls
 //! per node are what the real API would see.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 #[path = "../tests/common/mod.rs"]
 mod common;

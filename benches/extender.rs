@@ -1,5 +1,6 @@
 //! `cargo bench --bench extender`: filter + prioritize over 5,000 nodes over HTTPS, in both
 //! `nodeCacheCapable` modes, with p50/p99 latency, and how much of the full-Node time is parsing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 #[path = "../tests/common/mod.rs"]
 mod common;

@@ -1,6 +1,7 @@
 //! `cargo bench --bench mutate`: /mutate over HTTPS with a warm cache, side by side with a
 //! trivial HTTPS endpoint of the same server stack, plus cold-cache latency against the local
 //! registry. Runs the optimised `archer serve` binary against Debian's docker-registry.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 #[path = "../tests/common/mod.rs"]
 mod common;

@@ -25,6 +25,7 @@
 //! not in that bound, so the ratio overstates the gap on Karpenter's shape; `-` when the budget
 //! ended before any bound), peak memory added while packing (VmHWM after a reset, minus VmRSS
 //! before). ARCHER_BENCH_BUDGET_MS sets the packer's budget (0: the greedy plan alone).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

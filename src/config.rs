@@ -85,7 +85,15 @@ pub struct RegistryConfig {
     /// Bound on one image lookup, in seconds.
     pub timeout_seconds: f64,
     pub tag_cache_ttl_seconds: u64,
+    /// Entries at most in each of the tag and digest caches.
     pub cache_capacity: u64,
+    /// Bytes at most in each of the tag and digest caches (entries weighed by what they hold).
+    pub cache_max_bytes: u64,
+    /// Bytes at most in the cache of failed lookups.
+    pub failure_cache_max_bytes: u64,
+    /// How long a lookup that failed for a reason of the image's own (not found, unauthorized,
+    /// refused address, malformed manifest) is remembered; timeouts and busy answers are not.
+    pub failure_cache_ttl_seconds: f64,
     pub max_manifest_bytes: usize,
     /// Distinct images of one pod inspected at the same time.
     pub max_concurrent_lookups_per_pod: usize,
@@ -107,6 +115,9 @@ impl Default for RegistryConfig {
             timeout_seconds: 3.0,
             tag_cache_ttl_seconds: 300,
             cache_capacity: 10_000,
+            cache_max_bytes: 12 * 1024 * 1024,
+            failure_cache_max_bytes: 1024 * 1024,
+            failure_cache_ttl_seconds: 10.0,
             max_manifest_bytes: 8 * 1024 * 1024,
             max_concurrent_lookups_per_pod: 8,
             max_bytes_per_pod: 16 * 1024 * 1024,
@@ -469,6 +480,13 @@ impl Config {
         if self.registry.max_concurrent_lookups_per_pod == 0 || self.registry.max_bytes_per_pod < self.registry.max_manifest_bytes {
             return Err(ConfigError::Invalid("registry: maxConcurrentLookupsPerPod must be at least 1 and maxBytesPerPod at least maxManifestBytes".into()));
         }
+        let r = &self.registry;
+        if r.cache_capacity == 0 || r.cache_max_bytes < 64 * 1024 || r.cache_max_bytes > u64::from(u32::MAX) || r.failure_cache_max_bytes > u64::from(u32::MAX) {
+            return Err(ConfigError::Invalid("registry: cacheCapacity must be at least 1, and cacheMaxBytes in [64 KiB, 4 GiB) (failureCacheMaxBytes under 4 GiB)".into()));
+        }
+        if !(r.failure_cache_ttl_seconds.is_finite() && (0.0..=3600.0).contains(&r.failure_cache_ttl_seconds)) {
+            return Err(ConfigError::Invalid("registry.failureCacheTtlSeconds must be in [0, 3600]".into()));
+        }
         if !(self.shutdown_delay_seconds.is_finite() && (0.0..=300.0).contains(&self.shutdown_delay_seconds)) {
             return Err(ConfigError::Invalid("shutdownDelaySeconds must be in [0, 300]".into()));
         }
@@ -513,6 +531,9 @@ impl Config {
     pub fn cache_settings(&self) -> CacheSettings {
         CacheSettings {
             capacity: self.registry.cache_capacity,
+            max_bytes: self.registry.cache_max_bytes,
+            failure_max_bytes: self.registry.failure_cache_max_bytes,
+            failure_ttl: Duration::from_secs_f64(self.registry.failure_cache_ttl_seconds),
             tag_ttl: Duration::from_secs(self.registry.tag_cache_ttl_seconds),
             lookup_timeout: Duration::from_secs_f64(self.registry.timeout_seconds),
             per_pod_concurrency: self.registry.max_concurrent_lookups_per_pod,
@@ -521,17 +542,25 @@ impl Config {
     }
 
     /// The worst-case resident memory of `archer serve` with this config in a cluster of
-    /// `nodes` nodes (README "Memory bound"): the process at rest, the image caches (both full),
+    /// `nodes` nodes (README "Memory bound"): the process at rest, the image caches (all three
+    /// full, at their byte budgets),
     /// the node cache, the memory budget with the allocator's slack, and every connection at its
     /// buffers' and HTTP/2 window's worst.
     pub fn memory_bound_bytes(&self, nodes: u64) -> u64 {
         const MIB: u64 = 1024 * 1024;
         let baseline = 48 * MIB;
-        let image_caches = 2 * self.registry.cache_capacity * 1024;
+        let image_caches = self.image_cache_bytes();
         let node_cache = nodes * 10 * 1024;
         let budget = self.limits.memory_budget_bytes as u64 * 115 / 100;
         let connections = self.limits.max_connections as u64 * crate::server::CONNECTION_BYTES as u64;
         baseline + image_caches + node_cache + budget + connections
+    }
+
+    /// The most the image caches hold together: the tag and digest caches and the failure cache,
+    /// each at its byte budget (entries are weighed by what they hold), and each cache's own
+    /// structure.
+    pub fn image_cache_bytes(&self) -> u64 {
+        2 * self.registry.cache_max_bytes + self.registry.failure_cache_max_bytes + 3 * crate::registry::inspector::CACHE_STRUCTURE_BYTES
     }
 
     /// The shared memory budget of a server built from this config.

@@ -40,6 +40,11 @@ pub struct Metrics {
     pub extender_held_room_refusals: Counter,
     /// Connections closed at once because the listener was at its connection cap.
     pub connections_refused: Counter,
+    /// Connections closed to make room for a new one at the cap, by what the closed one was
+    /// doing (handshake, headers, body, idle).
+    pub connections_displaced: Family<Labels, Counter>,
+    /// Request handlers that panicked (answered 500), by route.
+    pub panics: Family<Labels, Counter>,
     /// Connections closed by a timeout, by phase (handshake, headers, idle).
     pub connection_timeouts: Family<Labels, Counter>,
     /// Connections open now.
@@ -109,6 +114,10 @@ impl Metrics {
         let extender_planned_placements = Counter::default();
         let extender_held_room_refusals = Counter::default();
         let connections_refused = Counter::default();
+        let connections_displaced = Family::<Labels, Counter>::default();
+        let panics = Family::<Labels, Counter>::default();
+        root.register("connections_displaced", "Connections closed to make room for a new one at the connection cap, by what the closed one was doing (handshake, headers, body, idle)", connections_displaced.clone());
+        root.register("panics", "Request handlers that panicked and were answered 500, by route", panics.clone());
         let connection_timeouts = Family::<Labels, Counter>::default();
         let connections_open = prometheus_client::metrics::gauge::Gauge::default();
         root.register("extender_invalid_prices", "Node prices treated as unknown because they are not sane numbers", extender_invalid_prices.clone());
@@ -166,7 +175,7 @@ impl Metrics {
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connection_timeouts, connections_open }
+        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
     }
 
     /// Export the memory budget's gauge and refusal counter.

@@ -41,9 +41,9 @@ fn list_items(doc: serde_json::Value) -> Vec<serde_json::Value> {
         .iter()
         .cloned()
         .map(|mut item| {
-            if item.get("kind").is_none() && !item_kind.is_empty() {
-                item["kind"] = serde_json::json!(item_kind);
-                item["apiVersion"] = api.clone();
+            if let Some(fields) = item.as_object_mut().filter(|f| !f.contains_key("kind") && !item_kind.is_empty()) {
+                fields.insert("kind".into(), item_kind.into());
+                fields.insert("apiVersion".into(), api.clone());
             }
             item
         })

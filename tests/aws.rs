@@ -2,6 +2,7 @@
 //! resolution, offerings and spot prices, launches (overrides, tags, client token, one instance
 //! per claim), termination, listing, interruption messages through SQS, and (through a small
 //! fault-injecting proxy, for the one fault moto cannot produce) insufficient capacity.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;
 

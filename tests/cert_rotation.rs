@@ -1,5 +1,6 @@
 //! A running server picks up a rotated certificate, including the symlink swap a Kubernetes
 //! Secret volume does, and keeps the old one when the new files are unusable.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;
 

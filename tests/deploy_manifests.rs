@@ -1,4 +1,5 @@
 //! The manifests in deploy/ decode into the real Kubernetes API types and say what the docs say.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 use std::path::Path;
 

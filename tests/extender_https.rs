@@ -1,5 +1,6 @@
 //! The scheduler extender over real HTTPS with real-shaped ExtenderArgs: full Node objects through
 //! the `archer serve` binary, and NodeNames against the watch-backed Node cache type.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;
 

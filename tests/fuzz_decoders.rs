@@ -2,6 +2,7 @@
 //! pod view inside them), ExtenderArgs, image references and resource quantities. Arbitrary
 //! input never panics; well-formed input decodes to what was encoded. The case counts are
 //! bounded so the suite stays quick under `cargo test`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -147,5 +148,88 @@ proptest! {
         prop_assert_eq!(archer::core::quantity::value(&text), Some(bytes));
         prop_assert_eq!(archer::core::quantity::cpu_millis(&format!("{n}m")), Some(n));
         prop_assert_eq!(archer::core::quantity::cpu_millis(&format!("{n}")), Some(n * 1000));
+    }
+}
+
+/// JSON nested `depth` levels deep, by arrays, objects or both in turn, around a string.
+fn nested(depth: usize, shape: usize) -> String {
+    let mut open = String::new();
+    let mut close = String::new();
+    for level in 0..depth {
+        let object = match shape % 3 {
+            0 => false,
+            1 => true,
+            _ => level % 2 == 0,
+        };
+        if object {
+            open.push_str("{\"k\":");
+            close.insert(0, '}');
+        } else {
+            open.push('[');
+            close.insert(0, ']');
+        }
+    }
+    format!("{open}\"x\"{close}")
+}
+
+/// The parts of a pod the decision view reads, each with `deep` put in the place a hostile
+/// review would nest it.
+fn pod_with_deep(part: usize, deep: &str) -> String {
+    let (metadata, spec) = match part % 9 {
+        0 => (String::new(), format!(r#""nodeSelector":{deep},"#)),
+        1 => (String::new(), format!(r#""nodeSelector":{{"a":{deep}}},"#)),
+        2 => (String::new(), format!(r#""affinity":{deep},"#)),
+        3 => (String::new(), format!(r#""affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":[{{"matchExpressions":[{{"key":"a","operator":"In","values":{deep}}}]}}]}}}}}},"#)),
+        4 => (String::new(), format!(r#""tolerations":{deep},"#)),
+        5 => (String::new(), format!(r#""tolerations":[{{"key":{deep}}}],"#)),
+        6 => (String::new(), format!(r#""imagePullSecrets":[{deep}],"#)),
+        7 => (format!(r#""labels":{{"app":{deep}}},"#), String::new()),
+        _ => (format!(r#""annotations":{{"archer.dev/x":"y","other":{deep}}},"#), String::new()),
+    };
+    format!(r#"{{"metadata":{{{metadata}"name":"p"}},"spec":{{{spec}"containers":[{{"name":"c","image":"nginx"}}]}}}}"#)
+}
+
+/// Decode as the webhook does (review, view, typed pod); never panics. Returns whether the pod
+/// decoded, and whether a full typed decode of the same object accepts it.
+fn webhook_and_full_decode(object: &str) -> (bool, bool) {
+    let review = format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","kind":{{"group":"","version":"v1","kind":"Pod"}},"operation":"CREATE","object":{object}}}}}"#);
+    let ours = match archer::webhook::decode(review.as_bytes()) {
+        Ok(r) => r.object.is_some_and(|o| archer::webhook::pod_view(o.get()).ok().and_then(|v| v.into_pod().ok()).is_some()),
+        Err(_) => false,
+    };
+    let full = serde_json::from_str::<k8s_openapi::api::core::v1::Pod>(object).is_ok();
+    (ours, full)
+}
+
+#[test]
+fn deep_nesting_in_every_part_the_view_reads_is_answered_without_a_panic_and_as_a_full_decode_answers() {
+    for part in 0..9 {
+        for depth in [1, 2, 10, 126, 127, 128, 129, 130, 500, 20_000] {
+            for shape in 0..3 {
+                let object = pod_with_deep(part, &nested(depth, shape));
+                let (ours, full) = webhook_and_full_decode(&object);
+                assert_eq!(ours, full, "part {part}, depth {depth}, shape {shape}: the view and a full decode disagree");
+            }
+        }
+        // The plain string (depth 0) is what a real pod has in most of these places.
+        let (ours, full) = webhook_and_full_decode(&pod_with_deep(part, "\"x\""));
+        assert_eq!(ours, full, "part {part} with a string");
+    }
+    // The value the old view passed through raw and re-parsed with json!, which panicked at
+    // serde_json's recursion limit: an affinity whose unknown field nests 200 deep. Unknown
+    // fields are skipped, as a full decode skips them, so both accept it.
+    assert_eq!(webhook_and_full_decode(&pod_with_deep(2, &nested(200, 1))), (true, true));
+    // Nesting where the schema wants a map is a type error for both.
+    assert_eq!(webhook_and_full_decode(&pod_with_deep(2, &nested(200, 0))), (false, false));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn deeply_nested_values_never_panic_and_agree_with_a_full_decode(part in 0usize..9, depth in 0usize..3_000, shape in 0usize..3) {
+        let object = pod_with_deep(part, &nested(depth, shape));
+        let (ours, full) = webhook_and_full_decode(&object);
+        prop_assert_eq!(ours, full);
     }
 }

@@ -2,6 +2,7 @@
 //! tests/build-helm): it renders the same objects as the kustomize manifests, its values reach
 //! the manifests, its schema refuses bad values, its certificate serves the webhook, and every
 //! metric its dashboard and alert rules name is one a running Archer exports.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;
 

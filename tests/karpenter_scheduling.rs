@@ -5,6 +5,7 @@
 //! run: scenario objects -> the one adapter -> `plan_batch`. Karpenter's test zones test-zone-1..3
 //! are us-east-1a..c here; a Karpenter test that provisions twice is one plan here, the first
 //! round's node given as an in-flight node with its pod bound.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,6 @@
 //! `archer report` on a dump (`kubectl get nodes,pods -A -o yaml`) whose images live in a real
 //! registry: one multi-arch, one built for amd64 only.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;
 

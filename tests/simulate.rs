@@ -1,4 +1,5 @@
 //! `archer simulate`: the provisioner's deciding code on scenario YAML, with no cluster.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;
 

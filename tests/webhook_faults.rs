@@ -1,5 +1,6 @@
 //! Faults and bad input: each gets its documented answer, a metric and a log line, never a
 //! panic, a 500 or a lost pod.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;
 

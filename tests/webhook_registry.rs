@@ -1,4 +1,5 @@
 //! `archer serve` over real HTTPS, with real AdmissionReview bodies, against a real registry.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;
 

@@ -40,7 +40,7 @@ pub fn parse_csv(provider: &str, text: &str) -> Result<Vec<InstanceType>, Catalo
     for (n, record) in reader.records().enumerate() {
         let record = record.map_err(|e| invalid(provider, format!("row {}: {e}", n + 2)))?;
         let get = |i: usize| record.get(i).unwrap_or("");
-        let opt = |k: usize| optional[k].map(get).unwrap_or("");
+        let opt = |k: usize| optional.get(k).copied().flatten().map(get).unwrap_or("");
         let name = get(c_name).to_string();
         let bad = |what: &str, v: &str| invalid(provider, format!("row {} ({name}): {what} {v:?}", n + 2));
         let num = |i: usize, what: &str| -> Result<u64, CatalogError> { get(i).parse().map_err(|_| bad(what, get(i))) };

@@ -156,7 +156,11 @@ impl Catalog {
 
     fn upsert(&mut self, t: InstanceType) {
         match self.by_name.get(&t.name) {
-            Some(&i) => self.types[i] = Arc::new(t),
+            Some(&i) => {
+                if let Some(slot) = self.types.get_mut(i) {
+                    *slot = Arc::new(t);
+                }
+            }
             None => {
                 self.by_name.insert(t.name.clone(), self.types.len());
                 self.types.push(Arc::new(t));
@@ -165,7 +169,7 @@ impl Catalog {
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<InstanceType>> {
-        self.by_name.get(name).map(|&i| &self.types[i])
+        self.by_name.get(name).and_then(|&i| self.types.get(i))
     }
 
     pub fn types(&self) -> &[Arc<InstanceType>] {

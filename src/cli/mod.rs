@@ -85,6 +85,10 @@ impl RegistryArgs {
     }
 }
 
+/// The allocator's purge delay in force, in milliseconds, as the binary set it (-1: never
+/// purges; `i64::MIN`: not set by a binary, as in tests of the library).
+pub static ALLOCATOR_PURGE_DELAY_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
+
 fn init_tracing(format: LogFormat, filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);

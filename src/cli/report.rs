@@ -48,7 +48,7 @@ fn read_dump(text: &str) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
     let objects = crate::yaml::objects(text).context("the dump is not YAML")?;
     let (mut nodes, mut pods) = (Vec::new(), Vec::new());
     for o in objects {
-        match o["kind"].as_str() {
+        match o.get("kind").and_then(|k| k.as_str()) {
             Some("Node") => nodes.push(serde_json::from_value(o).context("a Node in the dump")?),
             Some("Pod") => pods.push(serde_json::from_value(o).context("a Pod in the dump")?),
             _ => {}

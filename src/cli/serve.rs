@@ -54,6 +54,9 @@ pub struct ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig, namespace, catalog, extender_listen, cloud_provider } = args;
+    server::install_hook();
+    let purge_delay_ms = super::ALLOCATOR_PURGE_DELAY_MS.load(std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(purge_delay_ms, "allocator returns freed memory after purge_delay_ms (MIMALLOC_PURGE_DELAY overrides)");
     let mut cfg = registry.load()?;
     if let Some(p) = cloud_provider {
         cfg.provisioner.cloud_provider = p;

@@ -219,9 +219,12 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
 
     match output {
         Output::Json => {
-            let mut doc = plan_json(&plan);
+            let mut doc = serde_json::Map::new();
+            if let serde_json::Value::Object(fields) = plan_json(&plan) {
+                doc = fields;
+            }
             if let Some(c) = &comparison {
-                doc["compare"] = json!({
+                doc.insert("compare".into(), json!({
                     "withArm64": plan_json(&c.with_arm64),
                     "withoutArm64": plan_json(&c.without_arm64),
                     "amd64OnDemand": plan_json(&c.amd64_on_demand),
@@ -229,13 +232,13 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
                     "spotSavingsPerHour": round(c.spot_saving()),
                     "baselinePerHour": round(c.baseline()),
                     "leftOut": c.left_out,
-                });
+                }));
             }
             if let Some(d) = &decisions {
-                doc["disruption"] = json!(d);
+                doc.insert("disruption".into(), json!(d));
             }
             if !notes.is_empty() {
-                doc["notes"] = json!(notes);
+                doc.insert("notes".into(), json!(notes));
             }
             println!("{}", serde_json::to_string_pretty(&doc)?);
         }

@@ -69,8 +69,8 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
     let bound: Vec<Pod> = all.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())).map(|p| p.as_ref().clone()).collect();
     let snap = Snapshot::new(&node_list, &bound, &[]);
     planned.into_iter().any(|(p, node)| {
-        let Some(i) = snap.nodes.iter().position(|n| n.name == node) else { return false };
-        let registering = snap.nodes[i].taints.iter().any(|t| crate::core::taints::is_registering_taint(&t.key));
+        let Some((i, planned_node)) = snap.nodes.iter().enumerate().find(|(_, n)| n.name == node) else { return false };
+        let registering = planned_node.taints.iter().any(|t| crate::core::taints::is_registering_taint(&t.key));
         registering || snap.fits(&PodInfo::from_pod(p), i).is_ok()
     })
 }

@@ -137,7 +137,7 @@ pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>],
     let mut best = None;
     while lo <= hi {
         let mid = (lo + hi) / 2;
-        match try_set(&order[..mid]) {
+        match try_set(order.get(..mid).unwrap_or(&order)) {
             Some(d) => {
                 best = Some(d);
                 lo = mid + 1;
@@ -149,7 +149,7 @@ pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>],
         return best;
     }
     let n = order.len();
-    (0..n).find_map(|i| try_set(&[order[(search.start + i) % n]]))
+    (0..n).find_map(|i| order.get((search.start + i) % n).and_then(|o| try_set(std::slice::from_ref(o))))
 }
 
 /// The most nodes one decision takes (Karpenter's multi-node consolidation looks at 100).

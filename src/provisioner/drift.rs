@@ -23,7 +23,7 @@ pub fn pool_hash(pool: &NodePool) -> String {
         "startupTaints": t.spec.startup_taints,
         "nodeClassRef": t.spec.node_class_ref,
     });
-    hex::encode(&Sha256::digest(shape.to_string().as_bytes())[..8])
+    hex::encode(Sha256::digest(shape.to_string().as_bytes()).get(..8).unwrap_or_default())
 }
 
 /// Why a claim's node has drifted from its pool, if it has. `node_label` reads the node's labels.

@@ -29,7 +29,7 @@ impl Credential {
         h.update(self.username.as_bytes());
         h.update([0]);
         h.update(self.password.as_bytes());
-        hex::encode(&h.finalize()[..8])
+        hex::encode(h.finalize().get(..8).unwrap_or_default())
     }
 }
 

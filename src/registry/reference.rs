@@ -6,8 +6,13 @@
 use std::fmt;
 
 pub const DEFAULT_REGISTRY: &str = "docker.io";
-const MAX_REFERENCE_LEN: usize = 1024;
+/// The OCI distribution spec's bounds: a name (registry host, `/`, repository) of at most 255
+/// characters, a tag of at most 128, and a digest (sha512 is the longest Archer accepts).
+const MAX_NAME_LEN: usize = 255;
 const MAX_TAG_LEN: usize = 128;
+const MAX_DIGEST_LEN: usize = "sha512:".len() + 128;
+/// The longest reference the spec allows: `name:tag@digest`.
+pub const MAX_REFERENCE_LEN: usize = MAX_NAME_LEN + 1 + MAX_TAG_LEN + 1 + MAX_DIGEST_LEN;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ImageRef {
@@ -24,8 +29,10 @@ pub struct ImageRef {
 pub enum ReferenceError {
     #[error("image reference is empty")]
     Empty,
-    #[error("image reference is longer than {MAX_REFERENCE_LEN} bytes")]
+    #[error("image reference is longer than the {MAX_REFERENCE_LEN} bytes the OCI distribution spec allows")]
     TooLong,
+    #[error("image reference {0:?} names a repository longer than the {MAX_NAME_LEN} characters the OCI distribution spec allows (registry host included)")]
+    NameTooLong(String),
     #[error("image reference {0:?} contains a character that is not allowed")]
     BadCharacter(String),
     #[error("image reference {0:?} has an invalid registry host")]
@@ -69,6 +76,9 @@ impl ImageRef {
             }
         }
         let (registry, repository) = split_registry(name, s)?;
+        if registry.len() + 1 + repository.len() > MAX_NAME_LEN {
+            return Err(ReferenceError::NameTooLong(s.chars().take(64).collect::<String>() + "..."));
+        }
         if !valid_repository(&repository) {
             return Err(ReferenceError::BadRepository(s.to_string()));
         }

@@ -257,7 +257,7 @@ pub fn build(nodes: &[Node], pods: &[Pod], images: &ImagePlatforms, catalog: &Ca
     }
     let mut workloads = Vec::new();
     for ((namespace, kind, name), g) in groups {
-        let first = g.pods[0];
+        let Some(&first) = g.pods.first() else { continue };
         let (readiness, blocked_by, saving) = match pod_platforms(first, images) {
             Err(problems) => (Readiness::Unknown, problems, None),
             Ok(p) if !supports(&p, "arm64") => {

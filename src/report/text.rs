@@ -20,7 +20,7 @@ fn readiness(r: Readiness) -> &'static str {
 
 /// Left-aligned columns, two spaces apart.
 fn table(rows: &[Vec<String>]) -> String {
-    let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len)).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len)).map(|i| rows.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0)).collect();
     let mut out = String::new();
     for r in rows {
         let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();

@@ -3,6 +3,7 @@
 
 pub mod admin;
 mod conn;
+mod panics;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use crate::metrics::{label, Metrics};
+pub use panics::{guard, install_hook, ErrorBody};
 
 /// A shutdown signal every server and background task listens to.
 #[derive(Clone)]
@@ -96,8 +98,10 @@ pub async fn serve_http(listener: TcpListener, router: Router, shutdown: Shutdow
 }
 
 async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, shutdown: Shutdown, limits: ConnectionLimits) {
+    let router = guard(router, limits.metrics.clone());
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let table = Arc::new(conn::Table::default());
     let stop = shutdown.wait();
     tokio::pin!(stop);
     let mut last_refusal_log: Option<tokio::time::Instant> = None;
@@ -114,22 +118,31 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, 
             },
             _ = &mut stop => break,
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            limits.metrics.connections_refused.inc();
-            if last_refusal_log.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
-                tracing::warn!(%peer, max = limits.max_connections, "connection cap reached; closing new connections");
-                last_refusal_log = Some(tokio::time::Instant::now());
-            }
-            drop(tcp);
-            continue;
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => match make_room(&table, &slots, &limits).await {
+                Some(slot) => slot,
+                None => {
+                    limits.metrics.connections_refused.inc();
+                    if last_refusal_log.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
+                        tracing::warn!(%peer, max = limits.max_connections, "connection cap reached and every connection is answering a request; closing new connections");
+                        last_refusal_log = Some(tokio::time::Instant::now());
+                    }
+                    drop(tcp);
+                    continue;
+                }
+            },
         };
         let _ = tcp.set_nodelay(true);
+        let activity = conn::Activity::new(tls.is_some());
+        let registered = table.register(activity.clone());
         let conn = Connection { tls: tls.clone(), router: router.clone(), watcher: graceful.watcher(), limits: limits.clone() };
         let open = limits.metrics.connections_open.clone();
         tokio::spawn(async move {
             open.inc();
-            conn.run(tcp, peer).await;
+            conn.run(tcp, peer, activity).await;
             open.dec();
+            drop(registered);
             drop(slot);
         });
     }
@@ -140,6 +153,16 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, 
     }
 }
 
+/// At the cap, a new connection displaces the one that has made the least progress for the
+/// longest (see [`conn::Table::displace_one`]): an attacker holding every slot with stalled
+/// connections cannot keep kube-apiserver out. Waits briefly for the displaced one to close.
+async fn make_room(table: &conn::Table, slots: &Arc<Semaphore>, limits: &ConnectionLimits) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let phase = table.displace_one()?;
+    limits.metrics.connections_displaced.get_or_create(&label("phase", phase)).inc();
+    tracing::debug!(phase, "connection cap reached; displaced the connection with the least progress");
+    tokio::time::timeout(Duration::from_millis(500), slots.clone().acquire_owned()).await.ok()?.ok()
+}
+
 struct Connection {
     tls: Option<TlsAcceptor>,
     router: Router,
@@ -148,11 +171,13 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(self, tcp: tokio::net::TcpStream, peer: SocketAddr) {
-        let activity = conn::Activity::new();
+    async fn run(self, tcp: tokio::net::TcpStream, peer: SocketAddr, activity: Arc<conn::Activity>) {
         match self.tls.clone() {
-            Some(acceptor) => match tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => self.http(conn::Tracked::new(stream, activity.clone()), activity, peer).await,
+            Some(acceptor) => match self.handshake(acceptor, conn::Tracked::new(tcp, activity.clone()), &activity).await {
+                Ok(Ok(stream)) => {
+                    activity.handshake_done();
+                    self.http(stream, activity, peer).await
+                }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => {
                     self.limits.timed_out("handshake");
@@ -163,15 +188,28 @@ impl Connection {
         }
     }
 
-    async fn http<IO>(self, io: conn::Tracked<IO>, activity: Arc<conn::Activity>, peer: SocketAddr)
+    /// The TLS handshake, bounded by the handshake timeout and ended early if displaced.
+    async fn handshake<IO>(&self, acceptor: TlsAcceptor, io: IO, activity: &conn::Activity) -> Result<std::io::Result<tokio_rustls::server::TlsStream<IO>>, ()>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        tokio::select! {
+            r = tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(io)) => r.map_err(|_| ()),
+            _ = activity.displaced() => Ok(Err(std::io::Error::other("displaced at the connection cap"))),
+        }
+    }
+
+    async fn http<IO>(self, io: IO, activity: Arc<conn::Activity>, peer: SocketAddr)
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let Connection { router, watcher, limits, .. } = self;
         let requests = activity.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-            let guard = requests.request();
-            let call = router.clone().oneshot(req.map(axum::body::Body::new));
+            let (parts, body) = req.into_parts();
+            let body = conn::WatchedBody::new(body, &requests);
+            let guard = requests.request(!body.is_open());
+            let call = router.clone().oneshot(hyper::Request::from_parts(parts, axum::body::Body::new(body)));
             async move {
                 let response = call.await;
                 drop(guard);
@@ -200,6 +238,7 @@ impl Connection {
                 limits.timed_out("idle");
                 tracing::debug!(%peer, "idle connection closed");
             }
+            _ = activity.displaced() => tracing::debug!(%peer, "connection displaced at the connection cap"),
         }
     }
 }

@@ -15,7 +15,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
-use serde_json::json;
 use tracing::{field::Empty, Instrument};
 
 use crate::cluster::ClusterView;
@@ -54,7 +53,7 @@ fn bad_request(metrics: &Metrics, reason: &'static str, message: String) -> Resp
 fn refuse(metrics: &Metrics, status: StatusCode, reason: &'static str, message: String) -> Response {
     metrics.bad_requests.get_or_create(&label("reason", reason)).inc();
     tracing::warn!(reason, %message, "request refused");
-    (status, Json(json!({"error": message, "reason": reason}))).into_response()
+    (status, Json(crate::server::ErrorBody { error: &message, reason })).into_response()
 }
 
 /// Bodies over the cap keep the documented HTTP 400; a slow body is 408, a spent budget 503.
@@ -97,7 +96,7 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
     .await;
     w.metrics.admission_seconds.observe(started.elapsed().as_secs_f64());
     span.in_scope(|| tracing::info!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
-    Json(response.to_review()).into_response()
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], response.to_json()).into_response()
 }
 
 fn count(w: &Webhook, outcome: &str) {

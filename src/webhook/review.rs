@@ -78,16 +78,7 @@ fn check_version(api_version: &str, kind: &str) -> Result<(), ReviewError> {
 pub fn decode(body: &[u8]) -> Result<Request<'_>, ReviewError> {
     let review: ReviewIn<'_> = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(shape_error) => {
-            // Only on the error path: say precisely what is wrong.
-            let value: serde_json::Value = serde_json::from_slice(body).map_err(ReviewError::BadJson)?;
-            let field = |k: &str| value.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-            check_version(&field("apiVersion"), &field("kind"))?;
-            if value.get("request").is_none_or(|r| r.is_null()) {
-                return Err(ReviewError::NoRequest);
-            }
-            return Err(ReviewError::BadShape(shape_error));
-        }
+        Err(shape_error) => return Err(explain(body, shape_error)),
     };
     check_version(&review.api_version, &review.kind)?;
     let request = review.request.ok_or(ReviewError::NoRequest)?;
@@ -95,6 +86,35 @@ pub fn decode(body: &[u8]) -> Result<Request<'_>, ReviewError> {
         return Err(ReviewError::NoUid);
     }
     Ok(request)
+}
+
+/// Only on the error path: say precisely what is wrong, without building the document (a
+/// `Value` of a hostile body costs many times its size).
+fn explain(body: &[u8], shape_error: serde_json::Error) -> ReviewError {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Probe<'a> {
+        #[serde(borrow, default)]
+        api_version: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        kind: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        request: Option<&'a RawValue>,
+    }
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+        return ReviewError::BadJson(e);
+    }
+    let Ok(probe) = serde_json::from_slice::<Probe<'_>>(body) else {
+        return ReviewError::WrongVersion { api_version: String::new(), kind: String::new() };
+    };
+    let text = |r: Option<&RawValue>| r.and_then(|r| serde_json::from_str::<String>(r.get()).ok()).unwrap_or_default();
+    if let Err(e) = check_version(&text(probe.api_version), &text(probe.kind)) {
+        return e;
+    }
+    if probe.request.is_none_or(|r| r.get() == "null") {
+        return ReviewError::NoRequest;
+    }
+    ReviewError::BadShape(shape_error)
 }
 
 /// The answer to one review. Serialised by hand rather than with kube's `AdmissionResponse`,
@@ -110,6 +130,40 @@ pub struct Answer {
     pub audit_annotations: std::collections::BTreeMap<String, String>,
 }
 
+/// The wire form of an answer: typed, so writing it cannot fail and builds no `Value` tree.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<StatusOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    audit_annotations: &'a std::collections::BTreeMap<String, String>,
+}
+
+#[derive(serde::Serialize)]
+struct StatusOut<'a> {
+    status: &'static str,
+    code: u16,
+    reason: &'a str,
+    message: &'a str,
+}
+
 impl Answer {
     pub fn allow(uid: &str) -> Self {
         Self { uid: uid.to_string(), allowed: true, ..Default::default() }
@@ -122,24 +176,30 @@ impl Answer {
         self
     }
 
-    pub fn to_review(&self) -> serde_json::Value {
+    /// The `admission.k8s.io/v1` AdmissionReview carrying this answer, as JSON bytes.
+    pub fn to_json(&self) -> Vec<u8> {
         use base64::Engine;
-        let mut response = serde_json::json!({"uid": self.uid, "allowed": self.allowed});
-        if let Some((code, reason, message)) = &self.status {
-            response["status"] = serde_json::json!({"status": "Failure", "code": code, "reason": reason, "message": message});
-        }
-        if let Some(p) = &self.patch {
-            let bytes = serde_json::to_vec(p).unwrap_or_default();
-            response["patchType"] = "JSONPatch".into();
-            response["patch"] = base64::engine::general_purpose::STANDARD.encode(bytes).into();
-        }
-        if !self.warnings.is_empty() {
-            response["warnings"] = serde_json::json!(self.warnings);
-        }
-        if !self.audit_annotations.is_empty() {
-            response["auditAnnotations"] = serde_json::json!(self.audit_annotations);
-        }
-        serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+        let patch = self.patch.as_ref().map(|p| base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(p).unwrap_or_default()));
+        let review = ReviewOut {
+            api_version: "admission.k8s.io/v1",
+            kind: "AdmissionReview",
+            response: ResponseOut {
+                uid: &self.uid,
+                allowed: self.allowed,
+                status: self.status.as_ref().map(|(code, reason, message)| StatusOut { status: "Failure", code: *code, reason, message }),
+                patch_type: patch.as_ref().map(|_| "JSONPatch"),
+                patch,
+                warnings: &self.warnings,
+                audit_annotations: &self.audit_annotations,
+            },
+        };
+        // Strings, numbers and string maps: serialising them cannot fail.
+        serde_json::to_vec(&review).unwrap_or_default()
+    }
+
+    /// The same, as a `Value` (tests and tools).
+    pub fn to_review(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.to_json()).unwrap_or_default()
     }
 }
 
@@ -156,6 +216,15 @@ const CONTAINER_COST: usize = 4 * 1024;
 /// decision looks at (container commands, env, volumes, probes, other annotations...). Decoded
 /// whole, a pod costs up to 40 times its JSON (many tiny strings); this view costs what
 /// [`PodView::decoded_cost`] says, which the webhook reserves from the memory budget first.
+///
+/// The scheduling constraints are held as borrowed raw JSON until then, and are decoded
+/// straight into their typed API structs by [`PodView::into_pod`]: no intermediate `Value`, and
+/// no re-parse of anything but those slices. Every part a decision reads (metadata names, labels
+/// and annotations, the constraints, containers' names and images) is decoded with the very
+/// types a full `Pod` decode uses, so the two accept and refuse the same documents there: typed
+/// structs have a fixed depth, and JSON nested deeper than the API's schema is a type error,
+/// never a recursion-limit panic. Parts the view skips are not type-checked (kube-apiserver has
+/// validated them).
 pub fn pod_view(raw: &str) -> Result<PodView<'_>, serde_json::Error> {
     serde_json::from_str(raw)
 }
@@ -174,24 +243,41 @@ impl PodView<'_> {
     /// Bytes of memory the decoded pod will take, at most.
     pub fn decoded_cost(&self) -> usize {
         let containers = self.spec.as_ref().map_or(0, |s| s.containers.len() + s.init_containers.as_ref().map_or(0, Vec::len));
-        self.constraint_bytes() * CONSTRAINT_EXPANSION + containers * CONTAINER_COST
+        self.constraint_bytes().saturating_mul(CONSTRAINT_EXPANSION).saturating_add(containers.saturating_mul(CONTAINER_COST))
     }
 
     /// The typed pod the decision takes.
     pub fn into_pod(self) -> Result<k8s_openapi::api::core::v1::Pod, serde_json::Error> {
+        use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        fn typed<T: serde::de::DeserializeOwned>(raw: Option<&RawValue>) -> Result<Option<T>, serde_json::Error> {
+            raw.map(|r| serde_json::from_str::<Option<T>>(r.get())).transpose().map(Option::flatten)
+        }
         let meta = self.metadata.unwrap_or_default();
-        let pod = serde_json::json!({
-            "metadata": {
-                "name": meta.name, "generateName": meta.generate_name, "namespace": meta.namespace,
-                "labels": meta.labels.map(|m| m.0), "annotations": meta.annotations.map(|m| m.0),
-            },
-            "spec": self.spec.map(|s| serde_json::json!({
-                "nodeSelector": s.node_selector, "affinity": s.affinity, "tolerations": s.tolerations,
-                "imagePullSecrets": s.image_pull_secrets, "serviceAccountName": s.service_account_name,
-                "containers": s.containers, "initContainers": s.init_containers,
-            })),
-        });
-        serde_json::from_value(pod)
+        let owned = |m: Option<ArcherKeys<'_>>| m.map(|k| k.0.into_iter().map(|(k, v)| (k.into_owned(), v)).collect());
+        let metadata = ObjectMeta {
+            name: meta.name,
+            generate_name: meta.generate_name,
+            namespace: meta.namespace,
+            labels: owned(meta.labels),
+            annotations: owned(meta.annotations),
+            ..ObjectMeta::default()
+        };
+        let container = |c: ContainerView| Container { name: c.name, image: c.image, ..Container::default() };
+        let spec = match self.spec {
+            None => None,
+            Some(s) => Some(PodSpec {
+                node_selector: typed(s.node_selector)?,
+                affinity: typed(s.affinity)?,
+                tolerations: typed(s.tolerations)?,
+                image_pull_secrets: typed(s.image_pull_secrets)?,
+                service_account_name: s.service_account_name,
+                containers: s.containers.into_iter().map(container).collect(),
+                init_containers: s.init_containers.map(|cs| cs.into_iter().map(container).collect()),
+                ..PodSpec::default()
+            }),
+        };
+        Ok(Pod { metadata, spec, status: None })
     }
 }
 
@@ -243,11 +329,11 @@ struct SpecView<'a> {
     init_containers: Option<Vec<ContainerView>>,
 }
 
-#[derive(Deserialize, serde::Serialize)]
+#[derive(Deserialize)]
 struct ContainerView {
     #[serde(default)]
     name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     image: Option<String>,
 }
 
@@ -265,11 +351,13 @@ impl<'de: 'a, 'a> Deserialize<'de> for ArcherKeys<'a> {
             }
             fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
                 let mut kept = std::collections::BTreeMap::new();
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if key.starts_with("archer.dev/") {
-                        kept.insert(key, map.next_value::<String>()?);
+                // Every value is checked to be a string, so a value a full decode refuses is
+                // refused here too; only Archer's keys are kept (and allocated).
+                while let Some(key) = map.next_key::<Str<'de>>()? {
+                    if key.0.starts_with("archer.dev/") {
+                        kept.insert(key.0, map.next_value::<String>()?);
                     } else {
-                        map.next_value::<serde::de::IgnoredAny>()?;
+                        map.next_value::<Str<'de>>()?;
                     }
                 }
                 Ok(ArcherKeys(kept))
@@ -279,11 +367,31 @@ impl<'de: 'a, 'a> Deserialize<'de> for ArcherKeys<'a> {
     }
 }
 
-impl serde::Serialize for ArcherKeys<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.0.iter())
+/// A JSON string, borrowed from the body when it has no escapes.
+struct Str<'a>(std::borrow::Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Str<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Str(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Str(std::borrow::Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Str(std::borrow::Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(Visit)
     }
 }
+
 
 #[cfg(test)]
 mod view_tests {

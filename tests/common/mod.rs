@@ -271,7 +271,12 @@ impl Archer {
     }
 
     pub async fn start_with_certs(dir: tempfile::TempDir, certs: PathBuf, config_yaml: &str, extra: &[&str]) -> Archer {
-        let archer = Self::spawn(dir, certs, config_yaml, extra);
+        Self::spawn(dir, certs, config_yaml, extra).ready().await
+    }
+
+    /// Wait (up to 10 s) until `/readyz` answers 200.
+    pub async fn ready(self) -> Archer {
+        let archer = self;
         for _ in 0..400 {
             if let Ok(r) = reqwest::get(format!("{}/readyz", archer.admin)).await {
                 if r.status().is_success() {
@@ -285,11 +290,22 @@ impl Archer {
 
     /// Start `archer serve` (`extra` may name a kubeconfig) without waiting for it to be ready.
     pub fn spawn(dir: tempfile::TempDir, certs: PathBuf, config_yaml: &str, extra: &[&str]) -> Archer {
+        // As deploy/deployment.yaml runs it: freed memory goes back to the OS at once.
+        Self::spawn_binary(Path::new(env!("CARGO_BIN_EXE_archer")), dir, certs, config_yaml, extra, Some("0"))
+    }
+
+    /// Start `binary serve`, with `MIMALLOC_PURGE_DELAY` set to `purge_delay` or unset.
+    pub fn spawn_binary(binary: &Path, dir: tempfile::TempDir, certs: PathBuf, config_yaml: &str, extra: &[&str], purge_delay: Option<&str>) -> Archer {
         let config = dir.path().join("config.yaml");
         std::fs::write(&config, config_yaml).expect("config");
         let log = dir.path().join("archer.log");
         let (hp, ap) = (free_port(), free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_archer"))
+        let mut command = Command::new(binary);
+        match purge_delay {
+            Some(v) => command.env("MIMALLOC_PURGE_DELAY", v),
+            None => command.env_remove("MIMALLOC_PURGE_DELAY"),
+        };
+        let child = command
             .arg("serve")
             .arg("--config")
             .arg(&config)
@@ -302,8 +318,6 @@ impl Archer {
             .env("KUBECONFIG", "/nonexistent/kubeconfig")
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env("ARCHER_LOG", "info,archer=debug")
-            // As deploy/deployment.yaml runs it: freed memory goes back to the OS at once.
-            .env("MIMALLOC_PURGE_DELAY", "0")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()

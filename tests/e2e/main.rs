@@ -1,5 +1,6 @@
 //! End-to-end scenarios on a real control plane (see cluster.rs). Run with `tests/e2e/run`,
 //! which builds the components and runs these ignored tests one at a time.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -1,6 +1,7 @@
 //! One batch's plan: pending pods onto the room the cluster already has (running nodes and
 //! in-flight claims) by kube-scheduler's own filter rules, then the rest onto new nodes by the
 //! packer. Pure: the same snapshot and pods give the same plan in the worker and in `simulate`.
+#![allow(clippy::indexing_slicing, reason = "the planner indexes its own vectors by indices it built from them; no index comes from input")]
 
 use super::packer::{pack_within, Offering, PendingPod, Plan, Pool, DEFAULT_BUDGET};
 use super::sched::{NodeInfo, PodInfo, Snapshot};

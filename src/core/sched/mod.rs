@@ -11,6 +11,7 @@
 //! Each pod placed with [`Snapshot::bind`] counts for the pods decided after it. Preferences
 //! (preferred pod affinity and anti-affinity, ScheduleAnyway spread) only score in kube-scheduler;
 //! the planner takes them as rules while it can ([`preferences`]).
+#![allow(clippy::indexing_slicing, reason = "the scheduling model indexes its own vectors by indices it built from them; no index comes from input")]
 
 mod interpod;
 mod memo;

@@ -59,14 +59,18 @@ pub fn user_data(spec: &EC2NodeClassSpec, claim: &NodeClaim, settings: &crate::c
     let flags = [format!("--node-labels={}", node_labels.join(",")), format!("--register-with-taints={}", kubelet_taints(claim).join(","))];
     let mut config = serde_json::json!({"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig", "spec": {"kubelet": {"flags": flags}}});
     if let Some(endpoint) = &settings.cluster_endpoint {
-        let mut cluster = serde_json::json!({"name": settings.cluster_name, "apiServerEndpoint": endpoint});
+        let mut cluster = serde_json::Map::new();
+        cluster.insert("name".into(), settings.cluster_name.clone().into());
+        cluster.insert("apiServerEndpoint".into(), endpoint.clone().into());
         if let Some(ca) = &settings.cluster_ca_bundle {
-            cluster["certificateAuthority"] = serde_json::json!(ca);
+            cluster.insert("certificateAuthority".into(), ca.clone().into());
         }
         if let Some(cidr) = &settings.cluster_cidr {
-            cluster["cidr"] = serde_json::json!(cidr);
+            cluster.insert("cidr".into(), cidr.clone().into());
         }
-        config["spec"]["cluster"] = cluster;
+        if let Some(spec) = config.get_mut("spec").and_then(serde_json::Value::as_object_mut) {
+            spec.insert("cluster".into(), cluster.into());
+        }
     }
     let boundary = "//ARCHER";
     let mut out = format!("MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{boundary}\"\n\n--{boundary}\nContent-Type: application/node.eks.aws\n\n{config}\n");
@@ -81,7 +85,7 @@ pub fn user_data(spec: &EC2NodeClassSpec, claim: &NodeClaim, settings: &crate::c
 /// The launch template's name: the cluster, the node class and a hash of everything the template
 /// holds, so a change in any of them makes a new template and never edits one in use.
 fn template_name(cluster: &str, class: &str, data: &str) -> String {
-    let hash = hex::encode(&Sha256::digest(data.as_bytes())[..8]);
+    let hash = hex::encode(Sha256::digest(data.as_bytes()).get(..8).unwrap_or_default());
     format!("archer/{cluster}/{class}/{hash}")
 }
 
@@ -290,7 +294,7 @@ pub async fn fleet(aws: &Aws, template: &str, class: &Resolved, claim: &NodeClai
 
 /// A hash of a node class's spec: a claim launched under another one has drifted.
 pub fn class_hash(spec: &EC2NodeClassSpec) -> String {
-    hex::encode(&Sha256::digest(serde_json::to_string(spec).unwrap_or_default().as_bytes())[..8])
+    hex::encode(Sha256::digest(serde_json::to_string(spec).unwrap_or_default().as_bytes()).get(..8).unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use super::{CLUSTER_TAG, NODECLASS_TAG};
 
 /// The profile's name for a role (IAM names: at most 128 of `[\w+=,.@-]`).
 pub fn profile_name(cluster: &str, role: &str) -> String {
-    let hash = hex::encode(&Sha256::digest(role.as_bytes())[..6]);
+    let hash = hex::encode(Sha256::digest(role.as_bytes()).get(..6).unwrap_or_default());
     let cluster: String = cluster.chars().filter(|c| c.is_ascii_alphanumeric() || "+=,.@-_".contains(*c)).take(100).collect();
     format!("archer_{cluster}_{hash}")
 }

@@ -1,0 +1,144 @@
+//! `cargo bench --bench webhook_floor`: the webhook's own cost, measured by wrk (Debian's `wrk`)
+//! side by side with a floor server on the same stack: Archer's HTTPS listener (rustls, hyper,
+//! axum, the same connection limits), reading the body within the same limits, decoding the
+//! AdmissionReview with Archer's decoder and echoing its uid. What `/mutate` costs beyond the
+//! floor is the decision itself: the pod view, policy, the cached image lookup, the patch and
+//! the answer.
+//!
+//! Both are release builds; the floor runs in this process on a runtime of its own with as many
+//! workers as `archer serve` gets. Throughput at 16 connections and p50 latency at one, over
+//! `ARCHER_BENCH_SECONDS` (default 10) each, floor and Archer alternating, two rounds.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "benchmark code: a failed expectation is a panic by design")]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::Request;
+use axum::response::{IntoResponse, Response};
+use common::*;
+
+fn seconds() -> u64 {
+    std::env::var("ARCHER_BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10)
+}
+
+/// The floor: read the body as `/mutate` does, decode the review, echo its uid.
+async fn floor(State(limits): State<archer::limits::BodyLimits>, req: Request<Body>) -> Response {
+    let Ok((body, _permit)) = archer::limits::read_body(req, &limits).await else {
+        return (axum::http::StatusCode::BAD_REQUEST, "body").into_response();
+    };
+    match archer::webhook::decode(&body) {
+        Ok(r) => ([(axum::http::header::CONTENT_TYPE, "application/json")], archer::webhook::Answer::allow(&r.uid).to_json()).into_response(),
+        Err(e) => (axum::http::StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    }
+}
+
+/// Start the floor server on its own runtime; its https URL.
+fn start_floor(certs: &std::path::Path) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let certs = certs.to_path_buf();
+    std::thread::spawn(move || {
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().expect("runtime");
+        rt.block_on(async move {
+            let cfg = archer::config::Config::default();
+            let budget = cfg.memory_budget();
+            let limits = archer::limits::BodyLimits {
+                max_bytes: cfg.webhook.max_body_bytes,
+                expansion: 3,
+                read_timeout: Duration::from_secs(10),
+                budget_wait: Duration::from_secs(2),
+                budget,
+                consumer: "floor",
+            };
+            let router = axum::Router::new().route("/mutate", axum::routing::post(floor)).with_state(limits);
+            let store = archer::server::tls::CertStore::load(&certs.join("tls.crt"), &certs.join("tls.key")).expect("certs");
+            let (listener, addr) = archer::server::bind("127.0.0.1:0").await.expect("bind");
+            let metrics = Arc::new(archer::metrics::Metrics::new());
+            let conn_limits = archer::server::ConnectionLimits::from_config(&cfg, metrics);
+            let (_trigger, shutdown) = archer::server::shutdown_channel();
+            tx.send(format!("https://{addr}")).expect("send");
+            archer::server::serve_https(listener, store.server_config(), router, shutdown, conn_limits).await;
+        });
+    });
+    rx.recv().expect("floor url")
+}
+
+struct Figures {
+    rps: f64,
+    p50_ms: f64,
+}
+
+/// One wrk run: `connections` keep-alive connections over `threads` threads, POSTing `body_file`.
+fn wrk(url: &str, connections: usize, threads: usize, script: &std::path::Path) -> Figures {
+    let out = Command::new("wrk")
+        .args(["-t", &threads.to_string(), "-c", &connections.to_string(), "-d", &format!("{}s", seconds()), "--latency", "-s"])
+        .arg(script)
+        .arg(url)
+        .output()
+        .expect("wrk (apt-get install wrk)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && !text.contains("Non-2xx"), "wrk failed or got errors:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let rps = text.lines().find_map(|l| l.trim().strip_prefix("Requests/sec:")).and_then(|v| v.trim().parse::<f64>().ok()).expect("Requests/sec");
+    let p50 = text.lines().find_map(|l| l.trim().strip_prefix("50%")).map(str::trim).expect("50% line");
+    let p50_ms = if let Some(us) = p50.strip_suffix("us") {
+        us.parse::<f64>().expect("us") / 1000.0
+    } else if let Some(ms) = p50.strip_suffix("ms") {
+        ms.parse::<f64>().expect("ms")
+    } else {
+        p50.trim_end_matches('s').parse::<f64>().expect("s") * 1000.0
+    };
+    Figures { rps, p50_ms }
+}
+
+#[tokio::main]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return; // `cargo test --benches` probing: nothing to list
+    }
+    let reg = Registry::start().await;
+    reg.push_index("bench/app", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    let archer = Archer::start(&format!("registry:\n  insecure: [\"{}\"]\n", reg.host), &["--log", "warn"]).await;
+    let floor_url = start_floor(&archer.certs);
+
+    // A real-shaped review of a multi-arch pod: /mutate patches it (warm cache after the first).
+    let body = serde_json::to_vec(&review("CREATE", &pod("warm", &[&reg.image("bench/app:1")]))).expect("json");
+    let (status, first) = archer.post_raw(body.clone()).await;
+    assert_eq!(status, 200);
+    assert!(first["response"]["patch"].is_string(), "the measured request is a real patching admission: {first}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let body_file = dir.path().join("review.json");
+    std::fs::write(&body_file, &body).expect("body");
+    let script = dir.path().join("post.lua");
+    std::fs::write(
+        &script,
+        format!("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nlocal f = assert(io.open(\"{}\", \"rb\"))\nwrk.body = f:read(\"*a\")\nf:close()\n", body_file.display()),
+    )
+    .expect("script");
+
+    let archer_url = format!("{}/mutate", archer.https);
+    let floor_url = format!("{floor_url}/mutate");
+    println!("webhook vs floor (wrk, {} s per run, HTTPS keep-alive, {} byte review)", seconds(), body.len());
+    println!("{:<8} {:>14} {:>14} {:>8} {:>14} {:>14} {:>8}", "round", "floor req/s", "archer req/s", "ratio", "floor p50", "archer p50", "ratio");
+    let (mut thr, mut lat) = (Vec::new(), Vec::new());
+    for round in 1..=2 {
+        let f16 = wrk(&floor_url, 16, 2, &script);
+        let a16 = wrk(&archer_url, 16, 2, &script);
+        let f1 = wrk(&floor_url, 1, 1, &script);
+        let a1 = wrk(&archer_url, 1, 1, &script);
+        thr.push(a16.rps / f16.rps);
+        lat.push(a1.p50_ms / f1.p50_ms);
+        println!(
+            "{round:<8} {:>14.0} {:>14.0} {:>7.2}x {:>11.3} ms {:>11.3} ms {:>7.2}x",
+            f16.rps, a16.rps, a16.rps / f16.rps, f1.p50_ms, a1.p50_ms, a1.p50_ms / f1.p50_ms
+        );
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    println!("throughput at 16 connections: {:.2}x the floor (target >= 0.70x)", mean(&thr));
+    println!("p50 at 1 connection: {:.2}x the floor (target <= 1.30x)", mean(&lat));
+}
