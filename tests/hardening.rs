@@ -478,3 +478,17 @@ async fn tls_connect_to(addr: &str, certs: &std::path::Path) -> std::io::Result<
     let name = rustls_pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
     tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await
 }
+
+/// The binary sets mimalloc's purge delay itself, so the memory bound holds without the
+/// environment variable; when the variable is set it wins. Reading the option back after
+/// `MIMALLOC_PURGE_DELAY=7` also proves `main.rs` names the right option.
+#[tokio::test]
+async fn the_binary_returns_freed_memory_at_once_unless_the_environment_says_otherwise() {
+    for (env, want) in [(None, 0), (Some("7"), 7)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let certs = make_certs(&dir.path().join("certs"));
+        let archer = Archer::spawn_binary(std::path::Path::new(env!("CARGO_BIN_EXE_archer")), dir, certs, "", &["--log-format", "json"], env).ready().await;
+        let log = archer.log_text();
+        assert!(log.contains(&format!("\"purge_delay_ms\":{want}")), "MIMALLOC_PURGE_DELAY={env:?}: want {want}:\n{log}");
+    }
+}

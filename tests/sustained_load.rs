@@ -64,8 +64,14 @@ struct Workload {
     registry: String,
     big_review: Vec<u8>,
     big_filter: Vec<u8>,
-    nodes: Vec<Value>,
+    /// Full Node objects, serialised once.
+    nodes: Vec<String>,
     node_names: Vec<String>,
+}
+
+/// ExtenderArgs with full Nodes, spliced from serialised parts (cheap per request).
+fn full_args(pod: &Value, nodes: &[String]) -> Vec<u8> {
+    format!(r#"{{"Pod":{pod},"Nodes":{{"kind":"NodeList","apiVersion":"v1","metadata":{{}},"items":[{}]}},"NodeNames":null}}"#, nodes.join(",")).into_bytes()
 }
 
 impl Workload {
@@ -119,11 +125,11 @@ impl Workload {
             }
             15 | 16 => {
                 let nodes = &self.nodes[..(5 + i % 120).min(self.nodes.len())];
-                ("/scheduler/prioritize", serde_json::to_vec(&extender_args_full(&self.pod(i), nodes)).expect("json"))
+                ("/scheduler/prioritize", full_args(&self.pod(i), nodes))
             }
-            17 => ("/scheduler/filter", if i % 100 == 17 { self.big_filter.clone() } else { serde_json::to_vec(&extender_args_full(&self.pod(i), &self.nodes[..20])).expect("json") }),
+            17 => ("/scheduler/filter", if i % 100 == 17 { self.big_filter.clone() } else { full_args(&self.pod(i), &self.nodes[..20]) }),
             18 => {
-                let mut body = serde_json::to_string(&extender_args_full(&self.pod(i), &self.nodes[..3])).expect("json");
+                let mut body = String::from_utf8(full_args(&self.pod(i), &self.nodes[..3])).expect("utf-8");
                 body = body.replacen("\"metadata\":{", &format!("\"metadata\":{{\"deep\":{},", nested(2000 + i % 5000)), 1);
                 ("/scheduler/filter", body.into_bytes())
             }
@@ -160,8 +166,8 @@ async fn fifty_thousand_mixed_hostile_requests_stay_within_the_memory_bound() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = make_certs(&dir.path().join("certs"));
-    let archer = Archer::spawn_binary(&binary, dir, certs, &config_text, &["--log", "info"], None).ready().await;
-    assert!(archer.log_text().contains("\"purge_delay_ms\":0") || archer.log_text().contains("purge_delay_ms=0"), "the binary sets its allocator's purge delay itself:\n{}", archer.log_text().lines().take(5).collect::<Vec<_>>().join("\n"));
+    let archer = Archer::spawn_binary(&binary, dir, certs, &config_text, &["--log", "info", "--log-format", "json"], None).ready().await;
+    assert!(archer.log_text().contains("\"purge_delay_ms\":0"), "the binary sets its allocator's purge delay itself:\n{}", archer.log_text().lines().take(5).collect::<Vec<_>>().join("\n"));
     let (resting, _) = archer.rss();
 
     let nodes: Vec<Value> = (0..2000).map(|i| node_json(&format!("node-{i}"), ["m6g.large", "m6i.large", "c7g.xlarge", "r6i.2xlarge"][i % 4], ["us-east-1a", "us-east-1b", "us-east-1c"][i % 3], if i % 5 == 0 { "spot" } else { "on-demand" })).collect();
@@ -170,6 +176,7 @@ async fn fifty_thousand_mixed_hostile_requests_stay_within_the_memory_bound() {
     big["metadata"]["annotations"] = json!({"blob": "y".repeat(3 * MIB as usize)});
     big["spec"]["containers"][0]["env"] = json!((0..20_000).map(|i| json!({"name": format!("V{i}"), "value": "z".repeat(40)})).collect::<Vec<_>>());
     let big_review = serde_json::to_vec(&review("CREATE", &big)).expect("json");
+    let nodes = nodes.iter().map(|n| serde_json::to_string(n).expect("json")).collect();
     let workload = Arc::new(Workload { registry: reg.host.clone(), big_review, big_filter, node_names: (0..2000).map(|i| format!("node-{i}")).collect(), nodes });
 
     let stop = Arc::new(AtomicUsize::new(0));
