@@ -97,7 +97,6 @@ impl Inspector {
         let cred = keyring.lookup(&parsed.registry).cloned();
         let who = cred.as_ref().map(|c| c.fingerprint()).unwrap_or_default();
         let key = format!("{parsed}#{who}");
-        let parsed_key = key.clone();
         let cache = if parsed.digest.is_some() { &self.by_digest } else { &self.by_tag };
         if let Some(hit) = cache.get(&key).await {
             self.metrics.image_lookups.get_or_create(&label("result", "hit")).inc();
@@ -111,6 +110,8 @@ impl Inspector {
         let timeout = self.lookup_timeout;
         let client = self.client.clone();
         let allowance = allowance.clone();
+        // Kept for the failure cache: the lookup takes the key.
+        let failure_key = key.clone();
         let found = cache
             .try_get_with(key, async move {
                 let deadline = Instant::now() + timeout;
@@ -126,7 +127,7 @@ impl Inspector {
             Err(e) => {
                 let e = (*e).clone();
                 if remembered(&e) {
-                    self.failures.insert(parsed_key, e.clone()).await;
+                    self.failures.insert(failure_key, e.clone()).await;
                 }
                 Err(e)
             }

@@ -171,7 +171,9 @@ impl<B: Body> WatchedBody<B> {
     pub(super) fn is_open(&self) -> bool {
         self.open.is_some()
     }
+}
 
+impl<B> WatchedBody<B> {
     fn finished(&mut self) {
         if let Some(a) = self.open.take() {
             a.bodies_open.fetch_sub(1, Ordering::SeqCst);
@@ -181,9 +183,7 @@ impl<B: Body> WatchedBody<B> {
 
 impl<B> Drop for WatchedBody<B> {
     fn drop(&mut self) {
-        if let Some(a) = self.open.take() {
-            a.bodies_open.fetch_sub(1, Ordering::SeqCst);
-        }
+        self.finished();
     }
 }
 

@@ -196,11 +196,6 @@ impl Answer {
         // Strings, numbers and string maps: serialising them cannot fail.
         serde_json::to_vec(&review).unwrap_or_default()
     }
-
-    /// The same, as a `Value` (tests and tools).
-    pub fn to_review(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.to_json()).unwrap_or_default()
-    }
 }
 
 /// Scheduling constraints (nodeSelector, affinity, tolerations, pull secrets) larger than this
