@@ -6,8 +6,12 @@
 //! the answer.
 //!
 //! Both are release builds; the floor runs in this process on a runtime of its own with as many
-//! workers as `archer serve` gets. Throughput at 16 connections and p50 latency at one, over
-//! `ARCHER_BENCH_SECONDS` (default 10) each, floor and Archer alternating, two rounds.
+//! workers as `archer serve` gets. Archer runs twice: with the shipped config, where the
+//! replicas of a workload reuse the decision made for the first (the measured review is the
+//! same pod each time, as a Deployment's replicas are), and with the decision memo off, so
+//! every review is decided in full (view, typed decode, cached image lookup, decision, patch). Throughput at 16 connections and p50 latency at one, over
+//! `ARCHER_BENCH_SECONDS` (default 10) each, floor and Archer alternating, three rounds, the median
+//! round's ratios reported.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "benchmark code: a failed expectation is a panic by design")]
 
 #[path = "../tests/common/mod.rs"]
@@ -104,6 +108,9 @@ async fn main() {
     let reg = Registry::start().await;
     reg.push_index("bench/app", "1", &["linux/amd64", "linux/arm64"], true, false).await;
     let archer = Archer::start(&format!("registry:\n  insecure: [\"{}\"]\n", reg.host), &["--log", "warn"]).await;
+    // The same server deciding every pod in full (no decision memo): what a pod unlike any
+    // recent one costs.
+    let full = Archer::start(&format!("registry:\n  insecure: [\"{}\"]\nwebhook:\n  decisionCacheMaxBytes: 0\n", reg.host), &["--log", "warn"]).await;
     let floor_url = start_floor(&archer.certs);
 
     // A real-shaped review of a multi-arch pod: /mutate patches it (warm cache after the first).
@@ -121,24 +128,48 @@ async fn main() {
     )
     .expect("script");
 
+    let (status, again) = full.post_raw(body.clone()).await;
+    assert_eq!((status, &again["response"]["patch"]), (200, &first["response"]["patch"]), "both servers give the same answer");
+
     let archer_url = format!("{}/mutate", archer.https);
+    let full_url = format!("{}/mutate", full.https);
     let floor_url = format!("{floor_url}/mutate");
     println!("webhook vs floor (wrk, {} s per run, HTTPS keep-alive, {} byte review)", seconds(), body.len());
-    println!("{:<8} {:>14} {:>14} {:>8} {:>14} {:>14} {:>8}", "round", "floor req/s", "archer req/s", "ratio", "floor p50", "archer p50", "ratio");
-    let (mut thr, mut lat) = (Vec::new(), Vec::new());
-    for round in 1..=2 {
+    println!("'archer' is the shipped config (a workload's replicas reuse its decision); 'full' decides every pod in full");
+    println!("{:<6} {:>12} {:>12} {:>7} {:>12} {:>7} {:>10} {:>10} {:>7} {:>10} {:>7}", "round", "floor rps", "archer rps", "ratio", "full rps", "ratio", "floor p50", "archer p50", "ratio", "full p50", "ratio");
+    let (mut thr, mut lat, mut thr_full, mut lat_full) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=3 {
         let f16 = wrk(&floor_url, 16, 2, &script);
         let a16 = wrk(&archer_url, 16, 2, &script);
+        let d16 = wrk(&full_url, 16, 2, &script);
         let f1 = wrk(&floor_url, 1, 1, &script);
         let a1 = wrk(&archer_url, 1, 1, &script);
+        let d1 = wrk(&full_url, 1, 1, &script);
         thr.push(a16.rps / f16.rps);
         lat.push(a1.p50_ms / f1.p50_ms);
+        thr_full.push(d16.rps / f16.rps);
+        lat_full.push(d1.p50_ms / f1.p50_ms);
         println!(
-            "{round:<8} {:>14.0} {:>14.0} {:>7.2}x {:>11.3} ms {:>11.3} ms {:>7.2}x",
-            f16.rps, a16.rps, a16.rps / f16.rps, f1.p50_ms, a1.p50_ms, a1.p50_ms / f1.p50_ms
+            "{round:<6} {:>12.0} {:>12.0} {:>6.2}x {:>12.0} {:>6.2}x {:>7.3} ms {:>7.3} ms {:>6.2}x {:>7.3} ms {:>6.2}x",
+            f16.rps,
+            a16.rps,
+            a16.rps / f16.rps,
+            d16.rps,
+            d16.rps / f16.rps,
+            f1.p50_ms,
+            a1.p50_ms,
+            a1.p50_ms / f1.p50_ms,
+            d1.p50_ms,
+            d1.p50_ms / f1.p50_ms
         );
     }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    println!("throughput at 16 connections: {:.2}x the floor (target >= 0.70x)", mean(&thr));
-    println!("p50 at 1 connection: {:.2}x the floor (target <= 1.30x)", mean(&lat));
+    // The median round: one round disturbed by the machine (the floor's own rate varies by 20%
+    // from run to run here) does not decide the figure.
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("throughput at 16 connections (median round): {:.2}x the floor (target >= 0.70x); every pod decided in full: {:.2}x", median(&thr), median(&thr_full));
+    println!("p50 at 1 connection (median round): {:.2}x the floor (target <= 1.30x); every pod decided in full: {:.2}x", median(&lat), median(&lat_full));
 }

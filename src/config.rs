@@ -135,11 +135,17 @@ pub struct WebhookConfig {
     /// Every review is answered within this long (images not inspected by then count as
     /// inspection failures); keep it below the webhook configuration's `timeoutSeconds`.
     pub decision_timeout_seconds: f64,
+    /// Bytes at most of answers kept for pods with the same inputs (a workload's replicas are
+    /// decided once); 0 turns the memo off.
+    pub decision_cache_max_bytes: u64,
+    /// How long such an answer is reused, in seconds (at most the tag cache's TTL); 0 turns the
+    /// memo off.
+    pub decision_cache_ttl_seconds: f64,
 }
 
 impl Default for WebhookConfig {
     fn default() -> Self {
-        Self { max_body_bytes: 16 * 1024 * 1024, decision_timeout_seconds: 4.0 }
+        Self { max_body_bytes: 16 * 1024 * 1024, decision_timeout_seconds: 4.0, decision_cache_max_bytes: 1024 * 1024, decision_cache_ttl_seconds: 10.0 }
     }
 }
 
@@ -474,6 +480,12 @@ impl Config {
         if !(self.webhook.decision_timeout_seconds > 0.0 && self.webhook.decision_timeout_seconds <= 30.0) {
             return Err(ConfigError::Invalid("webhook.decisionTimeoutSeconds must be in (0, 30]".into()));
         }
+        if !(self.webhook.decision_cache_ttl_seconds.is_finite() && (0.0..=3600.0).contains(&self.webhook.decision_cache_ttl_seconds)) {
+            return Err(ConfigError::Invalid("webhook.decisionCacheTtlSeconds must be in [0, 3600]".into()));
+        }
+        if self.webhook.decision_cache_max_bytes > 1024 * 1024 * 1024 {
+            return Err(ConfigError::Invalid("webhook.decisionCacheMaxBytes must be at most 1 GiB".into()));
+        }
         if !(self.extender.max_price_per_hour.is_finite() && self.extender.max_price_per_hour > 0.0) {
             return Err(ConfigError::Invalid("extender.maxPricePerHour must be a positive number".into()));
         }
@@ -549,7 +561,7 @@ impl Config {
     pub fn memory_bound_bytes(&self, nodes: u64) -> u64 {
         const MIB: u64 = 1024 * 1024;
         let baseline = 48 * MIB;
-        let image_caches = self.image_cache_bytes();
+        let image_caches = self.image_cache_bytes() + self.decision_cache_bytes();
         let node_cache = nodes * 10 * 1024;
         let budget = self.limits.memory_budget_bytes as u64 * 115 / 100;
         let connections = self.limits.max_connections as u64 * crate::server::CONNECTION_BYTES as u64;
@@ -561,6 +573,21 @@ impl Config {
     /// structure.
     pub fn image_cache_bytes(&self) -> u64 {
         2 * self.registry.cache_max_bytes + self.registry.failure_cache_max_bytes + 3 * crate::registry::inspector::CACHE_STRUCTURE_BYTES
+    }
+
+    /// The most the webhook's decision memo holds: its byte budget and its structure.
+    pub fn decision_cache_bytes(&self) -> u64 {
+        if self.webhook.decision_cache_max_bytes == 0 {
+            return 0;
+        }
+        self.webhook.decision_cache_max_bytes + crate::webhook::memo::STRUCTURE_BYTES
+    }
+
+    /// The webhook's decision memo, within its budget; its TTL never exceeds the tag cache's,
+    /// so a reused decision is no older than the platforms it came from could be.
+    pub fn decision_memo(&self) -> crate::webhook::DecisionMemo {
+        let ttl = self.webhook.decision_cache_ttl_seconds.min(self.registry.tag_cache_ttl_seconds as f64);
+        crate::webhook::DecisionMemo::new(self.webhook.decision_cache_max_bytes, std::time::Duration::from_secs_f64(ttl.max(0.0)))
     }
 
     /// The shared memory budget of a server built from this config.

@@ -15,6 +15,11 @@ pub struct Metrics {
     /// Admission reviews answered, by outcome (enforced, observed, denied, skipped, invalid, ...).
     pub admissions: Family<Labels, Counter>,
     pub admission_seconds: Histogram,
+    /// Admission reviews answered with a decision remembered for a pod with the same inputs.
+    pub admission_decisions_reused: Counter,
+    /// `admissions`' counters by outcome, once used: the admission path counts without building
+    /// a label set each time.
+    admission_outcomes: std::sync::RwLock<std::collections::HashMap<&'static str, Counter>>,
     /// Image lookups by result: hit, miss, error.
     pub image_lookups: Family<Labels, Counter>,
     /// Failed image inspections by reason (timeout, not_found, forbidden_address, ...).
@@ -95,10 +100,27 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Count one admission review under `outcome` (`archer_admission_reviews_total{outcome}`).
+    pub fn admission(&self, outcome: &'static str) {
+        if let Ok(m) = self.admission_outcomes.read() {
+            if let Some(c) = m.get(outcome) {
+                c.inc();
+                return;
+            }
+        }
+        let counter = self.admissions.get_or_create(&label("outcome", outcome)).clone();
+        counter.inc();
+        if let Ok(mut m) = self.admission_outcomes.write() {
+            m.insert(outcome, counter);
+        }
+    }
+
     pub fn new() -> Self {
         let mut root = Registry::with_prefix("archer");
         let admissions = Family::<Labels, Counter>::default();
         let admission_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        let admission_decisions_reused = Counter::default();
+        root.register("admission_decisions_reused", "Admission reviews answered with the decision made for an earlier pod with the same inputs (a workload's replicas)", admission_decisions_reused.clone());
         let image_lookups = Family::<Labels, Counter>::default();
         let inspection_failures = Family::<Labels, Counter>::default();
         let bad_requests = Family::<Labels, Counter>::default();
@@ -175,7 +197,7 @@ impl Metrics {
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
+        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
     }
 
     /// Export the memory budget's gauge and refusal counter.

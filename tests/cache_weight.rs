@@ -3,7 +3,7 @@
 //! holds one test, so nothing else allocates meanwhile) while real lookups against the real
 //! registry fill the tag cache and the failure cache past their byte budgets with the heaviest
 //! entries there are: names as long as the OCI spec allows, 128-character tags, indexes of many
-//! platforms, long error messages.
+//! platforms, long error messages. The webhook's decision memo is measured the same way.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;
@@ -110,4 +110,32 @@ async fn the_caches_hold_no_more_than_their_weights_and_the_memory_bound_counts_
     assert_eq!(cfg.memory_bound_bytes(1000) - without.memory_bound_bytes(1000), 2 * cfg.registry.cache_max_bytes + cfg.registry.failure_cache_max_bytes);
     assert_eq!(cfg.image_cache_bytes(), 2 * cfg.registry.cache_max_bytes + cfg.registry.failure_cache_max_bytes + structures);
     assert!(cfg.memory_bound_bytes(0) >= cfg.image_cache_bytes() + cfg.limits.memory_budget_bytes as u64);
+
+    // The webhook's decision memo: filled past its budget with the lightest answers (where the
+    // per-entry overhead weighs most) and with the heaviest keys and answers it keeps.
+    let structure = archer::webhook::memo::STRUCTURE_BYTES;
+    for (key_len, patch_len, warnings) in [(64, 0, 0), (archer::webhook::memo::MAX_KEY_BYTES, 4000, 3)] {
+        let memo = archer::webhook::DecisionMemo::new(cfg.webhook.decision_cache_max_bytes, std::time::Duration::from_secs(60));
+        let before = NET.load(Ordering::SeqCst);
+        for i in 0..20_000u32 {
+            let mut key = vec![b'k'; key_len];
+            key[..4].copy_from_slice(&i.to_le_bytes());
+            let mut answer = archer::webhook::Answer::allow("");
+            answer.patch = (patch_len > 0).then(|| "p".repeat(patch_len));
+            answer.warnings = (0..warnings).map(|w| format!("warning {w}: {}", "w".repeat(240))).collect();
+            answer.audit_annotations.insert("platforms".into(), "linux/amd64,linux/arm64".into());
+            answer.audit_annotations.insert("decision".into(), "enforced".into());
+            memo.insert(key, answer, "enforced");
+        }
+        let weighed = memo.weighted_bytes();
+        let held = NET.load(Ordering::SeqCst) - before;
+        eprintln!("decision memo (keys {key_len} B, patches {patch_len} B): {} entries, {held} bytes held, {weighed} weighed", memo.entries());
+        assert!(weighed as f64 >= 0.9 * cfg.webhook.decision_cache_max_bytes as f64, "filled: {weighed}");
+        assert!(weighed <= cfg.webhook.decision_cache_max_bytes);
+        assert!(held > 0 && held as u64 <= weighed + structure, "{held} bytes held by memo entries weighed at {weighed} (+{structure}): the weigher undercounts");
+        drop(memo);
+    }
+    let mut without = cfg.clone();
+    without.webhook.decision_cache_max_bytes = 0;
+    assert_eq!(cfg.memory_bound_bytes(1000) - without.memory_bound_bytes(1000), cfg.webhook.decision_cache_max_bytes + structure);
 }

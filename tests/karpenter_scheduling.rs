@@ -523,6 +523,34 @@ fn matchlabelkeys_should_support_match_label_keys() {
 }
 
 #[test]
+fn matchlabelkeys_should_support_match_label_keys_on_the_hostname() {
+    // topology_test.go "should support matchLabelKeys": two "deployments" told apart only by
+    // matchLabelKeys, hostname maxSkew 1. Each spreads on its own, so two nodes each hold one pod
+    // of each (2/2); merged into one group they would need four nodes (1/1/1/1).
+    let mut t = spread(HOST, 1, sel());
+    t["topologySpreadConstraints"][0]["matchLabelKeys"] = json!(["test-label"]);
+    let mut a = test_labels();
+    a["test-label"] = json!("value-a");
+    let mut b = test_labels();
+    b["test-label"] = json!("value-b");
+    let o = run(&docs(vec![vec![pool(json!([]))], pods("a", 2, a, "100m", t.clone()), pods("b", 2, b, "100m", t)]));
+    assert_eq!(o.unschedulable(), 0);
+    assert_eq!(o.skew(HOST, &TEST), [2, 2]);
+    assert_eq!(o.skew(HOST, &[("test-label", "value-a")]), [1, 1]);
+    assert_eq!(o.skew(HOST, &[("test-label", "value-b")]), [1, 1]);
+}
+
+#[test]
+fn matchlabelkeys_should_ignore_unknown_labels_on_the_hostname() {
+    // topology_test.go "should ignore unknown labels specified in matchLabelKeys": a key the pods
+    // lack adds nothing to the selector, so all four spread as one group.
+    let mut t = spread(HOST, 1, sel());
+    t["topologySpreadConstraints"][0]["matchLabelKeys"] = json!(["test-label"]);
+    let o = run(&docs(vec![vec![pool(json!([]))], pods("p", 4, test_labels(), "100m", t)]));
+    assert_eq!(o.skew(HOST, &TEST), [1, 1, 1, 1]);
+}
+
+#[test]
 fn matchlabelkeys_should_ignore_unknown_labels_specified_in_match_label_keys() {
     let mut t = spread(ZONE, 1, sel());
     t["topologySpreadConstraints"][0]["matchLabelKeys"] = json!(["unknown"]);

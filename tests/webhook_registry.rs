@@ -118,7 +118,8 @@ async fn digest_references_are_resolved_and_verified() {
 
 #[tokio::test]
 async fn tag_lookups_are_cached_and_concurrent_lookups_coalesce() {
-    let f = fixture("").await;
+    // The decision memo off: every admission goes to the image cache.
+    let f = fixture("webhook:\n  decisionCacheMaxBytes: 0\n").await;
     f.reg.push_index("hot/app", "1", &["linux/amd64", "linux/arm64"], true, false).await;
     let image = f.reg.image("hot/app:1");
     let misses_before = f.archer.metric("archer_image_lookups_total{result=\"miss\"}").await;
@@ -135,6 +136,52 @@ async fn tag_lookups_are_cached_and_concurrent_lookups_coalesce() {
     f.archer.admit(&pod("hot-later", &[&image])).await;
     assert_eq!(f.archer.metric("archer_image_lookups_total{result=\"hit\"}").await - hits_before, 1.0);
     assert!(f.archer.metric("archer_image_lookups_total{result=\"miss\"}").await > misses_before);
+}
+
+/// Image lookups of every result (hits, misses, failures) so far.
+async fn image_lookups(archer: &Archer) -> f64 {
+    let m = archer.metrics().await;
+    m.lines().filter(|l| l.starts_with("archer_image_lookups_total")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+#[tokio::test]
+async fn replicas_reuse_the_decision_and_pods_with_other_inputs_do_not() {
+    let f = fixture("").await;
+    let image = f.reg.image("multi/oci:1.0");
+    let reused = "archer_admission_decisions_reused_total";
+    let archer = &f.archer;
+    let (first, patched) = archer.admit(&pod("web-1", &[&image])).await;
+    assert_eq!(arch_values(&patched), vec![vec!["amd64", "arm64"]]);
+    assert_eq!(archer.metric(reused).await, 0.0);
+    let enforced = archer.metric("archer_admission_reviews_total{outcome=\"enforced\"}").await;
+    let looked_up = image_lookups(archer).await;
+
+    // A replica: same inputs, another name and uid (admit checks the uid is its own).
+    let (second, twin) = archer.admit(&pod("web-2", &[&image])).await;
+    assert_eq!(archer.metric(reused).await, 1.0);
+    assert_eq!(image_lookups(archer).await, looked_up, "a reused decision looks nothing up");
+    assert_eq!((&second["patch"], &second["auditAnnotations"], &second["allowed"]), (&first["patch"], &first["auditAnnotations"], &first["allowed"]));
+    assert_eq!(twin["spec"], patched["spec"]);
+    assert_eq!(archer.metric("archer_admission_reviews_total{outcome=\"enforced\"}").await, enforced + 1.0, "counted under its outcome");
+
+    // Other inputs are decided afresh: a toleration of its own, another namespace, another image.
+    let mut tolerating = pod("web-3", &[&image]);
+    tolerating["spec"]["tolerations"] = json!([{"key": "kubernetes.io/arch", "operator": "Equal", "value": "arm64", "effect": "NoSchedule"}]);
+    let (own, _) = archer.admit(&tolerating).await;
+    assert_ne!(own["patch"], first["patch"], "the toleration is already there: a different patch");
+    let mut elsewhere = pod("web-4", &[&image]);
+    elsewhere["metadata"]["namespace"] = json!("other");
+    archer.admit(&elsewhere).await;
+    let (arm, _) = archer.admit(&pod("web-5", &[&f.reg.image("single/oci-arm64:1")])).await;
+    assert_eq!(arm["auditAnnotations"]["platforms"], "linux/arm64");
+    assert_eq!(archer.metric(reused).await, 1.0, "no other pod reused a decision");
+
+    // A failed inspection is never reused: the next pod asks again (here the failure cache).
+    let missing = f.reg.image("missing/app:1");
+    archer.admit(&pod("gone-1", &[&missing])).await;
+    let (again, _) = archer.admit(&pod("gone-2", &[&missing])).await;
+    assert!(again["warnings"].to_string().contains("could not inspect"), "{again}");
+    assert_eq!(archer.metric(reused).await, 1.0);
 }
 
 #[tokio::test]

@@ -107,6 +107,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         metrics: metrics.clone(),
         body: body_limits(&cfg, &budget, cfg.webhook.max_body_bytes, WEBHOOK_EXPANSION, "webhook_body"),
         decision_timeout: Duration::from_secs_f64(cfg.webhook.decision_timeout_seconds),
+        memo: cfg.decision_memo(),
     });
     let catalog = Arc::new(crate::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
     let provisioning = provisioner_task(&cfg, cluster.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;

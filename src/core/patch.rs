@@ -3,40 +3,81 @@
 //!
 //! Each function also applies its change to the typed pod it is given, so the next function
 //! builds its operations against the pod as the API server will see it after the earlier ones.
+//!
+//! An operation's value is serialised once, from its typed API struct, when the operation is
+//! made ([`Op`]): no `serde_json::Value` tree is built on the admission path.
 
 use std::collections::BTreeMap;
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PreferredSchedulingTerm, Toleration,
 };
-use serde_json::Value;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+/// One RFC 6902 operation (`add` or `replace`) with its value already serialised.
+#[derive(Debug, Clone, Serialize)]
+pub struct Op {
+    op: OpKind,
+    path: PointerBuf,
+    value: Box<RawValue>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpKind {
+    Add,
+    Replace,
+}
+
+impl Op {
+    pub fn kind(&self) -> OpKind {
+        self.op
+    }
+
+    /// The JSON pointer the operation writes to.
+    pub fn path(&self) -> &str {
+        self.path.as_str()
+    }
+
+    /// The operation's value as JSON text.
+    pub fn value(&self) -> &str {
+        self.value.get()
+    }
+}
+
+/// A whole patch as the JSON array the API server applies.
+pub fn to_json(ops: &[Op]) -> Vec<u8> {
+    // Strings and pre-serialised values: writing them cannot fail.
+    serde_json::to_vec(ops).unwrap_or_default()
+}
 
 fn ptr(tokens: &[&str]) -> PointerBuf {
     PointerBuf::from_tokens(tokens.iter().copied())
 }
 
-fn add(tokens: &[&str], value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation { path: ptr(tokens), value })
+fn raw<T: Serialize>(t: &T) -> Box<RawValue> {
+    // Serialising k8s-openapi types cannot fail (no maps with non-string keys); `null` is
+    // unreachable and the API server would refuse it rather than apply something else.
+    serde_json::value::to_raw_value(t).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
-fn to_value<T: serde::Serialize>(t: &T) -> Value {
-    // Serialising k8s-openapi types into a Value cannot fail (no maps with non-string keys).
-    serde_json::to_value(t).unwrap_or(Value::Null)
+fn add<T: Serialize>(tokens: &[&str], value: &T) -> Op {
+    Op { op: OpKind::Add, path: ptr(tokens), value: raw(value) }
 }
 
 /// Set annotations (an `add` on an existing key replaces its value).
-pub fn set_annotations(pod: &mut Pod, annotations: &BTreeMap<String, String>) -> Vec<PatchOperation> {
+pub fn set_annotations(pod: &mut Pod, annotations: &BTreeMap<String, String>) -> Vec<Op> {
     if annotations.is_empty() {
         return Vec::new();
     }
     let ops = match &pod.metadata.annotations {
-        None => vec![add(&["metadata", "annotations"], to_value(annotations))],
+        None => vec![add(&["metadata", "annotations"], annotations)],
         Some(existing) => annotations
             .iter()
             .filter(|(k, v)| existing.get(*k) != Some(*v))
-            .map(|(k, v)| add(&["metadata", "annotations", k], Value::String(v.clone())))
+            .map(|(k, v)| add(&["metadata", "annotations", k], v))
             .collect(),
     };
     let existing = pod.metadata.annotations.get_or_insert_with(Default::default);
@@ -50,7 +91,7 @@ const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
 /// Require one of `groups` (each a list of expressions ANDed) on top of every existing
 /// nodeSelectorTerm: the result is the product, so the pod's own terms keep their meaning.
-pub fn require_node_expressions(pod: &mut Pod, groups: &[Vec<NodeSelectorRequirement>]) -> Vec<PatchOperation> {
+pub fn require_node_expressions(pod: &mut Pod, groups: &[Vec<NodeSelectorRequirement>]) -> Vec<Op> {
     if groups.is_empty() {
         return Vec::new();
     }
@@ -86,7 +127,7 @@ pub fn require_node_expressions(pod: &mut Pod, groups: &[Vec<NodeSelectorRequire
     let required = NodeSelector { node_selector_terms: merged };
     let ops = if existing_terms.is_some() {
         let path = ptr(&[NODE_AFFINITY[0], NODE_AFFINITY[1], NODE_AFFINITY[2], REQUIRED, "nodeSelectorTerms"]);
-        vec![PatchOperation::Replace(ReplaceOperation { path, value: to_value(&required.node_selector_terms) })]
+        vec![Op { op: OpKind::Replace, path, value: raw(&required.node_selector_terms) }]
     } else {
         let wanted = NodeAffinity { required_during_scheduling_ignored_during_execution: Some(required.clone()), ..Default::default() };
         node_affinity_ops(pod, wanted, REQUIRED)
@@ -105,7 +146,7 @@ fn node_affinity_mut(pod: &mut Pod) -> &mut NodeAffinity {
 }
 
 /// Append a preferred node-affinity term (unless an identical one is there already).
-pub fn add_preferred_term(pod: &mut Pod, term: PreferredSchedulingTerm) -> Vec<PatchOperation> {
+pub fn add_preferred_term(pod: &mut Pod, term: PreferredSchedulingTerm) -> Vec<Op> {
     let existing = pod
         .spec
         .as_ref()
@@ -114,7 +155,7 @@ pub fn add_preferred_term(pod: &mut Pod, term: PreferredSchedulingTerm) -> Vec<P
         .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref());
     let ops = match existing {
         Some(list) if list.contains(&term) => return Vec::new(),
-        Some(_) => vec![add(&[NODE_AFFINITY[0], NODE_AFFINITY[1], NODE_AFFINITY[2], PREFERRED, "-"], to_value(&term))],
+        Some(_) => vec![add(&[NODE_AFFINITY[0], NODE_AFFINITY[1], NODE_AFFINITY[2], PREFERRED, "-"], &term)],
         None => {
             let na = NodeAffinity { preferred_during_scheduling_ignored_during_execution: Some(vec![term.clone()]), ..Default::default() };
             node_affinity_ops(pod, na, PREFERRED)
@@ -125,15 +166,20 @@ pub fn add_preferred_term(pod: &mut Pod, term: PreferredSchedulingTerm) -> Vec<P
 }
 
 /// Add `field` of `wanted` at the shallowest missing level of spec.affinity.nodeAffinity.
-fn node_affinity_ops(pod: &Pod, wanted: NodeAffinity, field: &str) -> Vec<PatchOperation> {
+fn node_affinity_ops(pod: &Pod, wanted: NodeAffinity, field: &str) -> Vec<Op> {
     let affinity = pod.spec.as_ref().and_then(|s| s.affinity.as_ref());
     match affinity {
-        None => vec![add(&["spec", "affinity"], to_value(&Affinity { node_affinity: Some(wanted), ..Default::default() }))],
-        Some(a) if a.node_affinity.is_none() => vec![add(&NODE_AFFINITY, to_value(&wanted))],
+        None => vec![add(&["spec", "affinity"], &Affinity { node_affinity: Some(wanted), ..Default::default() })],
+        Some(a) if a.node_affinity.is_none() => vec![add(&NODE_AFFINITY, &wanted)],
         Some(_) => {
-            let v = to_value(&wanted);
-            let inner = v.get(field).cloned().unwrap_or(Value::Null);
-            vec![add(&[NODE_AFFINITY[0], NODE_AFFINITY[1], NODE_AFFINITY[2], field], inner)]
+            let path = [NODE_AFFINITY[0], NODE_AFFINITY[1], NODE_AFFINITY[2], field];
+            // Only the one field `wanted` sets is added, as its own typed value.
+            let op = if field == REQUIRED {
+                wanted.required_during_scheduling_ignored_during_execution.as_ref().map(|r| add(&path, r))
+            } else {
+                wanted.preferred_during_scheduling_ignored_during_execution.as_ref().map(|p| add(&path, p))
+            };
+            op.into_iter().collect()
         }
     }
 }
@@ -141,7 +187,7 @@ fn node_affinity_ops(pod: &Pod, wanted: NodeAffinity, field: &str) -> Vec<PatchO
 pub use super::taints::tolerates;
 
 /// Append the tolerations the pod does not already have.
-pub fn add_tolerations(pod: &mut Pod, wanted: &[Toleration]) -> Vec<PatchOperation> {
+pub fn add_tolerations(pod: &mut Pod, wanted: &[Toleration]) -> Vec<Op> {
     let existing = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
     let missing: Vec<Toleration> = wanted
         .iter()
@@ -157,8 +203,8 @@ pub fn add_tolerations(pod: &mut Pod, wanted: &[Toleration]) -> Vec<PatchOperati
         return Vec::new();
     }
     let ops = match existing {
-        None => vec![add(&["spec", "tolerations"], to_value(&missing))],
-        Some(_) => missing.iter().map(|t| add(&["spec", "tolerations", "-"], to_value(t))).collect(),
+        None => vec![add(&["spec", "tolerations"], &missing)],
+        Some(_) => missing.iter().map(|t| add(&["spec", "tolerations", "-"], t)).collect(),
     };
     pod.spec.get_or_insert_with(Default::default).tolerations.get_or_insert_with(Vec::new).extend(missing);
     ops

@@ -3,11 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use json_patch::PatchOperation;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod, PreferredSchedulingTerm, Toleration};
 use serde::{Deserialize, Serialize};
 
-use super::patch;
+use super::patch::{self, Op};
 use super::platform::PlatformSet;
 use super::policy::{FailurePolicy, Mode, Policy};
 
@@ -114,7 +113,7 @@ pub struct Decision {
     /// `Some(message)` when the pod must be denied.
     pub denied: Option<String>,
     pub warnings: Vec<String>,
-    pub patch: Vec<PatchOperation>,
+    pub patch: Vec<Op>,
     /// The platforms every container supports (after the namespace's allowed list), when known.
     pub platforms: Option<PlatformSet>,
 }
@@ -297,7 +296,7 @@ pub fn decide(original: &Pod, policy: &Policy, findings: &[ImageFinding], settin
 }
 
 /// A preferred term toward the most preferred runnable architecture, when there is a choice.
-fn preferred(pod: &mut Pod, policy: &Policy, archs: &BTreeSet<String>, settings: &PlacementSettings) -> Vec<PatchOperation> {
+fn preferred(pod: &mut Pod, policy: &Policy, archs: &BTreeSet<String>, settings: &PlacementSettings) -> Vec<Op> {
     if archs.len() < 2 {
         return Vec::new();
     }

@@ -143,9 +143,18 @@ pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> Pendi
     let mut per_node_max: Option<usize> = None;
     // The group those constraints count over: the pod's namespace and its own labels they select.
     let mut spread_group: Option<String> = None;
-    let mut note_group = |sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>| {
+    // `matchLabelKeys` are merged into the selector from the pod's own labels, as kube-scheduler
+    // does at admission (a key the pod lacks is ignored): two ReplicaSets of one Deployment
+    // (`pod-template-hash`) are two groups.
+    let mut note_group = |sel: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>, keys: Option<&Vec<String>>| {
         if spread_group.is_none() {
-            let m = sel.and_then(|s| s.match_labels.as_ref()).map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")).unwrap_or_default();
+            let mut m: BTreeMap<&str, &str> = sel.and_then(|s| s.match_labels.as_ref()).into_iter().flatten().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            for k in keys.into_iter().flatten() {
+                if let Some(v) = own.get(k) {
+                    m.insert(k, v);
+                }
+            }
+            let m = m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
             spread_group = Some(format!("{}|{m}", pod.metadata.namespace.as_deref().unwrap_or("default")));
         }
     };
@@ -170,12 +179,12 @@ pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> Pendi
         match c.topology_key.as_str() {
             crate::core::labels::ZONE => {
                 zone_spread = true;
-                note_group(c.label_selector.as_ref());
+                note_group(c.label_selector.as_ref(), c.match_label_keys.as_ref());
             }
             crate::core::labels::HOSTNAME => {
                 let m = usize::try_from(c.max_skew.max(1)).unwrap_or(1);
                 per_node_max = Some(per_node_max.map_or(m, |x| x.min(m)));
-                note_group(c.label_selector.as_ref());
+                note_group(c.label_selector.as_ref(), c.match_label_keys.as_ref());
             }
             _ => {}
         }
@@ -186,7 +195,7 @@ pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> Pendi
         .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
     if let Some(t) = anti.and_then(|terms| terms.iter().find(|t| t.topology_key == crate::core::labels::HOSTNAME && selects_own(t.label_selector.as_ref()))) {
         per_node_max = Some(1);
-        note_group(t.label_selector.as_ref());
+        note_group(t.label_selector.as_ref(), t.match_label_keys.as_ref());
     }
     // Host ports: pods that ask for the same host port never share a node (NodePorts).
     let mut ports: Vec<String> = spec

@@ -2,6 +2,7 @@
 //! encode the answer. Every well-formed review gets HTTP 200 with allowed/denied; malformed input
 //! gets HTTP 400 with a JSON error. Never a 500, never a panic.
 
+pub mod memo;
 mod review;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,6 +24,7 @@ use crate::core::policy::{self, Mode, PolicyDefaults};
 use crate::limits::{read_body, BodyError, BodyLimits};
 use crate::metrics::{label, Metrics};
 use crate::registry::{Inspector, Keyring};
+pub use memo::DecisionMemo;
 pub use review::{decode, pod_view, Answer, ReviewError};
 
 pub struct Webhook {
@@ -39,6 +41,8 @@ pub struct Webhook {
     pub body: BodyLimits,
     /// Every review is answered within this long; images not inspected by then are failures.
     pub decision_timeout: std::time::Duration,
+    /// Answers kept briefly for pods with the same inputs (a workload's replicas).
+    pub memo: DecisionMemo,
 }
 
 pub fn router(webhook: Arc<Webhook>) -> Router {
@@ -89,68 +93,54 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
     );
     let response = async {
         let response = review_pod(&w, &request, deadline).await;
-        tracing::Span::current().record("allowed", response.allowed);
+        tracing::Span::current().record("allowed", response.allowed());
         response
     }
     .instrument(span.clone())
     .await;
     w.metrics.admission_seconds.observe(started.elapsed().as_secs_f64());
     span.in_scope(|| tracing::info!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
-    ([(axum::http::header::CONTENT_TYPE, "application/json")], response.to_json()).into_response()
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], response.to_json(&request.uid)).into_response()
 }
 
-fn count(w: &Webhook, outcome: &str) {
-    w.metrics.admissions.get_or_create(&label("outcome", outcome)).inc();
+fn count(w: &Webhook, outcome: &'static str) {
+    w.metrics.admission(outcome);
     tracing::Span::current().record("outcome", outcome);
 }
 
-async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::time::Instant) -> Answer {
+async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::time::Instant) -> Reply {
     let allow = Answer::allow(&req.uid);
     let is_pod = req.kind.group.is_empty() && req.kind.version == "v1" && req.kind.kind == "Pod";
     if !is_pod || req.operation != "CREATE" || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
         count(w, "skipped");
-        return allow;
+        return allow.into();
     }
-    let namespace = req.namespace.clone().unwrap_or_default();
-    if w.excluded_namespaces.contains(&namespace) {
+    let namespace = req.namespace.as_deref().unwrap_or_default();
+    if w.excluded_namespaces.contains(namespace) {
         count(w, "excluded");
-        return allow;
+        return allow.into();
     }
     let view = match req.object.map(|o| review::pod_view(o.get())) {
         Some(Ok(v)) => v,
         Some(Err(e)) => {
             count(w, "undecodable");
-            return with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]);
+            return with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]).into();
         }
         None => {
             count(w, "undecodable");
-            return with_warnings(allow, vec!["archer got no pod object and left it unchanged".into()]);
+            return with_warnings(allow, vec!["archer got no pod object and left it unchanged".into()]).into();
         }
     };
     if let Some(why) = view.too_large() {
-        return undecided(w, &namespace, allow, "too_large", why);
+        return undecided(w, namespace, allow, "too_large", why).into();
     }
-    // The decoded pod's memory is reserved before it is built.
-    let _decoded = match w.body.budget.reserve("webhook_pod", view.decoded_cost(), deadline).await {
-        Ok(p) => p,
-        Err(e) => return undecided(w, &namespace, allow, "busy", format!("archer is at its memory budget: {e}")),
-    };
-    let pod: Pod = match view.into_pod() {
-        Ok(p) => p,
-        Err(e) => {
-            count(w, "undecodable");
-            return with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]);
-        }
-    };
-    let name = pod.metadata.name.clone().or_else(|| pod.metadata.generate_name.clone()).unwrap_or_default();
-    tracing::Span::current().record("pod", name.as_str());
-    if pod.metadata.labels.as_ref().and_then(|l| l.get(policy::IGNORE_LABEL)).is_some_and(|v| v == "true") {
+    tracing::Span::current().record("pod", view.name());
+    if view.ignored() {
         count(w, "excluded");
-        return allow;
+        return allow.into();
     }
-
     let annotations: BTreeMap<String, String> = match &w.cluster {
-        Some(c) => c.namespace_annotations(&namespace).unwrap_or_default(),
+        Some(c) => c.namespace_annotations(namespace).unwrap_or_default(),
         None => BTreeMap::new(),
     };
     let (policy, policy_warnings) = policy::resolve(&w.defaults, &annotations);
@@ -159,12 +149,48 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
     }
     if policy.mode == Mode::Off {
         count(w, "off");
-        return allow;
+        return allow.into();
     }
+    // The replicas of one workload are decided once: the same inputs get the same answer.
+    let key = if policy_warnings.is_empty() { view.memo_key(namespace, &policy) } else { None };
+    if let Some(found) = key.as_deref().and_then(|k| w.memo.get(k)) {
+        return reused(w, found);
+    }
+    // The decoded pod's memory is reserved before it is built.
+    let _decoded = match w.body.budget.reserve("webhook_pod", view.decoded_cost(), deadline).await {
+        Ok(p) => p,
+        Err(e) => return undecided(w, namespace, allow, "busy", format!("archer is at its memory budget: {e}")).into(),
+    };
+    let pod: Pod = match view.into_pod() {
+        Ok(p) => p,
+        Err(e) => {
+            count(w, "undecodable");
+            return with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]).into();
+        }
+    };
+    let (answer, outcome, inspected) = decide_pod(w, &pod, namespace, &policy, policy_warnings, allow, deadline).await;
+    count(w, outcome);
+    if let (Some(key), true) = (key, inspected) {
+        // Kept without the uid: each pod that reuses it gets its own.
+        w.memo.insert(key, Answer { uid: String::new(), ..answer.clone() }, outcome);
+    }
+    answer.into()
+}
 
-    let images = placement::pod_images(&pod);
+/// Inspect the pod's images and decide: the answer, the outcome it is counted under, and
+/// whether every image was inspected (only such answers may be reused).
+async fn decide_pod(
+    w: &Webhook,
+    pod: &Pod,
+    namespace: &str,
+    policy: &policy::Policy,
+    policy_warnings: Vec<policy::PolicyWarning>,
+    allow: Answer,
+    deadline: tokio::time::Instant,
+) -> (Answer, &'static str, bool) {
+    let images = placement::pod_images(pod);
     // Reading pull secrets counts against the same deadline; past it the mounted config is used.
-    let keyring = match tokio::time::timeout_at(deadline, crate::cluster::pod_keyring(w.cluster.as_ref(), &w.base_keyring, &namespace, &pod)).await {
+    let keyring = match tokio::time::timeout_at(deadline, crate::cluster::pod_keyring(w.cluster.as_ref(), &w.base_keyring, namespace, pod)).await {
         Ok(k) => k,
         Err(_) => w.base_keyring.clone(),
     };
@@ -174,31 +200,66 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
         .zip(results)
         .map(|(image, r)| ImageFinding { image: image.clone(), platforms: r.map(|i| i.platforms.clone()).map_err(|e| e.to_string()) })
         .collect();
-    let decision = placement::decide(&pod, &policy, &findings, &w.settings);
+    let inspected = findings.iter().all(|f| f.platforms.is_ok());
+    let decision = placement::decide(pod, policy, &findings, &w.settings);
     let mut warnings: Vec<String> = policy_warnings.iter().map(ToString::to_string).collect();
     warnings.extend(decision.warnings.iter().cloned());
 
     if let Some(message) = decision.denied {
-        count(w, "denied");
         tracing::info!(reason = decision.outcome.as_str(), %message, "pod denied");
-        return with_warnings(allow.deny(&message), warnings);
+        return (with_warnings(allow.deny(&message), warnings), "denied", inspected);
     }
-    count(w, decision.outcome.as_str());
-    let mut resp = with_warnings(allow, warnings);
+    let mut resp = with_warnings(allow, warnings).with_patch(&decision.patch);
     if let Some(p) = &decision.platforms {
         resp.audit_annotations.insert("platforms".into(), p.to_annotation());
     }
     resp.audit_annotations.insert("decision".into(), decision.outcome.as_str().into());
-    if !decision.patch.is_empty() {
-        resp.patch = Some(json_patch::Patch(decision.patch));
+    (resp, decision.outcome.as_str(), inspected)
+}
+
+/// A remembered answer given to another pod with the same inputs: counted and logged as the
+/// first one was.
+fn reused(w: &Webhook, found: Arc<memo::Remembered>) -> Reply {
+    w.metrics.admission_decisions_reused.inc();
+    count(w, found.outcome);
+    if let Some((_, _, message)) = found.answer.status.as_ref().filter(|_| !found.answer.allowed) {
+        tracing::info!(%message, "pod denied (decision reused)");
     }
-    resp
+    Reply::Reused(found)
+}
+
+/// The answer to one review: decided for it, or one remembered for a pod with the same inputs.
+enum Reply {
+    Own(Answer),
+    Reused(Arc<memo::Remembered>),
+}
+
+impl Reply {
+    fn allowed(&self) -> bool {
+        match self {
+            Reply::Own(a) => a.allowed,
+            Reply::Reused(r) => r.answer.allowed,
+        }
+    }
+
+    fn to_json(&self, uid: &str) -> Vec<u8> {
+        match self {
+            Reply::Own(a) => a.to_json_for(uid),
+            Reply::Reused(r) => r.answer.to_json_for(uid),
+        }
+    }
+}
+
+impl From<Answer> for Reply {
+    fn from(a: Answer) -> Self {
+        Reply::Own(a)
+    }
 }
 
 /// A pod Archer could not decide on (too large, or no memory to decode it): admitted unchanged
 /// with a warning, or denied where the namespace's policy is `fail-closed`, so neither is a way
 /// around a fail-closed namespace.
-fn undecided(w: &Webhook, namespace: &str, allow: Answer, outcome: &str, why: String) -> Answer {
+fn undecided(w: &Webhook, namespace: &str, allow: Answer, outcome: &'static str, why: String) -> Answer {
     let annotations = w.cluster.as_ref().and_then(|c| c.namespace_annotations(namespace)).unwrap_or_default();
     let (policy, _) = policy::resolve(&w.defaults, &annotations);
     if policy.mode == Mode::Off {

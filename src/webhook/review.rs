@@ -125,7 +125,8 @@ pub struct Answer {
     pub allowed: bool,
     /// HTTP-style code and message for denials.
     pub status: Option<(u16, String, String)>,
-    pub patch: Option<json_patch::Patch>,
+    /// The JSON patch, base64-encoded as the API's wire form has it.
+    pub patch: Option<String>,
     pub warnings: Vec<String>,
     pub audit_annotations: std::collections::BTreeMap<String, String>,
 }
@@ -149,7 +150,7 @@ struct ResponseOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     patch_type: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<String>,
+    patch: Option<&'a str>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     warnings: &'a [String],
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -176,19 +177,29 @@ impl Answer {
         self
     }
 
+    /// With these patch operations (none: no patch).
+    pub fn with_patch(mut self, ops: &[crate::core::patch::Op]) -> Self {
+        use base64::Engine;
+        self.patch = (!ops.is_empty()).then(|| base64::engine::general_purpose::STANDARD.encode(crate::core::patch::to_json(ops)));
+        self
+    }
+
     /// The `admission.k8s.io/v1` AdmissionReview carrying this answer, as JSON bytes.
     pub fn to_json(&self) -> Vec<u8> {
-        use base64::Engine;
-        let patch = self.patch.as_ref().map(|p| base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(p).unwrap_or_default()));
+        self.to_json_for(&self.uid)
+    }
+
+    /// The same answer to the review `uid` (a remembered decision given to another pod).
+    pub fn to_json_for(&self, uid: &str) -> Vec<u8> {
         let review = ReviewOut {
             api_version: "admission.k8s.io/v1",
             kind: "AdmissionReview",
             response: ResponseOut {
-                uid: &self.uid,
+                uid,
                 allowed: self.allowed,
                 status: self.status.as_ref().map(|(code, reason, message)| StatusOut { status: "Failure", code: *code, reason, message }),
-                patch_type: patch.as_ref().map(|_| "JSONPatch"),
-                patch,
+                patch_type: self.patch.as_ref().map(|_| "JSONPatch"),
+                patch: self.patch.as_deref(),
                 warnings: &self.warnings,
                 audit_annotations: &self.audit_annotations,
             },
@@ -241,6 +252,53 @@ impl PodView<'_> {
         self.constraint_bytes().saturating_mul(CONSTRAINT_EXPANSION).saturating_add(containers.saturating_mul(CONTAINER_COST))
     }
 
+    /// The pod's name, or its generateName when it has none yet (a controller's pods).
+    pub fn name(&self) -> &str {
+        self.metadata.as_ref().and_then(|m| m.name.as_deref().or(m.generate_name.as_deref())).unwrap_or("")
+    }
+
+    /// Whether the pod carries `archer.dev/ignore: "true"`.
+    pub fn ignored(&self) -> bool {
+        let labels = self.metadata.as_ref().and_then(|m| m.labels.as_ref());
+        labels.and_then(|l| l.0.get(crate::core::policy::IGNORE_LABEL)).is_some_and(|v| v == "true")
+    }
+
+    /// Everything the decision reads of this pod, with the namespace it is created in and the
+    /// policy in force there, as a key of the decision memo ([`super::memo`]); `None` when that
+    /// is longer than the memo keeps. The pod's name and everything the view skips are not in
+    /// it: they do not change the decision.
+    pub fn memo_key(&self, namespace: &str, policy: &crate::core::policy::Policy) -> Option<Vec<u8>> {
+        let mut k = super::memo::KeyWriter::default();
+        k.part(namespace.as_bytes());
+        policy_key(&mut k, policy);
+        let meta = self.metadata.as_ref();
+        k.optional(meta.and_then(|m| m.namespace.as_deref()).map(str::as_bytes));
+        for map in [meta.and_then(|m| m.labels.as_ref()), meta.and_then(|m| m.annotations.as_ref())] {
+            k.optional(map.map(|_| &b""[..]));
+            k.count(map.map_or(0, |m| m.0.len()));
+            for (key, value) in map.iter().flat_map(|m| m.0.iter()) {
+                k.part(key.as_bytes()).part(value.as_bytes());
+            }
+        }
+        let spec = self.spec.as_ref();
+        k.optional(spec.map(|_| &b""[..]));
+        if let Some(s) = spec {
+            for raw in [s.node_selector, s.affinity, s.tolerations, s.image_pull_secrets] {
+                k.optional(raw.map(|r| r.get().as_bytes()));
+            }
+            k.optional(s.service_account_name.as_deref().map(str::as_bytes));
+            k.optional(s.init_containers.as_ref().map(|_| &b""[..]));
+            k.count(s.init_containers.as_ref().map_or(0, Vec::len)).count(s.containers.len());
+            for c in s.init_containers.iter().flatten().chain(s.containers.iter()) {
+                k.part(c.name.as_bytes()).optional(c.image.as_deref().map(str::as_bytes));
+            }
+            if k.written() > super::memo::MAX_KEY_BYTES {
+                return None;
+            }
+        }
+        k.finish()
+    }
+
     /// The typed pod the decision takes.
     pub fn into_pod(self) -> Result<k8s_openapi::api::core::v1::Pod, serde_json::Error> {
         use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
@@ -273,6 +331,30 @@ impl PodView<'_> {
             }),
         };
         Ok(Pod { metadata, spec, status: None })
+    }
+}
+
+/// The policy's every field, in the key.
+fn policy_key(k: &mut super::memo::KeyWriter, p: &crate::core::policy::Policy) {
+    use crate::core::policy::{FailurePolicy, Mode};
+    let mode: &[u8] = match p.mode {
+        Mode::Off => b"off",
+        Mode::Observe => b"observe",
+        Mode::Enforce => b"enforce",
+    };
+    let failure: &[u8] = match p.on_inspection_failure {
+        FailurePolicy::FailOpen => b"open",
+        FailurePolicy::FailClosed => b"closed",
+    };
+    k.part(mode).part(failure).optional(p.fallback_architecture.as_deref().map(str::as_bytes));
+    k.count(p.prefer.len());
+    for a in &p.prefer {
+        k.part(a.as_bytes());
+    }
+    k.optional(p.allowed_architectures.as_ref().map(|_| &b""[..]));
+    k.count(p.allowed_architectures.as_ref().map_or(0, Vec::len));
+    for a in p.allowed_architectures.iter().flatten() {
+        k.part(a.as_bytes());
     }
 }
 
@@ -390,7 +472,45 @@ impl<'de> Deserialize<'de> for Str<'de> {
 
 #[cfg(test)]
 mod view_tests {
-    use super::decision_pod;
+    use super::{decision_pod, pod_view};
+    use crate::core::policy::{resolve, PolicyDefaults};
+
+    const POD: &str = r#"{"metadata":{"name":"web-7f9c-abcde","generateName":"web-7f9c-","namespace":"shop","labels":{"app":"web","pod-template-hash":"7f9c"},"annotations":{"note":"x"}},
+        "spec":{"tolerations":[{"key":"k","operator":"Exists"}],"containers":[{"name":"app","image":"example.com/app:1","env":[{"name":"A","value":"1"}]}]}}"#;
+
+    fn key(raw: &str, namespace: &str) -> Option<Vec<u8>> {
+        let policy = resolve(&PolicyDefaults::default(), &Default::default()).0;
+        pod_view(raw).expect("view").memo_key(namespace, &policy)
+    }
+
+    #[test]
+    fn replicas_share_a_memo_key_and_every_input_of_the_decision_changes_it() {
+        let base = key(POD, "shop").expect("key");
+        // What the decision does not read: the name, other labels and annotations, env.
+        let replica = POD.replace("web-7f9c-abcde", "web-7f9c-zzzzz").replace("\"app\":\"web\"", "\"app\":\"other\"").replace("\"A\",\"value\":\"1\"", "\"A\",\"value\":\"2\"");
+        assert_eq!(key(&replica, "shop").as_ref(), Some(&base));
+        let changed = [
+            POD.replace("example.com/app:1", "example.com/app:2"),
+            POD.replace("\"name\":\"app\"", "\"name\":\"main\""),
+            POD.replace("\"operator\":\"Exists\"", "\"operator\":\"Equal\""),
+            POD.replace("\"note\":\"x\"", "\"archer.dev/decision\":\"enforced\""),
+            POD.replace("\"app\":\"web\"", "\"archer.dev/ignore\":\"false\""),
+            POD.replace("\"spec\":{", "\"spec\":{\"nodeSelector\":{\"a\":\"b\"},"),
+            POD.replace("\"spec\":{", "\"spec\":{\"serviceAccountName\":\"builder\","),
+            POD.replace("\"spec\":{", "\"spec\":{\"imagePullSecrets\":[{\"name\":\"s\"}],"),
+            POD.replace("\"spec\":{", "\"spec\":{\"initContainers\":[],"),
+            POD.replace(",\"annotations\":{\"note\":\"x\"}", ""),
+        ];
+        for c in &changed {
+            assert_ne!(key(c, "shop").as_ref(), Some(&base), "{c}");
+        }
+        assert_ne!(key(POD, "other").as_ref(), Some(&base));
+        let policy = resolve(&PolicyDefaults::default(), &[("archer.dev/prefer".to_string(), "amd64".to_string())].into()).0;
+        assert_ne!(pod_view(POD).expect("view").memo_key("shop", &policy).as_ref(), Some(&base));
+        // Constraints too large for a key are never remembered.
+        let large = POD.replace("\"spec\":{", &format!("\"spec\":{{\"nodeSelector\":{{\"a\":\"{}\"}},", "v".repeat(5000)));
+        assert!(key(&large, "shop").is_none());
+    }
 
     #[test]
     fn the_decision_view_keeps_what_decisions_read_and_drops_the_rest() {
