@@ -1226,6 +1226,28 @@ fn in_flight_nodes_should_not_schedule_to_a_cordoned_node() {
 }
 
 #[test]
+fn in_flight_nodes_hostname_spread_fills_room_already_there_as_kube_scheduler_does() {
+    // suite_test.go "should balance pods across hostnames with in-flight nodes": 4 pods on 4
+    // in-flight nodes, then 5 more with hostname maxSkew 1. Karpenter counts a node it could
+    // launch as an empty hostname domain and opens 5 new nodes (1 on each of 9). kube-scheduler
+    // counts only the nodes there are: 2 on each in-flight node keeps the skew at 0, the ninth
+    // pod makes it 1, and it binds the pods there. Archer plans what kube-scheduler will do
+    // (README "The scheduling model"): no new node, 3/2/2/2.
+    let labels = json!({"foo": "bar"});
+    let mut objects = vec![pool(json!([]))];
+    for i in 0..4 {
+        let zone = [Z1, Z2, Z3, Z1][i];
+        objects.push(node(&format!("in-flight-{i}"), json!({ZONE: zone}), "4"));
+        objects.push(bound(&format!("first-{i}"), labels.clone(), &format!("in-flight-{i}")));
+    }
+    objects.extend(pods("p", 5, labels, "100m", spread(HOST, 1, json!({"matchLabels": {"foo": "bar"}}))));
+    let o = run(&objects);
+    assert_eq!(o.unschedulable(), 0);
+    assert!(o.plan.nodes.is_empty(), "no node is bought while room already there takes the pods: {:?}", o.plan.nodes);
+    assert_eq!(o.skew(HOST, &[("foo", "bar")]), [3, 2, 2, 2]);
+}
+
+#[test]
 fn instance_selection_should_schedule_on_one_of_the_cheapest_instances() {
     let o = run(&[pool(json!([{"key": CT, "operator": "In", "values": ["on-demand"]}])), pod("p", json!({}), "100m", json!({}))]);
     let n = &o.plan.nodes[0];
