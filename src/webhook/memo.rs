@@ -66,6 +66,11 @@ impl DecisionMemo {
         Self { cache: None, ttl: Duration::ZERO }
     }
 
+    /// Whether answers are kept at all (a key is only worth building then).
+    pub fn enabled(&self) -> bool {
+        self.cache.is_some()
+    }
+
     /// The answer kept under `key`, unless it is older than the TTL.
     pub fn get(&self, key: &[u8]) -> Option<Arc<Remembered>> {
         self.cache.as_ref()?.get(key).filter(|r| r.at.elapsed() < self.ttl)
@@ -181,20 +186,26 @@ mod tests {
         let got = memo.get(b"k").expect("remembered");
         assert_eq!((got.answer.patch.as_deref(), got.outcome), (Some("cGF0Y2g="), "enforced"));
         assert!(memo.get(b"other").is_none());
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(memo.entries(), 1, "still held, not evicted");
+        assert!(memo.get(b"k").is_none(), "but never reused past its TTL");
+
         // Far more than the budget holds: the weights stay within it.
+        let memo = DecisionMemo::new(64 * 1024, Duration::from_secs(60));
         for i in 0..1000u32 {
             memo.insert(i.to_le_bytes().to_vec(), answer(&"p".repeat(1000)), "enforced");
         }
         assert!(memo.weighted_bytes() <= 64 * 1024, "{}", memo.weighted_bytes());
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(memo.get(b"k").is_none(), "expired");
+        assert!(memo.entries() < 64, "{}", memo.entries());
     }
 
     #[test]
     fn zero_bytes_or_ttl_turn_it_off() {
         for memo in [DecisionMemo::new(0, Duration::from_secs(10)), DecisionMemo::new(1 << 20, Duration::ZERO), DecisionMemo::off()] {
+            assert!(!memo.enabled());
             memo.insert(b"k".to_vec(), answer("x"), "enforced");
             assert!(memo.get(b"k").is_none());
         }
+        assert!(DecisionMemo::new(1 << 20, Duration::from_secs(10)).enabled());
     }
 }

@@ -152,7 +152,7 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
         return allow.into();
     }
     // The replicas of one workload are decided once: the same inputs get the same answer.
-    let key = if policy_warnings.is_empty() { view.memo_key(namespace, &policy) } else { None };
+    let key = if w.memo.enabled() && policy_warnings.is_empty() { view.memo_key(namespace, &policy) } else { None };
     if let Some(found) = key.as_deref().and_then(|k| w.memo.get(k)) {
         return reused(w, found);
     }
