@@ -24,26 +24,17 @@ pub struct Op {
     value: Box<RawValue>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum OpKind {
+enum OpKind {
     Add,
     Replace,
 }
 
 impl Op {
-    pub fn kind(&self) -> OpKind {
-        self.op
-    }
-
     /// The JSON pointer the operation writes to.
     pub fn path(&self) -> &str {
         self.path.as_str()
-    }
-
-    /// The operation's value as JSON text.
-    pub fn value(&self) -> &str {
-        self.value.get()
     }
 }
 

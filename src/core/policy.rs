@@ -48,9 +48,15 @@ macro_rules! kebab_enum_str {
                 }
             }
         }
+        impl $t {
+            /// The value as annotations and the config file spell it.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$v => $s,)+ }
+            }
+        }
         impl fmt::Display for $t {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(match self { $(Self::$v => $s,)+ })
+                f.write_str(self.as_str())
             }
         }
     };

@@ -144,7 +144,8 @@ impl KeyWriter {
     }
 
     /// Bytes written so far.
-    pub fn written(&self) -> usize {
+    #[cfg(test)]
+    fn written(&self) -> usize {
         self.0.len()
     }
 }

@@ -93,14 +93,14 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
     );
     let response = async {
         let response = review_pod(&w, &request, deadline).await;
-        tracing::Span::current().record("allowed", response.allowed());
+        tracing::Span::current().record("allowed", response.answer().allowed);
         response
     }
     .instrument(span.clone())
     .await;
     w.metrics.admission_seconds.observe(started.elapsed().as_secs_f64());
     span.in_scope(|| tracing::info!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
-    ([(axum::http::header::CONTENT_TYPE, "application/json")], response.to_json(&request.uid)).into_response()
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], response.answer().to_json_for(&request.uid)).into_response()
 }
 
 fn count(w: &Webhook, outcome: &'static str) {
@@ -235,17 +235,10 @@ enum Reply {
 }
 
 impl Reply {
-    fn allowed(&self) -> bool {
+    fn answer(&self) -> &Answer {
         match self {
-            Reply::Own(a) => a.allowed,
-            Reply::Reused(r) => r.answer.allowed,
-        }
-    }
-
-    fn to_json(&self, uid: &str) -> Vec<u8> {
-        match self {
-            Reply::Own(a) => a.to_json_for(uid),
-            Reply::Reused(r) => r.answer.to_json_for(uid),
+            Reply::Own(a) => a,
+            Reply::Reused(r) => &r.answer,
         }
     }
 }

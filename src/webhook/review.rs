@@ -292,9 +292,6 @@ impl PodView<'_> {
             for c in s.init_containers.iter().flatten().chain(s.containers.iter()) {
                 k.part(c.name.as_bytes()).optional(c.image.as_deref().map(str::as_bytes));
             }
-            if k.written() > super::memo::MAX_KEY_BYTES {
-                return None;
-            }
         }
         k.finish()
     }
@@ -336,17 +333,8 @@ impl PodView<'_> {
 
 /// The policy's every field, in the key.
 fn policy_key(k: &mut super::memo::KeyWriter, p: &crate::core::policy::Policy) {
-    use crate::core::policy::{FailurePolicy, Mode};
-    let mode: &[u8] = match p.mode {
-        Mode::Off => b"off",
-        Mode::Observe => b"observe",
-        Mode::Enforce => b"enforce",
-    };
-    let failure: &[u8] = match p.on_inspection_failure {
-        FailurePolicy::FailOpen => b"open",
-        FailurePolicy::FailClosed => b"closed",
-    };
-    k.part(mode).part(failure).optional(p.fallback_architecture.as_deref().map(str::as_bytes));
+    k.part(p.mode.as_str().as_bytes()).part(p.on_inspection_failure.as_str().as_bytes());
+    k.optional(p.fallback_architecture.as_deref().map(str::as_bytes));
     k.count(p.prefer.len());
     for a in &p.prefer {
         k.part(a.as_bytes());
