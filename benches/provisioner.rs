@@ -35,7 +35,7 @@ use archer::core::packer::{batch_budget, Offering, Plan, Pool, DEFAULT_BUDGET};
 use archer::core::planner::{plan_batch_within, Pending};
 use archer::core::sched::preferences::Policy;
 use archer::core::sched::{Snapshot, Volumes};
-use archer::provisioner::model;
+use archer::provisioner::adapter as model;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 use archer::core::platform::PlatformSet;

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::placement::{ArchitectureTaint, PlacementSettings};
-use crate::core::policy::PolicyDefaults;
-use crate::registry::{AddressGuard, CacheSettings, ClientSettings};
+use archer_core::placement::{ArchitectureTaint, PlacementSettings};
+use archer_core::policy::PolicyDefaults;
+use archer_registry::{AddressGuard, CacheSettings, ClientSettings};
+pub use archer_cloud::settings::AwsConfig;
 
 pub const DEFAULT_NAMESPACE: &str = "archer-system";
 
@@ -249,7 +250,7 @@ pub struct ProvisionerConfig {
     /// `Respect` (default): new nodes are bought to honour pods' preferences (preferred pod
     /// affinity and anti-affinity, ScheduleAnyway spread) while that is possible, relaxed one at a
     /// time, as Karpenter does. `Ignore`: new nodes follow required rules alone.
-    pub preference_policy: crate::core::sched::preferences::Policy,
+    pub preference_policy: archer_core::sched::preferences::Policy,
     /// Cap on node launches for pending pods per minute (across pools): a safety valve against a
     /// runaway, not a pace (a burst of 1,000 pods needs a few hundred nodes at once).
     pub max_launches_per_minute: u32,
@@ -289,77 +290,6 @@ pub struct ProvisionerConfig {
     pub aws: AwsConfig,
 }
 
-/// `provisioner.aws`: the EC2 provider. Credentials and region come from the standard chain
-/// (IRSA / EKS Pod Identity in a cluster, environment and profiles elsewhere).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
-pub struct AwsConfig {
-    /// The cluster's name: every resource Archer creates is tagged with it.
-    pub cluster_name: String,
-    /// The region; unset: the standard chain (`AWS_REGION`, the profile, IMDS).
-    pub region: Option<String>,
-    /// An endpoint to use instead of AWS's (tests, private endpoints); `AWS_ENDPOINT_URL` works too.
-    pub endpoint: Option<String>,
-    /// The SQS queue (name or URL) receiving EventBridge's interruption events; unset: none.
-    pub interruption_queue: Option<String>,
-    /// A launch offers EC2 every instance type that fits the claim within this percentage of the
-    /// cheapest's price (more choice, fewer capacity failures).
-    pub price_margin_percent: f64,
-    /// How long an offering that answered "insufficient capacity" is left out of plans.
-    pub insufficient_capacity_ttl_seconds: u64,
-    /// How often spot prices are read again.
-    pub spot_price_refresh_seconds: u64,
-    /// How often EC2NodeClasses are resolved again (subnets, security groups, AMIs).
-    pub node_class_refresh_seconds: u64,
-    /// Owners an AMI alias (`al2023@latest`) is looked up under.
-    pub ami_owners: Vec<String>,
-    /// The cluster's API endpoint, CA bundle (base64) and service CIDR: with the endpoint set,
-    /// AL2023 nodes get the whole nodeadm cluster section from Archer and a node class needs no
-    /// user data (unset: the class's user data supplies it).
-    pub cluster_endpoint: Option<String>,
-    #[serde(rename = "clusterCABundle")]
-    pub cluster_ca_bundle: Option<String>,
-    #[serde(rename = "clusterCIDR")]
-    pub cluster_cidr: Option<String>,
-}
-
-impl Default for AwsConfig {
-    fn default() -> Self {
-        Self {
-            cluster_name: String::new(),
-            region: None,
-            endpoint: None,
-            interruption_queue: None,
-            price_margin_percent: 20.0,
-            insufficient_capacity_ttl_seconds: 180,
-            spot_price_refresh_seconds: 300,
-            node_class_refresh_seconds: 60,
-            ami_owners: vec!["amazon".into()],
-            cluster_endpoint: None,
-            cluster_ca_bundle: None,
-            cluster_cidr: None,
-        }
-    }
-}
-
-impl AwsConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
-        if self.cluster_name.trim().is_empty() {
-            return Err(ConfigError::Invalid("provisioner.aws.clusterName is required with cloudProvider aws".into()));
-        }
-        if !(self.price_margin_percent >= 0.0 && self.price_margin_percent <= 100.0) {
-            return Err(ConfigError::Invalid("provisioner.aws.priceMarginPercent must be between 0 and 100".into()));
-        }
-        if self.spot_price_refresh_seconds == 0 || self.node_class_refresh_seconds == 0 || self.insufficient_capacity_ttl_seconds == 0 {
-            return Err(ConfigError::Invalid("provisioner.aws: refresh intervals and insufficientCapacityTtlSeconds must be at least 1".into()));
-        }
-        if self.ami_owners.is_empty() {
-            return Err(ConfigError::Invalid("provisioner.aws.amiOwners must name at least one owner".into()));
-        }
-        Ok(())
-    }
-}
-
 impl Default for ProvisionerConfig {
     fn default() -> Self {
         Self {
@@ -397,7 +327,7 @@ impl ProvisionerConfig {
             return Err(ConfigError::Invalid(format!("provisioner.cloudProvider {:?}: expected none, kwok or aws", self.cloud_provider)));
         }
         if self.cloud_provider == "aws" {
-            self.aws.validate()?;
+            self.aws.validate().map_err(ConfigError::Invalid)?;
         }
         if self.launch_attempts == 0 || self.registration_timeout_seconds < 30 {
             return Err(ConfigError::Invalid("provisioner: launchAttempts must be at least 1 and registrationTimeoutSeconds at least 30".into()));
@@ -448,7 +378,7 @@ pub enum ConfigError {
     #[error("reading config file {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("config file {path}: {source}")]
-    Parse { path: PathBuf, source: Box<crate::yaml::Error> },
+    Parse { path: PathBuf, source: Box<archer_core::yaml::Error> },
     #[error("config: {0}")]
     Invalid(String),
 }
@@ -456,7 +386,7 @@ pub enum ConfigError {
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        let cfg: Config = crate::yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })?;
+        let cfg: Config = archer_core::yaml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -519,7 +449,7 @@ impl Config {
     }
 
     /// The registry client's settings; its reads draw from `budget`.
-    pub fn client_settings(&self, budget: crate::limits::MemoryBudget) -> Result<ClientSettings, ConfigError> {
+    pub fn client_settings(&self, budget: archer_limits::MemoryBudget) -> Result<ClientSettings, ConfigError> {
         let extra_ca_pem = match &self.registry.ca_file {
             Some(p) => Some(std::fs::read(p).map_err(|source| ConfigError::Read { path: p.clone(), source })?),
             None => None,
@@ -528,7 +458,7 @@ impl Config {
             .registry
             .mirrors
             .iter()
-            .map(|(k, v)| (crate::registry::reference::normalise_registry(k).unwrap_or_else(|| k.clone()), v.clone()))
+            .map(|(k, v)| (archer_registry::reference::normalise_registry(k).unwrap_or_else(|| k.clone()), v.clone()))
             .collect();
         Ok(ClientSettings {
             guard: std::sync::Arc::new(self.address_guard()?),
@@ -572,7 +502,7 @@ impl Config {
     /// each at its byte budget (entries are weighed by what they hold), and each cache's own
     /// structure.
     pub fn image_cache_bytes(&self) -> u64 {
-        2 * self.registry.cache_max_bytes + self.registry.failure_cache_max_bytes + 3 * crate::registry::inspector::CACHE_STRUCTURE_BYTES
+        2 * self.registry.cache_max_bytes + self.registry.failure_cache_max_bytes + 3 * archer_registry::inspector::CACHE_STRUCTURE_BYTES
     }
 
     /// The most the webhook's decision memo holds: its byte budget and its structure.
@@ -583,6 +513,19 @@ impl Config {
         self.webhook.decision_cache_max_bytes + crate::webhook::memo::STRUCTURE_BYTES
     }
 
+    /// The listeners' connection bounds from `limits` and `shutdownGraceSeconds`.
+    pub fn connection_limits(&self, metrics: std::sync::Arc<archer_metrics::Metrics>) -> crate::server::ConnectionLimits {
+        let l = &self.limits;
+        crate::server::ConnectionLimits {
+            max_connections: l.max_connections,
+            handshake_timeout: Duration::from_secs_f64(l.handshake_timeout_seconds),
+            header_read_timeout: Duration::from_secs_f64(l.header_read_timeout_seconds),
+            idle_timeout: Duration::from_secs_f64(l.idle_timeout_seconds),
+            grace: Duration::from_secs(self.shutdown_grace_seconds),
+            metrics,
+        }
+    }
+
     /// The webhook's decision memo, within its budget; its TTL never exceeds the tag cache's,
     /// so a reused decision is no older than the platforms it came from could be.
     pub fn decision_memo(&self) -> crate::webhook::DecisionMemo {
@@ -591,8 +534,8 @@ impl Config {
     }
 
     /// The shared memory budget of a server built from this config.
-    pub fn memory_budget(&self) -> crate::limits::MemoryBudget {
-        crate::limits::MemoryBudget::new(self.limits.memory_budget_bytes)
+    pub fn memory_budget(&self) -> archer_limits::MemoryBudget {
+        archer_limits::MemoryBudget::new(self.limits.memory_budget_bytes)
     }
 
     pub fn placement_settings(&self) -> PlacementSettings {
@@ -611,7 +554,7 @@ mod tests {
 
     #[test]
     fn full_config_file_parses() {
-        let cfg: Config = crate::yaml::from_str(
+        let cfg: Config = archer_core::yaml::from_str(
             r#"
 listen: 127.0.0.1:9443
 defaults:
@@ -639,12 +582,12 @@ webhook:
         assert_eq!(cfg.architecture_taints[1].applies_to(), Some("s390x"));
         assert!(cfg.excluded().contains("archer-system") && cfg.excluded().contains("monitoring"));
         assert_eq!(cfg.cache_settings().lookup_timeout, Duration::from_millis(1500));
-        assert!(cfg.client_settings(crate::limits::MemoryBudget::unlimited()).expect("client").guard.is_insecure("127.0.0.1:5000"));
+        assert!(cfg.client_settings(archer_limits::MemoryBudget::unlimited()).expect("client").guard.is_insecure("127.0.0.1:5000"));
     }
 
     #[test]
     fn bad_configs_are_rejected_with_reasons() {
-        assert!(crate::yaml::from_str::<Config>("lisen: x").is_err(), "unknown keys are errors");
+        assert!(archer_core::yaml::from_str::<Config>("lisen: x").is_err(), "unknown keys are errors");
         let small = Config { webhook: WebhookConfig { max_body_bytes: 1024, ..Default::default() }, ..Default::default() };
         assert!(small.validate().is_err());
         let bad_deny = Config { registry: RegistryConfig { deny: vec!["no way".into()], ..Default::default() }, ..Default::default() };
@@ -657,14 +600,14 @@ webhook:
         assert!(provisioner(ProvisionerConfig { packing_budget_seconds: -0.5, ..Default::default() }).is_err_and(|e| e.contains("packingBudgetSeconds")));
         assert!(provisioner(ProvisionerConfig { packing_budget_seconds: f64::NAN, ..Default::default() }).is_err());
         assert_eq!(ProvisionerConfig::default().packing_budget(), std::time::Duration::from_secs(2));
-        let parsed: Config = crate::yaml::from_str("provisioner: {packingBudgetSeconds: 0.5}").expect("config");
+        let parsed: Config = archer_core::yaml::from_str("provisioner: {packingBudgetSeconds: 0.5}").expect("config");
         assert_eq!(parsed.provisioner.packing_budget(), std::time::Duration::from_millis(500));
         assert!(provisioner(ProvisionerConfig { scheduler_names: vec!["default-scheduler".into(), " ".into()], ..Default::default() }).is_err_and(|e| e.contains("schedulerNames")));
         assert_eq!(ProvisionerConfig::default().scheduler_names, ["default-scheduler"]);
-        let parsed: Config = crate::yaml::from_str("provisioner: {preferencePolicy: Ignore}").expect("config");
-        assert_eq!(parsed.provisioner.preference_policy, crate::core::sched::preferences::Policy::Ignore);
-        assert!(crate::yaml::from_str::<Config>("provisioner: {preferencePolicy: Sometimes}").is_err(), "only Respect or Ignore");
-        let parsed: Config = crate::yaml::from_str("provisioner: {schedulerNames: []}").expect("config");
+        let parsed: Config = archer_core::yaml::from_str("provisioner: {preferencePolicy: Ignore}").expect("config");
+        assert_eq!(parsed.provisioner.preference_policy, archer_core::sched::preferences::Policy::Ignore);
+        assert!(archer_core::yaml::from_str::<Config>("provisioner: {preferencePolicy: Sometimes}").is_err(), "only Respect or Ignore");
+        let parsed: Config = archer_core::yaml::from_str("provisioner: {schedulerNames: []}").expect("config");
         assert!(parsed.validate().is_ok() && parsed.provisioner.scheduler_names.is_empty(), "none: every pod waits for its scheduler's Unschedulable");
     }
 }

@@ -32,21 +32,31 @@ fn simulate_prints_exactly_what_it_printed_before() {
     let bless = std::env::var_os("ARCHER_BLESS").is_some();
     let all = scenarios();
     assert!(all.len() >= 100, "the golden scenarios are there ({} found)", all.len());
-    let mut differ = Vec::new();
-    for s in &all {
-        for (format, ext) in [("text", "txt"), ("json", "json")] {
-            let got = simulate(s, format);
-            let file = s.with_extension(ext);
-            if bless {
-                std::fs::write(&file, &got).expect("write golden");
-                continue;
-            }
-            let want = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-            if got != want {
-                let line = got.lines().zip(want.lines()).position(|(a, b)| a != b).unwrap_or(got.lines().count().min(want.lines().count()));
-                differ.push(format!("{} (first difference at line {})", file.display(), line + 1));
-            }
+    // One run costs about a second in a debug build: the runs share the machine's cores.
+    let jobs: Vec<(&PathBuf, &str, &str)> = all.iter().flat_map(|s| [(s, "text", "txt"), (s, "json", "json")]).collect();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let differ = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((s, format, ext)) = jobs.get(i) else { break };
+                let got = simulate(s, format);
+                let file = s.with_extension(ext);
+                if bless {
+                    std::fs::write(&file, &got).expect("write golden");
+                    continue;
+                }
+                let want = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                if got != want {
+                    let line = got.lines().zip(want.lines()).position(|(a, b)| a != b).unwrap_or(got.lines().count().min(want.lines().count()));
+                    differ.lock().unwrap().push(format!("{} (first difference at line {})", file.display(), line + 1));
+                }
+            });
         }
-    }
+    });
+    let mut differ = differ.into_inner().unwrap();
+    differ.sort();
     assert!(differ.is_empty(), "simulate's output changed for {} file(s):\n{}", differ.len(), differ.join("\n"));
 }

@@ -86,7 +86,7 @@ fn run(docs: &[Value]) -> Outcome {
     let catalog = Catalog::embedded().expect("catalog");
     let inputs = s.inputs(&catalog, &BTreeMap::new(), Default::default()).expect("inputs");
     let plan = plan_batch(&inputs.snapshot, &inputs.pending, &inputs.pools, &inputs.offerings);
-    let mut node_labels: BTreeMap<String, BTreeMap<String, String>> = s.nodes.iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n.metadata.labels.clone().unwrap_or_default())).collect();
+    let mut node_labels: BTreeMap<String, BTreeMap<String, String>> = s.state.nodes.iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n.metadata.labels.clone().unwrap_or_default())).collect();
     for n in &plan.nodes {
         let mut l = BTreeMap::from([(HOST.to_string(), n.name.clone()), (ZONE.to_string(), n.zone.clone()), (CT.to_string(), n.capacity_type.clone()), (ARCH.to_string(), n.arch.clone())]);
         l.insert("node.kubernetes.io/instance-type".into(), n.instance_type.clone());
@@ -106,7 +106,7 @@ fn run(docs: &[Value]) -> Outcome {
         let (ns, l) = labels_of[p].clone();
         placed.push((ns, l, node.clone()));
     }
-    for b in &s.bound {
+    for b in s.bound() {
         let phase = b.status.as_ref().and_then(|s| s.phase.as_deref());
         if b.metadata.deletion_timestamp.is_some() || matches!(phase, Some("Succeeded" | "Failed")) {
             continue;

@@ -5,7 +5,7 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use super::RegistryArgs;
-use crate::metrics::Metrics;
+use archer_metrics::Metrics;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {

@@ -132,21 +132,21 @@ pub fn main(cli: Cli) -> ExitCode {
 }
 
 /// Build the shared registry lookup path from a config.
-pub fn inspector(cfg: &Config, metrics: std::sync::Arc<crate::metrics::Metrics>, budget: crate::limits::MemoryBudget) -> anyhow::Result<crate::registry::Inspector> {
-    let client = crate::registry::RegistryClient::new(cfg.client_settings(budget)?)
+pub fn inspector(cfg: &Config, metrics: std::sync::Arc<archer_metrics::Metrics>, budget: archer_limits::MemoryBudget) -> anyhow::Result<archer_registry::Inspector> {
+    let client = archer_registry::RegistryClient::new(cfg.client_settings(budget)?)
         .map_err(anyhow::Error::msg)?
         .count_requests_in(metrics.registry_requests.clone());
-    Ok(crate::registry::Inspector::new(client, &cfg.cache_settings(), metrics))
+    Ok(archer_registry::Inspector::new(client, &cfg.cache_settings(), metrics))
 }
 
 /// Credentials from the configured docker config file, if any.
-pub fn base_keyring(cfg: &Config) -> anyhow::Result<crate::registry::Keyring> {
+pub fn base_keyring(cfg: &Config) -> anyhow::Result<archer_registry::Keyring> {
     match &cfg.registry.docker_config {
         Some(p) => {
             let bytes = std::fs::read(p).map_err(|e| anyhow::anyhow!("reading docker config {}: {e}", p.display()))?;
-            Ok(crate::registry::Keyring::parse(&bytes).map_err(|e| anyhow::anyhow!("docker config {}: {e}", p.display()))?)
+            Ok(archer_registry::Keyring::parse(&bytes).map_err(|e| anyhow::anyhow!("docker config {}: {e}", p.display()))?)
         }
-        None => Ok(crate::registry::Keyring::default()),
+        None => Ok(archer_registry::Keyring::default()),
     }
 }
 

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::inspect::Output;
-use crate::catalog::{CapacityType, Catalog};
+use archer_core::catalog::{CapacityType, Catalog};
 
 #[derive(Args, Debug)]
 pub struct PricesArgs {
@@ -32,27 +32,25 @@ pub struct PricesArgs {
 pub async fn run(args: PricesArgs) -> anyhow::Result<ExitCode> {
     match args.cloud_provider.as_deref() {
         None => catalog_prices(args),
+        #[cfg(feature = "aws")]
         Some("aws") => aws_prices(args).await,
+        #[cfg(not(feature = "aws"))]
+        Some("aws") => anyhow::bail!("--cloud-provider aws: this archer was built without the aws feature (cargo build --features aws)"),
         Some(other) => anyhow::bail!("--cloud-provider {other:?}: expected aws"),
     }
 }
 
 /// The offerings the AWS provider would plan with.
+#[cfg(feature = "aws")]
 async fn aws_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
-    use crate::provisioner::cloud::aws::{offerings::Book, sdk_config};
     let PricesArgs { arch, family, region, catalog, output, .. } = args;
     let c = std::sync::Arc::new(Catalog::with_user_file(catalog.as_deref())?);
     let settings = crate::config::AwsConfig { region, ..Default::default() };
-    let sdk = sdk_config(&settings).await;
-    let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| anyhow::anyhow!("no AWS region: pass --region or set AWS_REGION"))?;
-    let ec2 = aws_sdk_ec2::Client::new(&sdk);
-    let book = Book::new(c, region.clone(), std::time::Duration::from_secs(1));
-    book.refresh_types(&ec2).await?;
-    book.refresh_spot(&ec2).await?;
+    let (book, region) = archer_cloud_aws::read_book(&settings, c).await?;
     let all = book.all();
     let mut rows: Vec<_> = all.iter().filter(|o| arch.as_deref().is_none_or(|a| a == o.instance.arch)).filter(|o| family.as_deref().is_none_or(|f| f == o.instance.family)).collect();
     rows.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| (&a.instance.name, &a.zone, a.capacity).cmp(&(&b.instance.name, &b.zone, b.capacity))));
-    let source = |o: &crate::core::packer::Offering| match o.capacity {
+    let source = |o: &archer_core::packer::Offering| match o.capacity {
         CapacityType::OnDemand => "catalog",
         CapacityType::Spot if book.spot_price(&o.instance.name, &o.zone).is_some() => "ec2",
         CapacityType::Spot => "estimate",

@@ -15,11 +15,11 @@ use kube::Api;
 
 use super::inspect::Output;
 use super::RegistryArgs;
-use crate::catalog::Catalog;
+use archer_core::catalog::Catalog;
 use crate::cluster::ClusterView;
-use crate::core::platform::PlatformSet;
-use crate::metrics::Metrics;
-use crate::registry::{Inspector, Keyring};
+use archer_core::platform::PlatformSet;
+use archer_metrics::Metrics;
+use archer_registry::{Inspector, Keyring};
 use crate::report::{self, ImagePlatforms};
 
 #[derive(Args, Debug)]
@@ -45,7 +45,7 @@ pub struct ReportArgs {
 
 /// Nodes and pods of a dump: a `List`'s items, or the documents themselves.
 fn read_dump(text: &str) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
-    let objects = crate::yaml::objects(text).context("the dump is not YAML")?;
+    let objects = archer_core::yaml::objects(text).context("the dump is not YAML")?;
     let (mut nodes, mut pods) = (Vec::new(), Vec::new());
     for o in objects {
         match o.get("kind").and_then(|k| k.as_str()) {
@@ -103,7 +103,7 @@ fn credential_key(pod: &Pod, live: bool) -> CredentialKey {
 async fn inspect_unannotated(pods: &[Pod], inspector: &Inspector, base: &Keyring, cluster: Option<&ClusterView>) -> ImagePlatforms {
     let mut groups: BTreeMap<CredentialKey, (&Pod, BTreeSet<String>)> = BTreeMap::new();
     for pod in unannotated(pods) {
-        groups.entry(credential_key(pod, cluster.is_some())).or_insert_with(|| (pod, BTreeSet::new())).1.extend(crate::core::placement::pod_images(pod));
+        groups.entry(credential_key(pod, cluster.is_some())).or_insert_with(|| (pod, BTreeSet::new())).1.extend(archer_core::placement::pod_images(pod));
     }
     let found: Vec<Vec<(String, Result<PlatformSet, String>)>> = futures::stream::iter(groups.into_values())
         .map(|(pod, images)| async move {
@@ -128,8 +128,8 @@ async fn inspect_unannotated(pods: &[Pod], inspector: &Inspector, base: &Keyring
 /// counts), without the webhook's `archer.dev/platforms` annotation.
 fn unannotated(pods: &[Pod]) -> impl Iterator<Item = &Pod> {
     pods.iter()
-        .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) && !crate::core::is_terminal(p))
-        .filter(|p| crate::provisioner::model::annotated_platforms(p).is_none())
+        .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) && !archer_core::is_terminal(p))
+        .filter(|p| archer_model::adapter::annotated_platforms(p).is_none())
 }
 
 /// Credential groups inspected at once (each inspects its images `perPodConcurrency` at a time).
@@ -150,7 +150,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let cfg = registry.load()?;
     let catalog = Catalog::with_user_file(catalog.as_deref().or(cfg.catalog.as_deref()))?;
     let images = if offline {
-        let wanted: BTreeSet<String> = unannotated(&pods).flat_map(crate::core::placement::pod_images).collect();
+        let wanted: BTreeSet<String> = unannotated(&pods).flat_map(archer_core::placement::pod_images).collect();
         wanted.into_iter().map(|i| (i, Err("not inspected (--offline)".to_string()))).collect()
     } else {
         let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;

@@ -10,7 +10,7 @@ use clap::Args;
 use super::RegistryArgs;
 use crate::cluster::ClusterView;
 use crate::extender::{self, Extender};
-use crate::metrics::Metrics;
+use archer_metrics::Metrics;
 use crate::server::{self, admin, tls::CertStore};
 use crate::webhook::{self, Webhook};
 
@@ -82,7 +82,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let budget = cfg.memory_budget();
     let mut metrics = Metrics::new();
-    metrics.register_budget(&budget);
+    budget.register(metrics.registry_mut());
     let metrics = Arc::new(metrics);
     let health = Arc::new(admin::Health::default());
     health.set_not_ready("starting");
@@ -109,7 +109,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         decision_timeout: Duration::from_secs_f64(cfg.webhook.decision_timeout_seconds),
         memo: cfg.decision_memo(),
     });
-    let catalog = Arc::new(crate::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
+    let catalog = Arc::new(archer_core::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
     let provisioning = provisioner_task(&cfg, cluster.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;
     let ext = Arc::new(Extender {
         catalog,
@@ -139,7 +139,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let (trigger, shutdown) = server::shutdown_channel();
     let grace = Duration::from_secs(cfg.shutdown_grace_seconds);
-    let limits = server::ConnectionLimits::from_config(&cfg, metrics.clone());
+    let limits = cfg.connection_limits(metrics.clone());
     let mut https = tokio::spawn(server::serve_https(https_listener, store.server_config(), router, shutdown.clone(), limits.clone()));
     let admin_router = admin::router(health.clone(), metrics.clone());
     let mut admin_server = tokio::spawn(server::serve_http(admin_listener, admin_router, shutdown.clone(), limits.clone()));
@@ -219,8 +219,8 @@ const WEBHOOK_EXPANSION: usize = 3;
 /// that echoes the kept nodes.
 const EXTENDER_EXPANSION: usize = 3;
 
-fn body_limits(cfg: &crate::config::Config, budget: &crate::limits::MemoryBudget, max_bytes: usize, expansion: usize, consumer: &'static str) -> crate::limits::BodyLimits {
-    crate::limits::BodyLimits {
+fn body_limits(cfg: &crate::config::Config, budget: &archer_limits::MemoryBudget, max_bytes: usize, expansion: usize, consumer: &'static str) -> archer_limits::BodyLimits {
+    archer_limits::BodyLimits {
         max_bytes,
         expansion,
         read_timeout: Duration::from_secs_f64(cfg.limits.body_read_timeout_seconds),
@@ -234,9 +234,9 @@ fn body_limits(cfg: &crate::config::Config, budget: &crate::limits::MemoryBudget
 fn provisioner_task(
     cfg: &crate::config::Config,
     cluster: Option<&ClusterView>,
-    catalog: Arc<crate::catalog::Catalog>,
-    inspector: crate::registry::Inspector,
-    base_keyring: crate::registry::Keyring,
+    catalog: Arc<archer_core::catalog::Catalog>,
+    inspector: archer_registry::Inspector,
+    base_keyring: archer_registry::Keyring,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>> {
     let settings = cfg.provisioner.clone();
@@ -250,10 +250,11 @@ fn provisioner_task(
     let namespace = cfg.namespace.clone();
     let lease_client = client.clone();
     Ok(Box::pin(async move {
-        let provider: Arc<dyn crate::provisioner::cloud::CloudProvider> = match settings.cloud_provider.as_str() {
-            "kwok" => Arc::new(crate::provisioner::cloud::kwok::Kwok::new(client.clone(), catalog.clone(), settings.zones.clone())),
+        let provider: Arc<dyn archer_cloud::CloudProvider> = match settings.cloud_provider.as_str() {
+            "kwok" => Arc::new(archer_cloud_kwok::Kwok::new(client.clone(), catalog.clone(), settings.zones.clone())),
+            #[cfg(feature = "aws")]
             "aws" => {
-                use crate::provisioner::cloud::aws;
+                use archer_cloud_aws as aws;
                 let sdk = aws::sdk_config(&settings.aws).await;
                 let provider = Arc::new(aws::Aws::new(&sdk, catalog.clone(), settings.aws.clone()).await?);
                 provider.refresh_classes(&client).await;
@@ -261,6 +262,8 @@ fn provisioner_task(
                 tokio::spawn(provider.clone().run(client.clone()));
                 provider
             }
+            #[cfg(not(feature = "aws"))]
+            "aws" => anyhow::bail!("cloudProvider aws: this archer was built without the aws feature (cargo build --features aws)"),
             other => anyhow::bail!("unknown cloud provider {other:?}"),
         };
         let lease = settings.lease_name.clone();

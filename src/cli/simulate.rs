@@ -8,13 +8,13 @@ use serde_json::json;
 
 use super::inspect::Output;
 use super::RegistryArgs;
-use crate::catalog::Catalog;
-use crate::core::labels;
-use crate::core::packer::Plan;
-use crate::core::planner::plan_batch;
+use archer_core::catalog::Catalog;
+use archer_core::labels;
+use archer_core::packer::Plan;
+use archer_core::planner::plan_batch;
 use crate::provisioner::consolidation::{self, Decision};
-use crate::metrics::Metrics;
-use crate::provisioner::scenario::{all_images, Scenario};
+use archer_metrics::Metrics;
+use archer_model::scenario::{all_images, Scenario};
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
@@ -45,15 +45,15 @@ pub struct SimulateArgs {
 /// underutilised set, within the pool's budgets. Nodes are the pool's by their
 /// `archer.dev/nodepool` or `karpenter.sh/nodepool` label, priced by the catalog from their
 /// instance type, zone and capacity type.
-fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platforms: &(dyn Fn(&k8s_openapi::api::core::v1::Pod) -> Option<crate::core::platform::PlatformSet> + Sync), preferences: crate::core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
-    use crate::provisioner::state;
-    let nodes: Vec<&k8s_openapi::api::core::v1::Node> = s.nodes.iter().collect();
-    let pods: Vec<&k8s_openapi::api::core::v1::Pod> = s.bound.iter().collect();
-    let volumes = s.volumes();
-    let world = consolidation::World { nodes: &nodes, claims: &[], pods: &pods, namespaces: &[], pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms, budget: crate::core::packer::DEFAULT_BUDGET, preferences };
+fn disruption(s: &Scenario, inputs: &archer_model::scenario::Inputs, platforms: &(dyn Fn(&k8s_openapi::api::core::v1::Pod) -> Option<archer_core::platform::PlatformSet> + Sync), preferences: archer_core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
+    use crate::provisioner::objects as state;
+    let nodes: Vec<&k8s_openapi::api::core::v1::Node> = s.state.node_refs();
+    let pods: Vec<&k8s_openapi::api::core::v1::Pod> = s.bound().collect();
+    let volumes = s.state.volumes();
+    let world = consolidation::World { state: &s.state, pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
     let by_node = state::usage_by_node(pods.iter().copied());
     let mut out = Vec::new();
-    for np in &s.pools {
+    for np in &s.state.pools {
         let pool = np.name();
         let settings = match state::DisruptionSettings::of(np) {
             Ok(x) => x,
@@ -75,7 +75,7 @@ fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platf
             let l = state::labels_of(n);
             let get = |k: &str| l.get(k).map(String::as_str).unwrap_or("");
             let capacity = if get(labels::KARPENTER_CAPACITY_TYPE).is_empty() { get(labels::CAPACITY_TYPE) } else { get(labels::KARPENTER_CAPACITY_TYPE) };
-            let price = crate::core::packer::Offering::find(&inputs.offerings, get(labels::INSTANCE_TYPE), get(labels::ZONE), capacity).map(|o| o.price);
+            let price = archer_core::packer::Offering::find(&inputs.offerings, get(labels::INSTANCE_TYPE), get(labels::ZONE), capacity).map(|o| o.price);
             let Some(price) = price else {
                 notes.push(format!("node {} has no catalog price ({} {} {capacity}); left alone", n.metadata.name.as_deref().unwrap_or(""), get(labels::INSTANCE_TYPE), get(labels::ZONE)));
                 continue;
@@ -183,7 +183,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         // Pods that consolidation would move are inspected too.
         let mut all = s.pods.clone();
         if disrupt {
-            all.extend(s.bound.iter().map(|p| crate::provisioner::scenario::ScenarioPod { id: crate::provisioner::state::pod_id(p), pod: p.clone() }));
+            all.extend(s.bound().map(|p| archer_model::scenario::ScenarioPod { id: archer_model::objects::pod_id(p), pod: p.clone() }));
         }
         let images = all_images(&all);
         if !images.is_empty() {
@@ -204,18 +204,18 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));
     }
     let platforms_of = |p: &k8s_openapi::api::core::v1::Pod| {
-        crate::provisioner::model::annotated_platforms(p).or_else(|| {
-            let sets: Option<Vec<&crate::core::platform::PlatformSet>> = crate::core::placement::pod_images(p).iter().map(|i| found.get(i)).collect();
-            sets.and_then(crate::core::platform::PlatformSet::intersect_all)
+        archer_model::adapter::annotated_platforms(p).or_else(|| {
+            let sets: Option<Vec<&archer_core::platform::PlatformSet>> = archer_core::placement::pod_images(p).iter().map(|i| found.get(i)).collect();
+            sets.and_then(archer_core::platform::PlatformSet::intersect_all)
         })
     };
     let decisions = if disrupt { Some(disruption(&s, &inputs, &platforms_of, cfg.provisioner.preference_policy, &mut notes)) } else { None };
-    let crate::provisioner::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, .. } = inputs;
+    let archer_model::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, .. } = inputs;
     let plan = plan_batch(&snapshot, &pods, &pools, &offers);
     // The comparison is over the pods every plan can place: pods that need arm64 (or spot) are
     // left out of all of them (and listed), so the saving is like for like. The live savings
     // metrics read the same function.
-    let comparison = compare.then(|| crate::core::planner::compare::compare(&snapshot, &pods, &pools, &offers));
+    let comparison = compare.then(|| archer_core::planner::compare::compare(&snapshot, &pods, &pools, &offers));
 
     match output {
         Output::Json => {

@@ -12,9 +12,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use moka::future::Cache;
 
-use crate::core::placement::{pod_images, PLATFORMS_ANNOTATION};
-use crate::core::platform::PlatformSet;
-use crate::registry::{Inspector, Keyring};
+use archer_core::placement::{pod_images, PLATFORMS_ANNOTATION};
+use archer_core::platform::PlatformSet;
+use archer_registry::{Inspector, Keyring};
 
 const SECRET_TTL: Duration = Duration::from_secs(60);
 
@@ -136,7 +136,7 @@ pub struct ClusterView {
 /// behind Archer's: a node registered here may still be tainted in the snapshot it filters on.
 /// Nodes already free of the taints when first seen (at start-up) are not recorded.
 ///
-/// [`REGISTERING_TAINTS`]: crate::core::taints::REGISTERING_TAINTS
+/// [`REGISTERING_TAINTS`]: archer_core::taints::REGISTERING_TAINTS
 #[derive(Clone)]
 struct Registrations {
     registering: moka::sync::Cache<String, ()>,
@@ -154,7 +154,7 @@ impl Registrations {
     /// A node added or changed in the cache, at `now`.
     fn observe(&self, node: &Node, now: std::time::Instant) {
         let Some(name) = node.metadata.name.as_deref() else { return };
-        if crate::core::taints::node_registering(node) {
+        if archer_core::taints::node_registering(node) {
             self.registering.insert(name.to_string(), ());
             self.registered.invalidate(name);
         } else if self.registering.contains_key(name) {

@@ -22,8 +22,8 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::core::pod_id;
-use crate::core::sched::{NodeInfo, PodInfo, Snapshot};
+use archer_core::pod_id;
+use archer_core::sched::{NodeInfo, PodInfo, Snapshot};
 
 /// The nodes whose room plans hold, each as a one-node snapshot of its bound pods plus the
 /// pending pods planned there. Built from the caches and shared by the filter calls of a
@@ -123,7 +123,7 @@ fn priority(p: &Pod) -> i32 {
 /// The pod `namespace/name` when it is in the cache, not bound, not going away and not done.
 fn pending(pods: &Store<Pod>, id: &str) -> Option<std::sync::Arc<Pod>> {
     let (ns, name) = id.split_once('/')?;
-    pods.get(&ObjectRef::new(name).within(ns)).filter(|p| crate::core::awaits_node(p))
+    pods.get(&ObjectRef::new(name).within(ns)).filter(|p| archer_core::awaits_node(p))
 }
 
 #[cfg(test)]

@@ -19,17 +19,17 @@ use axum::Router;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::catalog::Catalog;
+use archer_core::catalog::Catalog;
 use crate::cluster::{ClusterView, PodPlatforms};
-use crate::core::labels;
-use crate::core::placement::PLATFORMS_ANNOTATION;
-use crate::core::platform::PlatformSet;
-use crate::core::policy::{self, PolicyDefaults};
-use crate::core::resources::{pod_requests, Resources};
-use crate::core::scoring::{self, Candidate};
-use crate::metrics::{labels2, Metrics};
-use crate::registry::{Inspector, Keyring};
-use crate::limits::{read_body, BodyLimits};
+use archer_core::labels;
+use archer_core::placement::PLATFORMS_ANNOTATION;
+use archer_core::platform::PlatformSet;
+use archer_core::policy::{self, PolicyDefaults};
+use archer_core::resources::{pod_requests, Resources};
+use archer_core::scoring::{self, Candidate};
+use archer_metrics::{labels2, Metrics};
+use archer_registry::{Inspector, Keyring};
+use archer_limits::{read_body, BodyLimits};
 use wire::{parse_args, FilterResult, HostPriority, Nodes};
 
 pub struct Extender {
@@ -164,9 +164,9 @@ impl NodeFacts {
         let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
         let q = |v: Option<&str>, f: fn(&str) -> Option<i64>| v.and_then(f).unwrap_or(0);
         let allocatable = Resources::new(
-            q(alloc.and_then(|a| a.cpu.as_deref()), crate::core::quantity::cpu_millis),
-            q(alloc.and_then(|a| a.memory.as_deref()), crate::core::quantity::value),
-            q(alloc.and_then(|a| a.pods.as_deref()), crate::core::quantity::value),
+            q(alloc.and_then(|a| a.cpu.as_deref()), archer_core::quantity::cpu_millis),
+            q(alloc.and_then(|a| a.memory.as_deref()), archer_core::quantity::value),
+            q(alloc.and_then(|a| a.pods.as_deref()), archer_core::quantity::value),
         );
         Self::build(n.metadata.name.to_string(), &label, annotation, allocatable, prices)
     }
@@ -228,7 +228,7 @@ impl Extender {
     /// configured `ignorable`, as it should be, has its errors skipped.
     async fn plan_steer(&self, pod: &Pod, candidates: &[String]) -> Option<(String, String)> {
         let cluster = self.cluster.as_ref()?;
-        let id = crate::core::pod_id(pod);
+        let id = archer_core::pod_id(pod);
         let (planned, age) = cluster.planned_node(&id).await?;
         tracing::Span::current().record("hint", planned.as_str());
         if candidates.contains(&planned) {
@@ -244,7 +244,7 @@ impl Extender {
         let recently = cluster
             .registered_for(&planned)
             .filter(|d| *d < SCHEDULER_VIEW_LAG)
-            .filter(|_| pods.as_ref().is_some_and(|pods| plan_wait::fits_alone(&crate::core::sched::PodInfo::from_pod(pod), &node, pods)));
+            .filter(|_| pods.as_ref().is_some_and(|pods| plan_wait::fits_alone(&archer_core::sched::PodInfo::from_pod(pod), &node, pods)));
         if let Some(why) = awaiting_registration(&planned, &node, recently) {
             return Some((planned, why));
         }
@@ -259,7 +259,7 @@ impl Extender {
     async fn held_refusals(&self, pod: &Pod, candidates: &[String]) -> std::collections::HashMap<String, String> {
         let (Some(cluster), Some(nodes)) = (self.cluster.as_ref(), self.nodes.as_ref()) else { return Default::default() };
         let Some(pods) = cluster.pods() else { return Default::default() };
-        let id = crate::core::pod_id(pod);
+        let id = archer_core::pod_id(pod);
         let own = cluster.planned_node(&id).await.map(|(n, _)| n);
         let held = {
             let cached = self.held.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -295,7 +295,7 @@ impl Extender {
 /// its cache shows the taints gone (a Node event its taint filter requeues pods on). `None`: the
 /// node is up and kube-scheduler refused it for reasons of its own.
 fn awaiting_registration(planned: &str, node: &Node, registered_for: Option<Duration>) -> Option<String> {
-    if crate::core::taints::node_registering(node) {
+    if archer_core::taints::node_registering(node) {
         return Some(format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register"));
     }
     registered_for
@@ -323,7 +323,7 @@ fn batch_registering(store: &Store<Node>, name: &str) -> Option<String> {
     siblings
         .split(',')
         .filter(|s| !s.is_empty())
-        .find(|s| store.get(&kube::runtime::reflector::ObjectRef::new(s)).is_some_and(|n| crate::core::taints::node_has_taint(&n, labels::UNREGISTERED_TAINT)))
+        .find(|s| store.get(&kube::runtime::reflector::ObjectRef::new(s)).is_some_and(|n| archer_core::taints::node_has_taint(&n, labels::UNREGISTERED_TAINT)))
         .map(|s| format!("node {s} of the same launch batch is still registering"))
 }
 
@@ -501,7 +501,7 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     let mut scores = scoring::score(request, &candidates, &policy, x.preference_bonus);
     // The node the provisioner's plan put this pod on scores highest; the others keep their
     // order at half weight. kube-scheduler then binds the pod where the plan counted on it.
-    let id = crate::core::pod_id(&args.pod);
+    let id = archer_core::pod_id(&args.pod);
     if let Some((planned, _)) = match &x.cluster {
         Some(c) => c.planned_node(&id).await,
         None => None,

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::Store;
 
 use crate::cluster::ClusterView;
-use crate::core::sched::{PodInfo, Snapshot};
+use archer_core::sched::{PodInfo, Snapshot};
 
 /// Would `node` take the pod but for topology spread across nodes? It is checked alone, with
 /// the pods bound to it: every filter of the scheduling model holds there, and spread over a
@@ -48,7 +48,7 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
     let siblings: Vec<&Pod> = all
         .iter()
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == info.namespace && p.metadata.name.as_deref() != Some(info.name.as_str()))
-        .filter(|p| crate::core::awaits_node(p))
+        .filter(|p| archer_core::awaits_node(p))
         .filter(|p| {
             let labels = p.metadata.labels.clone().unwrap_or_default();
             info.spread.iter().any(|c| c.selector.matches(&labels))
@@ -57,7 +57,7 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
         .collect();
     let mut planned = Vec::new();
     for p in siblings {
-        let id = crate::core::pod_id(p);
+        let id = archer_core::pod_id(p);
         if let Some((node, _)) = cluster.planned_node(&id).await {
             planned.push((p, node));
         }
@@ -70,7 +70,7 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
     let snap = Snapshot::new(&node_list, &bound, &[]);
     planned.into_iter().any(|(p, node)| {
         let Some((i, planned_node)) = snap.nodes.iter().enumerate().find(|(_, n)| n.name == node) else { return false };
-        let registering = planned_node.taints.iter().any(|t| crate::core::taints::is_registering_taint(&t.key));
+        let registering = planned_node.taints.iter().any(|t| archer_core::taints::is_registering_taint(&t.key));
         registering || snap.fits(&PodInfo::from_pod(p), i).is_ok()
     })
 }

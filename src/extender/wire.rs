@@ -80,7 +80,7 @@ pub struct LabelsLite<'a> {
 
 impl LabelsLite<'_> {
     pub fn get(&self, key: &str) -> Option<&str> {
-        use crate::core::labels as l;
+        use archer_core::labels as l;
         let v = match key {
             l::ARCH => &self.arch,
             l::OS => &self.os,

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use super::model;
-use super::state;
+use archer_model::adapter as model;
+use archer_model::objects as state;
 use super::worker::Provisioner;
-use crate::core::labels;
-use crate::core::packer::{Offering, Pool};
-use crate::metrics::Labels;
+use archer_core::labels;
+use archer_core::packer::{Offering, Pool};
+use archer_metrics::Labels;
 
 /// How often pods that became Ready are looked for.
 const STARTUP_EVERY: Duration = Duration::from_secs(5);
@@ -63,10 +63,10 @@ fn startup_seconds(pod: &Pod) -> Option<f64> {
 
 /// The pools as the counterfactual plans them: every NodePool at its full limits (the pods
 /// compared already run inside them), with its DaemonSets.
-fn counterfactual_pools(p: &Provisioner) -> Vec<Pool> {
-    let pools = p.stores.pools.state();
+fn counterfactual_pools(cluster: &archer_model::ClusterState) -> Vec<Pool> {
+    let pools: Vec<&archer_api::nodepool::NodePool> = cluster.pools.iter().map(|p| p.as_ref()).collect();
     // What the pods would cost on the pools as written, whatever their node classes' state now.
-    let mut out = state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &[], &p.daemon_loads(), &|_| None);
+    let mut out = state::packer_pools(&pools, &[], &cluster.daemon_loads(), &|_| None);
     for pool in &mut out {
         (pool.limit_cpu_millis, pool.limit_memory_bytes, pool.limit_nodes) = (None, None, None);
     }
@@ -74,7 +74,7 @@ fn counterfactual_pools(p: &Provisioner) -> Vec<Pool> {
 }
 
 /// Empties the cost and savings gauges when dropped (the loop's task aborted).
-struct ClearOnDrop(Arc<crate::metrics::Metrics>);
+struct ClearOnDrop(Arc<archer_metrics::Metrics>);
 
 impl Drop for ClearOnDrop {
     fn drop(&mut self) {
@@ -144,7 +144,8 @@ impl Provisioner {
     #[tracing::instrument(skip_all, fields(nodes = tracing::field::Empty, pods = tracing::field::Empty))]
     async fn report_cost(&self, last: &mut Option<u64>) {
         let offerings = self.provider.offerings();
-        let nodes = self.stores.nodes.state();
+        let cluster = self.state();
+        let nodes = &cluster.nodes;
         let costs = node_costs(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &offerings);
         self.metrics.managed_nodes.clear();
         self.metrics.nodes_cost.clear();
@@ -153,20 +154,19 @@ impl Provisioner {
             self.metrics.nodes_cost.get_or_create(&labels3(key)).set(*price);
         }
         let managed: HashSet<&str> = nodes.iter().filter(|n| node_key(n).is_some()).filter_map(|n| n.metadata.name.as_deref()).collect();
-        let pods: Vec<Arc<Pod>> = self
-            .stores
+        let pods: Vec<Arc<Pod>> = cluster
             .pods
-            .state()
-            .into_iter()
+            .iter()
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| managed.contains(n)))
             .filter(|p| !state::is_daemon_pod(p) && !state::is_terminal(p) && p.metadata.deletion_timestamp.is_none())
+            .cloned()
             .collect();
         tracing::Span::current().record("nodes", managed.len()).record("pods", pods.len());
         // The savings take three plans of every pod: only once the cluster has settled (as the
         // consolidation hold judges it: no claim in flight, no pod waiting for one) and when the
         // pods on managed nodes have changed, so a burst's provisioning never shares the CPU
         // with them.
-        let claimed: std::collections::BTreeSet<String> = self.stores.claims.state().iter().map(|c| c.spec.node_pool.clone()).collect();
+        let claimed: std::collections::BTreeSet<String> = cluster.claims.iter().map(|c| c.spec.node_pool.clone()).collect();
         let unsettled = !self.waiting_now().is_empty() || claimed.iter().any(|pool| self.hold(pool).is_some());
         // New spot prices change the savings as much as new pods.
         let fingerprint = pod_fingerprint(&pods) ^ offerings.iter().map(|o| o.price).sum::<f64>().to_bits();
@@ -174,14 +174,13 @@ impl Provisioner {
             return;
         }
         *last = Some(fingerprint);
-        let volumes = self.volumes();
+        let volumes = cluster.volumes();
         let platforms = futures::future::join_all(pods.iter().map(|p| self.platforms(p))).await;
         let pending: Vec<_> = pods.iter().zip(platforms).map(|(p, platforms)| model::pending_unbound(p, platforms, &volumes, self.settings.preference_policy)).collect();
-        let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
-        let namespaces: Vec<_> = namespaces.iter().map(|n| n.as_ref().clone()).collect();
-        let pools = counterfactual_pools(self);
-        let empty = crate::core::sched::Snapshot::new(&[], &[], &namespaces);
-        let c = tokio::task::block_in_place(|| crate::core::planner::compare::compare(&empty, &pending, &pools, &offerings));
+        let namespaces: Vec<_> = cluster.namespaces.iter().map(|n| n.as_ref().clone()).collect();
+        let pools = counterfactual_pools(&cluster);
+        let empty = archer_core::sched::Snapshot::new(&[], &[], &namespaces);
+        let c = tokio::task::block_in_place(|| archer_core::planner::compare::compare(&empty, &pending, &pools, &offerings));
         self.metrics.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(c.arm64_saving());
         self.metrics.savings.get_or_create(&vec![("source", "spot".to_string())]).set(c.spot_saving());
         self.metrics.baseline_cost.set(c.baseline());
@@ -229,12 +228,12 @@ mod tests {
 
     #[test]
     fn a_replica_that_stops_provisioning_stops_reporting_cost() {
-        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let metrics = Arc::new(archer_metrics::Metrics::new());
         let key = ("default".to_string(), "arm64".to_string(), "spot".to_string());
         metrics.nodes_cost.get_or_create(&labels3(&key)).set(1.5);
         metrics.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(0.7);
         metrics.baseline_cost.set(3.0);
-        let sample = |m: &crate::metrics::Metrics, name: &str| m.encode().lines().any(|l| l.starts_with(name) && !l.ends_with(" 0") && !l.ends_with(" 0.0"));
+        let sample = |m: &archer_metrics::Metrics, name: &str| m.encode().lines().any(|l| l.starts_with(name) && !l.ends_with(" 0") && !l.ends_with(" 0.0"));
         assert!(sample(&metrics, "archer_nodes_cost_per_hour_dollars{") && sample(&metrics, "archer_baseline_cost_per_hour_dollars"));
         drop(ClearOnDrop(metrics.clone()));
         for name in ["archer_nodes_cost_per_hour_dollars{", "archer_savings_per_hour_dollars{", "archer_baseline_cost_per_hour_dollars"] {

@@ -13,14 +13,14 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams};
 use kube::Api;
 
-use super::cloud::{Interruption, InterruptionHandler};
-use super::consolidation;
-use super::nodeclaim::NodeClaim;
-use super::state::{self, DisruptionSettings};
-use super::state::age_of;
+use archer_cloud::{Interruption, InterruptionHandler};
+use archer_model::consolidation;
+use archer_api::nodeclaim::NodeClaim;
+use archer_model::objects::{self as state, DisruptionSettings};
+use archer_model::objects::age_of;
 use super::worker::Provisioner;
-use crate::core::labels;
-use crate::metrics::{label, labels2};
+use archer_core::labels;
+use archer_metrics::{label, labels2};
 
 /// Per-node clocks: since when a node has been empty / had the same pods.
 #[derive(Default)]
@@ -159,15 +159,12 @@ impl Provisioner {
     /// claims are still launching.
     pub(super) fn hold(&self, pool: &str) -> Option<String> {
         let waiting = self.waiting_now();
-        let (nodes, claims) = (self.stores.nodes.state(), self.stores.claims.state());
-        let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
-        let claim_refs: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
-        state::consolidation_hold(pool, &claim_refs, &node_refs, &waiting)
+        self.state().consolidation_hold(pool, &waiting)
     }
 
     /// At most one new decision for the pool: expired nodes go at once; empty or underutilised
     /// nodes only on a settled pool, and only if the decision still holds after a quiet period.
-    async fn disrupt_pool(self: &Arc<Self>, np: &super::nodepool::NodePool) {
+    async fn disrupt_pool(self: &Arc<Self>, np: &archer_api::nodepool::NodePool) {
         let pool = np.name();
         let settings = match DisruptionSettings::of(np) {
             Ok(s) => s,
@@ -258,16 +255,11 @@ impl Provisioner {
     async fn with_world<R: Send>(&self, moving: &[consolidation::Candidate<'_>], decide: impl FnOnce(&consolidation::World<'_>) -> R + Send) -> R {
         let pods_moving: Vec<&Pod> = moving.iter().flat_map(|c| state::evictable(&c.pods)).collect();
         let found = futures::future::join_all(pods_moving.iter().map(|p| async move { (state::pod_id(p), self.platforms(p).await) })).await;
-        let found: HashMap<String, Option<crate::core::platform::PlatformSet>> = found.into_iter().collect();
+        let found: HashMap<String, Option<archer_core::platform::PlatformSet>> = found.into_iter().collect();
         let platforms = |p: &Pod| found.get(&state::pod_id(p)).cloned().flatten();
-        let (nodes, claims, pods) = (self.stores.nodes.state(), self.stores.claims.state(), self.stores.pods.state());
-        let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
-        let node_refs: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
-        let claim_refs: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
-        let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-        let ns_refs: Vec<&k8s_openapi::api::core::v1::Namespace> = namespaces.iter().map(|n| n.as_ref()).collect();
-        let (pools, volumes) = (self.pools(), self.volumes());
-        let world = consolidation::World { nodes: &node_refs, claims: &claim_refs, pods: &pod_refs, namespaces: &ns_refs, pools: &pools, offerings: &self.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.settings.packing_budget(), preferences: self.settings.preference_policy };
+        let state = self.state();
+        let (pools, volumes) = (self.pools(&state), state.volumes());
+        let world = consolidation::World { state: &state, pools: &pools, offerings: &self.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.settings.packing_budget(), preferences: self.settings.preference_policy };
         tokio::task::block_in_place(|| decide(&world))
     }
 
@@ -472,7 +464,7 @@ impl Provisioner {
     /// Drifted nodes of the pool (its template, its requirements, the provider's node class or
     /// image changed), up to the pool's `Drifted` budget: each replaced (replacements Ready
     /// first) and drained, with a `Drifted` Event on its claim. True when any was taken.
-    async fn replace_drifted(self: &Arc<Self>, np: &super::nodepool::NodePool, candidates: &[Candidate<'_>], budget: usize) -> bool {
+    async fn replace_drifted(self: &Arc<Self>, np: &archer_api::nodepool::NodePool, candidates: &[Candidate<'_>], budget: usize) -> bool {
         let pods = self.stores.pods.state();
         let mut taken = 0;
         for c in candidates {
@@ -480,7 +472,7 @@ impl Provisioner {
                 break;
             }
             let node_labels = c.node.metadata.labels.clone().unwrap_or_default();
-            let why = super::drift::drift_reason(&c.claim, np, &|k| node_labels.get(k).cloned()).or_else(|| self.provider.drifted(&c.claim));
+            let why = archer_model::drift::drift_reason(&c.claim, np, &|k| node_labels.get(k).cloned()).or_else(|| self.provider.drifted(&c.claim));
             let Some(why) = why else { continue };
             let name = c.node.metadata.name.clone().unwrap_or_default();
             if !self.disruption.reserve(&name) {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
 
-use crate::metrics::Metrics;
+use archer_metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {

@@ -1,28 +1,29 @@
-//! The provisioning worker and its deciding code (shared with `archer simulate`):
-//! - `nodepool`, `nodeclaim`: the NodePool and NodeClaim custom resources;
-//! - `model`: the one adapter from Kubernetes objects to the planner's inputs (pending pods,
-//!   the cluster snapshot), used by the worker, consolidation and simulate;
-//! - `scenario`: ordinary Kubernetes YAML read into those objects (simulate);
-//! - `state`: the cluster as the deciding code sees it (pending pods, free room, pool usage);
-//! - `worker`: pending-pod watch, batching, launching, claim keeping;
-//! - `consolidation`: which nodes to remove or replace, decided purely (worker and simulate);
-//! - `disruption`: the clocks, budgets and actions around those decisions (taint, evict, delete);
-//! - `cloud`: the cloud-provider trait and the kwok provider;
-//! - `leader`: the Lease that makes one replica the provisioner.
+//! The provisioner's runtime (leader only): it acts on what the pure model decides.
+//! - `worker`: the watch caches, batching, launching, claim keeping;
+//! - `disruption`: the clocks, budgets and actions around consolidation's decisions (taint,
+//!   evict, delete), expiry, drift and interruptions;
+//! - `status`: NodePool and NodeClaim status conditions and Events; `cost`: the cost and savings
+//!   metrics; `leader`: the Lease that makes one replica the provisioner.
+//!
+//! The deciding code is crate `archer-model` (the cluster at one moment, the adapter, the
+//! consolidation and drift decisions, scenarios) over `archer-core`'s planner; the custom
+//! resources are crate `archer-api`; the clouds are crates `archer-cloud-*`. They are
+//! re-exported here under the names the tests use.
 
-pub mod cloud;
-pub mod conditions;
-pub mod consolidation;
 mod cost;
 pub mod disruption;
-pub mod drift;
 pub mod leader;
-pub mod model;
-pub mod nodeclaim;
-pub mod nodepool;
-pub mod scenario;
-pub mod state;
 mod status;
 pub mod worker;
 
+pub use archer_api::{conditions, nodeclaim, nodepool};
+pub use archer_model::{adapter, consolidation, drift, objects, scenario, ClusterState};
 pub use worker::Provisioner;
+
+/// The cloud-provider trait and the providers compiled in (`aws` with the cargo feature).
+pub mod cloud {
+    pub use archer_cloud::*;
+    #[cfg(feature = "aws")]
+    pub use archer_cloud_aws as aws;
+    pub use archer_cloud_kwok as kwok;
+}

@@ -10,13 +10,13 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource};
 
-use super::cloud::NodeClassReadiness;
-use super::conditions;
-use super::nodeclaim::NodeClaim;
-use super::nodepool::{NodePool, NodePoolStatus};
-use super::state;
+use archer_cloud::NodeClassReadiness;
+use archer_api::conditions;
+use archer_api::nodeclaim::NodeClaim;
+use archer_api::nodepool::{NodePool, NodePoolStatus};
+use archer_model::objects as state;
 use super::worker::Provisioner;
-use crate::core::labels;
+use archer_core::labels;
 
 pub(super) const LAUNCHED: &str = "Launched";
 pub(super) const REGISTERED: &str = "Registered";
@@ -233,7 +233,7 @@ fn event_note(note: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provisioner::nodeclaim::NodeClaimStatus;
+    use archer_api::nodeclaim::NodeClaimStatus;
 
     #[test]
     fn event_notes_fit_the_api_servers_limit() {
@@ -251,7 +251,7 @@ mod tests {
         c.spec.node_pool = "default".into();
         c.spec.instance_type = "m7g.large".into();
         c.spec.zone = "us-east-1a".into();
-        c.spec.startup_taints = vec![crate::provisioner::nodepool::TaintDoc { key: "example.com/agent".into(), value: None, effect: "NoSchedule".into() }];
+        c.spec.startup_taints = vec![archer_api::nodepool::TaintDoc { key: "example.com/agent".into(), value: None, effect: "NoSchedule".into() }];
         c.status = status;
         c
     }
@@ -301,7 +301,7 @@ mod tests {
 
     #[test]
     fn pool_status_counts_claims_against_limits() {
-        let np: NodePool = crate::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  limits: {cpu: \"4\"}\n").expect("pool");
+        let np: NodePool = archer_core::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  limits: {cpu: \"4\"}\n").expect("pool");
         let mut a = claim(None);
         a.spec.capacity = [("cpu", "2"), ("memory", "8Gi"), ("pods", "29")].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let s = pool_status(&np, &[&a], &NodeClassReadiness::NotUsed);
@@ -309,14 +309,14 @@ mod tests {
         assert_eq!(get(&s.conditions, READY), ("True", "Ready"));
         let s = pool_status(&np, &[&a, &a], &NodeClassReadiness::NotUsed);
         assert_eq!((s.resources["cpu"].as_str(), get(&s.conditions, READY)), ("4", ("True", "LimitsReached")));
-        let bad: NodePool = crate::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: bad}\nspec:\n  template:\n    spec:\n      requirements: [{key: kubernetes.io/arch, operator: Gt, values: [arm64]}]\n").expect("pool");
+        let bad: NodePool = archer_core::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: bad}\nspec:\n  template:\n    spec:\n      requirements: [{key: kubernetes.io/arch, operator: Gt, values: [arm64]}]\n").expect("pool");
         assert_eq!(get(&pool_status(&bad, &[], &NodeClassReadiness::NotUsed).conditions, READY).0, "False");
         assert_eq!((cpu_quantity(3500), memory_quantity(1536 << 20)), ("3500m".to_string(), "1536Mi".to_string()));
     }
 
     #[test]
     fn a_pool_whose_node_class_is_not_ready_is_not_ready() {
-        let np: NodePool = crate::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec: {}\n").expect("pool");
+        let np: NodePool = archer_core::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec: {}\n").expect("pool");
         let s = pool_status(&np, &[], &NodeClassReadiness::NotUsed);
         assert!(s.conditions.iter().all(|c| c.type_ != NODE_CLASS_READY), "kwok has no node classes: no condition");
         let s = pool_status(&np, &[], &NodeClassReadiness::Ready);

@@ -16,22 +16,23 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 
-use super::cloud::{CloudProvider, NodeClassReadiness};
-use super::nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
-use super::nodepool::NodePool;
-use super::model;
-use super::state::{self, pod_id};
-use crate::catalog::Catalog;
+use archer_cloud::{CloudProvider, NodeClassReadiness};
+use archer_api::nodeclaim::{NodeClaim, NodeClaimSpec, NodeClaimStatus};
+use archer_api::nodepool::NodePool;
+use archer_model::adapter as model;
+use archer_model::objects::{self as state, pod_id};
+use archer_model::ClusterState;
+use archer_core::catalog::Catalog;
 use crate::cluster::{reflect_with, ClusterView, PodPlatforms};
 use crate::config::ProvisionerConfig;
-use crate::core::packer::{Offering, Plan, PlannedNode, Pool};
-use crate::core::packer::batch_budget;
-use crate::core::planner::{plan_batch_within, Pending};
-use crate::core::sched::{Snapshot, Volumes};
+use archer_core::packer::{Offering, Plan, PlannedNode, Pool};
+use archer_core::packer::batch_budget;
+use archer_core::planner::{plan_batch_within, Pending};
+use archer_core::sched::Volumes;
 
-use crate::core::platform::PlatformSet;
-use crate::metrics::{label, Metrics};
-use crate::registry::{Inspector, Keyring};
+use archer_core::platform::PlatformSet;
+use archer_metrics::{label, Metrics};
+use archer_registry::{Inspector, Keyring};
 
 /// Set (tests only) to make the process exit right after it wrote a NodeClaim and before it asked
 /// the provider for the node: the crash a restart must recover from without a second node.
@@ -80,6 +81,20 @@ impl Stores {
             futures::future::join(futures::future::join5(p, n, c, np, d), futures::future::join(pvc, pv)).await;
         };
         (Stores { pods, nodes, claims, pools, daemonsets, claims_pv, volumes }, drive)
+    }
+
+    /// The cluster as the caches hold it now, with the namespaces the process keeps.
+    pub fn state(&self, namespaces: Vec<Arc<k8s_openapi::api::core::v1::Namespace>>) -> ClusterState {
+        ClusterState {
+            nodes: self.nodes.state(),
+            pods: self.pods.state(),
+            claims: self.claims.state(),
+            pools: self.pools.state(),
+            namespaces,
+            daemonsets: self.daemonsets.state(),
+            volume_claims: self.claims_pv.state(),
+            volumes: self.volumes.state(),
+        }
     }
 
     async fn wait_ready(&self) {
@@ -220,15 +235,16 @@ impl Provisioner {
         }
     }
 
+    /// The cluster at this moment, from the watch caches.
+    pub(super) fn state(&self) -> ClusterState {
+        self.stores.state(self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default())
+    }
+
     /// The planner's view of pods (platforms resolved concurrently), through the one adapter.
     /// Each carries the node an earlier plan put it on: this process's latest plan, else the
     /// live claims' record (after a restart).
-    pub(super) async fn pending_pods<P: std::borrow::Borrow<Pod> + Sync>(&self, pods: &[P], volumes: &Volumes) -> Vec<Pending> {
-        let claimed = {
-            let claims = self.stores.claims.state();
-            model::planned_nodes(&claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>())
-        };
-        let claimed = &claimed;
+    pub(super) async fn pending_pods<P: std::borrow::Borrow<Pod> + Sync>(&self, state: &ClusterState, pods: &[P], volumes: &Volumes) -> Vec<Pending> {
+        let claimed = &state.planned_nodes();
         join_all(pods.iter().map(|p| async move {
             let p: &Pod = p.borrow();
             let platforms = self.platforms(p).await;
@@ -243,42 +259,14 @@ impl Provisioner {
         .await
     }
 
-    pub(super) fn pools(&self) -> Vec<Pool> {
-        let pools = self.stores.pools.state();
-        let claims = self.stores.claims.state();
+    /// The state's pools as the packer takes them: a pool whose node class the provider says is
+    /// not ready is closed.
+    pub(super) fn pools(&self, state: &ClusterState) -> Vec<Pool> {
         let closed = |np: &NodePool| match self.provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()) {
             NodeClassReadiness::NotReady { message, .. } => Some(message),
             NodeClassReadiness::Ready | NodeClassReadiness::NotUsed => None,
         };
-        state::packer_pools(&pools.iter().map(|p| p.as_ref()).collect::<Vec<_>>(), &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &self.daemon_loads(), &closed)
-    }
-
-    /// The DaemonSets' pods as loads on the nodes they would run on.
-    pub(super) fn daemon_loads(&self) -> Vec<crate::core::packer::DaemonLoad> {
-        self.stores.daemonsets.state().iter().map(|d| state::daemon_load(d)).collect()
-    }
-
-    /// The cluster as kube-scheduler's rules see it: usable nodes with their pods, in-flight
-    /// claims, namespaces; leaving out the nodes `skip` names.
-    pub(super) fn snapshot(&self, pools: &[Pool], pods: &[Arc<Pod>], skip: &dyn Fn(&str) -> bool) -> Snapshot {
-        let nodes = self.stores.nodes.state();
-        let claims = self.stores.claims.state();
-        let namespaces = self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default();
-        model::cluster_snapshot(
-            &nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
-            &claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(),
-            &pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>(),
-            &namespaces.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
-            pools,
-            skip,
-        )
-    }
-
-    /// The cluster's claims and the volumes they are bound to.
-    pub(super) fn volumes(&self) -> Volumes {
-        let claims = self.stores.claims_pv.state();
-        let volumes = self.stores.volumes.state();
-        Volumes::new(&claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>(), &volumes.iter().map(|v| v.as_ref()).collect::<Vec<_>>())
+        state.packer_pools(&closed)
     }
 
     /// One batch: decide and launch.
@@ -344,24 +332,18 @@ impl Provisioner {
     /// What a batch would do on the cluster as the caches have it now: the pods it plans (those
     /// a live plan already covers aside), the covered ones, the plan. `None`: nothing pending.
     async fn decide(&self) -> Option<(Vec<Arc<Pod>>, HashSet<String>, Plan)> {
-        let all_pods = self.stores.pods.state();
+        let state = self.state();
         // Pods a live plan already placed on a node still coming are not planned again.
-        let covered: HashSet<String> = {
-            let nodes = self.stores.nodes.state();
-            let claims = self.stores.claims.state();
-            let (n, c, p): (Vec<&Node>, Vec<&NodeClaim>, Vec<&Pod>) = (nodes.iter().map(|x| x.as_ref()).collect(), claims.iter().map(|x| x.as_ref()).collect(), all_pods.iter().map(|x| x.as_ref()).collect());
-            model::covered(&c, &n, &p).into_iter().map(|(p, _)| pod_id(p)).collect()
-        };
-        let pending: Vec<Arc<Pod>> = all_pods.iter().filter(|p| state::is_provisionable(p, &self.settings.scheduler_names) && !covered.contains(&pod_id(p))).cloned().collect();
+        let (pending, covered) = state.provisionable(&self.settings.scheduler_names);
         if pending.is_empty() {
             return None;
         }
-        let pools = self.pools();
-        let snapshot = self.snapshot(&pools, &all_pods, &|_| false);
-        let batch: Vec<Pending> = self.pending_pods(&pending, &self.volumes()).await;
+        let pools = self.pools(&state);
+        let snapshot = state.snapshot(&pools, &|_| false);
+        let batch: Vec<Pending> = self.pending_pods(&state, &pending, &state.volumes()).await;
         let offerings = &self.provider.offerings();
         let plan = if pools.is_empty() {
-            Plan { unschedulable: batch.iter().map(|p| crate::core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
+            Plan { unschedulable: batch.iter().map(|p| archer_core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
         } else {
             tokio::task::block_in_place(|| plan_batch_within(&snapshot, &batch, &pools, offerings, batch_budget(self.settings.packing_budget(), batch.len())))
         };
@@ -418,7 +400,7 @@ impl Provisioner {
             for c in claims.iter_mut() {
                 let me = c.name();
                 let siblings: Vec<&str> = names.iter().map(String::as_str).filter(|n| *n != me).collect();
-                c.metadata.annotations.get_or_insert_with(Default::default).insert(crate::core::labels::BATCH_NODES_ANNOTATION.into(), siblings.join(","));
+                c.metadata.annotations.get_or_insert_with(Default::default).insert(archer_core::labels::BATCH_NODES_ANNOTATION.into(), siblings.join(","));
             }
         }
         self.post_launch_events(&claims, reason).await;
@@ -464,7 +446,7 @@ impl Provisioner {
 
     /// Lift the unregistered taint from a node (the node joins the cluster for scheduling).
     pub(super) async fn register(&self, node: &str) {
-        if self.remove_taint(node, crate::core::labels::UNREGISTERED_TAINT).await {
+        if self.remove_taint(node, archer_core::labels::UNREGISTERED_TAINT).await {
             tracing::info!(node, "node registered");
         }
     }
@@ -511,20 +493,20 @@ impl Provisioner {
         let t = &offering.instance;
         let with_gpus = |mut m: BTreeMap<String, String>, gpus: u32| {
             if gpus > 0 {
-                m.insert(crate::core::packer::GPU_RESOURCE.to_string(), gpus.to_string());
+                m.insert(archer_core::packer::GPU_RESOURCE.to_string(), gpus.to_string());
             }
             m
         };
         let q = |cpu_millis: i64, mem: i64, pods: i64| BTreeMap::from([("cpu".to_string(), format!("{cpu_millis}m")), ("memory".to_string(), format!("{}Ki", mem / 1024)), ("pods".to_string(), pods.to_string())]);
-        let taint = |t: &super::nodepool::TaintDoc| t.clone();
+        let taint = |t: &archer_api::nodepool::TaintDoc| t.clone();
         Some(NodeClaim {
             metadata: ObjectMeta {
                 generate_name: Some(format!("{}-", planned.pool)),
                 annotations: Some(BTreeMap::from([
-                    (crate::core::labels::PLANNED_PODS_ANNOTATION.to_string(), planned.pods.join(",")),
-                    (super::drift::POOL_HASH_ANNOTATION.to_string(), super::drift::pool_hash(&np)),
+                    (archer_core::labels::PLANNED_PODS_ANNOTATION.to_string(), planned.pods.join(",")),
+                    (archer_model::drift::POOL_HASH_ANNOTATION.to_string(), archer_model::drift::pool_hash(&np)),
                 ])),
-                labels: Some(BTreeMap::from([(crate::core::labels::NODEPOOL.to_string(), planned.pool.clone()), (crate::core::labels::KARPENTER_NODEPOOL.to_string(), planned.pool.clone())])),
+                labels: Some(BTreeMap::from([(archer_core::labels::NODEPOOL.to_string(), planned.pool.clone()), (archer_core::labels::KARPENTER_NODEPOOL.to_string(), planned.pool.clone())])),
                 ..Default::default()
             },
             spec: NodeClaimSpec {
@@ -552,13 +534,13 @@ impl Provisioner {
     /// The pool's requirements, and the planned instance type as a requirement when a planned pod
     /// selects on anything but the node's architecture, OS, zone, region, capacity type or pool:
     /// a provider may then launch no other type than the one planned.
-    fn claim_requirements(&self, pool: &NodePool, planned: &PlannedNode) -> Vec<super::nodepool::RequirementDoc> {
+    fn claim_requirements(&self, pool: &NodePool, planned: &PlannedNode) -> Vec<archer_api::nodepool::RequirementDoc> {
         let mut r = pool.spec.template.spec.requirements.clone();
         let pods = self.stores.pods.state();
         let wanted: HashSet<&str> = planned.pods.iter().map(String::as_str).collect();
         let pins = pods.iter().filter(|p| wanted.contains(pod_id(p).as_str())).any(|p| model::selects_on_instance_shape(p));
         if pins {
-            r.push(super::nodepool::RequirementDoc { key: crate::core::labels::INSTANCE_TYPE.into(), operator: "In".into(), values: vec![planned.instance_type.clone()], min_values: None });
+            r.push(archer_api::nodepool::RequirementDoc { key: archer_core::labels::INSTANCE_TYPE.into(), operator: "In".into(), values: vec![planned.instance_type.clone()], min_values: None });
         }
         r
     }
@@ -602,7 +584,7 @@ impl Provisioner {
                 let what = format!("{} ({} in {}, {}) for node {}", i.provider_id, i.instance_type.as_deref().unwrap_or(&claim.spec.instance_type), i.zone.as_deref().unwrap_or(&claim.spec.zone), claim.spec.capacity_type, i.node_name);
                 self.post_event(&claim.object_ref(&()), EventType::Normal, "Launched", "Launching", &what).await;
                 if let Some(cluster) = &self.cluster {
-                    let planned = claim.metadata.annotations.as_ref().and_then(|a| a.get(crate::core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
+                    let planned = claim.metadata.annotations.as_ref().and_then(|a| a.get(archer_core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
                     let pods: Vec<String> = planned.split(',').filter(|p| !p.is_empty()).map(String::from).collect();
                     cluster.plan_placed(pods, &i.node_name).await;
                 }
@@ -611,7 +593,7 @@ impl Provisioner {
             Err(e) => {
                 self.metrics.launch_errors.get_or_create(&label("provider", self.provider.name())).inc();
                 tracing::warn!(error = %e, "launch failed");
-                if matches!(e, super::cloud::CloudError::InsufficientCapacity { .. }) {
+                if matches!(e, archer_cloud::CloudError::InsufficientCapacity { .. }) {
                     // Give the pods back to the next batch, which picks another offering.
                     let _ = api.delete(&claim.name(), &DeleteParams::default()).await;
                     return;

@@ -11,12 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
-use crate::catalog::Catalog;
-use crate::core::labels;
-use crate::core::platform::PlatformSet;
-use crate::core::resources::{pod_requests, Resources};
-use crate::provisioner::nodepool::{offerings, NodePool};
-use crate::provisioner::{model, state};
+use archer_core::catalog::Catalog;
+use archer_core::labels;
+use archer_core::platform::PlatformSet;
+use archer_core::resources::{pod_requests, Resources};
+use archer_api::nodepool::{offerings, NodePool};
+use crate::provisioner::{adapter as model, objects as state};
 
 pub use text::render_text;
 
@@ -157,7 +157,7 @@ fn pod_platforms(pod: &Pod, images: &ImagePlatforms) -> Result<PlatformSet, Vec<
     }
     let mut sets = Vec::new();
     let mut problems = Vec::new();
-    for image in crate::core::placement::pod_images(pod) {
+    for image in archer_core::placement::pod_images(pod) {
         match images.get(&image) {
             Some(Ok(p)) => sets.push(p.clone()),
             Some(Err(e)) => problems.push(ImageProblem { image, platforms: Vec::new(), error: Some(e.clone()) }),
@@ -172,7 +172,7 @@ fn pod_platforms(pod: &Pod, images: &ImagePlatforms) -> Result<PlatformSet, Vec<
 
 /// Images of the pod with no linux/arm64 build.
 fn arm64_blockers(pod: &Pod, images: &ImagePlatforms) -> Vec<ImageProblem> {
-    crate::core::placement::pod_images(pod)
+    archer_core::placement::pod_images(pod)
         .into_iter()
         .filter_map(|image| match images.get(&image) {
             Some(Ok(p)) if !p.architectures_for_os("linux").contains("arm64") => Some(ImageProblem { image, platforms: p.0.iter().map(|x| x.to_string()).collect(), error: None }),
@@ -189,18 +189,18 @@ fn supports(p: &PlatformSet, arch: &str) -> bool {
 fn admits_arm64(pod: &Pod, node: &Node) -> bool {
     let mut l = node.metadata.labels.clone().unwrap_or_default();
     l.insert(labels::ARCH.into(), "arm64".into());
-    crate::core::sched::PodInfo::from_pod(pod).admits_node(node.metadata.name.as_deref().unwrap_or(""), &l)
+    archer_core::sched::PodInfo::from_pod(pod).admits_node(node.metadata.name.as_deref().unwrap_or(""), &l)
 }
 
 /// What moving `pods` to arm64 would save per hour: the counterfactual `simulate --compare` and
 /// the savings metrics use, on a default pool (any architecture, on-demand) in `zones`.
 fn arm64_saving(pods: &[&Pod], platforms: &PlatformSet, catalog: &Catalog, zones: &[String]) -> f64 {
-    let volumes = crate::core::sched::Volumes::default();
-    let pending: Vec<_> = pods.iter().map(|p| model::pending_unbound(p, Some(platforms.clone()), &volumes, crate::core::sched::preferences::Policy::default())).collect();
+    let volumes = archer_core::sched::Volumes::default();
+    let pending: Vec<_> = pods.iter().map(|p| model::pending_unbound(p, Some(platforms.clone()), &volumes, archer_core::sched::preferences::Policy::default())).collect();
     let Ok(pool) = NodePool::default_pool().to_pool() else { return 0.0 };
     let offers = offerings(catalog, zones);
-    let snapshot = crate::core::sched::Snapshot::new(&[], &[], &[]);
-    crate::core::planner::compare::compare(&snapshot, &pending, &[pool], &offers).arm64_saving().max(0.0)
+    let snapshot = archer_core::sched::Snapshot::new(&[], &[], &[]);
+    archer_core::planner::compare::compare(&snapshot, &pending, &[pool], &offers).arm64_saving().max(0.0)
 }
 
 #[derive(Default)]
@@ -227,7 +227,7 @@ pub fn build(nodes: &[Node], pods: &[Pod], images: &ImagePlatforms, catalog: &Ca
         .collect();
     let zones: Vec<String> = {
         let z: BTreeSet<String> = nodes.iter().filter_map(|n| n.metadata.labels.as_ref()?.get(labels::ZONE).cloned()).collect();
-        if z.is_empty() { crate::provisioner::nodepool::DEFAULT_ZONES.iter().map(|s| s.to_string()).collect() } else { z.into_iter().collect() }
+        if z.is_empty() { archer_api::nodepool::DEFAULT_ZONES.iter().map(|s| s.to_string()).collect() } else { z.into_iter().collect() }
     };
     let mut summary = Summary { nodes: nodes.len(), ..Default::default() };
     for n in nodes {

@@ -86,8 +86,8 @@ fn a_pod_on_an_architecture_its_images_lack_is_misplaced() {
 fn costs_are_node_prices_shared_by_requests() {
     let catalog = Catalog::embedded().expect("catalog");
     let r = sample();
-    let m7i = catalog.price("m7i.large", Some("us-east-1"), crate::catalog::CapacityType::OnDemand).expect("price");
-    let m7g = catalog.price("m7g.large", Some("us-east-1"), crate::catalog::CapacityType::OnDemand).expect("price");
+    let m7i = catalog.price("m7i.large", Some("us-east-1"), archer_core::catalog::CapacityType::OnDemand).expect("price");
+    let m7g = catalog.price("m7g.large", Some("us-east-1"), archer_core::catalog::CapacityType::OnDemand).expect("price");
     assert!((r.summary.cost_per_month - (2.0 * m7i + m7g) * HOURS_PER_MONTH).abs() < 1e-6);
     assert!((r.summary.arm64_cost_per_month - m7g * HOURS_PER_MONTH).abs() < 1e-6);
     // 1 cpu of 2 and 4Gi of 8Gi: half the node, for each of web's two pods.

@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::metrics::Metrics;
+use archer_metrics::Metrics;
 
 #[derive(Default)]
 pub struct Health {

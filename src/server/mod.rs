@@ -19,7 +19,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use crate::metrics::{label, Metrics};
+use archer_metrics::{label, Metrics};
 pub use panics::{guard, install_hook, ErrorBody};
 
 /// A shutdown signal every server and background task listens to.
@@ -69,18 +69,6 @@ pub struct ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    pub fn from_config(cfg: &crate::config::Config, metrics: Arc<Metrics>) -> Self {
-        let l = &cfg.limits;
-        Self {
-            max_connections: l.max_connections,
-            handshake_timeout: Duration::from_secs_f64(l.handshake_timeout_seconds),
-            header_read_timeout: Duration::from_secs_f64(l.header_read_timeout_seconds),
-            idle_timeout: Duration::from_secs_f64(l.idle_timeout_seconds),
-            grace: Duration::from_secs(cfg.shutdown_grace_seconds),
-            metrics,
-        }
-    }
-
     fn timed_out(&self, phase: &'static str) {
         self.metrics.connection_timeouts.get_or_create(&label("phase", phase)).inc();
     }

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use futures::FutureExt;
 
-use crate::metrics::{label, Metrics};
+use archer_metrics::{label, Metrics};
 
 /// The JSON body of every refusal Archer's listeners answer with.
 #[derive(serde::Serialize)]

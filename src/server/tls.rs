@@ -17,7 +17,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
 
-use crate::metrics::{label, Metrics};
+use archer_metrics::{label, Metrics};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {

@@ -19,11 +19,11 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{field::Empty, Instrument};
 
 use crate::cluster::ClusterView;
-use crate::core::placement::{self, ImageFinding, PlacementSettings};
-use crate::core::policy::{self, Mode, PolicyDefaults};
-use crate::limits::{read_body, BodyError, BodyLimits};
-use crate::metrics::{label, Metrics};
-use crate::registry::{Inspector, Keyring};
+use archer_core::placement::{self, ImageFinding, PlacementSettings};
+use archer_core::policy::{self, Mode, PolicyDefaults};
+use archer_limits::{read_body, BodyError, BodyLimits};
+use archer_metrics::{label, Metrics};
+use archer_registry::{Inspector, Keyring};
 pub use memo::DecisionMemo;
 pub use review::{decode, pod_view, Answer, ReviewError};
 

@@ -178,9 +178,9 @@ impl Answer {
     }
 
     /// With these patch operations (none: no patch).
-    pub fn with_patch(mut self, ops: &[crate::core::patch::Op]) -> Self {
+    pub fn with_patch(mut self, ops: &[archer_core::patch::Op]) -> Self {
         use base64::Engine;
-        self.patch = (!ops.is_empty()).then(|| base64::engine::general_purpose::STANDARD.encode(crate::core::patch::to_json(ops)));
+        self.patch = (!ops.is_empty()).then(|| base64::engine::general_purpose::STANDARD.encode(archer_core::patch::to_json(ops)));
         self
     }
 
@@ -260,14 +260,14 @@ impl PodView<'_> {
     /// Whether the pod carries `archer.dev/ignore: "true"`.
     pub fn ignored(&self) -> bool {
         let labels = self.metadata.as_ref().and_then(|m| m.labels.as_ref());
-        labels.and_then(|l| l.0.get(crate::core::policy::IGNORE_LABEL)).is_some_and(|v| v == "true")
+        labels.and_then(|l| l.0.get(archer_core::policy::IGNORE_LABEL)).is_some_and(|v| v == "true")
     }
 
     /// Everything the decision reads of this pod, with the namespace it is created in and the
     /// policy in force there, as a key of the decision memo ([`super::memo`]); `None` when that
     /// is longer than the memo keeps. The pod's name and everything the view skips are not in
     /// it: they do not change the decision.
-    pub fn memo_key(&self, namespace: &str, policy: &crate::core::policy::Policy) -> Option<Vec<u8>> {
+    pub fn memo_key(&self, namespace: &str, policy: &archer_core::policy::Policy) -> Option<Vec<u8>> {
         let mut k = super::memo::KeyWriter::default();
         k.part(namespace.as_bytes());
         policy_key(&mut k, policy);
@@ -332,7 +332,7 @@ impl PodView<'_> {
 }
 
 /// The policy's every field, in the key.
-fn policy_key(k: &mut super::memo::KeyWriter, p: &crate::core::policy::Policy) {
+fn policy_key(k: &mut super::memo::KeyWriter, p: &archer_core::policy::Policy) {
     k.part(p.mode.as_str().as_bytes()).part(p.on_inspection_failure.as_str().as_bytes());
     k.optional(p.fallback_architecture.as_deref().map(str::as_bytes));
     k.count(p.prefer.len());
@@ -461,7 +461,7 @@ impl<'de> Deserialize<'de> for Str<'de> {
 #[cfg(test)]
 mod view_tests {
     use super::{decision_pod, pod_view};
-    use crate::core::policy::{resolve, PolicyDefaults};
+    use archer_core::policy::{resolve, PolicyDefaults};
 
     const POD: &str = r#"{"metadata":{"name":"web-7f9c-abcde","generateName":"web-7f9c-","namespace":"shop","labels":{"app":"web","pod-template-hash":"7f9c"},"annotations":{"note":"x"}},
         "spec":{"tolerations":[{"key":"k","operator":"Exists"}],"containers":[{"name":"app","image":"example.com/app:1","env":[{"name":"A","value":"1"}]}]}}"#;

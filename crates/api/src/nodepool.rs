@@ -1,0 +1,215 @@
+//! NodePool, `archer.dev/v1alpha1`: the schema of Karpenter v1's NodePool, so a pool is ported by
+//! changing its apiVersion.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use archer_core::catalog::{CapacityType, Catalog};
+use archer_core::labels;
+use archer_core::packer::{Offering, Pool, Taint};
+use archer_core::quantity;
+use archer_core::requirements::{RequirementError, Requirements};
+
+pub const API_VERSION: &str = "archer.dev/v1alpha1";
+pub const KARPENTER_API_VERSION: &str = "karpenter.sh/v1";
+/// Zones assumed when neither the pool nor the scenario names any.
+pub const DEFAULT_ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
+
+/// The NodePool custom resource (cluster-scoped), `archer.dev/v1alpha1`. Its CRD in
+/// `deploy/crds/nodepool.yaml` is generated from these types (see `tests/deploy_manifests.rs`).
+#[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[kube(group = "archer.dev", version = "v1alpha1", kind = "NodePool", plural = "nodepools", shortname = "anp", status = "NodePoolStatus")]
+#[kube(printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes"}"#)]
+#[kube(printcolumn = r#"{"name":"CPU","type":"string","jsonPath":".status.resources.cpu"}"#)]
+#[kube(printcolumn = r#"{"name":"Memory","type":"string","jsonPath":".status.resources.memory"}"#)]
+#[kube(printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#)]
+#[kube(printcolumn = r#"{"name":"Weight","type":"integer","priority":1,"jsonPath":".spec.weight"}"#)]
+#[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolSpec {
+    /// What nodes of this pool look like.
+    #[serde(default)]
+    pub template: Template,
+    /// How nodes of this pool are taken away.
+    #[serde(default)]
+    pub disruption: Option<Disruption>,
+    /// Caps on the pool's total resources: `cpu`, `memory`, `nodes`.
+    #[serde(default)]
+    pub limits: BTreeMap<String, IntOrString>,
+    /// Pools with higher weight are tried first.
+    #[serde(default)]
+    pub weight: Option<i32>,
+}
+
+/// What the pool holds now, against its limits, and whether it can be used.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePoolStatus {
+    /// Resources of the pool's nodes and in-flight claims (`cpu`, `memory`, `pods`, `nodes`), as
+    /// quantities: what `limits` is checked against.
+    #[serde(default)]
+    pub resources: BTreeMap<String, String>,
+    /// Nodes and in-flight claims of the pool.
+    #[serde(default)]
+    pub nodes: i64,
+    /// `Ready`: the pool's requirements can be used (and its limits are not all spent:
+    /// reason `LimitsReached`).
+    #[serde(default)]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Disruption {
+    /// `WhenEmpty` or `WhenEmptyOrUnderutilized`.
+    #[serde(default)]
+    pub consolidation_policy: Option<String>,
+    /// How long a node must be empty or underutilised first, e.g. `30s`, `Never`.
+    #[serde(default)]
+    pub consolidate_after: Option<String>,
+    /// At most this many nodes disrupted at once (count or percentage).
+    #[serde(default)]
+    pub budgets: Vec<Budget>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    /// `10%` or `5`.
+    pub nodes: String,
+    #[serde(default)]
+    pub schedule: Option<String>,
+    #[serde(default)]
+    pub duration: Option<String>,
+    #[serde(default)]
+    pub reasons: Vec<String>,
+}
+
+fn quantity_of(v: &IntOrString) -> String {
+    match v {
+        IntOrString::Int(i) => i.to_string(),
+        IntOrString::String(s) => s.clone(),
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+pub struct Template {
+    #[serde(default)]
+    pub metadata: TemplateMeta,
+    #[serde(default)]
+    pub spec: TemplateSpec,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+pub struct TemplateMeta {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateSpec {
+    #[serde(default)]
+    pub taints: Vec<TaintDoc>,
+    #[serde(default)]
+    pub startup_taints: Vec<TaintDoc>,
+    #[serde(default)]
+    pub requirements: Vec<RequirementDoc>,
+    #[serde(default)]
+    pub expire_after: Option<String>,
+    /// The node class its nodes launch with (`group`, `kind`, `name`): an `EC2NodeClass` for the
+    /// aws provider; the kwok provider takes none.
+    #[serde(default)]
+    pub node_class_ref: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+pub struct TaintDoc {
+    pub key: String,
+    #[serde(default)]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RequirementDoc {
+    pub key: String,
+    pub operator: String,
+    #[serde(default)]
+    pub values: Vec<String>,
+    #[serde(default)]
+    pub min_values: Option<u32>,
+}
+
+impl NodePool {
+    /// The default pool when a scenario names none: any architecture, Linux, on-demand.
+    pub fn default_pool() -> Self {
+        NodePool::new("default", NodePoolSpec::default())
+    }
+
+    pub fn name(&self) -> String {
+        self.metadata.name.clone().unwrap_or_default()
+    }
+
+    pub fn requirements(&self) -> Result<Requirements, RequirementError> {
+        let mut r = Requirements::new();
+        for q in &self.spec.template.spec.requirements {
+            r.add(&q.key, &q.operator, &q.values)?;
+        }
+        // Karpenter's defaults: Linux, on-demand unless the pool says otherwise.
+        if r.get(labels::OS).is_none() {
+            r.add(labels::OS, "In", &["linux".into()])?;
+        }
+        if r.get(labels::KARPENTER_CAPACITY_TYPE).is_none() {
+            r.add(labels::KARPENTER_CAPACITY_TYPE, "In", &[CapacityType::OnDemand.as_str().into()])?;
+        }
+        Ok(r)
+    }
+
+    /// The packer's view of this pool.
+    pub fn to_pool(&self) -> Result<Pool, RequirementError> {
+        let limits: BTreeMap<String, String> = self.spec.limits.iter().map(|(k, v)| (k.clone(), quantity_of(v))).collect();
+        Ok(Pool {
+            name: self.name(),
+            weight: self.spec.weight.unwrap_or(0),
+            requirements: self.requirements()?,
+            labels: self.spec.template.metadata.labels.clone(),
+            taints: self.spec.template.spec.taints.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() }).collect(),
+            limit_cpu_millis: limits.get("cpu").and_then(|q| quantity::cpu_millis(q)),
+            limit_memory_bytes: limits.get("memory").and_then(|q| quantity::value(q)),
+            limit_nodes: limits.get("nodes").and_then(|q| quantity::value(q)),
+            daemons: Vec::new(),
+            closed: None,
+        })
+    }
+
+    /// Zones this pool may launch in.
+    pub fn zones(&self) -> Vec<String> {
+        let r = self.requirements().ok();
+        match r.as_ref().and_then(|r| r.get(labels::ZONE)).and_then(|z| z.values()) {
+            Some(v) => v.into_iter().map(String::from).collect(),
+            None => DEFAULT_ZONES.iter().map(|z| z.to_string()).collect(),
+        }
+    }
+}
+
+/// Every priced (instance type, zone, capacity type) of the catalog in `zones`.
+pub fn offerings(catalog: &Catalog, zones: &[String]) -> Vec<Offering> {
+    let mut out = Vec::new();
+    for t in catalog.types() {
+        for cap in [CapacityType::OnDemand, CapacityType::Spot] {
+            let Some(price) = catalog.price_of(t, None, cap) else { continue };
+            for z in zones {
+                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: cap, price });
+            }
+        }
+    }
+    out
+}

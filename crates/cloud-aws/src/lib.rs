@@ -1,0 +1,361 @@
+//! The AWS EC2 provider: instance types and zones from EC2 priced by the catalog (spot prices from
+//! EC2's history), EC2NodeClasses resolved into subnets, security groups and images, one
+//! `CreateFleet` (type `instant`) per claim through a launch template per node class, image and
+//! node shape, and every instance tagged with the cluster, the claim and the pool.
+//!
+//! - `nodeclass`: the EC2NodeClass resource;
+//! - `resolve`: its selectors against EC2; `profile`: the instance profile of its `role`;
+//! - `offerings`: instance types, zones, spot prices and the insufficient-capacity cache;
+//! - `launch`: launch templates, the fleet request and what it answers;
+//! - `instances`: finding, listing and terminating this cluster's instances;
+//! - `interruption`: the SQS queue of EventBridge interruption events.
+
+pub mod interruption;
+pub mod launch;
+pub mod nodeclass;
+pub mod offerings;
+pub mod profile;
+pub mod resolve;
+mod instances;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::Client;
+
+use archer_cloud::{CloudError, CloudProvider, Instance, NodeClassReadiness};
+use archer_core::catalog::Catalog;
+use archer_cloud::settings::AwsConfig;
+use archer_core::packer::Offering;
+use archer_api::nodeclaim::NodeClaim;
+use nodeclass::{EC2NodeClass, EC2NodeClassSpec, EC2NodeClassStatus};
+use offerings::Book;
+use resolve::Resolved;
+
+pub(crate) const PROVIDER: &str = "aws";
+/// Tags on everything Archer creates.
+pub const CLUSTER_TAG: &str = "archer.dev/cluster";
+pub const NODECLAIM_TAG: &str = "archer.dev/nodeclaim";
+pub const NODEPOOL_TAG: &str = "archer.dev/nodepool";
+pub const NODECLASS_TAG: &str = "archer.dev/ec2nodeclass";
+/// A claim younger than this with no status was just written by this process: the claim keeper
+/// relaunches only older ones (`worker::keep_claims`), so it cannot have been launched yet.
+const FRESH_CLAIM: Duration = Duration::from_secs(5);
+/// A launch template no launch used for this long (and older than that) is deleted.
+const TEMPLATE_UNUSED_FOR: Duration = Duration::from_secs(3600);
+/// The condition a node class reports.
+pub const READY_CONDITION: &str = "Ready";
+
+/// A readable message of an SDK error (of any AWS service): the service's code and message, or
+/// the chain of causes of a failure to get an answer. Never the raw response (SDK errors' own
+/// rendering carries it, and that overflows an Event's 1 KiB note).
+pub(crate) fn sdk_error<E, R>(e: aws_sdk_ec2::error::SdkError<E, R>) -> String
+where
+    E: std::error::Error + aws_sdk_ec2::error::ProvideErrorMetadata + 'static,
+    R: std::fmt::Debug,
+{
+    use aws_sdk_ec2::error::ProvideErrorMetadata;
+    match (e.code(), e.message()) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code.to_string(),
+        _ => {
+            let mut out = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                out.push_str(": ");
+                out.push_str(&s.to_string());
+                source = s.source();
+            }
+            out
+        }
+    }
+}
+
+pub(crate) fn api_error(message: impl Into<String>) -> CloudError {
+    CloudError::Api { provider: PROVIDER, message: message.into() }
+}
+
+/// The SDK's configuration from the standard chain, with the region and endpoint of the settings
+/// when given. The HTTP client is rustls with ring, like the rest of Archer.
+pub async fn sdk_config(settings: &AwsConfig) -> aws_config::SdkConfig {
+    let http = aws_smithy_http_client::Builder::new().tls_provider(aws_smithy_http_client::tls::Provider::Rustls(aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring)).build_https();
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
+    if let Some(r) = &settings.region {
+        loader = loader.region(aws_config::Region::new(r.clone()));
+    }
+    if let Some(e) = &settings.endpoint {
+        loader = loader.endpoint_url(e.clone());
+    }
+    loader.load().await
+}
+
+/// The offerings EC2 has in the settings' region, read once (`archer prices --cloud-provider
+/// aws`): the catalog's types it offers there, with its current spot prices. Also the region.
+pub async fn read_book(settings: &AwsConfig, catalog: Arc<Catalog>) -> Result<(Book, String), CloudError> {
+    let sdk = sdk_config(settings).await;
+    let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| api_error("no AWS region: pass --region or set AWS_REGION"))?;
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let book = Book::new(catalog, region.clone(), Duration::from_secs(1));
+    book.refresh_types(&ec2).await?;
+    book.refresh_spot(&ec2).await?;
+    Ok((book, region))
+}
+
+/// A node class and what it resolved to.
+pub struct Class {
+    pub spec: EC2NodeClassSpec,
+    pub resolved: Resolved,
+    /// When it was resolved.
+    at: std::time::Instant,
+}
+
+pub struct Aws {
+    ec2: aws_sdk_ec2::Client,
+    sqs: aws_sdk_sqs::Client,
+    iam: aws_sdk_iam::Client,
+    settings: AwsConfig,
+    region: String,
+    book: Book,
+    /// Resolved node classes by name (kept by [`Aws::refresh_classes`]).
+    classes: ArcSwap<HashMap<String, Arc<Class>>>,
+    /// Launch templates known to exist, and when a launch last used each.
+    templates: Mutex<HashMap<String, std::time::Instant>>,
+    /// Launch templates known to exist (one lookup or creation per name at a time).
+    known_templates: moka::future::Cache<String, ()>,
+}
+
+impl Aws {
+    /// Read EC2's instance types, zones and spot prices: the provider can plan when this returns,
+    /// and launch for a node class once [`Aws::refresh_classes`] or [`Aws::use_class`] has it.
+    pub async fn new(sdk: &aws_config::SdkConfig, catalog: Arc<Catalog>, settings: AwsConfig) -> Result<Aws, CloudError> {
+        let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| api_error("no AWS region: set provisioner.aws.region or AWS_REGION"))?;
+        let ec2 = aws_sdk_ec2::Client::new(sdk);
+        let sqs = aws_sdk_sqs::Client::new(sdk);
+        let iam = aws_sdk_iam::Client::new(sdk);
+        let book = Book::new(catalog, region.clone(), Duration::from_secs(settings.insufficient_capacity_ttl_seconds));
+        let aws = Aws { ec2, sqs, iam, settings, region, book, classes: ArcSwap::from_pointee(HashMap::new()), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
+        aws.book.refresh_types(&aws.ec2).await?;
+        aws.book.refresh_spot(&aws.ec2).await?;
+        Ok(aws)
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    pub fn ec2(&self) -> &aws_sdk_ec2::Client {
+        &self.ec2
+    }
+
+    pub fn settings(&self) -> &AwsConfig {
+        &self.settings
+    }
+
+    pub fn book(&self) -> &Book {
+        &self.book
+    }
+
+    /// Keep spot prices and the cluster's node classes current, until dropped.
+    pub async fn run(self: Arc<Self>, kube: Client) {
+        let spot = Duration::from_secs(self.settings.spot_price_refresh_seconds);
+        let classes = Duration::from_secs(self.settings.node_class_refresh_seconds);
+        let me = self.clone();
+        let (me_watch, kube_watch) = (self.clone(), kube.clone());
+        let spot_loop = async move {
+            loop {
+                tokio::time::sleep(spot).await;
+                if let Err(e) = me.book.refresh_spot(&me.ec2).await {
+                    tracing::warn!(error = %e, "spot prices not refreshed; the last ones (or the catalog's estimate) stay");
+                }
+            }
+        };
+        let class_loop = async move {
+            loop {
+                tokio::time::sleep(classes).await;
+                self.refresh_classes(&kube).await;
+                if let Err(e) = launch::delete_unused_templates(&self, TEMPLATE_UNUSED_FOR).await {
+                    tracing::warn!(error = %e, "launch templates not cleaned up");
+                }
+            }
+        };
+        futures::future::join3(spot_loop, class_loop, me_watch.watch_classes(kube_watch)).await;
+    }
+
+    /// Resolve a node class as soon as it appears or its spec changes, and forget one deleted,
+    /// so that a NodePool naming it opens or closes at once rather than at the next refresh
+    /// (which still runs, for what changes on EC2's side). A status write is not a spec change.
+    async fn watch_classes(self: Arc<Self>, kube: Client) {
+        use futures::StreamExt;
+        use kube::runtime::{watcher, WatchStreamExt};
+        let api: Api<EC2NodeClass> = Api::all(kube);
+        let mut events = std::pin::pin!(watcher(api.clone(), watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(nc) | watcher::Event::InitApply(nc)) => {
+                    if self.classes.load().get(&nc.name()).is_some_and(|c| c.spec == nc.spec) {
+                        continue;
+                    }
+                    tracing::info!(nodeclass = %nc.name(), "node class added or changed; resolving it");
+                    let class = self.use_class(&nc).await;
+                    if let Err(e) = write_status(&api, &nc, &class.resolved).await {
+                        tracing::warn!(nodeclass = %nc.name(), error = %e, "could not write the node class status");
+                    }
+                }
+                Ok(watcher::Event::Delete(nc)) => {
+                    tracing::info!(nodeclass = %nc.name(), "node class deleted; its pools launch nothing");
+                    let name = nc.name();
+                    self.classes.rcu(|all| all.iter().filter(|(k, _)| **k != name).map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>());
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                Err(e) => tracing::warn!(error = %e, "EC2NodeClass watch error; retrying"),
+            }
+        }
+    }
+
+    /// Resolve a node class against EC2 and launch with it from now on.
+    pub async fn use_class(&self, nc: &EC2NodeClass) -> Arc<Class> {
+        let mut resolved = match resolve::resolve(&self.ec2, &nc.spec, &self.settings.ami_owners).await {
+            Ok(r) => r,
+            Err(e) => Resolved { problems: vec![format!("EC2 could not be asked: {e}")], ..Default::default() },
+        };
+        if let (None, Some(role)) = (&nc.spec.instance_profile, &nc.spec.role) {
+            match profile::ensure(&self.iam, &self.settings.cluster_name, &nc.name(), role).await {
+                Ok(name) => resolved.instance_profile = Some(name),
+                Err(e) => resolved.problems.push(format!("no instance profile for role {role}: {e}")),
+            }
+        }
+        let class = Arc::new(Class { spec: nc.spec.clone(), resolved, at: std::time::Instant::now() });
+        self.classes.rcu(|all| {
+            let mut all = (**all).clone();
+            all.insert(nc.name(), class.clone());
+            all
+        });
+        class
+    }
+
+    /// Resolve every EC2NodeClass of the cluster and write what it resolved to into its status;
+    /// node classes gone from the cluster (and not resolved since the list) are forgotten.
+    pub async fn refresh_classes(&self, kube: &Client) {
+        let api: Api<EC2NodeClass> = Api::all(kube.clone());
+        let listed_at = std::time::Instant::now();
+        let list = match api.list(&ListParams::default()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list EC2NodeClasses");
+                return;
+            }
+        };
+        for nc in &list.items {
+            // The watch resolved it since the list was taken, from a spec at least as new.
+            if self.classes.load().get(&nc.name()).is_some_and(|c| c.at > listed_at) {
+                continue;
+            }
+            let class = self.use_class(nc).await;
+            if let Err(e) = write_status(&api, nc, &class.resolved).await {
+                tracing::warn!(nodeclass = %nc.name(), error = %e, "could not write the node class status");
+            }
+        }
+        let names: Vec<String> = list.items.iter().map(|n| n.name()).collect();
+        // A class the watch resolved after the list was taken is newer than the list: kept.
+        self.classes.rcu(|all| all.iter().filter(|(k, c)| names.contains(k) || c.at > listed_at).map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>());
+    }
+
+    /// The node class a claim launches with.
+    fn class_for(&self, claim: &NodeClaim) -> Result<(String, Arc<Class>), CloudError> {
+        let name = claim.spec.node_class_ref.as_ref().and_then(|r| r.get("name").cloned()).ok_or_else(|| api_error(format!("NodePool {} names no EC2NodeClass (spec.template.spec.nodeClassRef)", claim.spec.node_pool)))?;
+        let class = self.classes.load().get(&name).cloned().ok_or_else(|| api_error(format!("EC2NodeClass {name} does not exist (or is not resolved yet)")))?;
+        if !class.resolved.ready() {
+            return Err(api_error(format!("EC2NodeClass {name} is not ready: {}", class.resolved.problems.join("; "))));
+        }
+        Ok((name, class))
+    }
+}
+
+/// The node class's status: what it resolved to and a Ready condition (its transition time kept
+/// while the status stays the same); written only when it changed.
+async fn write_status(api: &Api<EC2NodeClass>, nc: &EC2NodeClass, r: &Resolved) -> Result<(), kube::Error> {
+        let old = nc.status.clone().unwrap_or_default();
+        let ready = r.ready();
+        let (status, reason, message) = if ready { ("True", "Resolved", "every selector resolved".to_string()) } else { ("False", "NotResolved", r.problems.join("; ")) };
+        let mut conditions = old.conditions.clone();
+        archer_api::conditions::set(&mut conditions, READY_CONDITION, status, reason, &message, nc.metadata.generation);
+        let new = EC2NodeClassStatus { subnets: r.subnets.clone(), security_groups: r.security_groups.clone(), amis: r.amis.clone(), instance_profile: r.instance_profile.clone(), conditions };
+        if new == old {
+            return Ok(());
+        }
+        api.patch_status(&nc.name(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": new}))).await.map(|_| ())
+}
+
+
+
+#[async_trait]
+impl CloudProvider for Aws {
+    fn name(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn node_class_readiness(&self, node_class_ref: Option<&BTreeMap<String, String>>) -> NodeClassReadiness {
+        let not_ready = |reason: &str, message: String| NodeClassReadiness::NotReady { reason: reason.into(), message };
+        let Some(name) = node_class_ref.and_then(|r| r.get("name")) else {
+            return not_ready("NodeClassNotFound", "the pool names no EC2NodeClass (spec.template.spec.nodeClassRef)".into());
+        };
+        match self.classes.load().get(name) {
+            None => not_ready("NodeClassNotFound", format!("EC2NodeClass {name} not found on the cluster")),
+            Some(c) if !c.resolved.ready() => not_ready("NotResolved", format!("EC2NodeClass {name} is not ready: {}", c.resolved.problems.join("; "))),
+            Some(_) => NodeClassReadiness::Ready,
+        }
+    }
+
+    fn offerings(&self) -> Arc<Vec<Offering>> {
+        self.book.offerings()
+    }
+
+    async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError> {
+        // A claim written moments ago and never tried is launched straight away (the client token
+        // still guards it); any other may have been launched before a crash or a lost answer:
+        // its instance is looked up by tag first, so a retry never makes a second one.
+        let fresh = claim.status.is_none() && claim.metadata.creation_timestamp.as_ref().is_some_and(|t| t.0.duration_until(k8s_openapi::jiff::Timestamp::now()).as_secs_f64() < FRESH_CLAIM.as_secs_f64());
+        if !fresh {
+            if let Some(i) = instances::of_claim(&self.ec2, &self.settings.cluster_name, &claim.name()).await? {
+                tracing::info!(claim = %claim.name(), provider_id = %i.provider_id, "instance already launched for this claim");
+                return Ok(i);
+            }
+        }
+        let (class_name, class) = self.class_for(claim)?;
+        let template = launch::ensure_template(self, &class_name, &class, claim).await?;
+        let mut instance = launch::fleet(self, &template, &class.resolved, claim).await?;
+        instance.node_class_hash = Some(launch::class_hash(&class.spec));
+        Ok(instance)
+    }
+
+    async fn delete(&self, claim: &NodeClaim) -> Result<(), CloudError> {
+        instances::terminate_claim(&self.ec2, &self.settings.cluster_name, claim).await
+    }
+
+    async fn list(&self) -> Result<Vec<Instance>, CloudError> {
+        instances::list(&self.ec2, &self.settings.cluster_name).await
+    }
+
+    fn drifted(&self, claim: &NodeClaim) -> Option<String> {
+        let name = claim.spec.node_class_ref.as_ref()?.get("name")?;
+        let class = self.classes.load().get(name).cloned()?;
+        let status = claim.status.as_ref()?;
+        if status.node_class_hash.as_deref().is_some_and(|h| h != launch::class_hash(&class.spec)) {
+            return Some(format!("EC2NodeClass {name} changed"));
+        }
+        let current = class.resolved.ami(&claim.spec.arch)?;
+        match status.image_id.as_deref() {
+            Some(image) if image != current.id => Some(format!("image {image} was replaced by {} in EC2NodeClass {name}", current.id)),
+            _ => None,
+        }
+    }
+
+    fn interruptions(&self, handler: Arc<dyn archer_cloud::InterruptionHandler>) -> Option<futures::future::BoxFuture<'static, ()>> {
+        let queue = self.settings.interruption_queue.clone()?;
+        Some(Box::pin(interruption::run(self.sqs.clone(), queue, handler)))
+    }
+}

@@ -1,0 +1,229 @@
+//! What EC2 can launch here and at what price: the instance types EC2 offers in the region
+//! (`DescribeInstanceTypes`) in the zones it offers them (`DescribeInstanceTypeOfferings`), joined
+//! with the catalog's on-demand prices for the region; spot prices from
+//! `DescribeSpotPriceHistory`, refreshed periodically, else the catalog's estimate. Offerings that
+//! answered "insufficient capacity" are left out until their entry in a TTL cache expires.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use aws_sdk_ec2::types::LocationType;
+use aws_sdk_ec2::Client;
+
+use crate::resolve::kube_arch;
+use crate::{api_error, sdk_error};
+use archer_core::catalog::{CapacityType, Catalog, InstanceType};
+use archer_core::packer::Offering;
+use archer_cloud::CloudError;
+
+/// Key of an offering: instance type, zone, capacity type.
+pub type OfferingKey = (String, String, CapacityType);
+
+pub struct Book {
+    catalog: Arc<Catalog>,
+    region: String,
+    /// Types EC2 offers here that the catalog prices, with their zones.
+    types: ArcSwap<Vec<(Arc<InstanceType>, Vec<String>)>>,
+    /// Latest spot price by (type, zone).
+    spot: ArcSwap<HashMap<(String, String), f64>>,
+    /// Every offering at current prices.
+    all: ArcSwap<Vec<Offering>>,
+    unavailable: moka::sync::Cache<OfferingKey, String>,
+}
+
+impl Book {
+    pub fn new(catalog: Arc<Catalog>, region: String, unavailable_ttl: Duration) -> Book {
+        Book {
+            catalog,
+            region,
+            types: ArcSwap::from_pointee(Vec::new()),
+            spot: ArcSwap::from_pointee(HashMap::new()),
+            all: ArcSwap::from_pointee(Vec::new()),
+            unavailable: moka::sync::Cache::builder().time_to_live(unavailable_ttl).max_capacity(100_000).build(),
+        }
+    }
+
+    /// Offerings that can be launched now (the unavailable ones left out).
+    pub fn offerings(&self) -> Arc<Vec<Offering>> {
+        let all = self.all.load_full();
+        if self.unavailable.iter().next().is_none() {
+            return all;
+        }
+        Arc::new(all.iter().filter(|o| !self.unavailable.contains_key(&(o.instance.name.clone(), o.zone.clone(), o.capacity))).cloned().collect())
+    }
+
+    /// Every offering at current prices, the unavailable ones included.
+    pub fn all(&self) -> Arc<Vec<Offering>> {
+        self.all.load_full()
+    }
+
+    /// Leave an offering out of plans for the cache's TTL.
+    pub fn mark_unavailable(&self, key: OfferingKey, why: &str) {
+        tracing::warn!(instance_type = %key.0, zone = %key.1, capacity = key.2.as_str(), reason = why, "offering unavailable for a while");
+        self.unavailable.insert(key, why.to_string());
+    }
+
+    /// EC2's latest spot price of a type in a zone, if it gave one.
+    pub fn spot_price(&self, instance_type: &str, zone: &str) -> Option<f64> {
+        self.spot.load().get(&(instance_type.to_string(), zone.to_string())).copied()
+    }
+
+    pub fn is_unavailable(&self, key: &OfferingKey) -> bool {
+        self.unavailable.contains_key(key)
+    }
+
+    /// Read the region's instance types and their zones again.
+    pub async fn refresh_types(&self, ec2: &Client) -> Result<(), CloudError> {
+        let mut zones: HashMap<String, BTreeSet<String>> = HashMap::new();
+        let mut pages = ec2.describe_instance_type_offerings().location_type(LocationType::AvailabilityZone).into_paginator().send();
+        while let Some(page) = pages.next().await {
+            for o in page.map_err(|e| api_error(sdk_error(e)))?.instance_type_offerings() {
+                if let (Some(t), Some(z)) = (o.instance_type(), o.location()) {
+                    zones.entry(t.as_str().to_string()).or_default().insert(z.to_string());
+                }
+            }
+        }
+        let mut types = Vec::new();
+        let (mut unpriced, mut disagree) = (0, 0);
+        let mut pages = ec2.describe_instance_types().into_paginator().send();
+        while let Some(page) = pages.next().await {
+            for it in page.map_err(|e| api_error(sdk_error(e)))?.instance_types() {
+                let Some(name) = it.instance_type().map(|t| t.as_str().to_string()) else { continue };
+                let Some(t) = self.catalog.get(&name).filter(|t| self.catalog.price_of(t, Some(&self.region), CapacityType::OnDemand).is_some()) else {
+                    unpriced += 1;
+                    continue;
+                };
+                // EC2 is the authority on what the type is: a catalog row that disagrees is skipped.
+                let archs: Vec<&str> = it.processor_info().map(|p| p.supported_architectures().iter().filter_map(|a| kube_arch(a.as_str())).collect()).unwrap_or_default();
+                let vcpus = it.v_cpu_info().and_then(|v| v.default_v_cpus());
+                if !archs.contains(&t.arch.as_str()) || vcpus.is_some_and(|v| v as u32 != t.vcpu) {
+                    disagree += 1;
+                    continue;
+                }
+                let z: Vec<String> = zones.get(&name).map(|z| z.iter().cloned().collect()).unwrap_or_default();
+                if !z.is_empty() {
+                    types.push((t.clone(), z));
+                }
+            }
+        }
+        if types.is_empty() {
+            return Err(api_error(format!("EC2 offers no instance type the catalog prices in {}", self.region)));
+        }
+        tracing::info!(types = types.len(), unpriced, disagree, region = %self.region, "EC2 instance types read");
+        self.types.store(Arc::new(types));
+        self.rebuild();
+        Ok(())
+    }
+
+    /// Read the current spot prices (Linux) and rebuild the offerings.
+    pub async fn refresh_spot(&self, ec2: &Client) -> Result<(), CloudError> {
+        let names: Vec<String> = self.types.load().iter().map(|(t, _)| t.name.clone()).collect();
+        let mut spot: HashMap<(String, String), (String, f64)> = HashMap::new();
+        // EC2 takes at most a few hundred types a request; ask in chunks.
+        for chunk in names.chunks(100) {
+            let mut pages = ec2
+                .describe_spot_price_history()
+                .start_time(aws_sdk_ec2::primitives::DateTime::from(std::time::SystemTime::now()))
+                .product_descriptions("Linux/UNIX")
+                .product_descriptions("Linux/UNIX (Amazon VPC)")
+                .set_instance_types(Some(chunk.iter().map(|n| aws_sdk_ec2::types::InstanceType::from(n.as_str())).collect()))
+                .into_paginator()
+                .send();
+            while let Some(page) = pages.next().await {
+                for h in page.map_err(|e| api_error(sdk_error(e)))?.spot_price_history() {
+                    let (Some(t), Some(z), Some(p)) = (h.instance_type(), h.availability_zone(), h.spot_price().and_then(|p| p.parse::<f64>().ok())) else { continue };
+                    if !(p.is_finite() && p > 0.0) {
+                        continue;
+                    }
+                    let when = h.timestamp().map(|t| t.to_string()).unwrap_or_default();
+                    let e = spot.entry((t.as_str().to_string(), z.to_string())).or_insert((when.clone(), p));
+                    if when > e.0 {
+                        *e = (when, p);
+                    }
+                }
+            }
+        }
+        tracing::info!(prices = spot.len(), "spot prices read");
+        self.spot.store(Arc::new(spot.into_iter().map(|(k, (_, p))| (k, p)).collect()));
+        self.rebuild();
+        Ok(())
+    }
+
+    fn rebuild(&self) {
+        let spot = self.spot.load();
+        let mut out = Vec::new();
+        for (t, zones) in self.types.load().iter() {
+            let Some(on_demand) = self.catalog.price_of(t, Some(&self.region), CapacityType::OnDemand) else { continue };
+            let estimate = self.catalog.price_of(t, Some(&self.region), CapacityType::Spot);
+            for z in zones {
+                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: CapacityType::OnDemand, price: on_demand });
+                if let Some(p) = spot.get(&(t.name.clone(), z.clone())).copied().or(estimate) {
+                    out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: CapacityType::Spot, price: p });
+                }
+            }
+        }
+        self.all.store(Arc::new(out));
+    }
+}
+
+/// The instance types a launch offers EC2 for a claim, cheapest first: the planned type, then
+/// every other type of the same architecture and OS, offered in the claim's zone and capacity
+/// type, with at least the planned type's allocatable cpu, memory, pods and GPUs (so every pod
+/// that fits the plan fits), allowed by the claim's requirements, within `margin` (a fraction) of
+/// the planned price. A requirement's `minValues` on the instance type widens the list past the
+/// margin until it has that many types.
+pub fn alternatives(offerings: &[Offering], planned: &Offering, allowed: &dyn Fn(&Offering) -> bool, margin: f64, min_values: usize) -> Vec<String> {
+    let p = &planned.instance;
+    let mut fits: Vec<&Offering> = offerings
+        .iter()
+        .filter(|o| o.zone == planned.zone && o.capacity == planned.capacity && o.instance.name != p.name)
+        .filter(|o| o.instance.arch == p.arch && o.instance.os == p.os && o.instance.gpu_count >= p.gpu_count)
+        .filter(|o| {
+            let (a, b) = (&o.instance.allocatable, &p.allocatable);
+            a.cpu_millis >= b.cpu_millis && a.memory_bytes >= b.memory_bytes && a.pods >= b.pods
+        })
+        .filter(|o| allowed(o))
+        .collect();
+    fits.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| a.instance.name.cmp(&b.instance.name)));
+    let ceiling = planned.price * (1.0 + margin);
+    let mut out = vec![p.name.clone()];
+    for o in fits {
+        if o.price <= ceiling || out.len() < min_values {
+            out.push(o.instance.name.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offering(c: &Catalog, name: &str, price: f64) -> Offering {
+        Offering { instance: c.get(name).expect("type").clone(), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price }
+    }
+
+    #[test]
+    fn alternatives_fit_the_planned_node_within_the_margin() {
+        let c = Catalog::embedded().expect("catalog");
+        let planned = offering(&c, "m6g.large", 0.077);
+        let all = vec![
+            planned.clone(),
+            offering(&c, "m7g.large", 0.0816),  // same shape, 6% dearer: in
+            offering(&c, "m6g.xlarge", 0.154),  // bigger but 100% dearer: out
+            offering(&c, "c6g.large", 0.068),   // cheaper but half the memory: out
+            offering(&c, "m6i.large", 0.096),   // amd64: out
+            offering(&c, "r6g.large", 0.1008),  // more memory, 31% dearer: out at 20%
+        ];
+        let any = |_: &Offering| true;
+        assert_eq!(alternatives(&all, &planned, &any, 0.2, 0), ["m6g.large", "m7g.large"]);
+        assert_eq!(alternatives(&all, &planned, &any, 0.4, 0), ["m6g.large", "m7g.large", "r6g.large"]);
+        // minValues 3 widens the list past the margin, cheapest next.
+        assert_eq!(alternatives(&all, &planned, &any, 0.2, 3), ["m6g.large", "m7g.large", "r6g.large"]);
+        // The claim's requirements still hold.
+        let no_m7 = |o: &Offering| !o.instance.name.starts_with("m7g");
+        assert_eq!(alternatives(&all, &planned, &no_m7, 0.4, 0), ["m6g.large", "r6g.large"]);
+    }
+}

@@ -1,0 +1,175 @@
+//! The price catalog: instance types (arch, os, size, allocatable, max pods), on-demand prices per
+//! region and a spot-discount estimate. It ships in the binary (AWS EC2 first) and users add or
+//! override entries and prices with their own file. The extender scores nodes with it and the
+//! provisioner chooses instance types from it.
+//!
+//! A provider is data: a CSV with the columns of `data/catalog/aws-ec2-instance-types.csv`, where
+//! every `ondemand_usd_per_hour_<region>` column is a region's price (`_` stands for `-`). Azure
+//! (`Standard_D4ps_v5`) or GCP (`c4a-standard-4`) types are rows of another such file.
+
+mod file;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+
+use crate::labels;
+pub use crate::instance::{CapacityType, InstanceType};
+pub use file::{CatalogFile, PriceOverride, PriceRule};
+
+/// The catalog built into the binary.
+pub const EMBEDDED_CSV: &[(&str, &str)] = &[("aws", include_str!("../../data/catalog/aws-ec2-instance-types.csv"))];
+pub const DEFAULT_REGION: &str = "us-east-1";
+/// Spot capacity is typically 60-70% below on-demand; a planning estimate, overridable.
+pub const DEFAULT_SPOT_DISCOUNT: f64 = 0.65;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("catalog {source_name}: {message}")]
+    Invalid { source_name: String, message: String },
+    #[error("reading catalog file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+}
+
+/// The catalog: instance types by name, price rules, defaults.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    types: Vec<Arc<InstanceType>>,
+    by_name: HashMap<String, usize>,
+    pub default_region: String,
+    pub spot_discount: f64,
+    overrides: Vec<PriceOverride>,
+}
+
+impl Catalog {
+    /// The catalog built into the binary.
+    pub fn embedded() -> Result<Catalog, CatalogError> {
+        let mut c = Catalog { types: Vec::new(), by_name: HashMap::new(), default_region: DEFAULT_REGION.into(), spot_discount: DEFAULT_SPOT_DISCOUNT, overrides: Vec::new() };
+        for (provider, text) in EMBEDDED_CSV {
+            for t in file::parse_csv(provider, text)? {
+                c.upsert(t);
+            }
+        }
+        Ok(c)
+    }
+
+    /// The embedded catalog with a user file (YAML, or CSV in the embedded format) on top.
+    pub fn with_user_file(path: Option<&Path>) -> Result<Catalog, CatalogError> {
+        let mut c = Catalog::embedded()?;
+        if let Some(p) = path {
+            c.apply_file(p)?;
+        }
+        Ok(c)
+    }
+
+    pub fn apply_file(&mut self, path: &Path) -> Result<(), CatalogError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read { path: path.display().to_string(), source })?;
+        if path.extension().is_some_and(|e| e == "csv") {
+            let provider = path.file_stem().and_then(|s| s.to_str()).unwrap_or("user");
+            for t in file::parse_csv(provider, &text)? {
+                self.upsert(t);
+            }
+            return Ok(());
+        }
+        let f: CatalogFile = crate::yaml::from_str(&text)
+            .map_err(|e| CatalogError::Invalid { source_name: path.display().to_string(), message: e.to_string() })?;
+        self.apply(f, &path.display().to_string())
+    }
+
+    pub fn apply(&mut self, f: CatalogFile, source_name: &str) -> Result<(), CatalogError> {
+        let CatalogFile { default_region, spot_discount, instance_types, price_overrides } = f;
+        if let Some(r) = default_region {
+            self.default_region = r;
+        }
+        if let Some(d) = spot_discount {
+            if !(0.0..1.0).contains(&d) {
+                return Err(CatalogError::Invalid { source_name: source_name.into(), message: format!("spotDiscount {d} must be in [0, 1)") });
+            }
+            self.spot_discount = d;
+        }
+        for t in instance_types {
+            self.upsert(t.into_instance_type(source_name)?);
+        }
+        for o in &price_overrides {
+            o.validate().map_err(|message| CatalogError::Invalid { source_name: source_name.into(), message })?;
+        }
+        // Later files' rules are consulted first.
+        let mut rules = price_overrides;
+        rules.append(&mut self.overrides);
+        self.overrides = rules;
+        Ok(())
+    }
+
+    fn upsert(&mut self, t: InstanceType) {
+        match self.by_name.get(&t.name) {
+            Some(&i) => {
+                if let Some(slot) = self.types.get_mut(i) {
+                    *slot = Arc::new(t);
+                }
+            }
+            None => {
+                self.by_name.insert(t.name.clone(), self.types.len());
+                self.types.push(Arc::new(t));
+            }
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<InstanceType>> {
+        self.by_name.get(name).and_then(|&i| self.types.get(i))
+    }
+
+    pub fn types(&self) -> &[Arc<InstanceType>] {
+        &self.types
+    }
+
+    pub fn len(&self) -> usize {
+        self.types.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.types.is_empty()
+    }
+
+    /// Hourly USD price of one instance of `t` in `region` as `capacity`, after user overrides.
+    /// `None` when the catalog has no price for that region.
+    pub fn price_of(&self, t: &InstanceType, region: Option<&str>, capacity: CapacityType) -> Option<f64> {
+        let region = region.unwrap_or(&self.default_region);
+        let on_demand = *t.prices.get(region)?;
+        let list = match capacity {
+            CapacityType::OnDemand => on_demand,
+            CapacityType::Spot => on_demand * (1.0 - t.spot_discount.unwrap_or(self.spot_discount)),
+        };
+        let rule = self.overrides.iter().find(|o| o.matches(t, region, capacity));
+        Some(match rule.map(|o| &o.rule) {
+            Some(PriceRule::PricePerHour(p)) => *p,
+            Some(PriceRule::Discount(d)) => list * (1.0 - d),
+            None => list,
+        })
+    }
+
+    pub fn price(&self, instance_type: &str, region: Option<&str>, capacity: CapacityType) -> Option<f64> {
+        self.price_of(self.get(instance_type)?, region, capacity)
+    }
+
+    /// The hourly price of a node from its labels and annotations: the explicit
+    /// `archer.dev/price-per-hour` annotation, else the catalog by instance type, region and
+    /// capacity type (`karpenter.sh/capacity-type`, `archer.dev/capacity-type` or EKS managed node groups'
+    /// `eks.amazonaws.com/capacityType`; default on-demand).
+    pub fn node_price(&self, labels: &dyn Fn(&str) -> Option<String>, annotation: Option<&str>) -> Option<f64> {
+        if let Some(p) = annotation.and_then(|a| a.trim().parse::<f64>().ok()).filter(|p| p.is_finite() && *p >= 0.0) {
+            return Some(p);
+        }
+        let instance_type = labels(labels::INSTANCE_TYPE).or_else(|| labels(labels::INSTANCE_TYPE_BETA))?;
+        let region = labels(labels::REGION).or_else(|| labels(labels::REGION_BETA));
+        let capacity = labels(labels::KARPENTER_CAPACITY_TYPE)
+            .or_else(|| labels(labels::CAPACITY_TYPE))
+            .or_else(|| labels(labels::EKS_CAPACITY_TYPE))
+            .and_then(|c| CapacityType::parse(&c))
+            .unwrap_or(CapacityType::OnDemand);
+        self.price(&instance_type, region.as_deref(), capacity)
+    }
+}
+
+#[cfg(test)]
+mod tests;

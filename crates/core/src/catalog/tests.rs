@@ -1,0 +1,107 @@
+use super::*;
+use crate::resources::Resources;
+
+#[test]
+fn embedded_catalog_has_every_aws_type_with_prices() {
+    let c = Catalog::embedded().expect("catalog");
+    assert_eq!(c.len(), 1363);
+    let m7g = c.get("m7g.large").expect("m7g.large");
+    assert_eq!((m7g.arch.as_str(), m7g.vcpu, m7g.memory_mib, m7g.max_pods), ("arm64", 2, 8192, 29));
+    assert_eq!(m7g.allocatable, Resources::new(1930, 6844 * 1024 * 1024, 29));
+    assert_eq!(c.price("m7g.large", None, CapacityType::OnDemand), Some(0.0816));
+    let spot = c.price("m7g.large", Some("us-east-1"), CapacityType::Spot).expect("spot");
+    assert!((spot - 0.0816 * 0.35).abs() < 1e-9);
+    assert_eq!(c.price("m7g.large", Some("eu-west-1"), CapacityType::OnDemand), None, "no price for an unknown region");
+    assert_eq!(c.price("no.such", None, CapacityType::OnDemand), None);
+    // 18 types (dl2q, hpc6a, ...) have no published us-east-1 price: they are known but unpriced.
+    assert_eq!(c.types().iter().filter(|t| t.prices.contains_key("us-east-1")).count(), 1345);
+    assert_eq!(c.price("hpc6a.48xlarge", None, CapacityType::OnDemand), None);
+    assert_eq!(c.types().iter().filter(|t| t.arch == "arm64").count(), 396);
+}
+
+#[test]
+fn user_file_adds_azure_types_and_overrides_prices() {
+    let mut c = Catalog::embedded().expect("catalog");
+    let f: CatalogFile = crate::yaml::from_str(
+        r#"
+defaultRegion: us-east-1
+spotDiscount: 0.6
+instanceTypes:
+  - name: Standard_D4ps_v5
+    provider: azure
+    arch: arm64
+    family: Dpsv5
+    vcpu: 4
+    memoryMib: 16384
+    allocatable: {cpu: 3860m, memory: 12Gi}
+    maxPods: 110
+    prices: {eastus: 0.154}
+  - name: m7g.large
+    arch: arm64
+    family: m7g
+    vcpu: 2
+    memoryMib: 8192
+    allocatable: {cpu: 1930m, memory: 6844Mi}
+    maxPods: 29
+    prices: {us-east-1: 0.08}
+priceOverrides:
+  - family: m6i
+    capacityType: on-demand
+    discount: 0.25
+  - instanceType: c6i.large
+    pricePerHour: 0.05
+"#,
+    )
+    .expect("yaml");
+    c.apply(f, "test").expect("apply");
+    assert_eq!(c.price("Standard_D4ps_v5", Some("eastus"), CapacityType::OnDemand), Some(0.154));
+    assert_eq!(c.get("Standard_D4ps_v5").map(|t| t.allocatable.cpu_millis), Some(3860));
+    assert_eq!(c.price("m7g.large", None, CapacityType::OnDemand), Some(0.08), "replaced entry");
+    assert_eq!(c.len(), 1364);
+    let m6i = c.price("m6i.large", None, CapacityType::OnDemand).expect("m6i");
+    assert!((m6i - 0.096 * 0.75).abs() < 1e-9);
+    let m6i_spot = c.price("m6i.large", None, CapacityType::Spot).expect("m6i spot");
+    assert!((m6i_spot - 0.096 * 0.4).abs() < 1e-9, "the on-demand-only rule leaves spot at the default discount");
+    assert_eq!(c.price("c6i.large", None, CapacityType::Spot), Some(0.05));
+}
+
+#[test]
+fn bad_user_files_are_rejected() {
+    let mut c = Catalog::embedded().expect("catalog");
+    for bad in [
+        "spotDiscount: 1.5\n",
+        "priceOverrides: [{family: m6i, discount: 2}]\n",
+        "priceOverrides: [{family: m6i, capacityType: reserved, discount: 0.1}]\n",
+        "instanceTypes: [{name: x, arch: arm64, vcpu: 1, memoryMib: 1, allocatable: {cpu: lots}, maxPods: 1, prices: {}}]\n",
+    ] {
+        let f: CatalogFile = crate::yaml::from_str(bad).expect("yaml shape");
+        assert!(c.apply(f, "test").is_err(), "{bad}");
+    }
+    assert!(crate::yaml::from_str::<CatalogFile>("unknownKey: 1\n").is_err());
+}
+
+#[test]
+fn csv_with_several_regions() {
+    let csv = "instance_type,arch,os,family,category,generation,cpu_manufacturer,vcpu,memory_mib,gpu_count,gpu_name,allocatable_cpu,allocatable_memory,max_pods,ondemand_usd_per_hour_europe_west4,ondemand_usd_per_hour_us_central1\n\
+c4a-standard-4,arm64,linux,c4a,c,4,google,4,16384,,,3920m,13Gi,110,0.2,0.18\n";
+    let types = file::parse_csv("gcp", csv).expect("csv");
+    assert_eq!(types[0].prices.get("europe-west4"), Some(&0.2));
+    assert_eq!(types[0].prices.get("us-central1"), Some(&0.18));
+    assert!(file::parse_csv("gcp", "instance_type,arch\nx,arm64\n").is_err());
+}
+
+#[test]
+fn node_price_reads_the_capacity_type_of_karpenter_archer_and_eks_node_groups() {
+    let c = Catalog::embedded().expect("catalog");
+    let od = c.price("m7g.large", Some("us-east-1"), CapacityType::OnDemand).expect("price");
+    let spot = c.price("m7g.large", Some("us-east-1"), CapacityType::Spot).expect("price");
+    assert!(spot < od);
+    let price = |cap_key: &str, cap: &str| {
+        let labels: std::collections::BTreeMap<String, String> = [(crate::labels::INSTANCE_TYPE, "m7g.large"), (crate::labels::REGION, "us-east-1"), (cap_key, cap)].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        c.node_price(&|k| labels.get(k).cloned(), None)
+    };
+    assert_eq!(price(crate::labels::KARPENTER_CAPACITY_TYPE, "spot"), Some(spot));
+    assert_eq!(price(crate::labels::EKS_CAPACITY_TYPE, "SPOT"), Some(spot));
+    assert_eq!(price(crate::labels::EKS_CAPACITY_TYPE, "ON_DEMAND"), Some(od));
+    assert_eq!(price("unrelated", "spot"), Some(od), "no capacity label: on-demand");
+}

@@ -1,0 +1,61 @@
+//! An instance type and the capacity types it is sold as: what a node is, as the catalog lists
+//! it and the packer buys it. Prices live in the catalog (`crate::catalog`).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::resources::Resources;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CapacityType {
+    OnDemand,
+    Spot,
+}
+
+impl CapacityType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapacityType::OnDemand => "on-demand",
+            CapacityType::Spot => "spot",
+        }
+    }
+
+    /// `on-demand` / `spot`, also as EKS managed node groups write them (`ON_DEMAND`, `SPOT`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "on-demand" | "ondemand" | "on_demand" => Some(CapacityType::OnDemand),
+            "spot" => Some(CapacityType::Spot),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceType {
+    pub name: String,
+    pub provider: String,
+    pub arch: String,
+    pub os: String,
+    pub family: String,
+    pub category: String,
+    pub generation: u32,
+    pub cpu_manufacturer: String,
+    pub vcpu: u32,
+    pub memory_mib: u64,
+    pub gpu_count: u32,
+    pub gpu_name: String,
+    /// What the kubelet offers pods (cpu millicores, memory bytes, max pods).
+    #[serde(skip)]
+    pub allocatable: Resources,
+    pub allocatable_cpu: String,
+    pub allocatable_memory: String,
+    pub max_pods: i64,
+    /// On-demand USD per hour by region.
+    pub prices: BTreeMap<String, f64>,
+    /// Fraction below on-demand that spot usually costs; `None`: the catalog default.
+    pub spot_discount: Option<f64>,
+}
+

@@ -1,0 +1,207 @@
+//! What consolidation would do, decided purely: given the cluster (the same snapshot the
+//! provisioner plans on) and the nodes that may be disrupted, which nodes go and why (empty,
+//! underutilised with their pods moved elsewhere or onto a cheaper replacement), and what that
+//! saves. The live worker calls this with its clocks and budgets applied; `archer simulate
+//! --disruption` calls it on a cluster dump. Acting (tainting, launching, evicting) is the
+//! worker's.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::adapter;
+use crate::objects;
+use crate::ClusterState;
+use archer_core::packer::{Offering, Plan, PlannedNode, Pool};
+use archer_core::packer::batch_budget;
+use archer_core::planner::{plan_batch_within, Pending};
+use archer_core::platform::PlatformSet;
+use archer_core::sched::Volumes;
+
+/// A node that may be disrupted, with the live pods bound to it and its hourly price.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    pub node: &'a Node,
+    pub pods: Vec<&'a Pod>,
+    pub price: f64,
+}
+
+impl Candidate<'_> {
+    pub fn name(&self) -> &str {
+        self.node.metadata.name.as_deref().unwrap_or("")
+    }
+}
+
+/// The cluster the decisions are made on, with what the caller resolved for it.
+pub struct World<'a> {
+    pub state: &'a ClusterState,
+    /// The state's pools as the packer takes them (room left, readiness applied).
+    pub pools: &'a [Pool],
+    pub offerings: &'a [Offering],
+    pub volumes: &'a Volumes,
+    /// The platforms of a pod's images (resolved by the caller; `None`: unknown).
+    pub platforms: &'a (dyn Fn(&Pod) -> Option<PlatformSet> + Sync),
+    /// The packer's time budget for each re-plan.
+    pub budget: std::time::Duration,
+    /// Whether re-plans buy new nodes to honour preferences (the worker's setting).
+    pub preferences: archer_core::sched::preferences::Policy,
+}
+
+/// One disruption: the nodes that go, why, what replaces them and the saving per hour.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub pool: String,
+    pub nodes: Vec<String>,
+    pub reason: &'static str,
+    pub replacements: Vec<PlannedNode>,
+    /// Where the moving pods go on nodes already there: pod -> node.
+    pub moves: std::collections::BTreeMap<String, String>,
+    pub saving_per_hour: f64,
+}
+
+/// Empty candidates (no pods but DaemonSets'), at most `budget` of them.
+pub fn empty(pool: &str, candidates: &[&Candidate<'_>], budget: usize) -> Option<Decision> {
+    let gone: Vec<&Candidate> = candidates.iter().copied().filter(|c| objects::evictable(&c.pods).is_empty()).take(budget).collect();
+    (!gone.is_empty()).then(|| Decision {
+        pool: pool.to_string(),
+        nodes: gone.iter().map(|c| c.name().to_string()).collect(),
+        reason: "empty",
+        replacements: Vec::new(),
+        moves: Default::default(),
+        saving_per_hour: gone.iter().map(|c| c.price).filter(|p| p.is_finite()).sum(),
+    })
+}
+
+/// Where the pods of `set` would go if its nodes were removed: other nodes first, then new
+/// nodes, by the provisioner's own planner. `None` when some pod would have nowhere to go.
+pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
+    let leaving: Vec<&str> = set.iter().map(|c| c.name()).collect();
+    // The moving pods as kube-scheduler will see them once evicted: unbound replicas.
+    let batch: Vec<Pending> = set
+        .iter()
+        .flat_map(|c| objects::evictable(&c.pods))
+        .map(|p| adapter::pending_unbound(p, (world.platforms)(p), world.volumes, world.preferences))
+        .collect();
+    let snapshot = world.state.snapshot(world.pools, &|n: &str| leaving.contains(&n));
+    let plan = plan_batch_within(&snapshot, &batch, world.pools, world.offerings, batch_budget(world.budget, batch.len()));
+    plan.unschedulable.is_empty().then_some(plan)
+}
+
+/// How consolidation searches and what it must save.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Search {
+    /// A set of nodes goes only when its pods cost less elsewhere by more than this share of the
+    /// set's price: price noise never churns nodes, and no later decision can undo this one
+    /// (undoing it would cost more, not less).
+    pub min_saving_fraction: f64,
+    /// Candidate sets evaluated per call, each one planning run; the others wait for later calls.
+    pub max_evaluations: usize,
+    /// Where in the ordered candidates the single-node search starts (the caller moves it on each
+    /// pass, so every candidate gets its turn).
+    pub start: usize,
+}
+
+impl Search {
+    /// Every candidate (offline: `archer simulate --disruption`).
+    pub fn exhaustive(min_saving_fraction: f64) -> Self {
+        Search { min_saving_fraction, max_evaluations: usize::MAX, start: 0 }
+    }
+}
+
+/// The underutilised nodes of `pool` worth replacing or removing, searched as Karpenter does.
+/// Candidates are ordered by what disrupting them costs (fewest pods to move first, as
+/// Karpenter's disruption cost; the priciest first among equals). First the largest
+/// prefix of that order (2 up to the budget, at most [`MAX_SET`]) that can go, found by binary
+/// search; then each node alone, from `search.start` on. At most `search.max_evaluations` sets
+/// are planned. A set can go when its pods all have a place (on the other nodes plus at most one
+/// replacement) and the re-plan saves more than the margin.
+pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>], budget: usize, search: Search) -> Option<Decision> {
+    let mut order: Vec<&Candidate> = eligible.iter().copied().filter(|c| !c.pods.is_empty()).collect();
+    if order.is_empty() || budget == 0 {
+        return None;
+    }
+    let moving = |c: &Candidate| objects::evictable(&c.pods).len();
+    order.sort_by(|a, b| moving(a).cmp(&moving(b)).then_with(|| b.price.total_cmp(&a.price)).then_with(|| a.name().cmp(b.name())));
+    let mut left = search.max_evaluations;
+    let mut try_set = |set: &[&Candidate]| {
+        if left == 0 {
+            return None;
+        }
+        left -= 1;
+        decide(world, pool, set, "underutilized", search.min_saving_fraction).ok()
+    };
+    let (mut lo, mut hi) = (2, budget.min(order.len()).min(MAX_SET));
+    let mut best = None;
+    while lo <= hi {
+        let mid = (lo + hi) / 2;
+        match try_set(order.get(..mid).unwrap_or(&order)) {
+            Some(d) => {
+                best = Some(d);
+                lo = mid + 1;
+            }
+            None => hi = mid - 1,
+        }
+    }
+    if best.is_some() {
+        return best;
+    }
+    let n = order.len();
+    (0..n).find_map(|i| order.get((search.start + i) % n).and_then(|o| try_set(std::slice::from_ref(o))))
+}
+
+/// The most nodes one decision takes (Karpenter's multi-node consolidation looks at 100).
+const MAX_SET: usize = 100;
+
+/// The decision to take `set` away for `reason`, or why not: some pod would have no place, or
+/// the saving is not above the margin.
+fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'static str, min_saving_fraction: f64) -> Result<Decision, String> {
+    if set.iter().all(|c| objects::evictable(&c.pods).is_empty()) {
+        // Nothing moves: removing the nodes saves what they cost.
+        let saving = set.iter().map(|c| c.price).filter(|p| p.is_finite()).sum();
+        return Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: Vec::new(), moves: Default::default(), saving_per_hour: saving });
+    }
+    let plan = evaluate(world, set).ok_or_else(|| "some pod would have no place".to_string())?;
+    // As Karpenter: nodes are replaced by at most one node, so consolidation never raises the
+    // node count (one node traded for many small ones churns pods for a sliver of price).
+    if plan.nodes.len() > 1 {
+        return Err(format!("would need {} replacements; at most one replaces a set", plan.nodes.len()));
+    }
+    let old: f64 = set.iter().map(|c| c.price).sum();
+    let saving = old - plan.total_price_per_hour;
+    if saving.partial_cmp(&(old * min_saving_fraction)) != Some(std::cmp::Ordering::Greater) {
+        return Err(format!("saves ${saving:.4}/h of ${old:.4}/h, not more than {:.1}%", min_saving_fraction * 100.0));
+    }
+    Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: plan.nodes, moves: plan.existing, saving_per_hour: saving })
+}
+
+/// The pods that would move off each node (DaemonSet pods stay with their node): what a decision
+/// was taken on, compared again before it is acted on.
+pub fn signature(set: &[&Candidate<'_>]) -> BTreeMap<String, Vec<String>> {
+    set.iter()
+        .map(|c| {
+            let mut ids: Vec<String> = objects::evictable(&c.pods).iter().map(|p| objects::pod_id(p)).collect();
+            ids.sort();
+            (c.name().to_string(), ids)
+        })
+        .collect()
+}
+
+/// A decision checked again on the cluster as it is now, after a quiet period: every node is
+/// still a candidate with the same pods to move, the pods still all have a place and the saving
+/// is still above the margin. The fresh decision (its replacements re-planned), or why the old
+/// one is stale.
+pub fn revalidate(world: &World<'_>, decision: &Decision, before: &BTreeMap<String, Vec<String>>, now: &[&Candidate<'_>], min_saving_fraction: f64) -> Result<Decision, String> {
+    let mut set = Vec::with_capacity(decision.nodes.len());
+    for name in &decision.nodes {
+        let c = now.iter().copied().find(|c| c.name() == name).ok_or_else(|| format!("node {name} is no longer a candidate"))?;
+        if signature(&[c]).get(name.as_str()) != before.get(name.as_str()) {
+            return Err(format!("the pods on node {name} changed"));
+        }
+        set.push(c);
+    }
+    decide(world, &decision.pool, &set, decision.reason, min_saving_fraction)
+}
+
+#[cfg(test)]
+mod tests;

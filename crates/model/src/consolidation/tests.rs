@@ -1,0 +1,185 @@
+//! The pure disruption decisions: what consolidation takes, what it refuses, and re-validation.
+
+use super::*;
+use archer_core::requirements::Requirements;
+use serde_json::json;
+
+fn node(name: &str, cpu: &str) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
+            "topology.kubernetes.io/zone": "us-east-1a", "archer.dev/nodepool": "default"}},
+        "status": {"allocatable": {"cpu": cpu, "memory": "16Gi", "pods": "110"}, "conditions": [{"type": "Ready", "status": "True"}]}
+    }))
+    .expect("node")
+}
+
+fn pod(name: &str, on: &str, cpu: &str, spec: serde_json::Value) -> Pod {
+    let mut spec = spec;
+    spec["nodeName"] = json!(on);
+    spec["containers"] = json!([{"name": "c", "image": "x", "resources": {"requests": {"cpu": cpu, "memory": "256Mi"}}}]);
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "1", "controller": true}]},
+        "spec": spec, "status": {"phase": "Running"}
+    }))
+    .expect("pod")
+}
+
+/// A pool that may buy any on-demand type of the embedded catalog in one zone (or, with
+/// `max_nodes` 0, nothing).
+fn pool(max_nodes: Option<i64>) -> Pool {
+    Pool { name: "default".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: max_nodes, daemons: Vec::new(), closed: None }
+}
+
+fn offerings() -> Vec<Offering> {
+    Offering::embedded_on_demand()
+}
+
+fn amd64(_: &Pod) -> Option<PlatformSet> {
+    PlatformSet::parse_annotation("linux/amd64").ok()
+}
+
+/// Decide on `nodes` and `pods` (every node a candidate at `price` per hour).
+fn with_world<R>(nodes: &[Node], pods: &[Pod], pools: &[Pool], f: impl FnOnce(&World<'_>, &[&Candidate<'_>]) -> R) -> R {
+    let state = ClusterState { nodes: nodes.iter().cloned().map(std::sync::Arc::new).collect(), pods: pods.iter().cloned().map(std::sync::Arc::new).collect(), ..Default::default() };
+    let offerings = offerings();
+    let volumes = Volumes::default();
+    let world = World { state: &state, pools, offerings: &offerings, volumes: &volumes, platforms: &amd64, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
+    let candidates: Vec<Candidate> = nodes
+        .iter()
+        .map(|n| Candidate { node: n, pods: pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == n.metadata.name.as_deref()).collect(), price: 0.20 })
+        .collect();
+    let refs: Vec<&Candidate> = candidates.iter().collect();
+    f(&world, &refs)
+}
+
+const MARGIN: f64 = 0.02;
+
+/// Required anti-affinity between p1 and p2 on the hostname key: they never share a node.
+fn apart() -> serde_json::Value {
+    json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["p1", "p2"]}]}, "topologyKey": "kubernetes.io/hostname"}]}}})
+}
+
+/// The underutilised decision on `nodes` and `pods`, every candidate searched.
+fn consolidate(nodes: &[Node], pods: &[Pod], pools: &[Pool], budget: usize, margin: f64) -> Option<Decision> {
+    with_world(nodes, pods, pools, |w, c| underutilized(w, "default", c, budget, Search::exhaustive(margin)))
+}
+
+#[test]
+fn two_half_used_nodes_become_one_without_buying_anything() {
+    let nodes = [node("a", "4"), node("b", "4")];
+    let pods = [pod("p1", "a", "1", json!({})), pod("p2", "b", "1", json!({}))];
+    let d = consolidate(&nodes, &pods, &[pool(Some(0))], 1, MARGIN).expect("a decision");
+    assert_eq!(d.nodes.len(), 1);
+    assert!(d.replacements.is_empty());
+    assert_eq!(d.moves.len(), 1, "the moving pod goes to the node that stays: {:?}", d.moves);
+    assert!((d.saving_per_hour - 0.20).abs() < 1e-9);
+}
+
+#[test]
+fn a_decision_whose_evicted_pods_have_no_place_is_never_taken() {
+    // Each pod refuses to share a node with the other, and the pool may buy nothing.
+    let anti = apart();
+    let nodes = [node("a", "4"), node("b", "4")];
+    let pods = [pod("p1", "a", "1", anti.clone()), pod("p2", "b", "1", anti)];
+    assert_eq!(consolidate(&nodes, &pods, &[pool(Some(0))], 2, MARGIN), None);
+    // Too big for what remains: no decision either.
+    let pods = [pod("p1", "a", "3", json!({})), pod("p2", "b", "3", json!({}))];
+    assert_eq!(consolidate(&nodes, &pods, &[pool(Some(0))], 2, MARGIN), None);
+}
+
+#[test]
+fn a_replacement_must_save_more_than_the_margin() {
+    // One small pod on a node priced $0.20/h: a cheaper node saves most of it.
+    let nodes = [node("a", "4")];
+    let pods = [pod("p1", "a", "100m", json!({}))];
+    let d = consolidate(&nodes, &pods, &[pool(None)], 1, MARGIN).expect("a cheaper node");
+    assert_eq!(d.replacements.len(), 1);
+    assert!(d.replacements[0].price_per_hour < 0.20 * (1.0 - MARGIN));
+    // With a margin no replacement can beat, nothing is decided.
+    assert_eq!(consolidate(&nodes, &pods, &[pool(None)], 1, 0.99), None);
+}
+
+#[test]
+fn a_set_is_replaced_by_at_most_one_node() {
+    // Two pods that refuse to share a node, alone on one node: moving them needs two new nodes.
+    let anti = apart();
+    let nodes = [node("a", "4"), node("b", "4")];
+    let pods = [pod("p1", "a", "100m", anti.clone()), pod("p2", "b", "100m", anti)];
+    let d = consolidate(&nodes, &pods, &[pool(None)], 2, MARGIN).expect("one node at a time");
+    assert_eq!((d.nodes.len(), d.replacements.len()), (1, 1), "{d:?}");
+    let two = with_world(&nodes, &pods, &[pool(None)], |w, c| decide(w, "default", c, "underutilized", MARGIN));
+    assert_eq!(two, Err("would need 2 replacements; at most one replaces a set".to_string()));
+}
+
+#[test]
+fn the_search_evaluates_a_bounded_number_of_sets_and_moves_on() {
+    // Only b's pod can move: a's and c's are pinned to their nodes.
+    let pinned = |n: &str| json!({"nodeSelector": {"kubernetes.io/hostname": n}});
+    let nodes = [node("a", "4"), node("b", "4"), node("c", "4")];
+    let pods = [pod("p1", "a", "1", pinned("a")), pod("p2", "b", "1", json!({})), pod("p3", "c", "1", pinned("c"))];
+    let one = |start| Search { min_saving_fraction: MARGIN, max_evaluations: 1, start };
+    let found: Vec<Option<Vec<String>>> = (0..3).map(|start| with_world(&nodes, &pods, &[pool(Some(0))], |w, c| underutilized(w, "default", c, 1, one(start))).map(|d| d.nodes)).collect();
+    // Exactly one of three starting points evaluates b (the only set that works).
+    assert_eq!(found.iter().filter(|f| f.is_some()).count(), 1, "{found:?}");
+    assert!(found.contains(&Some(vec!["b".to_string()])));
+}
+
+#[test]
+fn revalidation_keeps_a_decision_nothing_changed_and_drops_a_stale_one() {
+    let nodes = [node("a", "4"), node("b", "4")];
+    let pods = [pod("p1", "a", "1", json!({})), pod("p2", "b", "1", json!({}))];
+    let pools = [pool(Some(0))];
+    let (decision, before) = with_world(&nodes, &pods, &pools, |w, c| {
+        let d = underutilized(w, "default", c, 1, Search::exhaustive(MARGIN)).expect("a decision");
+        let chosen: Vec<&Candidate> = c.iter().copied().filter(|x| d.nodes.iter().any(|n| n == x.name())).collect();
+        (d.clone(), signature(&chosen))
+    });
+    let going = decision.nodes[0].clone();
+    let staying = if going == "a" { "b" } else { "a" };
+    // Nothing changed: the same decision.
+    let again = with_world(&nodes, &pods, &pools, |w, c| revalidate(w, &decision, &before, c, MARGIN)).expect("still valid");
+    assert_eq!(again.nodes, decision.nodes);
+    // A pod landed on the node meanwhile.
+    let mut more = pods.to_vec();
+    more.push(pod("p9", &going, "100m", json!({})));
+    let stale = with_world(&nodes, &more, &pools, |w, c| revalidate(w, &decision, &before, c, MARGIN));
+    assert_eq!(stale, Err(format!("the pods on node {going} changed")));
+    // The room the moving pod was to take is gone.
+    let mut full = pods.to_vec();
+    full.push(pod("big", staying, "2500m", json!({})));
+    let stale = with_world(&nodes, &full, &pools, |w, c| revalidate(w, &decision, &before, c, MARGIN));
+    assert_eq!(stale, Err("some pod would have no place".to_string()));
+    // The node is no longer a candidate (gone, leaving, or blocked).
+    let only = [node(staying, "4")];
+    let stale = with_world(&only, &pods, &pools, |w, c| revalidate(w, &decision, &before, c, MARGIN));
+    assert_eq!(stale, Err(format!("node {going} is no longer a candidate")));
+}
+
+#[test]
+fn an_empty_node_stays_removable_only_while_it_stays_empty() {
+    let nodes = [node("a", "4")];
+    let c = Candidate { node: &nodes[0], pods: Vec::new(), price: 0.20 };
+    let d = empty("default", &[&c], 1).expect("empty node");
+    let before = signature(&[&c]);
+    assert_eq!(with_world(&nodes, &[], &[pool(Some(0))], |w, c| revalidate(w, &d, &before, c, MARGIN)).map(|d| d.reason), Ok("empty"));
+    let landed = [pod("p1", "a", "100m", json!({}))];
+    assert_eq!(with_world(&nodes, &landed, &[pool(Some(0))], |w, c| revalidate(w, &d, &before, c, MARGIN)), Err("the pods on node a changed".to_string()));
+}
+
+#[test]
+fn the_largest_set_that_can_go_is_taken_at_once() {
+    let names = ["a", "b", "c", "d", "e", "f"];
+    let nodes: Vec<Node> = names.iter().map(|n| node(n, "4")).collect();
+    let pods: Vec<Pod> = names.iter().map(|n| pod(&format!("p-{n}"), n, "500m", json!({}))).collect();
+    // Nothing may be bought: five nodes' pods fit on the sixth.
+    let d = consolidate(&nodes, &pods, &[pool(Some(0))], 6, MARGIN).expect("a decision");
+    assert_eq!((d.nodes.len(), d.replacements.len()), (5, 0), "{d:?}");
+    // Buying is allowed: still at least five go, for at most one new node.
+    let d = consolidate(&nodes, &pods, &[pool(None)], 6, MARGIN).expect("a decision");
+    assert!(d.nodes.len() >= 5 && d.replacements.len() <= 1, "{d:?}");
+    // The budget bounds the set.
+    let d = consolidate(&nodes, &pods, &[pool(None)], 3, MARGIN).expect("a decision");
+    assert_eq!(d.nodes.len(), 3);
+}

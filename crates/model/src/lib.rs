@@ -1,0 +1,21 @@
+//! The provisioner's model: the cluster at one moment ([`cluster::ClusterState`]) and the pure
+//! decisions over it. Nothing here talks to the API server or a cloud; the runtime (`archer`'s
+//! `provisioner`) builds a `ClusterState` from its watch caches, `archer simulate` from a
+//! scenario or a cluster dump, and both decide with the same code:
+//! - `cluster`: the objects the decisions read, and the planner's inputs made from them;
+//! - `adapter`: the one reading of a Pod, Node or NodeClaim into the planner's terms;
+//! - `objects`: what a single object says (a pod waits for a node, a node is ready or leaving,
+//!   a pool's disruption settings);
+//! - `consolidation`: which nodes go and what replaces them; `drift`: which nodes no longer match
+//!   their pool;
+//! - `scenario`: ordinary Kubernetes YAML read into a `ClusterState`.
+#![forbid(unsafe_code)]
+
+pub mod adapter;
+pub mod cluster;
+pub mod consolidation;
+pub mod drift;
+pub mod objects;
+pub mod scenario;
+
+pub use cluster::ClusterState;

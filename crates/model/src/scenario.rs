@@ -1,0 +1,212 @@
+//! A scenario: ordinary Kubernetes YAML (Deployments with replicas, Pods, NodePools, existing
+//! Nodes), turned into the packer's inputs.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use archer_api::nodepool::{NodePool, API_VERSION, KARPENTER_API_VERSION};
+use archer_core::placement::pod_images;
+use archer_core::platform::PlatformSet;
+use crate::ClusterState;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("not YAML: {0}")]
+    Yaml(String),
+    #[error("document {index}: {message}")]
+    Document { index: usize, message: String },
+    #[error("NodePool {pool}: {source}")]
+    Pool { pool: String, source: archer_core::requirements::RequirementError },
+}
+
+/// What the planner decides on for a scenario, built by the same adapter as the live worker's.
+pub struct Inputs {
+    pub pending: Vec<archer_core::planner::Pending>,
+    pub pools: Vec<archer_core::packer::Pool>,
+    pub offerings: Vec<archer_core::packer::Offering>,
+    pub snapshot: archer_core::sched::Snapshot,
+    /// Pods whose image platforms are unknown (assumed to run anywhere).
+    pub assumed: usize,
+}
+
+/// A pod to place, with what the packer needs and where its platforms come from.
+#[derive(Debug, Clone)]
+pub struct ScenarioPod {
+    pub id: String,
+    pub pod: Pod,
+}
+
+#[derive(Debug, Default)]
+pub struct Scenario {
+    /// The cluster it describes: nodes, pods (bound ones and those to place), pools, volumes,
+    /// DaemonSets.
+    pub state: ClusterState,
+    /// The pods to place, in the scenario's order.
+    pub pods: Vec<ScenarioPod>,
+    /// Kinds that were ignored, for the report.
+    pub ignored: Vec<String>,
+}
+
+impl Scenario {
+    pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+        let mut s = Scenario::default();
+        let docs = archer_core::yaml::objects(text).map_err(|e| ScenarioError::Yaml(e.to_string()))?;
+        for (index, json) in docs.into_iter().enumerate() {
+            let err = |message: String| ScenarioError::Document { index, message };
+            if json.is_null() {
+                continue;
+            }
+            let kind = json.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
+            let api = json.get("apiVersion").and_then(|k| k.as_str()).unwrap_or_default().to_string();
+            match (kind.as_str(), api.as_str()) {
+                ("Deployment", _) => {
+                    let d: Deployment = serde_json::from_value(json).map_err(|e| err(format!("Deployment: {e}")))?;
+                    let name = d.metadata.name.clone().unwrap_or_default();
+                    let ns = d.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+                    let spec = d.spec.ok_or_else(|| err(format!("Deployment {name} has no spec")))?;
+                    let replicas = spec.replicas.unwrap_or(1).max(0);
+                    for i in 0..replicas {
+                        let mut meta = spec.template.metadata.clone().unwrap_or_default();
+                        meta.name = Some(format!("{name}-{i}"));
+                        meta.namespace = Some(ns.clone());
+                        let pod = Pod { metadata: meta, spec: spec.template.spec.clone(), status: None };
+                        s.state.pods.push(Arc::new(pod.clone()));
+                        s.pods.push(ScenarioPod { id: format!("{ns}/{name}-{i}"), pod });
+                    }
+                }
+                ("Pod", _) => {
+                    let p: Pod = serde_json::from_value(json).map_err(|e| err(format!("Pod: {e}")))?;
+                    let ns = p.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+                    let id = format!("{ns}/{}", p.metadata.name.clone().unwrap_or_default());
+                    // Pods bound to a node (as `kubectl get pods -o yaml` prints running ones)
+                    // are the cluster's load; the others wait for a place.
+                    let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| !n.is_empty());
+                    s.state.pods.push(Arc::new(p.clone()));
+                    if !bound {
+                        s.pods.push(ScenarioPod { id, pod: p });
+                    }
+                }
+                ("PersistentVolumeClaim", _) => {
+                    s.state.volume_claims.push(Arc::new(serde_json::from_value(json).map_err(|e| err(format!("PersistentVolumeClaim: {e}")))?));
+                }
+                ("PersistentVolume", _) => {
+                    s.state.volumes.push(Arc::new(serde_json::from_value(json).map_err(|e| err(format!("PersistentVolume: {e}")))?));
+                }
+                ("NodePool", API_VERSION | KARPENTER_API_VERSION) => {
+                    s.state.pools.push(Arc::new(serde_json::from_value(json).map_err(|e| err(format!("NodePool: {e}")))?));
+                }
+                ("DaemonSet", _) => {
+                    let d: DaemonSet = serde_json::from_value(json).map_err(|e| err(format!("DaemonSet: {e}")))?;
+                    s.state.daemonsets.push(Arc::new(d));
+                }
+                ("Node", _) => s.state.nodes.push(Arc::new(serde_json::from_value(json).map_err(|e| err(format!("Node: {e}")))?)),
+                (k, a) => s.ignored.push(format!("{a} {k}")),
+            }
+        }
+        if s.state.pools.is_empty() {
+            s.state.pools.push(Arc::new(NodePool::default_pool()));
+        }
+        Ok(s)
+    }
+
+    /// Pods bound to the scenario's nodes.
+    pub fn bound(&self) -> impl Iterator<Item = &Pod> {
+        self.state.pods.iter().map(|p| p.as_ref()).filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty()))
+    }
+
+    /// The planner's inputs: each pending pod with its platforms (its annotation, else the
+    /// platforms `found` for all its images, else unknown), the pools with the scenario's
+    /// DaemonSets, offerings in the pools' zones, and the cluster as the live worker sees it.
+    pub fn inputs(&self, catalog: &archer_core::catalog::Catalog, found: &BTreeMap<String, PlatformSet>, policy: archer_core::sched::preferences::Policy) -> Result<Inputs, ScenarioError> {
+        use crate::adapter;
+        let volumes = self.state.volumes();
+        let mut assumed = 0;
+        let pending = self
+            .pods
+            .iter()
+            .map(|p| {
+                let platforms = adapter::annotated_platforms(&p.pod).or_else(|| {
+                    let sets: Option<Vec<&PlatformSet>> = pod_images(&p.pod).iter().map(|i| found.get(i)).collect();
+                    sets.and_then(PlatformSet::intersect_all)
+                });
+                assumed += usize::from(platforms.is_none());
+                adapter::pending(&p.pod, platforms, &volumes, policy).with_id(&p.id)
+            })
+            .collect();
+        // A pool that cannot be read is an error here (the live worker skips it with a log line).
+        for p in &self.state.pools {
+            p.to_pool().map_err(|source| ScenarioError::Pool { pool: p.name(), source })?;
+        }
+        let pools = self.state.packer_pools(&|_| None);
+        let mut zones: Vec<String> = self.state.pools.iter().flat_map(|p| p.zones()).collect();
+        zones.sort();
+        zones.dedup();
+        let offerings = archer_api::nodepool::offerings(catalog, &zones);
+        let snapshot = self.state.snapshot(&pools, &|_| false);
+        Ok(Inputs { pending, pools, offerings, snapshot, assumed })
+    }
+}
+
+/// Images of all scenario pods, deduplicated, for one inspection pass.
+pub fn all_images(pods: &[ScenarioPod]) -> Vec<String> {
+    let mut seen = BTreeMap::new();
+    for p in pods {
+        if crate::adapter::annotated_platforms(&p.pod).is_none() {
+            for i in pod_images(&p.pod) {
+                seen.insert(i, ());
+            }
+        }
+    }
+    seen.into_keys().collect()
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use archer_core::resources::Resources;
+
+    fn first_pod(yaml: &str) -> archer_core::packer::PendingPod {
+        let s = Scenario::parse(yaml).expect("scenario");
+        crate::adapter::pending_pod(&s.pods[0].id, &s.pods[0].pod, None)
+    }
+
+    #[test]
+    fn constraints_on_a_pods_own_group_become_packer_inputs() {
+        let base = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: shop}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers: [{name: c, image: x, resources: {requests: {cpu: 250m, memory: 64Mi}}}]\n";
+        let p = first_pod(base);
+        assert_eq!((p.zone_spread, p.per_node_max, p.zone_group.clone()), (false, None, None));
+        assert_eq!(p.requests, Resources::new(250, 64 << 20, 1));
+
+        let spread = format!("{base}      topologySpreadConstraints:\n        - {{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway, labelSelector: {{matchLabels: {{app: web}}}}}}\n        - {{maxSkew: 2, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: web}}}}}}\n");
+        let p = first_pod(&spread);
+        assert!(!p.zone_spread, "a ScheduleAnyway spread is a preference: only the stricter step has it");
+        assert_eq!(p.per_node_max, Some(2));
+        let s = Scenario::parse(&spread).expect("scenario");
+        let strict = archer_core::sched::preferences::stricter(&s.pods[0].pod);
+        assert_eq!(strict.len(), 1);
+        let p = crate::adapter::pending_pod(&s.pods[0].id, &strict[0], None);
+        assert!(p.zone_spread);
+        assert_eq!(p.per_node_max, Some(2));
+
+        let other = format!("{base}      topologySpreadConstraints:\n        - {{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: db}}}}}}\n");
+        assert!(!first_pod(&other).zone_spread, "a spread over another group's pods is not the pod's own");
+
+        let affinity = format!("{base}      affinity:\n        nodeAffinity:\n          preferredDuringSchedulingIgnoredDuringExecution:\n            - {{weight: 50, preference: {{matchExpressions: [{{key: kubernetes.io/arch, operator: In, values: [arm64]}}]}}}}\n        podAntiAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: web}}}}}}\n        podAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: topology.kubernetes.io/zone, labelSelector: {{matchLabels: {{cache: redis}}}}}}\n");
+        let p = first_pod(&affinity);
+        assert_eq!(p.per_node_max, Some(1));
+        assert_eq!(p.zone_group.as_deref(), Some("shop|cache"));
+        assert!(!p.one_per_zone && !p.colocate);
+        assert_eq!(p.preferred.len(), 1);
+        assert_eq!(p.preferred[0].0, 50);
+        assert!(p.preferred[0].1.matches_map(&[("kubernetes.io/arch".to_string(), "arm64".to_string())].into_iter().collect()));
+
+        let zone_anti = format!("{base}      affinity:\n        podAntiAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: topology.kubernetes.io/zone, labelSelector: {{matchLabels: {{app: web}}}}}}\n        podAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: web}}}}}}\n");
+        let p = first_pod(&zone_anti);
+        assert!(p.one_per_zone && p.colocate);
+    }
+}

@@ -1,0 +1,235 @@
+//! Cached, coalesced, time-bounded image inspection: the one path the webhook, the extender,
+//! `archer inspect` and `simulate` all use.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use moka::future::Cache;
+use tokio::time::Instant;
+
+use super::client::{Inspection, ReadAllowance, RegistryClient};
+use super::credentials::Keyring;
+use super::error::RegistryError;
+use super::reference::ImageRef;
+use archer_metrics::{label, Metrics};
+
+#[derive(Debug, Clone)]
+pub struct CacheSettings {
+    /// Entries at most in each of the tag and digest caches.
+    pub capacity: u64,
+    /// Bytes at most in each of the tag and digest caches, entries weighed by what they hold.
+    pub max_bytes: u64,
+    /// Bytes at most in the cache of failed lookups.
+    pub failure_max_bytes: u64,
+    /// How long a failed lookup is remembered (and answered without asking the registry again).
+    pub failure_ttl: Duration,
+    /// How long a tag's resolution is trusted (digests are immutable and kept until evicted).
+    pub tag_ttl: Duration,
+    /// Bound on one image lookup (all requests, redirects and retries included).
+    pub lookup_timeout: Duration,
+    /// Distinct images of one pod looked up at the same time.
+    pub per_pod_concurrency: usize,
+    /// Registry bytes one pod's lookups may read, all its images together.
+    pub per_pod_bytes: usize,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        Self { capacity: 10_000, max_bytes: 12 * 1024 * 1024, failure_max_bytes: 1024 * 1024, failure_ttl: Duration::from_secs(10), tag_ttl: Duration::from_secs(300), lookup_timeout: Duration::from_secs(3), per_pod_concurrency: 8, per_pod_bytes: 16 * 1024 * 1024 }
+    }
+}
+
+#[derive(Clone)]
+pub struct Inspector {
+    client: RegistryClient,
+    by_digest: Cache<String, Arc<Inspection>>,
+    by_tag: Cache<String, Arc<Inspection>>,
+    /// Lookups that failed for a reason of the image's own (not found, refused, malformed...),
+    /// kept briefly so a flood of one bad reference asks the registry once per TTL.
+    failures: Cache<String, RegistryError>,
+    lookup_timeout: Duration,
+    per_pod_concurrency: usize,
+    per_pod_bytes: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl Inspector {
+    pub fn new(client: RegistryClient, settings: &CacheSettings, metrics: Arc<Metrics>) -> Self {
+        // Each entry weighs at least its share of the budget, so `capacity` bounds the count too.
+        let floor = u32::try_from(settings.max_bytes / settings.capacity.max(1)).unwrap_or(u32::MAX);
+        Self {
+            client,
+            by_digest: Cache::builder().max_capacity(settings.max_bytes).weigher(weigh_at_least(floor)).build(),
+            by_tag: Cache::builder().max_capacity(settings.max_bytes).weigher(weigh_at_least(floor)).time_to_live(settings.tag_ttl).build(),
+            failures: Cache::builder().max_capacity(settings.failure_max_bytes).weigher(weigh_failure).time_to_live(settings.failure_ttl).build(),
+            lookup_timeout: settings.lookup_timeout,
+            per_pod_concurrency: settings.per_pod_concurrency.max(1),
+            per_pod_bytes: settings.per_pod_bytes,
+            metrics,
+        }
+    }
+
+    pub fn client(&self) -> &RegistryClient {
+        &self.client
+    }
+
+    /// Inspect one image with the credentials in `keyring`. Concurrent calls for the same image
+    /// (and credential) share one registry round trip; failures of the image's own are remembered
+    /// for the failure TTL.
+    #[tracing::instrument(skip_all, fields(image = %image))]
+    pub async fn inspect(&self, image: &str, keyring: &Keyring) -> Result<Arc<Inspection>, RegistryError> {
+        self.inspect_within(image, keyring, &ReadAllowance::new(self.per_pod_bytes)).await
+    }
+
+    async fn inspect_within(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance) -> Result<Arc<Inspection>, RegistryError> {
+        let result = self.inspect_inner(image, keyring, allowance).await;
+        if let Err(e) = &result {
+            self.metrics.image_lookups.get_or_create(&label("result", "error")).inc();
+            self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
+            tracing::warn!(reason = e.reason(), error = %e, "image inspection failed");
+        }
+        result
+    }
+
+    async fn inspect_inner(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance) -> Result<Arc<Inspection>, RegistryError> {
+        let parsed = ImageRef::parse(image)?;
+        let cred = keyring.lookup(&parsed.registry).cloned();
+        let who = cred.as_ref().map(|c| c.fingerprint()).unwrap_or_default();
+        let key = format!("{parsed}#{who}");
+        let cache = if parsed.digest.is_some() { &self.by_digest } else { &self.by_tag };
+        if let Some(hit) = cache.get(&key).await {
+            self.metrics.image_lookups.get_or_create(&label("result", "hit")).inc();
+            return Ok(hit);
+        }
+        if let Some(failed) = self.failures.get(&key).await {
+            self.metrics.image_lookups.get_or_create(&label("result", "failure_hit")).inc();
+            return Err(failed);
+        }
+        self.metrics.image_lookups.get_or_create(&label("result", "miss")).inc();
+        let timeout = self.lookup_timeout;
+        let client = self.client.clone();
+        let allowance = allowance.clone();
+        // Kept for the failure cache: the lookup takes the key.
+        let failure_key = key.clone();
+        let found = cache
+            .try_get_with(key, async move {
+                let deadline = Instant::now() + timeout;
+                match tokio::time::timeout_at(deadline, client.inspect(&parsed, cred.as_ref(), deadline, &allowance)).await {
+                    Ok(Ok(found)) => Ok(Arc::new(found)),
+                    Ok(Err(RegistryError::Timeout(_))) | Err(_) => Err(RegistryError::Timeout(timeout)),
+                    Ok(Err(e)) => Err(e),
+                }
+            })
+            .await;
+        match found {
+            Ok(found) => Ok(found),
+            Err(e) => {
+                let e = (*e).clone();
+                if remembered(&e) {
+                    self.failures.insert(failure_key, e.clone()).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Run the caches' pending evictions now (they otherwise run as the caches are used).
+    pub async fn settle(&self) {
+        self.by_digest.run_pending_tasks().await;
+        self.by_tag.run_pending_tasks().await;
+        self.failures.run_pending_tasks().await;
+    }
+
+    /// Entries the caches hold: (tag and digest caches, failure cache).
+    pub fn cached_entries(&self) -> (u64, u64) {
+        (self.by_digest.entry_count() + self.by_tag.entry_count(), self.failures.entry_count())
+    }
+
+    /// Bytes the caches hold by their own weighing (successes and failures together).
+    pub fn cached_bytes(&self) -> u64 {
+        self.by_digest.weighted_size() + self.by_tag.weighted_size() + self.failures.weighted_size()
+    }
+
+    /// Inspect one pod's images, one result per image, in order: at most `per_pod_concurrency`
+    /// at a time, reading at most `per_pod_bytes` from registries together, and all answered by
+    /// `deadline` (an image not inspected by then is a timeout).
+    pub async fn inspect_all(&self, images: &[String], keyring: &Keyring, deadline: Instant) -> Vec<Result<Arc<Inspection>, RegistryError>> {
+        let allowance = ReadAllowance::new(self.per_pod_bytes);
+        let allowance = &allowance;
+        futures::stream::iter(images.iter().cloned())
+            .map(|image: String| async move {
+                match tokio::time::timeout_at(deadline, self.inspect_within(&image, keyring, allowance)).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        let e = RegistryError::Timeout(self.lookup_timeout.min(deadline.saturating_duration_since(Instant::now())));
+                        self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
+                        tracing::warn!(image = %image, "image not inspected before the pod's deadline");
+                        Err(e)
+                    }
+                }
+            })
+            .buffered(self.per_pod_concurrency)
+            .collect()
+            .await
+    }
+
+    /// Inspect unrelated images (a command line's list), each on its own allowance and timeout,
+    /// `per_pod_concurrency` at a time.
+    pub async fn inspect_each(&self, images: &[String], keyring: &Keyring) -> Vec<Result<Arc<Inspection>, RegistryError>> {
+        futures::stream::iter(images.iter().cloned())
+            .map(|image: String| async move { self.inspect(&image, keyring).await })
+            .buffered(self.per_pod_concurrency)
+            .collect()
+            .await
+    }
+
+    pub fn lookup_timeout(&self) -> Duration {
+        self.lookup_timeout
+    }
+}
+
+/// What each cache holds besides its entries, at most: its hash table's spare buckets (the
+/// table grows with the entries a burst inserts before evictions catch up, and never shrinks),
+/// its frequency sketch and its queues of pending reads and writes.
+pub const CACHE_STRUCTURE_BYTES: u64 = 256 * 1024;
+
+/// What one cached entry holds, in bytes, over-counted: the key and the strings it names, the
+/// platform set's nodes and moka's own bookkeeping for the entry (measured by
+/// `tests/cache_weight.rs`, which fails if the weights fall short of the real bytes).
+/// (Measured by that test: 1,468 entries, 16-platform indexes and failures with keys of about
+/// 400 bytes, held 4.0 MB of heap and were weighed 6.2 MB.)
+const ENTRY_OVERHEAD: usize = 1024;
+/// One platform in a set: its share of the B-tree's nodes (72-byte elements in nodes of 11, not
+/// all full) and its three strings' allocations.
+const PLATFORM_OVERHEAD: usize = 256;
+
+fn weigh_at_least(floor: u32) -> impl Fn(&String, &Arc<Inspection>) -> u32 {
+    move |key, found| {
+        let platforms: usize = found.platforms.0.iter().map(|p| PLATFORM_OVERHEAD + p.os.len() + p.architecture.len() + p.variant.as_ref().map_or(0, String::len)).sum();
+        let bytes = ENTRY_OVERHEAD + 2 * key.len() + found.digest.len() + found.media_type.len() + platforms;
+        u32::try_from(bytes).unwrap_or(u32::MAX).max(floor)
+    }
+}
+
+#[allow(clippy::ptr_arg, reason = "moka's weigher takes the key type by reference")]
+fn weigh_failure(key: &String, e: &RegistryError) -> u32 {
+    // The message is formatted only when the entry is weighed (once, on insert).
+    u32::try_from(ENTRY_OVERHEAD + 2 * key.len() + 2 * e.to_string().len()).unwrap_or(u32::MAX)
+}
+
+/// Failures that say something about the image itself are remembered; those that only say
+/// something about this moment or this request (a timeout, a busy budget, a pod's byte
+/// allowance, an unreachable registry) are not, so the next pod tries again.
+fn remembered(e: &RegistryError) -> bool {
+    matches!(
+        e,
+        RegistryError::Forbidden(_)
+            | RegistryError::NotAllowed(_)
+            | RegistryError::Unauthorized { .. }
+            | RegistryError::NotFound(_)
+            | RegistryError::TooLarge(_)
+            | RegistryError::DigestMismatch { .. }
+            | RegistryError::Malformed(_)
+    )
+}

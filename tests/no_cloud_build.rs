@@ -1,0 +1,49 @@
+//! The README's first command builds Archer with no cloud SDK: `--no-default-features` leaves out
+//! every `archer-cloud-*` crate but kwok's, and what remains still plans. This test builds that
+//! binary in a target directory of its own (a second build of Archer's dependencies, minutes on
+//! two cores), so plain `cargo test` leaves it out; `.ci/run` runs it with `--ignored`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
+
+use std::path::Path;
+use std::process::Command;
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+#[test]
+fn without_a_cloud_no_sdk_is_in_the_dependency_graph() {
+    let out = cargo().args(["tree", "--locked", "-p", "archer", "--no-default-features", "-e", "normal", "--prefix", "none"]).output().expect("cargo tree");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tree = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(tree.contains("archer-core") && tree.contains("archer-cloud-kwok"), "{tree}");
+    let clouds: Vec<&str> = tree.lines().filter(|l| l.starts_with("aws-") || l.starts_with("archer-cloud-aws")).collect();
+    assert!(clouds.is_empty(), "cloud crates without a cloud asked for: {clouds:?}");
+    // With the default features, the AWS provider is there (the image and the chart use them).
+    let out = cargo().args(["tree", "--locked", "-p", "archer", "-e", "normal", "--prefix", "none"]).output().expect("cargo tree");
+    assert!(String::from_utf8_lossy(&out.stdout).lines().any(|l| l.starts_with("aws-sdk-ec2")));
+}
+
+#[test]
+#[ignore = "builds Archer again without default features in its own target directory (minutes); .ci/run runs it"]
+fn simulate_builds_and_plans_without_any_cloud_sdk() {
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/no-cloud");
+    let started = std::time::Instant::now();
+    let status = cargo().args(["build", "--locked", "--no-default-features", "--bin", "archer"]).env("CARGO_TARGET_DIR", &target).status().expect("cargo build");
+    assert!(status.success(), "cargo build --no-default-features failed");
+    eprintln!("built archer without a cloud in {:.0} s", started.elapsed().as_secs_f64());
+    let bin = target.join("debug/archer");
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/simulate-inflate-workshop-plan");
+    let out = Command::new(&bin)
+        .args(["simulate", "--offline", "--compare", "--disruption", "--output", "text", "--scenario"])
+        .arg(golden.with_extension("yaml"))
+        .output()
+        .expect("run archer");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), std::fs::read_to_string(golden.with_extension("txt")).expect("golden"), "the cloudless build plans as the full one");
+    let out = Command::new(&bin).args(["prices", "--cloud-provider", "aws"]).output().expect("run archer");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("built without the aws feature"), "{}", String::from_utf8_lossy(&out.stderr));
+}
