@@ -45,59 +45,37 @@ pub struct SimulateArgs {
 /// underutilised set, within the pool's budgets. Nodes are the pool's by their
 /// `archer.dev/nodepool` or `karpenter.sh/nodepool` label, priced by the catalog from their
 /// instance type, zone and capacity type.
-fn disruption(s: &Scenario, inputs: &archer_model::scenario::Inputs, platforms: &(dyn Fn(&k8s_openapi::api::core::v1::Pod) -> Option<archer_core::platform::PlatformSet> + Sync), preferences: archer_core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
-    use crate::provisioner::objects as state;
-    let nodes: Vec<&k8s_openapi::api::core::v1::Node> = s.state.node_refs();
-    let pods: Vec<&k8s_openapi::api::core::v1::Pod> = s.bound().collect();
+fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platforms: &(dyn Fn(&k8s_openapi::api::core::v1::Pod) -> Option<archer_core::platform::PlatformSet> + Sync), preferences: archer_core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
+    use crate::provisioner::objects::{labels_of, DisruptionSettings};
     let volumes = s.state.volumes();
     let world = consolidation::World { state: &s.state, pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
-    let by_node = state::usage_by_node(pods.iter().copied());
+    // A scenario's node is priced by the catalog from its instance type, zone and capacity type.
+    let price = |n: &k8s_openapi::api::core::v1::Node| {
+        let l = labels_of(n);
+        let get = |k: &str| l.get(k).map(String::as_str).unwrap_or("");
+        let capacity = if get(labels::KARPENTER_CAPACITY_TYPE).is_empty() { get(labels::CAPACITY_TYPE) } else { get(labels::KARPENTER_CAPACITY_TYPE) };
+        archer_core::packer::Offering::find(&inputs.offerings, get(labels::INSTANCE_TYPE), get(labels::ZONE), capacity).map(|o| o.price)
+    };
+    let search = consolidation::Search::exhaustive(crate::config::ProvisionerConfig::default().min_saving_fraction());
     let mut out = Vec::new();
     for np in &s.state.pools {
         let pool = np.name();
-        let settings = match state::DisruptionSettings::of(np) {
+        let settings = match DisruptionSettings::of(np) {
             Ok(x) => x,
             Err(e) => {
                 notes.push(format!("NodePool {pool}: disruption settings unusable ({e}); its nodes are left alone"));
                 continue;
             }
         };
-        let pool_nodes: Vec<&k8s_openapi::api::core::v1::Node> = nodes
-            .iter()
-            .copied()
-            .filter(|n| {
-                let l = n.metadata.labels.as_ref();
-                [labels::NODEPOOL, labels::KARPENTER_NODEPOOL].iter().any(|k| l.and_then(|l| l.get(*k)) == Some(&pool))
-            })
-            .collect();
-        let mut candidates = Vec::new();
-        for n in pool_nodes.iter().copied().filter(|n| !state::node_leaving(n)) {
-            let l = state::labels_of(n);
-            let get = |k: &str| l.get(k).map(String::as_str).unwrap_or("");
+        let mut unpriced = |n: &k8s_openapi::api::core::v1::Node| {
+            let l = labels_of(n);
+            let get = |k: &str| l.get(k).cloned().unwrap_or_default();
             let capacity = if get(labels::KARPENTER_CAPACITY_TYPE).is_empty() { get(labels::CAPACITY_TYPE) } else { get(labels::KARPENTER_CAPACITY_TYPE) };
-            let price = archer_core::packer::Offering::find(&inputs.offerings, get(labels::INSTANCE_TYPE), get(labels::ZONE), capacity).map(|o| o.price);
-            let Some(price) = price else {
-                notes.push(format!("node {} has no catalog price ({} {} {capacity}); left alone", n.metadata.name.as_deref().unwrap_or(""), get(labels::INSTANCE_TYPE), get(labels::ZONE)));
-                continue;
-            };
-            let on_node = by_node.get(n.metadata.name.as_deref().unwrap_or("")).map(|(_, p)| p.clone()).unwrap_or_default();
-            candidates.push(consolidation::Candidate { node: n, pods: on_node, price });
-        }
-        let disrupting = pool_nodes.iter().filter(|n| state::node_leaving(n)).count();
-        let budget = |reason: &str| settings.allowed(pool_nodes.len(), reason).saturating_sub(disrupting);
-        if settings.consolidate_after.is_none() {
-            continue;
-        }
-        let all: Vec<&consolidation::Candidate> = candidates.iter().collect();
-        if let Some(d) = consolidation::empty(&pool, &all, budget("Empty")) {
-            out.push(d);
-            continue;
-        }
-        if settings.underutilized {
-            let eligible: Vec<&consolidation::Candidate> = all.iter().copied().filter(|c| state::disruption_blocker(&c.pods).is_none() && !state::do_not_disrupt(&c.node.metadata)).collect();
-            let search = consolidation::Search::exhaustive(crate::config::ProvisionerConfig::default().min_saving_fraction());
-            out.extend(consolidation::underutilized(&world, &pool, &eligible, budget("Underutilized"), search));
-        }
+            notes.push(format!("node {} has no catalog price ({} {} {capacity}); left alone", n.metadata.name.as_deref().unwrap_or(""), get(labels::INSTANCE_TYPE), get(labels::ZONE)));
+        };
+        let nodes = consolidation::pool_nodes(&s.state, &pool, &|_| true, &price, &mut unpriced);
+        // As if every node had been as it is for `consolidateAfter`.
+        out.extend(consolidation::consolidate_pool(&world, &pool, &settings, &nodes, &|_| true, &|_| true, search));
     }
     out
 }

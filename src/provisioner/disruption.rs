@@ -18,6 +18,7 @@ use archer_model::consolidation;
 use archer_api::nodeclaim::NodeClaim;
 use archer_model::objects::{self as state, DisruptionSettings};
 use archer_model::objects::age_of;
+use archer_model::ClusterState;
 use super::worker::Provisioner;
 use archer_core::labels;
 use archer_metrics::{label, labels2};
@@ -63,29 +64,6 @@ impl Tracker {
     }
 }
 
-/// One node Archer may disrupt, with the live pods bound to it.
-struct Candidate<'a> {
-    node: Arc<Node>,
-    claim: Arc<NodeClaim>,
-    pods: Vec<&'a Pod>,
-    price: f64,
-}
-
-impl Candidate<'_> {
-    fn view(&self) -> consolidation::Candidate<'_> {
-        consolidation::Candidate { node: self.node.as_ref(), pods: self.pods.clone(), price: self.price }
-    }
-
-    /// Neither a pod on it nor the node itself forbids a voluntary disruption.
-    fn disruptable(&self) -> bool {
-        if let Some(why) = state::disruption_blocker(&self.pods) {
-            tracing::debug!(node = ?self.node.metadata.name, why = %why, "not a consolidation candidate");
-            return false;
-        }
-        !state::do_not_disrupt(&self.node.metadata)
-    }
-}
-
 /// Candidate sets one disruption pass evaluates for underutilisation (each is one planning run);
 /// the next pass goes on where this one stopped.
 const EVALUATIONS_PER_PASS: usize = 16;
@@ -111,11 +89,11 @@ impl Provisioner {
 
     /// Drains a previous leader started (the taint is the record).
     fn resume_drains(self: &Arc<Self>) {
-        let claims = self.stores.claims.state();
-        for n in self.stores.nodes.state().iter().filter(|n| state::node_leaving(n) && state::node_pool_of(n).is_some()) {
+        let state = self.state();
+        for n in state.nodes.iter().filter(|n| state::node_leaving(n) && state::node_pool_of(n).is_some()) {
             let name = n.metadata.name.clone().unwrap_or_default();
             if n.metadata.deletion_timestamp.is_none() && !self.disruption.draining(&name) {
-                if let Some(c) = claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())) {
+                if let Some(c) = state.claim_of_node(&name) {
                     tracing::info!(node = %name, "resuming the drain of a disrupted node");
                     self.start_drain(n.clone(), c.clone(), Vec::new(), "resumed");
                 }
@@ -123,28 +101,24 @@ impl Provisioner {
         }
     }
 
-    /// The pool's nodes now: all of them, and those that may be disrupted (Ready, registered,
-    /// older than the grace period, not leaving, with a claim), with their pods.
-    fn pool_view<'a>(&self, pool: &str, nodes: &[Arc<Node>], claims: &[Arc<NodeClaim>], pods: &'a [Arc<Pod>]) -> (usize, usize, Vec<Candidate<'a>>) {
+    /// The pool's nodes now: all of them, and as candidates those the worker may disrupt (Ready,
+    /// registered, not being deleted, with a claim launched longer than the grace period ago),
+    /// priced by their claims.
+    fn pool_nodes<'a>(&self, state: &'a ClusterState, pool: &str) -> consolidation::PoolNodes<'a> {
         let grace = Duration::from_secs(self.settings.disruption_grace_seconds);
-        let by_node = state::usage_by_node(pods.iter().map(|p| p.as_ref()));
-        let by_node_name: HashMap<&str, &Arc<NodeClaim>> = claims.iter().filter_map(|c| Some((c.status.as_ref()?.node_name.as_deref()?, c))).collect();
-        let claim_of = |name: &str| by_node_name.get(name).map(|c| Arc::clone(c));
-        let pool_nodes: Vec<&Arc<Node>> = nodes.iter().filter(|n| state::node_pool_of(n) == Some(pool)).collect();
-        let disrupting = pool_nodes.iter().filter(|n| state::node_leaving(n)).count();
-        let mut candidates = Vec::new();
-        for n in pool_nodes.iter().filter(|n| !state::node_leaving(n) && state::node_ready(n) && n.metadata.deletion_timestamp.is_none()) {
-            let name = n.metadata.name.clone().unwrap_or_default();
-            let Some(claim) = claim_of(&name) else { continue };
-            let young = claim.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_none_or(|a| a < grace);
-            if young || state::has_taint(n, labels::UNREGISTERED_TAINT) {
-                continue;
-            }
-            let on_node = by_node.get(&name).map(|(_, pods)| pods.clone()).unwrap_or_default();
-            let price = if claim.spec.price_per_hour > 0.0 { claim.spec.price_per_hour } else { f64::INFINITY };
-            candidates.push(Candidate { node: (*n).clone(), claim, pods: on_node, price });
-        }
-        (pool_nodes.len(), disrupting, candidates)
+        let claims: HashMap<&str, &NodeClaim> = state.claims.iter().filter_map(|c| Some((c.status.as_ref()?.node_name.as_deref()?, c.as_ref()))).collect();
+        let claim_of = |n: &Node| claims.get(n.metadata.name.as_deref().unwrap_or("")).copied();
+        let eligible = |n: &Node| {
+            let settled = |c: &NodeClaim| c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_some_and(|a| a >= grace);
+            state::node_ready(n) && n.metadata.deletion_timestamp.is_none() && !state::has_taint(n, labels::UNREGISTERED_TAINT) && claim_of(n).is_some_and(settled)
+        };
+        let price = |n: &Node| Some(claim_of(n).map(|c| c.spec.price_per_hour).filter(|p| *p > 0.0).unwrap_or(f64::INFINITY));
+        consolidation::pool_nodes(state, pool, &eligible, &price, &mut |_| {})
+    }
+
+    /// The node of that name and its claim, to act on.
+    fn node_and_claim(state: &ClusterState, name: &str) -> Option<(Arc<Node>, Arc<NodeClaim>)> {
+        Some((state.node(name)?.clone(), state.claim_of_node(name)?.clone()))
     }
 
     /// Pods the last batch placed that are still pending: they wait for capacity Archer is
@@ -173,23 +147,24 @@ impl Provisioner {
                 return;
             }
         };
-        let (nodes, claims, pods) = (self.stores.nodes.state(), self.stores.claims.state(), self.stores.pods.state());
-        let (total, disrupting, candidates) = self.pool_view(&pool, &nodes, &claims, &pods);
-        let budget = |reason: &str| settings.allowed(total, reason).saturating_sub(disrupting);
-        tracing::debug!(pool = %pool, nodes = total, candidates = candidates.len(), disrupting, "disruption pass");
+        let state = self.state();
+        let nodes = self.pool_nodes(&state, &pool);
+        tracing::debug!(pool = %pool, nodes = nodes.total, candidates = nodes.candidates.len(), disrupting = nodes.disrupting, "disruption pass");
 
         // Expired nodes first: they go whatever their pods cost elsewhere.
         if let Some(expire) = settings.expire_after {
-            let expired: Vec<&Candidate> = candidates.iter().filter(|c| c.claim.metadata.creation_timestamp.as_ref().and_then(|t| age_of(&t.0.to_string())).is_some_and(|a| a >= expire)).collect();
-            for c in expired.into_iter().take(budget("Expired")) {
-                tracing::info!(node = ?c.node.metadata.name, pool = %pool, "node expired; draining it");
-                self.start_drain(c.node.clone(), c.claim.clone(), Vec::new(), "expired");
+            let created = |c: &consolidation::Candidate<'_>| state.claim_of_node(c.name()).and_then(|cl| cl.metadata.creation_timestamp.as_ref()).and_then(|t| age_of(&t.0.to_string()));
+            let expired: Vec<&consolidation::Candidate> = nodes.candidates.iter().filter(|c| created(c).is_some_and(|a| a >= expire)).collect();
+            for c in expired.into_iter().take(nodes.budget(&settings, "Expired")) {
+                let Some((node, claim)) = Self::node_and_claim(&state, c.name()) else { continue };
+                tracing::info!(node = %c.name(), pool = %pool, "node expired; draining it");
+                self.start_drain(node, claim, Vec::new(), "expired");
             }
-            if candidates.iter().any(|c| self.disruption.draining(c.node.metadata.name.as_deref().unwrap_or(""))) {
+            if nodes.candidates.iter().any(|c| self.disruption.draining(c.name())) {
                 return;
             }
         }
-        if self.replace_drifted(np, &candidates, budget("Drifted")).await {
+        if self.replace_drifted(np, &state, &nodes, nodes.budget(&settings, "Drifted")).await {
             return;
         }
         let Some(after) = settings.consolidate_after else { return };
@@ -197,69 +172,47 @@ impl Provisioner {
             tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
             return;
         }
-        let decided = match self.empty_decision(&pool, &candidates, after, budget("Empty")) {
-            Some(d) => Some(d),
-            None if settings.underutilized && budget("Underutilized") > 0 => self.underutilized_decision(&pool, &candidates, after, budget("Underutilized")).await,
-            None => None,
-        };
-        let Some((decision, before)) = decided else { return };
-        self.validate_and_act(&pool, decision, before).await;
-    }
-
-    /// Empty nodes (DaemonSet pods do not count) that have been empty for `after`.
-    fn empty_decision(&self, pool: &str, candidates: &[Candidate<'_>], after: Duration, budget: usize) -> Option<(consolidation::Decision, BTreeMap<String, Vec<String>>)> {
-        let empty: Vec<consolidation::Candidate> = candidates
+        // The clocks, read once per candidate (each read starts a clock over if the node changed).
+        let empty_for: std::collections::HashSet<&str> = nodes
+            .candidates
             .iter()
             .filter(|c| {
                 let workload = state::evictable(&c.pods).len();
-                let name = c.node.metadata.name.clone().unwrap_or_default();
-                // Every pass updates the clock, so a node that gets a pod starts over.
-                let empty_for = self.disruption.stable_for(&format!("empty/{name}"), if workload == 0 { "empty" } else { "busy" }.into());
+                let empty_for = self.disruption.stable_for(&format!("empty/{}", c.name()), if workload == 0 { "empty" } else { "busy" }.into());
                 workload == 0 && empty_for >= after
             })
-            .map(Candidate::view)
+            .map(|c| c.name())
             .collect();
-        let refs: Vec<&consolidation::Candidate> = empty.iter().collect();
-        let d = consolidation::empty(pool, &refs, budget)?;
-        let chosen: Vec<&consolidation::Candidate> = refs.into_iter().filter(|c| d.nodes.iter().any(|n| n == c.name())).collect();
-        Some((d, consolidation::signature(&chosen)))
-    }
-
-    /// Underutilised nodes whose pods cost less elsewhere, searched a few sets per pass.
-    async fn underutilized_decision(&self, pool: &str, candidates: &[Candidate<'_>], after: Duration, budget: usize) -> Option<(consolidation::Decision, BTreeMap<String, Vec<String>>)> {
-        let eligible: Vec<&Candidate> = candidates
+        let settled: std::collections::HashSet<&str> = nodes
+            .candidates
             .iter()
             .filter(|c| {
-                let name = c.node.metadata.name.clone().unwrap_or_default();
                 let mut ids: Vec<String> = c.pods.iter().map(|p| state::pod_id(p)).collect();
                 ids.sort();
-                let stable_for = self.disruption.stable_for(&format!("pods/{name}"), ids.join(","));
-                c.disruptable() && !c.pods.is_empty() && stable_for >= after
+                self.disruption.stable_for(&format!("pods/{}", c.name()), ids.join(",")) >= after
             })
+            .map(|c| c.name())
             .collect();
-        if eligible.is_empty() {
-            return None;
-        }
-        let views: Vec<consolidation::Candidate> = eligible.iter().map(|c| c.view()).collect();
-        let refs: Vec<&consolidation::Candidate> = views.iter().collect();
-        let start = self.disruption.next_start(EVALUATIONS_PER_PASS);
+        let moving: Vec<&Pod> = nodes.candidates.iter().filter(|c| settled.contains(c.name()) && consolidation::disruptable(c)).flat_map(|c| state::evictable(&c.pods)).collect();
+        let start = if moving.is_empty() { 0 } else { self.disruption.next_start(EVALUATIONS_PER_PASS) };
         let search = consolidation::Search { min_saving_fraction: self.settings.min_saving_fraction(), max_evaluations: EVALUATIONS_PER_PASS, start };
-        let decision = self.with_world(&views, |world| consolidation::underutilized(world, pool, &refs, budget, search)).await?;
-        let chosen: Vec<&consolidation::Candidate> = refs.into_iter().filter(|c| decision.nodes.iter().any(|n| n == c.name())).collect();
+        let decided = self
+            .with_world(&state, &moving, |world| consolidation::consolidate_pool(world, &pool, &settings, &nodes, &|c| empty_for.contains(c.name()), &|c| settled.contains(c.name()), search))
+            .await;
+        let Some(decision) = decided else { return };
+        let chosen: Vec<&consolidation::Candidate> = nodes.candidates.iter().filter(|c| decision.nodes.iter().any(|n| n == c.name())).collect();
         let before = consolidation::signature(&chosen);
-        Some((decision, before))
+        self.validate_and_act(&pool, decision, before).await;
     }
 
-    /// Run `decide` on the cluster as the stores hold it now, with the platforms of the pods on
-    /// `moving` resolved first (registry lookups are the only awaits; the deciding is pure).
-    async fn with_world<R: Send>(&self, moving: &[consolidation::Candidate<'_>], decide: impl FnOnce(&consolidation::World<'_>) -> R + Send) -> R {
-        let pods_moving: Vec<&Pod> = moving.iter().flat_map(|c| state::evictable(&c.pods)).collect();
-        let found = futures::future::join_all(pods_moving.iter().map(|p| async move { (state::pod_id(p), self.platforms(p).await) })).await;
+    /// Run `decide` on `state`, with the platforms of the `moving` pods resolved first (registry
+    /// lookups are the only awaits; the deciding is pure).
+    async fn with_world<R: Send>(&self, state: &ClusterState, moving: &[&Pod], decide: impl FnOnce(&consolidation::World<'_>) -> R + Send) -> R {
+        let found = futures::future::join_all(moving.iter().map(|p| async move { (state::pod_id(p), self.platforms(p).await) })).await;
         let found: HashMap<String, Option<archer_core::platform::PlatformSet>> = found.into_iter().collect();
         let platforms = |p: &Pod| found.get(&state::pod_id(p)).cloned().flatten();
-        let state = self.state();
-        let (pools, volumes) = (self.pools(&state), state.volumes());
-        let world = consolidation::World { state: &state, pools: &pools, offerings: &self.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.settings.packing_budget(), preferences: self.settings.preference_policy };
+        let (pools, volumes) = (self.pools(state), state.volumes());
+        let world = consolidation::World { state, pools: &pools, offerings: &self.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.settings.packing_budget(), preferences: self.settings.preference_policy };
         tokio::task::block_in_place(|| decide(&world))
     }
 
@@ -271,13 +224,12 @@ impl Provisioner {
         let result = match self.hold(pool) {
             Some(why) => Err(why),
             None => {
-                let (nodes, claims, pods) = (self.stores.nodes.state(), self.stores.claims.state(), self.stores.pods.state());
-                let (_, _, candidates) = self.pool_view(pool, &nodes, &claims, &pods);
-                let now: Vec<consolidation::Candidate> = candidates.iter().filter(|c| decision.reason == "empty" || c.disruptable()).map(Candidate::view).collect();
-                let refs: Vec<&consolidation::Candidate> = now.iter().collect();
+                let state = self.state();
+                let nodes = self.pool_nodes(&state, pool);
+                let now: Vec<&consolidation::Candidate> = nodes.candidates.iter().filter(|c| decision.reason == "empty" || consolidation::disruptable(c)).collect();
                 let fraction = self.settings.min_saving_fraction();
-                let chosen: Vec<consolidation::Candidate> = now.iter().filter(|c| decision.nodes.iter().any(|n| n == c.name())).cloned().collect();
-                self.with_world(&chosen, |world| consolidation::revalidate(world, &decision, &before, &refs, fraction)).await
+                let moving: Vec<&Pod> = now.iter().filter(|c| decision.nodes.iter().any(|n| n == c.name())).flat_map(|c| state::evictable(&c.pods)).collect();
+                self.with_world(&state, &moving, |world| consolidation::revalidate(world, &decision, &before, &now, fraction)).await
             }
         };
         let decision = match result {
@@ -289,17 +241,8 @@ impl Provisioner {
             }
         };
         self.metrics.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "taken")).inc();
-        let nodes = self.stores.nodes.state();
-        let claims = self.stores.claims.state();
-        let set: Vec<(Arc<Node>, Arc<NodeClaim>)> = decision
-            .nodes
-            .iter()
-            .filter_map(|name| {
-                let node = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(name.as_str()))?.clone();
-                let claim = claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))?.clone();
-                Some((node, claim))
-            })
-            .collect();
+        let state = self.state();
+        let set: Vec<(Arc<Node>, Arc<NodeClaim>)> = decision.nodes.iter().filter_map(|name| Self::node_and_claim(&state, name)).collect();
         tracing::info!(pool, reason = decision.reason, nodes = ?decision.nodes, replacements = decision.replacements.len(), saving_per_hour = decision.saving_per_hour, "disrupting");
         // Taint first, so the scheduler stops adding pods while replacements start.
         for (node, _) in &set {
@@ -408,12 +351,10 @@ impl Provisioner {
     /// then drain (after the replacements are Ready when there is time) and delete. A notice for
     /// an instance Archer has no claim for is done at once.
     async fn interrupt(self: &Arc<Self>, notice: &Interruption) -> Result<(), String> {
-        let claims = self.stores.claims.state();
-        let nodes = self.stores.nodes.state();
-        let pods = self.stores.pods.state();
+        let state = self.state();
         for id in &notice.instance_ids {
             let suffix = format!("/{id}");
-            let Some(claim) = claims.iter().find(|c| c.status.as_ref().and_then(|s| s.provider_id.as_deref()).is_some_and(|p| p.ends_with(&suffix))).cloned() else {
+            let Some(claim) = state.claims.iter().find(|c| c.status.as_ref().and_then(|s| s.provider_id.as_deref()).is_some_and(|p| p.ends_with(&suffix))).cloned() else {
                 tracing::info!(instance = %id, kind = notice.kind, "interruption for an instance Archer did not launch; nothing to do");
                 continue;
             };
@@ -421,7 +362,7 @@ impl Provisioner {
             if !self.disruption.reserve(&node_name) {
                 continue;
             }
-            let Some(node) = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(node_name.as_str())).cloned() else {
+            let Some(node) = state.node(&node_name).cloned() else {
                 // Never registered: no pod to move.
                 tracing::warn!(instance = %id, claim = %claim.name(), kind = notice.kind, "interrupted before registering; deleting the claim");
                 let deleted = self.provider.delete(&claim).await.map_err(|e| e.to_string());
@@ -431,7 +372,7 @@ impl Provisioner {
                 continue;
             };
             tracing::warn!(node = %node_name, instance = %id, kind = notice.kind, "instance interrupted: replacing and draining its node");
-            self.take_out(node, claim, &pods, "interrupted", notice.replace_first).await;
+            self.take_out(node, claim, "interrupted", notice.replace_first).await;
             self.disruption.release(&node_name);
         }
         Ok(())
@@ -441,12 +382,15 @@ impl Provisioner {
     /// launch the replacements, then drain it: after the replacements are Ready when
     /// `replace_first`, at once otherwise (its pods are then provisioned for like any pending
     /// pod, onto the replacements already coming).
-    async fn take_out(self: &Arc<Self>, node: Arc<Node>, claim: Arc<NodeClaim>, pods: &[Arc<Pod>], reason: &'static str, replace_first: bool) {
+    async fn take_out(self: &Arc<Self>, node: Arc<Node>, claim: Arc<NodeClaim>, reason: &'static str, replace_first: bool) {
         let node_name = node.metadata.name.clone().unwrap_or_default();
         self.taint(&node).await;
-        let on_node: Vec<&Pod> = pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())).map(|p| p.as_ref()).collect();
+        // Fresh: replacements launched for a node taken out just before are in-flight room now.
+        let state = &self.state();
+        let on_node: Vec<&Pod> = state.pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())).map(|p| p.as_ref()).collect();
+        let moving = state::evictable(&on_node);
         let leaving = consolidation::Candidate { node: node.as_ref(), pods: on_node, price: claim.spec.price_per_hour };
-        let plan = self.with_world(std::slice::from_ref(&leaving), |world| consolidation::evaluate(world, &[&leaving])).await;
+        let plan = self.with_world(state, &moving, |world| consolidation::evaluate(world, &[&leaving])).await;
         let replacements = match plan {
             Some(p) => {
                 tracing::info!(node = %node_name, reason, replacements = p.nodes.len(), onto_existing = p.existing.len(), "replacements for the node's pods");
@@ -464,24 +408,24 @@ impl Provisioner {
     /// Drifted nodes of the pool (its template, its requirements, the provider's node class or
     /// image changed), up to the pool's `Drifted` budget: each replaced (replacements Ready
     /// first) and drained, with a `Drifted` Event on its claim. True when any was taken.
-    async fn replace_drifted(self: &Arc<Self>, np: &archer_api::nodepool::NodePool, candidates: &[Candidate<'_>], budget: usize) -> bool {
-        let pods = self.stores.pods.state();
+    async fn replace_drifted(self: &Arc<Self>, np: &archer_api::nodepool::NodePool, state: &ClusterState, nodes: &consolidation::PoolNodes<'_>, budget: usize) -> bool {
         let mut taken = 0;
-        for c in candidates {
+        for c in &nodes.candidates {
             if taken >= budget {
                 break;
             }
-            let node_labels = c.node.metadata.labels.clone().unwrap_or_default();
-            let why = archer_model::drift::drift_reason(&c.claim, np, &|k| node_labels.get(k).cloned()).or_else(|| self.provider.drifted(&c.claim));
+            let Some((node, claim)) = Self::node_and_claim(state, c.name()) else { continue };
+            let node_labels = node.metadata.labels.clone().unwrap_or_default();
+            let why = archer_model::drift::drift_reason(&claim, np, &|k| node_labels.get(k).cloned()).or_else(|| self.provider.drifted(&claim));
             let Some(why) = why else { continue };
-            let name = c.node.metadata.name.clone().unwrap_or_default();
+            let name = c.name().to_string();
             if !self.disruption.reserve(&name) {
                 continue;
             }
             tracing::info!(node = %name, pool = %np.name(), why = %why, "node drifted; replacing it");
             self.metrics.disruption_decisions.get_or_create(&labels2("reason", "drifted", "result", "taken")).inc();
-            self.mark_claim(&c.claim.name(), super::status::DRIFTED, "Drifted", &why).await;
-            self.take_out(c.node.clone(), c.claim.clone(), &pods, "drifted", true).await;
+            self.mark_claim(&claim.name(), super::status::DRIFTED, "Drifted", &why).await;
+            self.take_out(node, claim, "drifted", true).await;
             self.disruption.release(&name);
             taken += 1;
         }

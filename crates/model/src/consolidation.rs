@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::adapter;
-use crate::objects;
+use crate::objects::{self, DisruptionSettings};
 use crate::ClusterState;
 use archer_core::packer::{Offering, Plan, PlannedNode, Pool};
 use archer_core::packer::batch_budget;
@@ -58,6 +58,73 @@ pub struct Decision {
     /// Where the moving pods go on nodes already there: pod -> node.
     pub moves: std::collections::BTreeMap<String, String>,
     pub saving_per_hour: f64,
+}
+
+/// A pool's nodes as one disruption pass sees them.
+pub struct PoolNodes<'a> {
+    /// Nodes of the pool.
+    pub total: usize,
+    /// Nodes of the pool on their way out (tainted, cordoned, being deleted).
+    pub disrupting: usize,
+    /// The pool's nodes that may be disrupted, in the state's order, with their live pods.
+    pub candidates: Vec<Candidate<'a>>,
+}
+
+impl PoolNodes<'_> {
+    /// How many more nodes the pool's budget for `reason` lets go now.
+    pub fn budget(&self, settings: &DisruptionSettings, reason: &str) -> usize {
+        settings.allowed(self.total, reason).saturating_sub(self.disrupting)
+    }
+
+    /// The candidate of that name.
+    pub fn get(&self, name: &str) -> Option<&Candidate<'_>> {
+        self.candidates.iter().find(|c| c.name() == name)
+    }
+}
+
+/// The nodes of `pool` in `state` ([`objects::node_pool_of`]): how many, how many are leaving,
+/// and as candidates those not leaving that `eligible` accepts, priced by `price`. A node `price`
+/// has no price for is left out and handed to `unpriced`.
+pub fn pool_nodes<'a>(state: &'a ClusterState, pool: &str, eligible: &dyn Fn(&Node) -> bool, price: &dyn Fn(&Node) -> Option<f64>, unpriced: &mut dyn FnMut(&Node)) -> PoolNodes<'a> {
+    let by_node = objects::usage_by_node(state.pods.iter().map(|p| p.as_ref()));
+    let nodes: Vec<&Node> = state.nodes.iter().map(|n| n.as_ref()).filter(|n| objects::node_pool_of(n) == Some(pool)).collect();
+    let disrupting = nodes.iter().filter(|n| objects::node_leaving(n)).count();
+    let mut candidates = Vec::new();
+    for n in nodes.iter().copied().filter(|n| !objects::node_leaving(n) && eligible(n)) {
+        let Some(price) = price(n) else {
+            unpriced(n);
+            continue;
+        };
+        let pods = by_node.get(n.metadata.name.as_deref().unwrap_or("")).map(|(_, pods)| pods.clone()).unwrap_or_default();
+        candidates.push(Candidate { node: n, pods, price });
+    }
+    PoolNodes { total: nodes.len(), disrupting, candidates }
+}
+
+/// Neither a pod on the candidate nor its node forbids a voluntary disruption.
+pub fn disruptable(c: &Candidate<'_>) -> bool {
+    objects::disruption_blocker(&c.pods).is_none() && !objects::do_not_disrupt(&c.node.metadata)
+}
+
+/// Consolidation's one decision for a pool on a pass, if any: the candidates `empty_long_enough`
+/// accepts that have no pod to move go first, within the `Empty` budget; else, when the pool
+/// consolidates underutilised nodes, the best set of the disruptable candidates `settled`
+/// accepts, within the `Underutilized` budget. The worker passes its clocks as the two
+/// predicates; `archer simulate --disruption` takes every node as long settled. Both predicates
+/// are asked about every candidate (the worker's clocks start over when a node changes).
+pub fn consolidate_pool(world: &World<'_>, pool: &str, settings: &DisruptionSettings, nodes: &PoolNodes<'_>, empty_long_enough: &dyn Fn(&Candidate<'_>) -> bool, settled: &dyn Fn(&Candidate<'_>) -> bool, search: Search) -> Option<Decision> {
+    settings.consolidate_after?;
+    let empty_ok: Vec<bool> = nodes.candidates.iter().map(empty_long_enough).collect();
+    let settled_ok: Vec<bool> = nodes.candidates.iter().map(settled).collect();
+    let pick = |ok: &[bool]| -> Vec<&Candidate<'_>> { nodes.candidates.iter().zip(ok).filter(|(_, ok)| **ok).map(|(c, _)| c).collect() };
+    if let Some(d) = empty(pool, &pick(&empty_ok), nodes.budget(settings, "Empty")) {
+        return Some(d);
+    }
+    if !settings.underutilized {
+        return None;
+    }
+    let eligible: Vec<&Candidate> = pick(&settled_ok).into_iter().filter(|c| disruptable(c) && !c.pods.is_empty()).collect();
+    underutilized(world, pool, &eligible, nodes.budget(settings, "Underutilized"), search)
 }
 
 /// Empty candidates (no pods but DaemonSets'), at most `budget` of them.

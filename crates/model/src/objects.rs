@@ -270,9 +270,12 @@ pub fn consolidation_hold(pool: &str, claims: &[&NodeClaim], nodes: &[&Node], wa
         .map(|c| format!("node claim {} is still launching", c.name()))
 }
 
-/// The NodePool's name recorded on a node Archer launched.
+/// The NodePool a node was launched from: Archer's `archer.dev/nodepool` label, else
+/// Karpenter's `karpenter.sh/nodepool` (a cluster dump of nodes Karpenter launched). The live
+/// worker only acts on a node with an Archer NodeClaim.
 pub fn node_pool_of(node: &Node) -> Option<&str> {
-    node.metadata.labels.as_ref()?.get(labels::NODEPOOL).map(String::as_str)
+    let l = node.metadata.labels.as_ref()?;
+    l.get(labels::NODEPOOL).or_else(|| l.get(labels::KARPENTER_NODEPOOL)).map(String::as_str)
 }
 
 pub fn labels_of(node: &Node) -> BTreeMap<String, String> {

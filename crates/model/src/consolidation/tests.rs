@@ -183,3 +183,62 @@ fn the_largest_set_that_can_go_is_taken_at_once() {
     let d = consolidate(&nodes, &pods, &[pool(None)], 3, MARGIN).expect("a decision");
     assert_eq!(d.nodes.len(), 3);
 }
+
+fn settings(underutilized: bool, budget: usize) -> DisruptionSettings {
+    DisruptionSettings { underutilized, consolidate_after: Some(std::time::Duration::ZERO), expire_after: None, budgets: vec![(objects::BudgetValue::Count(budget), Vec::new())] }
+}
+
+fn state_of(nodes: &[Node], pods: &[Pod]) -> ClusterState {
+    ClusterState { nodes: nodes.iter().cloned().map(std::sync::Arc::new).collect(), pods: pods.iter().cloned().map(std::sync::Arc::new).collect(), ..Default::default() }
+}
+
+#[test]
+fn a_pools_nodes_are_counted_by_either_pool_label_and_only_eligible_priced_ones_are_candidates() {
+    let mut karpenters = node("k1", "4");
+    if let Some(l) = karpenters.metadata.labels.as_mut() {
+        l.remove("archer.dev/nodepool");
+        l.insert("karpenter.sh/nodepool".into(), "default".into());
+    }
+    let mut leaving = node("gone", "4");
+    leaving.spec = Some(k8s_openapi::api::core::v1::NodeSpec { unschedulable: Some(true), ..Default::default() });
+    let mut other = node("other", "4");
+    if let Some(l) = other.metadata.labels.as_mut() {
+        l.insert("archer.dev/nodepool".into(), "batch".into());
+    }
+    let nodes = [node("n1", "4"), node("young", "4"), node("unpriced", "4"), karpenters, leaving, other];
+    let pods = [pod("a", "n1", "1", json!({})), pod("b", "k1", "1", json!({}))];
+    let state = state_of(&nodes, &pods);
+    let mut left_out = Vec::new();
+    let view = pool_nodes(&state, "default", &|n| n.metadata.name.as_deref() != Some("young"), &|n| (n.metadata.name.as_deref() != Some("unpriced")).then_some(0.1), &mut |n| left_out.push(n.metadata.name.clone().unwrap_or_default()));
+    assert_eq!((view.total, view.disrupting), (5, 1), "n1, young, unpriced, k1 and the leaving node are the pool's; 'other' is batch's");
+    let names: Vec<&str> = view.candidates.iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["n1", "k1"]);
+    assert_eq!(left_out, ["unpriced"]);
+    assert_eq!(view.get("n1").map(|c| c.pods.len()), Some(1));
+    assert_eq!(view.budget(&settings(true, 3), "Empty"), 2, "the budget less the node already leaving");
+}
+
+#[test]
+fn a_pool_pass_takes_empty_nodes_first_then_underutilised_ones_and_respects_the_predicates() {
+    let nodes = [node("n1", "4"), node("n2", "4"), node("idle", "4")];
+    let pods = [pod("a", "n1", "1", json!({})), pod("b", "n2", "1", json!({}))];
+    let state = state_of(&nodes, &pods);
+    let view = pool_nodes(&state, "default", &|_| true, &|_| Some(0.2), &mut |_| {});
+    let pools = [pool(None)];
+    let offerings = offerings();
+    let volumes = Volumes::default();
+    let world = World { state: &state, pools: &pools, offerings: &offerings, volumes: &volumes, platforms: &amd64, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
+    let search = Search::exhaustive(MARGIN);
+    let d = consolidate_pool(&world, "default", &settings(true, 10), &view, &|_| true, &|_| true, search).expect("a decision");
+    assert_eq!((d.reason, d.nodes.clone()), ("empty", vec!["idle".to_string()]), "the empty node goes first");
+    // The empty node's clock has not run long enough: the underutilised pair goes instead.
+    let d = consolidate_pool(&world, "default", &settings(true, 10), &view, &|c| c.name() != "idle", &|_| true, search).expect("a decision");
+    assert_eq!(d.reason, "underutilized");
+    assert!(!d.nodes.contains(&"idle".to_string()));
+    // WhenEmpty pools, unsettled nodes and a pool that does not consolidate decide nothing.
+    assert_eq!(consolidate_pool(&world, "default", &settings(false, 10), &view, &|c| c.name() != "idle", &|_| true, search), None);
+    assert_eq!(consolidate_pool(&world, "default", &settings(true, 10), &view, &|c| c.name() != "idle", &|_| false, search), None);
+    let never = DisruptionSettings { consolidate_after: None, ..settings(true, 10) };
+    assert_eq!(consolidate_pool(&world, "default", &never, &view, &|_| true, &|_| true, search), None);
+    assert_eq!(consolidate_pool(&world, "default", &settings(true, 0), &view, &|_| true, &|_| true, search), None, "no budget");
+}
