@@ -270,7 +270,7 @@ fn provisioner_task(
         let duration = Duration::from_secs(settings.lease_duration_seconds);
         let leader_metrics = metrics.clone();
         let work = move || {
-            let (worker, watches) = crate::provisioner::Provisioner::new(client.clone(), provider.clone(), catalog.clone(), inspector.clone(), Some(cluster.clone()), base_keyring.clone(), metrics.clone(), settings.clone());
+            let (worker, watches) = crate::provisioner::Provisioner::new(client.clone(), provider.clone(), inspector.clone(), Some(cluster.clone()), base_keyring.clone(), metrics.clone(), settings.clone());
             async move {
                 tokio::select! {
                     _ = watches => tracing::error!("provisioner watches ended"),

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 use archer_model::adapter as model;
 use archer_model::objects as state;
-use super::worker::Provisioner;
+use super::context::Context;
 use archer_core::labels;
 use archer_core::packer::{Offering, Pool};
 use archer_metrics::Labels;
@@ -99,16 +99,25 @@ fn labels3(key: &Key) -> Labels {
     vec![("nodepool", key.0.clone()), ("arch", key.1.clone()), ("capacity_type", key.2.clone())]
 }
 
-impl Provisioner {
+/// The cost reporter: keeps the cost, savings and startup metrics current.
+pub struct CostReporter {
+    ctx: Arc<Context>,
+}
+
+impl CostReporter {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        CostReporter { ctx }
+    }
+
     /// Keep the cost, savings and startup metrics current while this replica provisions.
-    pub(super) async fn cost_loop(self: Arc<Self>) {
+    pub async fn run(self: Arc<Self>) {
         // A replica that stops provisioning (leadership lost) stops reporting, so sums over
         // replicas count each node once.
-        let _clear = ClearOnDrop(self.metrics.clone());
+        let _clear = ClearOnDrop(self.ctx.metrics.clone());
         let mut observed = HashSet::new();
         let mut last_cost: Option<tokio::time::Instant> = None;
         let mut last_pods = None;
-        let every = Duration::from_secs_f64(self.settings.cost_interval_seconds.max(1.0));
+        let every = Duration::from_secs_f64(self.ctx.settings.cost_interval_seconds.max(1.0));
         loop {
             self.observe_startups(&mut observed);
             if last_cost.is_none_or(|t| t.elapsed() >= every) {
@@ -123,17 +132,17 @@ impl Provisioner {
     /// once each. `observed` holds only pods still on a claim's list, so it stays bounded.
     fn observe_startups(&self, observed: &mut HashSet<String>) {
         let planned = {
-            let claims = self.stores.claims.state();
+            let claims = self.ctx.stores.claims.state();
             model::planned_nodes(&claims.iter().map(|c| c.as_ref()).collect::<Vec<_>>())
         };
         observed.retain(|id| planned.contains_key(id));
-        for pod in self.stores.pods.state() {
+        for pod in self.ctx.stores.pods.state() {
             let id = state::pod_id(&pod);
             if !planned.contains_key(&id) || observed.contains(&id) {
                 continue;
             }
             if let Some(s) = startup_seconds(&pod) {
-                self.metrics.pod_startup_seconds.observe(s);
+                self.ctx.metrics.pod_startup_seconds.observe(s);
                 observed.insert(id);
             }
         }
@@ -143,15 +152,15 @@ impl Provisioner {
     /// running on managed nodes.
     #[tracing::instrument(skip_all, fields(nodes = tracing::field::Empty, pods = tracing::field::Empty))]
     async fn report_cost(&self, last: &mut Option<u64>) {
-        let offerings = self.provider.offerings();
-        let cluster = self.state();
+        let offerings = self.ctx.provider.offerings();
+        let cluster = self.ctx.state();
         let nodes = &cluster.nodes;
         let costs = node_costs(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &offerings);
-        self.metrics.managed_nodes.clear();
-        self.metrics.nodes_cost.clear();
+        self.ctx.metrics.managed_nodes.clear();
+        self.ctx.metrics.nodes_cost.clear();
         for (key, (count, price)) in &costs {
-            self.metrics.managed_nodes.get_or_create(&labels3(key)).set(*count);
-            self.metrics.nodes_cost.get_or_create(&labels3(key)).set(*price);
+            self.ctx.metrics.managed_nodes.get_or_create(&labels3(key)).set(*count);
+            self.ctx.metrics.nodes_cost.get_or_create(&labels3(key)).set(*price);
         }
         let managed: HashSet<&str> = nodes.iter().filter(|n| node_key(n).is_some()).filter_map(|n| n.metadata.name.as_deref()).collect();
         let pods: Vec<Arc<Pod>> = cluster
@@ -167,7 +176,7 @@ impl Provisioner {
         // pods on managed nodes have changed, so a burst's provisioning never shares the CPU
         // with them.
         let claimed: std::collections::BTreeSet<String> = cluster.claims.iter().map(|c| c.spec.node_pool.clone()).collect();
-        let unsettled = !self.waiting_now().is_empty() || claimed.iter().any(|pool| self.hold(pool).is_some());
+        let unsettled = !self.ctx.waiting_now().is_empty() || claimed.iter().any(|pool| self.ctx.hold(pool).is_some());
         // New spot prices change the savings as much as new pods.
         let fingerprint = pod_fingerprint(&pods) ^ offerings.iter().map(|o| o.price).sum::<f64>().to_bits();
         if unsettled || *last == Some(fingerprint) {
@@ -175,15 +184,15 @@ impl Provisioner {
         }
         *last = Some(fingerprint);
         let volumes = cluster.volumes();
-        let platforms = futures::future::join_all(pods.iter().map(|p| self.platforms(p))).await;
-        let pending: Vec<_> = pods.iter().zip(platforms).map(|(p, platforms)| model::pending_unbound(p, platforms, &volumes, self.settings.preference_policy)).collect();
+        let platforms = futures::future::join_all(pods.iter().map(|p| self.ctx.platforms(p))).await;
+        let pending: Vec<_> = pods.iter().zip(platforms).map(|(p, platforms)| model::pending_unbound(p, platforms, &volumes, self.ctx.settings.preference_policy)).collect();
         let namespaces: Vec<_> = cluster.namespaces.iter().map(|n| n.as_ref().clone()).collect();
         let pools = counterfactual_pools(&cluster);
         let empty = archer_core::sched::Snapshot::new(&[], &[], &namespaces);
         let c = tokio::task::block_in_place(|| archer_core::planner::compare::compare(&empty, &pending, &pools, &offerings));
-        self.metrics.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(c.arm64_saving());
-        self.metrics.savings.get_or_create(&vec![("source", "spot".to_string())]).set(c.spot_saving());
-        self.metrics.baseline_cost.set(c.baseline());
+        self.ctx.metrics.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(c.arm64_saving());
+        self.ctx.metrics.savings.get_or_create(&vec![("source", "spot".to_string())]).set(c.spot_saving());
+        self.ctx.metrics.baseline_cost.set(c.baseline());
         tracing::debug!(baseline = c.baseline(), arm64 = c.arm64_saving(), spot = c.spot_saving(), left_out = c.left_out.len(), "cost and savings");
     }
 }

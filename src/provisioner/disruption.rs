@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, EvictParams, Patch, PatchParams};
+use kube::api::{DeleteParams, EvictParams};
 use kube::Api;
 
 use archer_cloud::{Interruption, InterruptionHandler};
@@ -19,7 +19,10 @@ use archer_api::nodeclaim::NodeClaim;
 use archer_model::objects::{self as state, DisruptionSettings};
 use archer_model::objects::age_of;
 use archer_model::ClusterState;
-use super::worker::Provisioner;
+use super::context::{Action, Context, ReconcileError};
+use super::launch::Launcher;
+use super::nodes;
+use super::status::{StatusWriter, DISRUPTING, DRIFTED};
 use archer_core::labels;
 use archer_metrics::{label, labels2};
 
@@ -68,31 +71,36 @@ impl Tracker {
 /// the next pass goes on where this one stopped.
 const EVALUATIONS_PER_PASS: usize = 16;
 
-impl Provisioner {
-    pub(super) async fn disruption_loop(self: Arc<Self>) {
-        let interval = Duration::from_secs_f64(self.settings.disruption_interval_seconds);
-        tracing::debug!(?interval, "disruption loop started");
-        loop {
-            tokio::time::sleep(interval).await;
-            self.disrupt_once().await;
-        }
+/// The disruption executor: decides per pool with `archer_model::consolidation`, then taints,
+/// launches replacements through the launcher, drains and deletes.
+pub struct Disrupter {
+    ctx: Arc<Context>,
+    launcher: Arc<Launcher>,
+    status: Arc<StatusWriter>,
+    tracker: Tracker,
+}
+
+impl Disrupter {
+    pub fn new(ctx: Arc<Context>, launcher: Arc<Launcher>, status: Arc<StatusWriter>) -> Self {
+        Disrupter { ctx, launcher, status, tracker: Tracker::default() }
     }
 
     /// One pass: resume drains after a restart, then at most one new decision per pool.
     #[tracing::instrument(skip_all)]
-    pub async fn disrupt_once(self: &Arc<Self>) {
+    pub async fn reconcile(self: &Arc<Self>) -> Result<Action, ReconcileError> {
         self.resume_drains();
-        for np in self.stores.pools.state() {
+        for np in self.ctx.stores.pools.state() {
             self.disrupt_pool(&np).await;
         }
+        Ok(Action::requeue(Duration::from_secs_f64(self.ctx.settings.disruption_interval_seconds)))
     }
 
     /// Drains a previous leader started (the taint is the record).
     fn resume_drains(self: &Arc<Self>) {
-        let state = self.state();
+        let state = self.ctx.state();
         for n in state.nodes.iter().filter(|n| state::node_leaving(n) && state::node_pool_of(n).is_some()) {
             let name = n.metadata.name.clone().unwrap_or_default();
-            if n.metadata.deletion_timestamp.is_none() && !self.disruption.draining(&name) {
+            if n.metadata.deletion_timestamp.is_none() && !self.tracker.draining(&name) {
                 if let Some(c) = state.claim_of_node(&name) {
                     tracing::info!(node = %name, "resuming the drain of a disrupted node");
                     self.start_drain(n.clone(), c.clone(), Vec::new(), "resumed");
@@ -105,7 +113,7 @@ impl Provisioner {
     /// registered, not being deleted, with a claim launched longer than the grace period ago),
     /// priced by their claims.
     fn pool_nodes<'a>(&self, state: &'a ClusterState, pool: &str) -> consolidation::PoolNodes<'a> {
-        let grace = Duration::from_secs(self.settings.disruption_grace_seconds);
+        let grace = Duration::from_secs(self.ctx.settings.disruption_grace_seconds);
         let claims: HashMap<&str, &NodeClaim> = state.claims.iter().filter_map(|c| Some((c.status.as_ref()?.node_name.as_deref()?, c.as_ref()))).collect();
         let claim_of = |n: &Node| claims.get(n.metadata.name.as_deref().unwrap_or("")).copied();
         let eligible = |n: &Node| {
@@ -121,21 +129,6 @@ impl Provisioner {
         Some((state.node(name)?.clone(), state.claim_of_node(name)?.clone()))
     }
 
-    /// Pods the last batch placed that are still pending: they wait for capacity Archer is
-    /// providing.
-    pub(super) fn waiting_now(&self) -> Vec<String> {
-        let pods = self.stores.pods.state();
-        let provisionable: std::collections::HashSet<String> = pods.iter().filter(|p| state::is_provisionable(p, &self.settings.scheduler_names)).map(|p| state::pod_id(p)).collect();
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|id| provisionable.contains(*id)).cloned().collect()
-    }
-
-    /// Why the pool must not be consolidated now: pods wait for capacity Archer is providing, or
-    /// claims are still launching.
-    pub(super) fn hold(&self, pool: &str) -> Option<String> {
-        let waiting = self.waiting_now();
-        self.state().consolidation_hold(pool, &waiting)
-    }
-
     /// At most one new decision for the pool: expired nodes go at once; empty or underutilised
     /// nodes only on a settled pool, and only if the decision still holds after a quiet period.
     async fn disrupt_pool(self: &Arc<Self>, np: &archer_api::nodepool::NodePool) {
@@ -147,7 +140,7 @@ impl Provisioner {
                 return;
             }
         };
-        let state = self.state();
+        let state = self.ctx.state();
         let nodes = self.pool_nodes(&state, &pool);
         tracing::debug!(pool = %pool, nodes = nodes.total, candidates = nodes.candidates.len(), disrupting = nodes.disrupting, "disruption pass");
 
@@ -160,7 +153,7 @@ impl Provisioner {
                 tracing::info!(node = %c.name(), pool = %pool, "node expired; draining it");
                 self.start_drain(node, claim, Vec::new(), "expired");
             }
-            if nodes.candidates.iter().any(|c| self.disruption.draining(c.name())) {
+            if nodes.candidates.iter().any(|c| self.tracker.draining(c.name())) {
                 return;
             }
         }
@@ -168,7 +161,7 @@ impl Provisioner {
             return;
         }
         let Some(after) = settings.consolidate_after else { return };
-        if let Some(why) = self.hold(&pool) {
+        if let Some(why) = self.ctx.hold(&pool) {
             tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
             return;
         }
@@ -178,7 +171,7 @@ impl Provisioner {
             .iter()
             .filter(|c| {
                 let workload = state::evictable(&c.pods).len();
-                let empty_for = self.disruption.stable_for(&format!("empty/{}", c.name()), if workload == 0 { "empty" } else { "busy" }.into());
+                let empty_for = self.tracker.stable_for(&format!("empty/{}", c.name()), if workload == 0 { "empty" } else { "busy" }.into());
                 workload == 0 && empty_for >= after
             })
             .map(|c| c.name())
@@ -189,13 +182,13 @@ impl Provisioner {
             .filter(|c| {
                 let mut ids: Vec<String> = c.pods.iter().map(|p| state::pod_id(p)).collect();
                 ids.sort();
-                self.disruption.stable_for(&format!("pods/{}", c.name()), ids.join(",")) >= after
+                self.tracker.stable_for(&format!("pods/{}", c.name()), ids.join(",")) >= after
             })
             .map(|c| c.name())
             .collect();
         let moving: Vec<&Pod> = nodes.candidates.iter().filter(|c| settled.contains(c.name()) && consolidation::disruptable(c)).flat_map(|c| state::evictable(&c.pods)).collect();
-        let start = if moving.is_empty() { 0 } else { self.disruption.next_start(EVALUATIONS_PER_PASS) };
-        let search = consolidation::Search { min_saving_fraction: self.settings.min_saving_fraction(), max_evaluations: EVALUATIONS_PER_PASS, start };
+        let start = if moving.is_empty() { 0 } else { self.tracker.next_start(EVALUATIONS_PER_PASS) };
+        let search = consolidation::Search { min_saving_fraction: self.ctx.settings.min_saving_fraction(), max_evaluations: EVALUATIONS_PER_PASS, start };
         let decided = self
             .with_world(&state, &moving, |world| consolidation::consolidate_pool(world, &pool, &settings, &nodes, &|c| empty_for.contains(c.name()), &|c| settled.contains(c.name()), search))
             .await;
@@ -208,11 +201,11 @@ impl Provisioner {
     /// Run `decide` on `state`, with the platforms of the `moving` pods resolved first (registry
     /// lookups are the only awaits; the deciding is pure).
     async fn with_world<R: Send>(&self, state: &ClusterState, moving: &[&Pod], decide: impl FnOnce(&consolidation::World<'_>) -> R + Send) -> R {
-        let found = futures::future::join_all(moving.iter().map(|p| async move { (state::pod_id(p), self.platforms(p).await) })).await;
+        let found = futures::future::join_all(moving.iter().map(|p| async move { (state::pod_id(p), self.ctx.platforms(p).await) })).await;
         let found: HashMap<String, Option<archer_core::platform::PlatformSet>> = found.into_iter().collect();
         let platforms = |p: &Pod| found.get(&state::pod_id(p)).cloned().flatten();
-        let (pools, volumes) = (self.pools(state), state.volumes());
-        let world = consolidation::World { state, pools: &pools, offerings: &self.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.settings.packing_budget(), preferences: self.settings.preference_policy };
+        let (pools, volumes) = (self.ctx.pools(state), state.volumes());
+        let world = consolidation::World { state, pools: &pools, offerings: &self.ctx.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.ctx.settings.packing_budget(), preferences: self.ctx.settings.preference_policy };
         tokio::task::block_in_place(|| decide(&world))
     }
 
@@ -220,14 +213,14 @@ impl Provisioner {
     /// if it still holds taint, launch the replacements and start the drains.
     async fn validate_and_act(self: &Arc<Self>, pool: &str, decision: consolidation::Decision, before: BTreeMap<String, Vec<String>>) {
         tracing::info!(pool, reason = decision.reason, nodes = ?decision.nodes, replacements = decision.replacements.len(), saving_per_hour = decision.saving_per_hour, "disruption decided; validating after a quiet period");
-        tokio::time::sleep(Duration::from_secs_f64(self.settings.consolidation_validation_seconds)).await;
-        let result = match self.hold(pool) {
+        tokio::time::sleep(Duration::from_secs_f64(self.ctx.settings.consolidation_validation_seconds)).await;
+        let result = match self.ctx.hold(pool) {
             Some(why) => Err(why),
             None => {
-                let state = self.state();
+                let state = self.ctx.state();
                 let nodes = self.pool_nodes(&state, pool);
                 let now: Vec<&consolidation::Candidate> = nodes.candidates.iter().filter(|c| decision.reason == "empty" || consolidation::disruptable(c)).collect();
-                let fraction = self.settings.min_saving_fraction();
+                let fraction = self.ctx.settings.min_saving_fraction();
                 let moving: Vec<&Pod> = now.iter().filter(|c| decision.nodes.iter().any(|n| n == c.name())).flat_map(|c| state::evictable(&c.pods)).collect();
                 self.with_world(&state, &moving, |world| consolidation::revalidate(world, &decision, &before, &now, fraction)).await
             }
@@ -235,26 +228,26 @@ impl Provisioner {
         let decision = match result {
             Ok(d) => d,
             Err(why) => {
-                self.metrics.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "stale")).inc();
+                self.ctx.metrics.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "stale")).inc();
                 tracing::info!(pool, nodes = ?decision.nodes, why = %why, "disruption decision dropped: no longer valid");
                 return;
             }
         };
-        self.metrics.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "taken")).inc();
-        let state = self.state();
+        self.ctx.metrics.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "taken")).inc();
+        let state = self.ctx.state();
         let set: Vec<(Arc<Node>, Arc<NodeClaim>)> = decision.nodes.iter().filter_map(|name| Self::node_and_claim(&state, name)).collect();
         tracing::info!(pool, reason = decision.reason, nodes = ?decision.nodes, replacements = decision.replacements.len(), saving_per_hour = decision.saving_per_hour, "disrupting");
         // Taint first, so the scheduler stops adding pods while replacements start.
         for (node, _) in &set {
-            self.taint(node).await;
+            nodes::taint(&self.ctx.client, node).await;
         }
-        let replacements = self.launch_plan(&decision.replacements, "replacement").await;
+        let replacements = self.launcher.launch_plan(&decision.replacements, "replacement").await;
         if replacements.len() < decision.replacements.len() {
             // A decision is carried out whole or not at all: without every replacement the
             // evicted pods would have no place.
             tracing::warn!(pool, wanted = decision.replacements.len(), launched = replacements.len(), "not every replacement could be launched; the disruption is called off");
             for (node, _) in &set {
-                self.remove_taint(node.metadata.name.as_deref().unwrap_or(""), labels::DISRUPTED_TAINT).await;
+                nodes::remove_taint(&self.ctx.client, node.metadata.name.as_deref().unwrap_or(""), labels::DISRUPTED_TAINT).await;
             }
             return;
         }
@@ -263,38 +256,25 @@ impl Provisioner {
         }
     }
 
-    async fn taint(&self, node: &Node) {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        if state::has_taint(node, labels::DISRUPTED_TAINT) {
-            return;
-        }
-        let mut taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
-        taints.push(k8s_openapi::api::core::v1::Taint { key: labels::DISRUPTED_TAINT.into(), value: None, effect: "NoSchedule".into(), time_added: None });
-        let patch = serde_json::json!({"spec": {"taints": taints}});
-        if let Err(e) = Api::<Node>::all(self.client.clone()).patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
-            tracing::warn!(node = %name, error = %e, "could not taint the node");
-        }
-    }
-
     fn start_drain(self: &Arc<Self>, node: Arc<Node>, claim: Arc<NodeClaim>, replacements: Vec<String>, reason: &'static str) {
         let name = node.metadata.name.clone().unwrap_or_default();
         let me = self.clone();
         let task = tokio::spawn(async move { me.drain(node, claim, replacements, reason).await });
-        self.disruption.drains.lock().unwrap_or_else(|e| e.into_inner()).insert(name, task);
+        self.tracker.drains.lock().unwrap_or_else(|e| e.into_inner()).insert(name, task);
     }
 
     /// Taint, wait for replacements, evict, delete.
     #[tracing::instrument(skip_all, fields(node = %node.metadata.name.as_deref().unwrap_or(""), reason))]
     async fn drain(self: Arc<Self>, node: Arc<Node>, claim: Arc<NodeClaim>, replacements: Vec<String>, reason: &'static str) {
         let name = node.metadata.name.clone().unwrap_or_default();
-        self.taint(&node).await;
+        nodes::taint(&self.ctx.client, &node).await;
         let why = if replacements.is_empty() { format!("node {name} is drained ({reason})") } else { format!("node {name} is drained ({reason}) once its {} replacement(s) are Ready", replacements.len()) };
-        self.mark_claim(&claim.name(), super::status::DISRUPTING, condition_reason(reason), &why).await;
-        let deadline = Instant::now() + Duration::from_secs(self.settings.drain_timeout_seconds);
+        self.status.mark_claim(&claim.name(), DISRUPTING, condition_reason(reason), &why).await;
+        let deadline = Instant::now() + Duration::from_secs(self.ctx.settings.drain_timeout_seconds);
         // Replacements Ready before any pod leaves; without them no pod leaves at all.
         while !replacements.is_empty() {
-            let nodes = self.stores.nodes.state();
-            let claims = self.stores.claims.state();
+            let nodes = self.ctx.stores.nodes.state();
+            let claims = self.ctx.stores.claims.state();
             let node_of = |r: &String| claims.iter().find(|c| c.name() == *r).map(|c| c.node_name()).unwrap_or_else(|| r.clone());
             let ready = replacements.iter().all(|r| nodes.iter().any(|n| n.metadata.name.as_deref() == Some(node_of(r).as_str()) && state::node_ready(n) && !state::has_taint(n, labels::UNREGISTERED_TAINT)));
             if ready {
@@ -302,13 +282,13 @@ impl Provisioner {
             }
             if Instant::now() >= deadline {
                 tracing::warn!(?replacements, "replacements not Ready in time; nothing evicted, the node is given back");
-                self.remove_taint(&name, labels::DISRUPTED_TAINT).await;
+                nodes::remove_taint(&self.ctx.client, &name, labels::DISRUPTED_TAINT).await;
                 return;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         loop {
-            let pods: Vec<Arc<Pod>> = self.stores.pods.state().into_iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())).collect();
+            let pods: Vec<Arc<Pod>> = self.ctx.stores.pods.state().into_iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())).collect();
             let left = state::evictable(&pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect::<Vec<Pod>>();
             let terminating = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some() && !state::is_daemon_pod(p));
             if left.is_empty() && !terminating {
@@ -316,15 +296,15 @@ impl Provisioner {
             }
             if Instant::now() >= deadline {
                 tracing::warn!(remaining = left.len(), "drain timed out (PodDisruptionBudgets?); the node is given back");
-                self.remove_taint(&name, labels::DISRUPTED_TAINT).await;
+                nodes::remove_taint(&self.ctx.client, &name, labels::DISRUPTED_TAINT).await;
                 return;
             }
             for p in &left {
                 let ns = p.metadata.namespace.clone().unwrap_or_default();
                 let pname = p.metadata.name.clone().unwrap_or_default();
-                match Api::<Pod>::namespaced(self.client.clone(), &ns).evict(&pname, &EvictParams::default()).await {
+                match Api::<Pod>::namespaced(self.ctx.client.clone(), &ns).evict(&pname, &EvictParams::default()).await {
                     Ok(_) => {
-                        self.metrics.pod_evictions.get_or_create(&label("reason", reason)).inc();
+                        self.ctx.metrics.pod_evictions.get_or_create(&label("reason", reason)).inc();
                         tracing::info!(pod = %pname, namespace = %ns, "evicted");
                     }
                     Err(kube::Error::Api(s)) if s.code == 429 => tracing::debug!(pod = %pname, namespace = %ns, "eviction refused by a PodDisruptionBudget; retrying"),
@@ -334,16 +314,16 @@ impl Provisioner {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        if let Err(e) = self.provider.delete(&claim).await {
+        if let Err(e) = self.ctx.provider.delete(&claim).await {
             tracing::warn!(error = %e, "could not delete the instance; retried on the next pass");
             return;
         }
-        match Api::<NodeClaim>::all(self.client.clone()).delete(&claim.name(), &DeleteParams::default()).await {
+        match Api::<NodeClaim>::all(self.ctx.client.clone()).delete(&claim.name(), &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => tracing::warn!(error = %e, "could not delete the claim"),
         }
-        self.metrics.nodes_terminated.get_or_create(&label("reason", reason)).inc();
+        self.ctx.metrics.nodes_terminated.get_or_create(&label("reason", reason)).inc();
         tracing::info!("node removed");
     }
 
@@ -351,7 +331,7 @@ impl Provisioner {
     /// then drain (after the replacements are Ready when there is time) and delete. A notice for
     /// an instance Archer has no claim for is done at once.
     async fn interrupt(self: &Arc<Self>, notice: &Interruption) -> Result<(), String> {
-        let state = self.state();
+        let state = self.ctx.state();
         for id in &notice.instance_ids {
             let suffix = format!("/{id}");
             let Some(claim) = state.claims.iter().find(|c| c.status.as_ref().and_then(|s| s.provider_id.as_deref()).is_some_and(|p| p.ends_with(&suffix))).cloned() else {
@@ -359,21 +339,21 @@ impl Provisioner {
                 continue;
             };
             let node_name = claim.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-            if !self.disruption.reserve(&node_name) {
+            if !self.tracker.reserve(&node_name) {
                 continue;
             }
             let Some(node) = state.node(&node_name).cloned() else {
                 // Never registered: no pod to move.
                 tracing::warn!(instance = %id, claim = %claim.name(), kind = notice.kind, "interrupted before registering; deleting the claim");
-                let deleted = self.provider.delete(&claim).await.map_err(|e| e.to_string());
-                self.disruption.release(&node_name);
+                let deleted = self.ctx.provider.delete(&claim).await.map_err(|e| e.to_string());
+                self.tracker.release(&node_name);
                 deleted?;
-                let _ = Api::<NodeClaim>::all(self.client.clone()).delete(&claim.name(), &DeleteParams::default()).await;
+                let _ = Api::<NodeClaim>::all(self.ctx.client.clone()).delete(&claim.name(), &DeleteParams::default()).await;
                 continue;
             };
             tracing::warn!(node = %node_name, instance = %id, kind = notice.kind, "instance interrupted: replacing and draining its node");
             self.take_out(node, claim, "interrupted", notice.replace_first).await;
-            self.disruption.release(&node_name);
+            self.tracker.release(&node_name);
         }
         Ok(())
     }
@@ -384,9 +364,9 @@ impl Provisioner {
     /// pod, onto the replacements already coming).
     async fn take_out(self: &Arc<Self>, node: Arc<Node>, claim: Arc<NodeClaim>, reason: &'static str, replace_first: bool) {
         let node_name = node.metadata.name.clone().unwrap_or_default();
-        self.taint(&node).await;
+        nodes::taint(&self.ctx.client, &node).await;
         // Fresh: replacements launched for a node taken out just before are in-flight room now.
-        let state = &self.state();
+        let state = &self.ctx.state();
         let on_node: Vec<&Pod> = state.pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())).map(|p| p.as_ref()).collect();
         let moving = state::evictable(&on_node);
         let leaving = consolidation::Candidate { node: node.as_ref(), pods: on_node, price: claim.spec.price_per_hour };
@@ -394,7 +374,7 @@ impl Provisioner {
         let replacements = match plan {
             Some(p) => {
                 tracing::info!(node = %node_name, reason, replacements = p.nodes.len(), onto_existing = p.existing.len(), "replacements for the node's pods");
-                self.launch_plan(&p.nodes, "replacement").await
+                self.launcher.launch_plan(&p.nodes, "replacement").await
             }
             None => {
                 tracing::warn!(node = %node_name, reason, "no place for every pod of the node now; they are provisioned for once evicted");
@@ -416,17 +396,17 @@ impl Provisioner {
             }
             let Some((node, claim)) = Self::node_and_claim(state, c.name()) else { continue };
             let node_labels = node.metadata.labels.clone().unwrap_or_default();
-            let why = archer_model::drift::drift_reason(&claim, np, &|k| node_labels.get(k).cloned()).or_else(|| self.provider.drifted(&claim));
+            let why = archer_model::drift::drift_reason(&claim, np, &|k| node_labels.get(k).cloned()).or_else(|| self.ctx.provider.drifted(&claim));
             let Some(why) = why else { continue };
             let name = c.name().to_string();
-            if !self.disruption.reserve(&name) {
+            if !self.tracker.reserve(&name) {
                 continue;
             }
             tracing::info!(node = %name, pool = %np.name(), why = %why, "node drifted; replacing it");
-            self.metrics.disruption_decisions.get_or_create(&labels2("reason", "drifted", "result", "taken")).inc();
-            self.mark_claim(&claim.name(), super::status::DRIFTED, "Drifted", &why).await;
+            self.ctx.metrics.disruption_decisions.get_or_create(&labels2("reason", "drifted", "result", "taken")).inc();
+            self.status.mark_claim(&claim.name(), DRIFTED, "Drifted", &why).await;
             self.take_out(node, claim, "drifted", true).await;
-            self.disruption.release(&name);
+            self.tracker.release(&name);
             taken += 1;
         }
         taken > 0
@@ -446,7 +426,7 @@ fn condition_reason(reason: &str) -> &'static str {
 }
 
 /// The provisioner as the cloud provider's interruption handler.
-pub(super) struct Interruptions(pub(super) Arc<Provisioner>);
+pub struct Interruptions(pub Arc<Disrupter>);
 
 #[async_trait::async_trait]
 impl InterruptionHandler for Interruptions {
@@ -455,6 +435,6 @@ impl InterruptionHandler for Interruptions {
     }
 
     fn count(&self, kind: &str, outcome: &str) {
-        self.0.metrics.interruption_messages.get_or_create(&labels2("kind", kind, "outcome", outcome)).inc();
+        self.0.ctx.metrics.interruption_messages.get_or_create(&labels2("kind", kind, "outcome", outcome)).inc();
     }
 }

@@ -10,10 +10,15 @@
 //! resources are crate `archer-api`; the clouds are crates `archer-cloud-*`. They are
 //! re-exported here under the names the tests use.
 
+mod batch;
+mod context;
 mod cost;
-pub mod disruption;
+mod disruption;
+mod launch;
 pub mod leader;
+mod nodes;
 mod status;
+mod stores;
 pub mod worker;
 
 pub use archer_api::{conditions, nodeclaim, nodepool};

@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::{Api, Resource};
 
 use archer_cloud::NodeClassReadiness;
@@ -15,7 +15,10 @@ use archer_api::conditions;
 use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::{NodePool, NodePoolStatus};
 use archer_model::objects as state;
-use super::worker::Provisioner;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::context::{Action, Context, ReconcileError};
 use archer_core::labels;
 
 pub(super) const LAUNCHED: &str = "Launched";
@@ -24,8 +27,8 @@ pub(super) const INITIALIZED: &str = "Initialized";
 pub(super) const READY: &str = "Ready";
 /// A NodePool's condition on its node class (Karpenter's `NodeClassReady`).
 const NODE_CLASS_READY: &str = "NodeClassReady";
-pub(super) const DRIFTED: &str = "Drifted";
-pub(super) const DISRUPTING: &str = "Disrupting";
+pub const DRIFTED: &str = "Drifted";
+pub const DISRUPTING: &str = "Disrupting";
 
 /// The claim's lifecycle conditions given its node (`None`: not registered): its current
 /// conditions with Launched, Registered, Initialized and Ready brought up to date.
@@ -120,12 +123,21 @@ fn status_of<'a>(c: &'a [Condition], t: &str) -> Option<&'a str> {
     conditions::status(c, t)
 }
 
-impl Provisioner {
+/// The status writer: brings every claim's and pool's status up to date on each pass.
+pub struct StatusWriter {
+    ctx: Arc<Context>,
+}
+
+impl StatusWriter {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        StatusWriter { ctx }
+    }
+
     /// Bring every claim's and pool's status up to date, with an Event for each transition.
-    pub(super) async fn write_statuses(&self) {
-        let claims = self.stores.claims.state();
+    pub async fn write_statuses(&self) -> Result<Action, ReconcileError> {
+        let claims = self.ctx.stores.claims.state();
         for claim in claims.iter().filter(|c| !c.deleting()) {
-            let node = self.stores.nodes.get(&kube::runtime::reflector::ObjectRef::new(&claim.node_name()));
+            let node = self.ctx.stores.nodes.get(&kube::runtime::reflector::ObjectRef::new(&claim.node_name()));
             let new = claim_conditions(claim, node.as_deref());
             let old = claim.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
             if new == old {
@@ -133,14 +145,14 @@ impl Provisioner {
             }
             for (t, reason) in [(REGISTERED, "Registered"), (INITIALIZED, "Initialized")] {
                 if status_of(&new, t) == Some("True") && status_of(&old, t) != Some("True") {
-                    self.post_event(&claim.object_ref(&()), EventType::Normal, reason, "Launching", &format!("node {}", claim.node_name())).await;
+                    self.ctx.post_event(&claim.object_ref(&()), EventType::Normal, reason, "Launching", &format!("node {}", claim.node_name())).await;
                 }
             }
             self.patch_claim_conditions(claim, new).await;
         }
         let claims: Vec<&NodeClaim> = claims.iter().map(|c| c.as_ref()).collect();
-        for np in self.stores.pools.state().iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
-            let new = pool_status(np, &claims, &self.provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()));
+        for np in self.ctx.stores.pools.state().iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let new = pool_status(np, &claims, &self.ctx.provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()));
             let old = np.status.clone().unwrap_or_default();
             if new == old {
                 continue;
@@ -149,19 +161,20 @@ impl Provisioner {
             if let Some((status, reason)) = ready(&new).filter(|r| Some(r) != ready(&old).as_ref()) {
                 let message = new.conditions.iter().find(|c| c.type_ == READY).map(|c| c.message.clone()).unwrap_or_default();
                 let kind = if status == "True" && reason == "Ready" { EventType::Normal } else { EventType::Warning };
-                self.post_event(&np.object_ref(&()), kind, &reason, "Provisioning", if message.is_empty() { "the pool can be used" } else { &message }).await;
+                self.ctx.post_event(&np.object_ref(&()), kind, &reason, "Provisioning", if message.is_empty() { "the pool can be used" } else { &message }).await;
             }
             let patch = serde_json::json!({"metadata": {"resourceVersion": np.metadata.resource_version}, "status": new});
-            if let Err(e) = Api::<NodePool>::all(self.client.clone()).patch_status(&np.name(), &PatchParams::default(), &Patch::Merge(patch)).await {
+            if let Err(e) = Api::<NodePool>::all(self.ctx.client.clone()).patch_status(&np.name(), &PatchParams::default(), &Patch::Merge(patch)).await {
                 tracing::debug!(pool = %np.name(), error = %e, "could not write the pool's status; next pass");
             }
         }
+        Ok(Action::requeue(Duration::from_secs_f64(self.ctx.settings.disruption_interval_seconds.min(10.0))))
     }
 
     /// Write a claim's conditions, guarded by the resourceVersion they were computed from.
     async fn patch_claim_conditions(&self, claim: &NodeClaim, conditions: Vec<Condition>) -> bool {
         let patch = serde_json::json!({"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"conditions": conditions}});
-        match Api::<NodeClaim>::all(self.client.clone()).patch_status(&claim.name(), &PatchParams::default(), &Patch::Merge(patch)).await {
+        match Api::<NodeClaim>::all(self.ctx.client.clone()).patch_status(&claim.name(), &PatchParams::default(), &Patch::Merge(patch)).await {
             Ok(_) => true,
             Err(e) => {
                 tracing::debug!(claim = %claim.name(), error = %e, "could not write the claim's conditions; next pass");
@@ -172,8 +185,8 @@ impl Provisioner {
 
     /// Set one condition on a claim (Drifted, Disrupting) from a fresh read, retried on a
     /// conflict, with an Event saying why.
-    pub(super) async fn mark_claim(&self, claim: &str, type_: &str, reason: &str, message: &str) {
-        let api: Api<NodeClaim> = Api::all(self.client.clone());
+    pub async fn mark_claim(&self, claim: &str, type_: &str, reason: &str, message: &str) {
+        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
         for _ in 0..3 {
             let Ok(Some(fresh)) = api.get_opt(claim).await else { return };
             let mut c = fresh.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
@@ -181,70 +194,18 @@ impl Provisioner {
                 return;
             }
             if self.patch_claim_conditions(&fresh, c).await {
-                self.post_event(&fresh.object_ref(&()), EventType::Normal, reason, type_, message).await;
-                self.post_pool_event(&fresh.spec.node_pool, EventType::Normal, reason, type_, &format!("node claim {claim}: {message}")).await;
+                self.ctx.post_event(&fresh.object_ref(&()), EventType::Normal, reason, type_, message).await;
+                self.ctx.post_pool_event(&fresh.spec.node_pool, EventType::Normal, reason, type_, &format!("node claim {claim}: {message}")).await;
                 return;
             }
         }
     }
-
-    /// Post an Event about a NodePool.
-    pub(super) async fn post_pool_event(&self, pool: &str, type_: EventType, reason: &str, action: &str, note: &str) {
-        let np = NodePool::new(pool, Default::default());
-        self.post_event(&np.object_ref(&()), type_, reason, action, note).await;
-    }
-
-    /// One Event per pool for a batch of claims written: how many nodes of which shapes, and why.
-    pub(super) async fn post_launch_events(&self, claims: &[NodeClaim], reason: &str) {
-        let mut by_pool: std::collections::BTreeMap<&str, std::collections::BTreeMap<String, usize>> = Default::default();
-        for c in claims {
-            *by_pool.entry(c.spec.node_pool.as_str()).or_default().entry(format!("{} ({}, {})", c.spec.instance_type, c.spec.capacity_type, c.spec.zone)).or_default() += 1;
-        }
-        for (pool, shapes) in by_pool {
-            let total: usize = shapes.values().sum();
-            let list: Vec<String> = shapes.iter().map(|(s, n)| format!("{n} x {s}")).collect();
-            self.post_pool_event(pool, EventType::Normal, "Launching", "Launching", &format!("{total} node(s) for {reason}: {}", list.join(", "))).await;
-        }
-    }
-
-    /// Post an Event about `object` (logged when it cannot be posted).
-    pub(super) async fn post_event(&self, object: &k8s_openapi::api::core::v1::ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) {
-        let ev = Event { type_, reason: reason.into(), note: Some(event_note(note)), action: action.into(), secondary: None };
-        if let Err(e) = self.recorder.publish(&ev, object).await {
-            tracing::warn!(object = object.name.as_deref().unwrap_or(""), reason, error = %e, "could not post the event");
-        }
-    }
-}
-
-/// The API server refuses an Event whose note is over 1 KiB (and with it the Event): a longer
-/// note is cut on a character boundary, marked with an ellipsis.
-fn event_note(note: &str) -> String {
-    const MAX_NOTE_BYTES: usize = 1024;
-    if note.len() <= MAX_NOTE_BYTES {
-        return note.to_string();
-    }
-    let mut end = MAX_NOTE_BYTES - '…'.len_utf8();
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &note[..end])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use archer_api::nodeclaim::NodeClaimStatus;
-
-    #[test]
-    fn event_notes_fit_the_api_servers_limit() {
-        assert_eq!(event_note("short"), "short");
-        let exact = "x".repeat(1024);
-        assert_eq!(event_note(&exact), exact);
-        for long in ["y".repeat(5000), "é".repeat(3000)] {
-            let n = event_note(&long);
-            assert!(n.len() <= 1024 && n.len() > 1000 && n.ends_with('…'), "{} bytes", n.len());
-        }
-    }
 
     fn claim(status: Option<NodeClaimStatus>) -> NodeClaim {
         let mut c = NodeClaim::new("default-abc", Default::default());

@@ -79,6 +79,8 @@ pub struct Metrics {
     pub leader: prometheus_client::metrics::gauge::Gauge,
     /// Claims deleted because they could not become nodes, by reason.
     pub claims_given_up: Family<Labels, Counter>,
+    /// Provisioner executor passes that failed, by executor and error.
+    pub reconcile_errors: Family<Labels, Counter>,
     /// Interruption queue messages, by kind and outcome.
     pub interruption_messages: Family<Labels, Counter>,
     /// Nodes Archer manages now, by nodepool, arch and capacity_type.
@@ -173,6 +175,7 @@ impl Metrics {
         let launches_rate_limited = Counter::default();
         let leader = prometheus_client::metrics::gauge::Gauge::default();
         let claims_given_up = Family::<Labels, Counter>::default();
+        let reconcile_errors = Family::<Labels, Counter>::default();
         let interruption_messages = Family::<Labels, Counter>::default();
         let managed_nodes = Family::<Labels, Gauge>::default();
         let nodes_cost = Family::<Labels, Gauge<f64, AtomicU64>>::default();
@@ -185,6 +188,7 @@ impl Metrics {
         root.register("baseline_cost_per_hour_dollars", "Hourly price of the pods on managed nodes if they ran on amd64 on-demand nodes (as simulate --compare plans them)", baseline_cost.clone());
         root.register("provisioned_pod_startup_duration_seconds", "Time from creation to Ready of pods the provisioner launched nodes for", pod_startup_seconds.clone());
         root.register("nodeclaims_given_up", "NodeClaims deleted because they could not become nodes (launch failures, registration timeouts), by reason", claims_given_up.clone());
+        root.register("provisioner_reconcile_errors", "Provisioner executor passes that failed, by executor and error", reconcile_errors.clone());
         root.register("interruption_messages", "Interruption queue messages, by kind and outcome (handled, ignored, malformed, failed)", interruption_messages.clone());
         root.register("provisioner_batches", "Provisioning batches decided", provisioner_batches.clone());
         root.register("provisioner_batch_duration_seconds", "Time to decide and launch one batch", provisioner_batch_seconds.clone());
@@ -197,7 +201,7 @@ impl Metrics {
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, interruption_messages, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
+        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, reconcile_errors, interruption_messages, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
     }
 
     /// Register more families (the extender and provisioner add theirs).

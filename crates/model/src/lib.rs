@@ -6,12 +6,14 @@
 //! - `adapter`: the one reading of a Pod, Node or NodeClaim into the planner's terms;
 //! - `objects`: what a single object says (a pod waits for a node, a node is ready or leaving,
 //!   a pool's disruption settings);
+//! - `claims`: the NodeClaim a planned node becomes;
 //! - `consolidation`: which nodes go and what replaces them; `drift`: which nodes no longer match
 //!   their pool;
 //! - `scenario`: ordinary Kubernetes YAML read into a `ClusterState`.
 #![forbid(unsafe_code)]
 
 pub mod adapter;
+pub mod claims;
 pub mod cluster;
 pub mod consolidation;
 pub mod drift;

@@ -1,0 +1,120 @@
+//! The NodeClaim a planned node becomes: written before the cloud is asked for the node, so a
+//! restart finds every launch it must finish. Built purely from the plan and the cluster state.
+
+use std::collections::{BTreeMap, HashSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use archer_api::nodeclaim::{NodeClaim, NodeClaimSpec};
+use archer_api::nodepool::{NodePool, RequirementDoc};
+use archer_core::labels;
+use archer_core::packer::{Offering, PlannedNode, GPU_RESOURCE};
+
+use crate::objects::pod_id;
+use crate::{adapter, ClusterState};
+
+/// The NodeClaim for one planned node: its pool's template, the offering's shape and price, the
+/// pods it was planned for, `reason` (`provisioning`, `replacement`). `None` when the pool or the
+/// offering is gone from `state` / `offerings`.
+pub fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &PlannedNode, reason: &str) -> Option<NodeClaim> {
+    let np = state.pools.iter().find(|p| p.name() == planned.pool)?;
+    let pool = np.to_pool().ok()?;
+    let offering = Offering::find(offerings, &planned.instance_type, &planned.zone, &planned.capacity_type)?;
+    let t = &offering.instance;
+    let with_gpus = |mut m: BTreeMap<String, String>, gpus: u32| {
+        if gpus > 0 {
+            m.insert(GPU_RESOURCE.to_string(), gpus.to_string());
+        }
+        m
+    };
+    let q = |cpu_millis: i64, mem: i64, pods: i64| BTreeMap::from([("cpu".to_string(), format!("{cpu_millis}m")), ("memory".to_string(), format!("{}Ki", mem / 1024)), ("pods".to_string(), pods.to_string())]);
+    Some(NodeClaim {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-", planned.pool)),
+            annotations: Some(BTreeMap::from([
+                (labels::PLANNED_PODS_ANNOTATION.to_string(), planned.pods.join(",")),
+                (crate::drift::POOL_HASH_ANNOTATION.to_string(), crate::drift::pool_hash(np)),
+            ])),
+            labels: Some(BTreeMap::from([(labels::NODEPOOL.to_string(), planned.pool.clone()), (labels::KARPENTER_NODEPOOL.to_string(), planned.pool.clone())])),
+            ..Default::default()
+        },
+        spec: NodeClaimSpec {
+            node_pool: planned.pool.clone(),
+            instance_type: t.name.clone(),
+            zone: offering.zone.clone(),
+            capacity_type: planned.capacity_type.clone(),
+            arch: t.arch.clone(),
+            os: t.os.clone(),
+            labels: offering.labels(&pool),
+            taints: np.spec.template.spec.taints.clone(),
+            startup_taints: np.spec.template.spec.startup_taints.clone(),
+            capacity: with_gpus(q(i64::from(t.vcpu) * 1000, t.memory_mib as i64 * 1024 * 1024, t.max_pods), t.gpu_count),
+            allocatable: with_gpus(q(t.allocatable.cpu_millis, t.allocatable.memory_bytes, t.allocatable.pods), t.gpu_count),
+            price_per_hour: offering.price,
+            expire_after: np.spec.template.spec.expire_after.clone(),
+            reason: Some(reason.into()),
+            node_class_ref: np.spec.template.spec.node_class_ref.clone(),
+            requirements: claim_requirements(state, np, planned),
+        },
+        status: None,
+    })
+}
+
+/// The pool's requirements, and the planned instance type as a requirement when a planned pod
+/// selects on anything but the node's architecture, OS, zone, region, capacity type or pool:
+/// a provider may then launch no other type than the one planned.
+fn claim_requirements(state: &ClusterState, pool: &NodePool, planned: &PlannedNode) -> Vec<RequirementDoc> {
+    let mut r = pool.spec.template.spec.requirements.clone();
+    let wanted: HashSet<&str> = planned.pods.iter().map(String::as_str).collect();
+    let pins = state.pods.iter().filter(|p| wanted.contains(pod_id(p).as_str())).any(|p| adapter::selects_on_instance_shape(p));
+    if pins {
+        r.push(RequirementDoc { key: labels::INSTANCE_TYPE.into(), operator: "In".into(), values: vec![planned.instance_type.clone()], min_values: None });
+    }
+    r
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn pool() -> NodePool {
+        serde_json::from_value(serde_json::json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodePool", "metadata": {"name": "general"},
+            "spec": {"template": {"spec": {"requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64", "amd64"]}],
+                "taints": [{"key": "team", "value": "a", "effect": "NoSchedule"}], "startupTaints": [{"key": "boot", "effect": "NoSchedule"}], "expireAfter": "24h"}}}}))
+        .expect("pool")
+    }
+
+    fn pod(name: &str, node_selector: serde_json::Value) -> Arc<k8s_openapi::api::core::v1::Pod> {
+        Arc::new(serde_json::from_value(serde_json::json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"containers": [{"name": "c", "image": "x"}], "nodeSelector": node_selector}})).expect("pod"))
+    }
+
+    #[test]
+    fn a_planned_node_becomes_a_claim_with_its_pools_template_and_the_offerings_shape() {
+        let offerings = Offering::embedded_on_demand();
+        let o = Offering::find(&offerings, "m7g.large", "us-east-1a", "on-demand").expect("m7g.large");
+        let planned = PlannedNode { name: "general-1".into(), pool: "general".into(), instance_type: "m7g.large".into(), arch: "arm64".into(), zone: "us-east-1a".into(), capacity_type: "on-demand".into(), price_per_hour: o.price, pods: vec!["default/a".into(), "default/b".into()] };
+        let state = ClusterState { pools: vec![Arc::new(pool())], pods: vec![pod("a", serde_json::json!({})), pod("b", serde_json::json!({"kubernetes.io/arch": "arm64"}))], ..Default::default() };
+        let c = claim_for(&state, &offerings, &planned, "provisioning").expect("claim");
+        assert_eq!(c.metadata.generate_name.as_deref(), Some("general-"));
+        let a = c.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(a.get(labels::PLANNED_PODS_ANNOTATION).map(String::as_str), Some("default/a,default/b"));
+        assert!(a.contains_key(crate::drift::POOL_HASH_ANNOTATION));
+        let s = &c.spec;
+        assert_eq!((s.instance_type.as_str(), s.arch.as_str(), s.zone.as_str(), s.reason.as_deref()), ("m7g.large", "arm64", "us-east-1a", Some("provisioning")));
+        assert_eq!(s.price_per_hour, o.price);
+        assert_eq!(s.capacity.get("cpu").map(String::as_str), Some("2000m"));
+        assert_eq!(s.allocatable.get("pods").map(String::as_str), Some("29"));
+        assert_eq!((s.taints.len(), s.startup_taints.len(), s.expire_after.as_deref()), (1, 1, Some("24h")));
+        assert_eq!(s.labels.get(labels::ARCH).map(String::as_str), Some("arm64"));
+        assert_eq!(s.requirements.len(), 1, "no planned pod selects on the instance's shape: the pool's requirements only");
+        // A pod selecting on something only the planned type has pins the claim to it.
+        let pinned = ClusterState { pods: vec![pod("a", serde_json::json!({"node.kubernetes.io/instance-type": "m7g.large"}))], ..state.clone() };
+        let c = claim_for(&pinned, &offerings, &planned, "replacement").expect("claim");
+        assert!(c.spec.requirements.iter().any(|r| r.key == labels::INSTANCE_TYPE && r.values == ["m7g.large"]));
+        // Gone pool or offering: no claim.
+        assert!(claim_for(&ClusterState::default(), &offerings, &planned, "provisioning").is_none());
+        assert!(claim_for(&state, &[], &planned, "provisioning").is_none());
+    }
+}

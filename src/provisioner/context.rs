@@ -1,0 +1,216 @@
+//! What every executor of the provisioner shares: the clients, the cloud provider, the image
+//! inspector, the metrics and the Event recorder, the settings, the watch caches,
+//! and the pods the last batch is waiting for. It reads the cluster ([`Context::state`]) and posts
+//! Events; it decides nothing. Each executor is a loop over `&Context` whose pass returns what to
+//! do next ([`Action`]) or an error whose variant names its metric label ([`ReconcileError`]).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource};
+
+use archer_api::nodeclaim::NodeClaim;
+use archer_api::nodepool::NodePool;
+use archer_cloud::{CloudError, CloudProvider, NodeClassReadiness};
+use archer_core::packer::Pool;
+use archer_core::planner::Pending;
+use archer_core::platform::PlatformSet;
+use archer_core::sched::Volumes;
+use archer_metrics::{labels2, Metrics};
+use archer_model::adapter as model;
+use archer_model::objects::{self as state, pod_id};
+use archer_model::ClusterState;
+use archer_registry::{Inspector, Keyring};
+
+use super::stores::Stores;
+use crate::cluster::{pod_platforms, ClusterView, PodPlatforms};
+use crate::config::ProvisionerConfig;
+
+pub struct Context {
+    pub client: Client,
+    pub provider: Arc<dyn CloudProvider>,
+    pub inspector: Inspector,
+    pub cluster: Option<ClusterView>,
+    pub base_keyring: Keyring,
+    pub metrics: Arc<Metrics>,
+    pub settings: ProvisionerConfig,
+    pub recorder: Recorder,
+    pub stores: Stores,
+    /// Pending pods the last batch could place (on existing room or new nodes): consolidation
+    /// and the savings wait for them to land.
+    pub waiting: Mutex<Vec<String>>,
+}
+
+/// What an executor's pass asks for: when to run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Action {
+    pub requeue_after: Duration,
+}
+
+impl Action {
+    pub fn requeue(after: Duration) -> Self {
+        Action { requeue_after: after }
+    }
+}
+
+/// Why an executor's pass stopped short. The variant's name is the `error` label of
+/// `archer_provisioner_reconcile_errors_total`.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("cloud provider: {0}")]
+    Cloud(#[from] CloudError),
+    #[error("API server: {0}")]
+    Api(#[from] kube::Error),
+}
+
+impl ReconcileError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            ReconcileError::Cloud(_) => "Cloud",
+            ReconcileError::Api(_) => "Api",
+        }
+    }
+}
+
+/// Run an executor's passes until the future is dropped: each pass says when the next one runs;
+/// a failed pass is counted by executor and error, logged, and retried after `retry`.
+pub async fn run_loop<F, Fut>(executor: &'static str, metrics: &Metrics, retry: Duration, mut pass: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Action, ReconcileError>>,
+{
+    loop {
+        let wait = match pass().await {
+            Ok(a) => a.requeue_after,
+            Err(e) => {
+                metrics.reconcile_errors.get_or_create(&labels2("executor", executor, "error", e.label())).inc();
+                tracing::warn!(executor, error = %e, "pass failed; retrying");
+                retry
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+impl Context {
+    /// The cluster at this moment, from the watch caches.
+    pub fn state(&self) -> ClusterState {
+        self.stores.state(self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default())
+    }
+
+    /// Platforms of a pending pod: the webhook's annotation, else its images, else unknown
+    /// (assumed to run anywhere).
+    pub async fn platforms(&self, pod: &Pod) -> Option<PlatformSet> {
+        match pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
+            PodPlatforms::Known { all, .. } => Some(all),
+            PodPlatforms::Unknown(why) => {
+                tracing::info!(pod = %pod_id(pod), reason = %why, "platforms unknown; the pod is assumed to run on any architecture");
+                None
+            }
+        }
+    }
+
+    /// The planner's view of pods (platforms resolved concurrently), through the one adapter.
+    /// Each carries the node an earlier plan put it on: this process's latest plan, else the
+    /// live claims' record (after a restart).
+    pub async fn pending_pods<P: std::borrow::Borrow<Pod> + Sync>(&self, state: &ClusterState, pods: &[P], volumes: &Volumes) -> Vec<Pending> {
+        let claimed = &state.planned_nodes();
+        join_all(pods.iter().map(|p| async move {
+            let p: &Pod = p.borrow();
+            let platforms = self.platforms(p).await;
+            let mut pending = model::pending(p, platforms, volumes, self.settings.preference_policy);
+            let latest = match &self.cluster {
+                Some(c) => c.planned_node(&pending.packer.id).await.map(|(node, _)| node),
+                None => None,
+            };
+            pending.planned = latest.or_else(|| claimed.get(&pending.packer.id).cloned());
+            pending
+        }))
+        .await
+    }
+
+    /// The state's pools as the packer takes them: a pool whose node class the provider says is
+    /// not ready is closed.
+    pub fn pools(&self, state: &ClusterState) -> Vec<Pool> {
+        let closed = |np: &NodePool| match self.provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()) {
+            NodeClassReadiness::NotReady { message, .. } => Some(message),
+            NodeClassReadiness::Ready | NodeClassReadiness::NotUsed => None,
+        };
+        state.packer_pools(&closed)
+    }
+
+    /// Pods the last batch placed that are still pending: they wait for capacity Archer is
+    /// providing.
+    pub fn waiting_now(&self) -> Vec<String> {
+        let pods = self.stores.pods.state();
+        let provisionable: std::collections::HashSet<String> = pods.iter().filter(|p| state::is_provisionable(p, &self.settings.scheduler_names)).map(|p| state::pod_id(p)).collect();
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|id| provisionable.contains(*id)).cloned().collect()
+    }
+
+    /// Why the pool must not be consolidated now: pods wait for capacity Archer is providing, or
+    /// claims are still launching.
+    pub fn hold(&self, pool: &str) -> Option<String> {
+        let waiting = self.waiting_now();
+        self.state().consolidation_hold(pool, &waiting)
+    }
+
+    /// Post an Event about `object` (logged when it cannot be posted).
+    pub async fn post_event(&self, object: &k8s_openapi::api::core::v1::ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) {
+        let ev = Event { type_, reason: reason.into(), note: Some(event_note(note)), action: action.into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&ev, object).await {
+            tracing::warn!(object = object.name.as_deref().unwrap_or(""), reason, error = %e, "could not post the event");
+        }
+    }
+
+    /// Post an Event about a NodePool.
+    pub async fn post_pool_event(&self, pool: &str, type_: EventType, reason: &str, action: &str, note: &str) {
+        let np = NodePool::new(pool, Default::default());
+        self.post_event(&np.object_ref(&()), type_, reason, action, note).await;
+    }
+
+    /// One Event per pool for a batch of claims written: how many nodes of which shapes, and why.
+    pub async fn post_launch_events(&self, claims: &[NodeClaim], reason: &str) {
+        let mut by_pool: std::collections::BTreeMap<&str, std::collections::BTreeMap<String, usize>> = Default::default();
+        for c in claims {
+            *by_pool.entry(c.spec.node_pool.as_str()).or_default().entry(format!("{} ({}, {})", c.spec.instance_type, c.spec.capacity_type, c.spec.zone)).or_default() += 1;
+        }
+        for (pool, shapes) in by_pool {
+            let total: usize = shapes.values().sum();
+            let list: Vec<String> = shapes.iter().map(|(s, n)| format!("{n} x {s}")).collect();
+            self.post_pool_event(pool, EventType::Normal, "Launching", "Launching", &format!("{total} node(s) for {reason}: {}", list.join(", "))).await;
+        }
+    }
+}
+
+/// The API server refuses an Event whose note is over 1 KiB (and with it the Event): a longer
+/// note is cut on a character boundary, marked with an ellipsis.
+fn event_note(note: &str) -> String {
+    const MAX_NOTE_BYTES: usize = 1024;
+    if note.len() <= MAX_NOTE_BYTES {
+        return note.to_string();
+    }
+    let mut end = MAX_NOTE_BYTES - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &note[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_notes_fit_the_api_servers_limit() {
+        assert_eq!(event_note("short"), "short");
+        let exact = "x".repeat(1024);
+        assert_eq!(event_note(&exact), exact);
+        for long in ["y".repeat(5000), "é".repeat(3000)] {
+            let n = event_note(&long);
+            assert!(n.len() <= 1024 && n.len() > 1000 && n.ends_with('…'), "{} bytes", n.len());
+        }
+    }
+}
