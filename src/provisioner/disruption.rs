@@ -5,7 +5,7 @@
 //! then the instance and its claim are deleted. Budgets bound how many nodes of a pool are being
 //! disrupted at once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,7 @@ use kube::api::{DeleteParams, EvictParams};
 use kube::Api;
 
 use archer_cloud::{Interruption, InterruptionHandler};
-use archer_model::consolidation;
+use archer_model::{consolidation, disruption};
 use archer_api::nodeclaim::NodeClaim;
 use archer_model::objects::{self as state, DisruptionSettings};
 use archer_model::objects::age_of;
@@ -129,8 +129,9 @@ impl Disrupter {
         Some((state.node(name)?.clone(), state.claim_of_node(name)?.clone()))
     }
 
-    /// At most one new decision for the pool: expired nodes go at once; empty or underutilised
-    /// nodes only on a settled pool, and only if the decision still holds after a quiet period.
+    /// At most one new decision for the pool, by `archer_model::disruption`: expired nodes go at
+    /// once; drifted nodes are replaced; empty or underutilised nodes only on a settled pool, and
+    /// only if the decision still holds after a quiet period.
     async fn disrupt_pool(self: &Arc<Self>, np: &archer_api::nodepool::NodePool) {
         let pool = np.name();
         let settings = match DisruptionSettings::of(np) {
@@ -143,59 +144,71 @@ impl Disrupter {
         let state = self.ctx.state();
         let nodes = self.pool_nodes(&state, &pool);
         tracing::debug!(pool = %pool, nodes = nodes.total, candidates = nodes.candidates.len(), disrupting = nodes.disrupting, "disruption pass");
-
-        // Expired nodes first: they go whatever their pods cost elsewhere.
-        if let Some(expire) = settings.expire_after {
-            let created = |c: &consolidation::Candidate<'_>| state.claim_of_node(c.name()).and_then(|cl| cl.metadata.creation_timestamp.as_ref()).and_then(|t| age_of(&t.0.to_string()));
-            let expired: Vec<&consolidation::Candidate> = nodes.candidates.iter().filter(|c| created(c).is_some_and(|a| a >= expire)).collect();
-            for c in expired.into_iter().take(nodes.budget(&settings, "Expired")) {
-                let Some((node, claim)) = Self::node_and_claim(&state, c.name()) else { continue };
-                tracing::info!(node = %c.name(), pool = %pool, "node expired; draining it");
-                self.start_drain(node, claim, Vec::new(), "expired");
-            }
-            if nodes.candidates.iter().any(|c| self.tracker.draining(c.name())) {
-                return;
-            }
-        }
-        if self.replace_drifted(np, &state, &nodes, nodes.budget(&settings, "Drifted")).await {
-            return;
-        }
-        let Some(after) = settings.consolidate_after else { return };
-        if let Some(why) = self.ctx.hold(&pool) {
-            tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
-            return;
-        }
-        // The clocks, read once per candidate (each read starts a clock over if the node changed).
-        let empty_for: std::collections::HashSet<&str> = nodes
-            .candidates
-            .iter()
-            .filter(|c| {
-                let workload = state::evictable(&c.pods).len();
-                let empty_for = self.tracker.stable_for(&format!("empty/{}", c.name()), if workload == 0 { "empty" } else { "busy" }.into());
-                workload == 0 && empty_for >= after
-            })
-            .map(|c| c.name())
-            .collect();
-        let settled: std::collections::HashSet<&str> = nodes
-            .candidates
-            .iter()
-            .filter(|c| {
-                let mut ids: Vec<String> = c.pods.iter().map(|p| state::pod_id(p)).collect();
-                ids.sort();
-                self.tracker.stable_for(&format!("pods/{}", c.name()), ids.join(",")) >= after
-            })
-            .map(|c| c.name())
-            .collect();
+        let (empty_for, settled) = match settings.consolidate_after {
+            Some(after) => self.read_clocks(&nodes, after),
+            None => Default::default(),
+        };
         let moving: Vec<&Pod> = nodes.candidates.iter().filter(|c| settled.contains(c.name()) && consolidation::disruptable(c)).flat_map(|c| state::evictable(&c.pods)).collect();
         let start = if moving.is_empty() { 0 } else { self.tracker.next_start(EVALUATIONS_PER_PASS) };
         let search = consolidation::Search { min_saving_fraction: self.ctx.settings.min_saving_fraction(), max_evaluations: EVALUATIONS_PER_PASS, start };
-        let decided = self
-            .with_world(&state, &moving, |world| consolidation::consolidate_pool(world, &pool, &settings, &nodes, &|c| empty_for.contains(c.name()), &|c| settled.contains(c.name()), search))
+        let hold = self.ctx.hold(&pool);
+        if let Some(why) = &hold {
+            tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
+        }
+        let draining = |n: &str| self.tracker.draining(n);
+        let provider_drift = |c: &NodeClaim| self.ctx.provider.drifted(c);
+        let commands = self
+            .with_world(&state, &moving, |world| {
+                let clock = disruption::Clock { now: time::OffsetDateTime::now_utc(), draining: &draining, empty_long_enough: &|c| empty_for.contains(c.name()), settled: &|c| settled.contains(c.name()), hold };
+                disruption::disrupt_pool(world, np, &settings, &nodes, &clock, &provider_drift, search)
+            })
             .await;
-        let Some(decision) = decided else { return };
-        let chosen: Vec<&consolidation::Candidate> = nodes.candidates.iter().filter(|c| decision.nodes.iter().any(|n| n == c.name())).collect();
-        let before = consolidation::signature(&chosen);
-        self.validate_and_act(&pool, decision, before).await;
+        for c in commands {
+            self.carry_out(&pool, &state, c).await;
+        }
+    }
+
+    /// The candidates' clocks, read once each (a read starts a clock over if the node changed):
+    /// those with no pod to move and those whose pods have not changed, for `after`.
+    fn read_clocks<'a>(&self, nodes: &consolidation::PoolNodes<'a>, after: Duration) -> (HashSet<String>, HashSet<String>) {
+        let mut empty_for = HashSet::new();
+        let mut settled = HashSet::new();
+        for c in &nodes.candidates {
+            let workload = state::evictable(&c.pods).len();
+            let empty = self.tracker.stable_for(&format!("empty/{}", c.name()), if workload == 0 { "empty" } else { "busy" }.into());
+            if workload == 0 && empty >= after {
+                empty_for.insert(c.name().to_string());
+            }
+            let mut ids: Vec<String> = c.pods.iter().map(|p| state::pod_id(p)).collect();
+            ids.sort();
+            if self.tracker.stable_for(&format!("pods/{}", c.name()), ids.join(",")) >= after {
+                settled.insert(c.name().to_string());
+            }
+        }
+        (empty_for, settled)
+    }
+
+    /// Carry out one of the pass's commands.
+    async fn carry_out(self: &Arc<Self>, pool: &str, state: &ClusterState, command: disruption::Command) {
+        match command {
+            disruption::Command::Expire { node } => {
+                let Some((node, claim)) = Self::node_and_claim(state, &node) else { return };
+                tracing::info!(node = ?node.metadata.name, pool = %pool, "node expired; draining it");
+                self.start_drain(node, claim, Vec::new(), "expired");
+            }
+            disruption::Command::Replace { node: name, why } => {
+                let Some((node, claim)) = Self::node_and_claim(state, &name) else { return };
+                if !self.tracker.reserve(&name) {
+                    return;
+                }
+                tracing::info!(node = %name, pool = %pool, why = %why, "node drifted; replacing it");
+                self.ctx.metrics.disruption_decisions.get_or_create(&labels2("reason", "drifted", "result", "taken")).inc();
+                self.status.mark_claim(&claim.name(), DRIFTED, "Drifted", &why).await;
+                self.take_out(node, claim, "drifted", true).await;
+                self.tracker.release(&name);
+            }
+            disruption::Command::Consolidate { decision, before } => self.validate_and_act(pool, decision, before).await,
+        }
     }
 
     /// Run `decide` on `state`, with the platforms of the `moving` pods resolved first (registry
@@ -385,32 +398,6 @@ impl Disrupter {
         self.start_drain(node, claim, wait_for, reason);
     }
 
-    /// Drifted nodes of the pool (its template, its requirements, the provider's node class or
-    /// image changed), up to the pool's `Drifted` budget: each replaced (replacements Ready
-    /// first) and drained, with a `Drifted` Event on its claim. True when any was taken.
-    async fn replace_drifted(self: &Arc<Self>, np: &archer_api::nodepool::NodePool, state: &ClusterState, nodes: &consolidation::PoolNodes<'_>, budget: usize) -> bool {
-        let mut taken = 0;
-        for c in &nodes.candidates {
-            if taken >= budget {
-                break;
-            }
-            let Some((node, claim)) = Self::node_and_claim(state, c.name()) else { continue };
-            let node_labels = node.metadata.labels.clone().unwrap_or_default();
-            let why = archer_model::drift::drift_reason(&claim, np, &|k| node_labels.get(k).cloned()).or_else(|| self.ctx.provider.drifted(&claim));
-            let Some(why) = why else { continue };
-            let name = c.name().to_string();
-            if !self.tracker.reserve(&name) {
-                continue;
-            }
-            tracing::info!(node = %name, pool = %np.name(), why = %why, "node drifted; replacing it");
-            self.ctx.metrics.disruption_decisions.get_or_create(&labels2("reason", "drifted", "result", "taken")).inc();
-            self.status.mark_claim(&claim.name(), DRIFTED, "Drifted", &why).await;
-            self.take_out(node, claim, "drifted", true).await;
-            self.tracker.release(&name);
-            taken += 1;
-        }
-        taken > 0
-    }
 }
 
 /// A drain's reason as a condition's and an Event's reason (CamelCase, as Karpenter's).

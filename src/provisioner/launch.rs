@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::future::join_all;
 use futures::StreamExt;
@@ -15,6 +15,7 @@ use kube::{Api, Resource};
 use archer_api::nodeclaim::{NodeClaim, NodeClaimStatus};
 use archer_core::packer::PlannedNode;
 use archer_metrics::label;
+use archer_model::lifecycle::{self, ClaimCommand, KeeperSettings};
 use archer_model::objects as state;
 
 use super::context::{Action, Context, ReconcileError};
@@ -223,106 +224,49 @@ impl Launcher {
         }
     }
 
-    /// One pass of the claim keeper: launch claims that never were (a crash between the claim
-    /// and the launch), register late nodes, give up claims whose node never came, delete
-    /// instances without a claim, drop claims whose instance is gone.
+    /// One pass of the claim keeper: the commands `archer_model::lifecycle` decides on the
+    /// cluster state and the provider's instances, carried out.
     pub async fn keep_claims(&self) -> Result<Action, ReconcileError> {
-        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
-        let claims = self.ctx.stores.claims.state();
-        let recent = |c: &NodeClaim| {
-            let ours = self.launched_here.lock().unwrap_or_else(|e| e.into_inner()).get(&c.name()).is_some_and(|at| at.elapsed() < LAUNCH_SETTLE);
-            // Or written a moment ago (the watch can show a claim before its writer marks it).
-            let young = c.metadata.creation_timestamp.as_ref().and_then(|t| state::age_of(&t.0.to_string())).is_some_and(|a| a < Duration::from_secs(10));
-            ours || young
-        };
-        for c in claims.iter().filter(|c| !c.launched() && !c.deleting() && !recent(c) && retry_due(c)) {
-            tracing::info!(claim = %c.name(), "claim was never launched (restart?); launching it now");
-            self.launch(c).await;
-        }
+        let state = self.ctx.state();
+        let recent = |c: &NodeClaim| self.launched_here.lock().unwrap_or_else(|e| e.into_inner()).get(&c.name()).is_some_and(|at| at.elapsed() < LAUNCH_SETTLE);
+        let mut commands = lifecycle::to_launch(&state, &recent, SystemTime::now());
         let instances = self.ctx.provider.list().await?;
-        let known: HashSet<&str> = instances.iter().map(|i| i.claim.as_str()).collect();
-        // Ready nodes still unregistered a while after launch (their launch's registration task
-        // was lost to a restart, or gave up): register them.
-        for c in claims.iter().filter(|c| c.launched() && !c.deleting()) {
-            let late = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(state::age_of).is_some_and(|a| a > Duration::from_secs(15));
-            let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-            if late && self.ctx.stores.nodes.get(&kube::runtime::reflector::ObjectRef::new(&node)).is_some_and(|n| state::node_ready(&n)) {
-                self.register(&node).await;
-            }
+        let settings = KeeperSettings { registration_timeout: Duration::from_secs(self.ctx.settings.registration_timeout_seconds), garbage_grace: Duration::from_secs(self.ctx.settings.garbage_grace_seconds) };
+        commands.extend(lifecycle::keep(&state, &instances, settings, SystemTime::now()));
+        for c in commands {
+            self.carry_out(c).await;
         }
-        // Launched but never registered, or registered and never Ready: given up.
-        let timeout = Duration::from_secs(self.ctx.settings.registration_timeout_seconds);
-        for c in claims.iter().filter(|c| c.launched() && !c.deleting()) {
-            let age = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(state::age_of).unwrap_or_default();
-            let node = c.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-            let ready = self.ctx.stores.nodes.get(&kube::runtime::reflector::ObjectRef::new(&node)).is_some_and(|n| state::node_ready(&n));
-            if age > timeout && !ready {
-                self.give_up(c, "RegistrationTimeout", &format!("node {node} not registered and Ready {}s after launch", timeout.as_secs())).await;
+        Ok(Action::requeue(self.interval()))
+    }
+
+    async fn carry_out(&self, command: ClaimCommand) {
+        let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
+        match command {
+            ClaimCommand::Launch(c) => {
+                tracing::info!(claim = %c.name(), "claim was never launched (restart?); launching it now");
+                self.launch(&c).await;
             }
-        }
-        let grace = Duration::from_secs(self.ctx.settings.garbage_grace_seconds);
-        for i in &instances {
-            if claims.iter().any(|c| c.name() == i.claim) {
-                continue;
-            }
-            if i.launched_at.and_then(|t| t.elapsed().ok()).is_some_and(|a| a < grace) {
-                continue;
-            }
-            // The cache may lag a claim written a moment ago: ask the API server.
-            if let Ok(None) = api.get_opt(&i.claim).await {
-                tracing::warn!(node = %i.node_name, claim = %i.claim, "instance without a claim; deleting it");
-                let orphan = NodeClaim { metadata: ObjectMeta { name: Some(i.claim.clone()), ..Default::default() }, spec: Default::default(), status: None };
-                if self.ctx.provider.delete(&orphan).await.is_ok() {
-                    self.ctx.metrics.nodes_terminated.get_or_create(&label("reason", "garbage")).inc();
+            ClaimCommand::Register { node } => self.register(&node).await,
+            ClaimCommand::GiveUp { claim, reason, note } => self.give_up(&claim, reason, &note).await,
+            ClaimCommand::DeleteOrphan(i) => {
+                // The cache may lag a claim written a moment ago: ask the API server.
+                if let Ok(None) = api.get_opt(&i.claim).await {
+                    tracing::warn!(node = %i.node_name, claim = %i.claim, "instance without a claim; deleting it");
+                    let orphan = NodeClaim { metadata: ObjectMeta { name: Some(i.claim.clone()), ..Default::default() }, spec: Default::default(), status: None };
+                    if self.ctx.provider.delete(&orphan).await.is_ok() {
+                        self.ctx.metrics.nodes_terminated.get_or_create(&label("reason", "garbage")).inc();
+                    }
                 }
             }
-        }
-        for c in claims.iter().filter(|c| c.launched() && !c.deleting() && !known.contains(c.name().as_str())) {
-            let age = c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(state::age_of).unwrap_or_default();
-            if age > Duration::from_secs(30) {
+            ClaimCommand::DeleteClaim(c) => {
                 tracing::warn!(claim = %c.name(), "the claim's instance is gone; deleting the claim");
                 let _ = api.delete(&c.name(), &DeleteParams::default()).await;
             }
         }
-        Ok(Action::requeue(self.interval()))
     }
-}
-
-/// Whether a claim whose launch failed is due another attempt: 10 s after the first failure,
-/// doubling up to 5 minutes.
-fn retry_due(c: &NodeClaim) -> bool {
-    let Some(s) = c.status.as_ref() else { return true };
-    let attempts = s.launch_attempts.unwrap_or(0);
-    if attempts == 0 {
-        return true;
-    }
-    let wait = Duration::from_secs(10u64.saturating_mul(1 << attempts.min(6).saturating_sub(1))).min(Duration::from_secs(300));
-    s.last_attempt_at.as_deref().and_then(state::age_of).is_none_or(|a| a >= wait)
 }
 
 fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
-#[cfg(test)]
-mod retry_tests {
-    use super::*;
-
-    fn failed(attempts: u32, ago_secs: i64) -> NodeClaim {
-        let at = time::OffsetDateTime::now_utc() - time::Duration::seconds(ago_secs);
-        NodeClaim {
-            metadata: Default::default(),
-            spec: Default::default(),
-            status: Some(NodeClaimStatus { launch_attempts: Some(attempts), last_attempt_at: at.format(&time::format_description::well_known::Rfc3339).ok(), ..Default::default() }),
-        }
-    }
-
-    #[test]
-    fn failed_launches_are_retried_with_a_doubling_backoff() {
-        assert!(retry_due(&NodeClaim { metadata: Default::default(), spec: Default::default(), status: None }), "never tried");
-        assert!(!retry_due(&failed(1, 5)) && retry_due(&failed(1, 11)), "10 s after the first failure");
-        assert!(!retry_due(&failed(2, 15)) && retry_due(&failed(2, 21)), "20 s after the second");
-        assert!(!retry_due(&failed(4, 70)) && retry_due(&failed(4, 81)), "80 s after the fourth");
-        assert!(!retry_due(&failed(9, 200)) && retry_due(&failed(9, 301)), "at most 5 minutes");
-    }
-}

@@ -7,8 +7,10 @@
 //! - `objects`: what a single object says (a pod waits for a node, a node is ready or leaving,
 //!   a pool's disruption settings);
 //! - `claims`: the NodeClaim a planned node becomes;
+//! - `disruption`: one pass over a pool (expiry, drift, consolidation) as commands;
 //! - `consolidation`: which nodes go and what replaces them; `drift`: which nodes no longer match
 //!   their pool;
+//! - `lifecycle`: what the claim keeper does (launch, register, give up, clean up);
 //! - `scenario`: ordinary Kubernetes YAML read into a `ClusterState`.
 #![forbid(unsafe_code)]
 
@@ -16,7 +18,9 @@ pub mod adapter;
 pub mod claims;
 pub mod cluster;
 pub mod consolidation;
+pub mod disruption;
 pub mod drift;
+pub mod lifecycle;
 pub mod objects;
 pub mod scenario;
 

@@ -91,9 +91,13 @@ pub fn has_taint(node: &Node, key: &str) -> bool {
 
 /// How long ago an RFC 3339 timestamp was (`None`: unparseable or in the future).
 pub fn age_of(t: &str) -> Option<std::time::Duration> {
+    age_at(t, time::OffsetDateTime::now_utc())
+}
+
+/// How long before `now` the RFC 3339 time `t` was (`None`: unreadable, or after `now`).
+pub fn age_at(t: &str, now: time::OffsetDateTime) -> Option<std::time::Duration> {
     let then = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
-    let d = time::OffsetDateTime::now_utc() - then;
-    d.try_into().ok()
+    (now - then).try_into().ok()
 }
 
 /// Is the node on its way out (cordoned, tainted for disruption, being deleted)?

@@ -1,0 +1,76 @@
+//! One disruption pass over a pool, decided purely: expired nodes go first, then drifted nodes
+//! are replaced, then (on a settled cluster) consolidation takes empty or underutilised nodes.
+//! The runtime supplies what only it knows: its clocks, which nodes it is draining already,
+//! whether pods still wait for capacity, and the provider's own drift reasons. It carries out the
+//! commands returned.
+
+use std::collections::BTreeMap;
+
+use archer_api::nodeclaim::NodeClaim;
+use archer_api::nodepool::NodePool;
+
+use crate::consolidation::{self, Candidate, Decision, PoolNodes, Search, World};
+use crate::objects::{age_at, DisruptionSettings};
+
+/// What one pass does to a pool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Drain an expired node now, whatever its pods cost elsewhere.
+    Expire { node: String },
+    /// Replace a drifted node: replacements Ready first, then drain it.
+    Replace { node: String, why: String },
+    /// Take these nodes away (after a quiet period the runtime checks the decision again against
+    /// `before`, the pods each node had).
+    Consolidate { decision: Decision, before: BTreeMap<String, Vec<String>> },
+}
+
+/// What the runtime knows about the pool's nodes now.
+pub struct Clock<'a> {
+    pub now: time::OffsetDateTime,
+    /// The node is being drained already.
+    pub draining: &'a dyn Fn(&str) -> bool,
+    /// The candidate has had no pod to move for `consolidateAfter`.
+    pub empty_long_enough: &'a dyn Fn(&Candidate<'_>) -> bool,
+    /// The candidate's pods have not changed for `consolidateAfter`.
+    pub settled: &'a dyn Fn(&Candidate<'_>) -> bool,
+    /// Why consolidation must wait (pods waiting for capacity, claims still launching).
+    pub hold: Option<String>,
+}
+
+/// The commands of one pass over `pool` (its `nodes` from [`consolidation::pool_nodes`]).
+/// `provider_drift` gives the cloud provider's own reason a claim's node drifted.
+pub fn disrupt_pool(world: &World<'_>, pool: &NodePool, settings: &DisruptionSettings, nodes: &PoolNodes<'_>, clock: &Clock<'_>, provider_drift: &dyn Fn(&NodeClaim) -> Option<String>, search: Search) -> Vec<Command> {
+    let claim_of = |c: &Candidate<'_>| world.state.claim_of_node(c.name());
+    if let Some(expire) = settings.expire_after {
+        let created = |c: &Candidate<'_>| claim_of(c).and_then(|cl| cl.metadata.creation_timestamp.as_ref()).and_then(|t| age_at(&t.0.to_string(), clock.now));
+        let expired: Vec<Command> = nodes.candidates.iter().filter(|c| created(c).is_some_and(|a| a >= expire)).take(nodes.budget(settings, "Expired")).map(|c| Command::Expire { node: c.name().to_string() }).collect();
+        if !expired.is_empty() || nodes.candidates.iter().any(|c| (clock.draining)(c.name())) {
+            return expired;
+        }
+    }
+    let drifted: Vec<Command> = nodes
+        .candidates
+        .iter()
+        .filter(|c| !(clock.draining)(c.name()))
+        .filter_map(|c| {
+            let claim = claim_of(c)?;
+            let labels = c.node.metadata.labels.clone().unwrap_or_default();
+            let why = crate::drift::drift_reason(claim, pool, &|k| labels.get(k).cloned()).or_else(|| provider_drift(claim))?;
+            Some(Command::Replace { node: c.name().to_string(), why })
+        })
+        .take(nodes.budget(settings, "Drifted"))
+        .collect();
+    if !drifted.is_empty() {
+        return drifted;
+    }
+    if clock.hold.is_some() {
+        return Vec::new();
+    }
+    let Some(decision) = consolidation::consolidate_pool(world, &pool.name(), settings, nodes, clock.empty_long_enough, clock.settled, search) else { return Vec::new() };
+    let chosen: Vec<&Candidate> = nodes.candidates.iter().filter(|c| decision.nodes.iter().any(|n| n == c.name())).collect();
+    let before = consolidation::signature(&chosen);
+    vec![Command::Consolidate { decision, before }]
+}
+
+#[cfg(test)]
+mod tests;
