@@ -129,7 +129,7 @@ async fn inspect_unannotated(pods: &[Pod], inspector: &Inspector, base: &Keyring
 fn unannotated(pods: &[Pod]) -> impl Iterator<Item = &Pod> {
     pods.iter()
         .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) && !archer_core::is_terminal(p))
-        .filter(|p| archer_model::adapter::annotated_platforms(p).is_none())
+        .filter(|p| archer_core::placement::recorded_platforms(p).is_none())
 }
 
 /// Credential groups inspected at once (each inspects its images `perPodConcurrency` at a time).

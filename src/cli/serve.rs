@@ -53,10 +53,78 @@ pub struct ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig, namespace, catalog, extender_listen, cloud_provider } = args;
     server::install_hook();
     let purge_delay_ms = super::ALLOCATOR_PURGE_DELAY_MS.load(std::sync::atomic::Ordering::Relaxed);
     tracing::info!(purge_delay_ms, "allocator returns freed memory after purge_delay_ms (MIMALLOC_PURGE_DELAY overrides)");
+    let kubeconfig = args.kubeconfig.clone();
+    let (cfg, cert, key) = configure(args)?;
+
+    let budget = cfg.memory_budget();
+    let mut metrics = Metrics::new();
+    budget.register(metrics.registry_mut());
+    let metrics = Arc::new(metrics);
+    let health = Arc::new(admin::Health::default());
+    health.set_not_ready("starting");
+    let store = CertStore::load(&cert, &key)?;
+    let inspector = super::inspector(&cfg, metrics.clone(), budget.clone())?;
+    let (cluster, watch) = match super::connect(kubeconfig.as_ref()).await? {
+        Some(client) => {
+            let (view, watch) = ClusterView::start(client);
+            (Some(view), Some(watch))
+        }
+        None => (None, None),
+    };
+    let base_keyring = super::base_keyring(&cfg)?;
+    let parts = Parts { cfg: &cfg, budget: &budget, inspector: &inspector, cluster: cluster.as_ref(), base_keyring: &base_keyring, metrics: &metrics };
+    let catalog = Arc::new(archer_core::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
+    let provisioning = provisioner_task(&cfg, cluster.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;
+    let extender_router = extender::router(parts.extender(catalog));
+    let router = webhook::router(parts.webhook()).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));
+
+    let (trigger, shutdown) = server::shutdown_channel();
+    let mut servers = Servers::start(&cfg, &store, router, extender_router, admin::router(health.clone(), metrics.clone()), shutdown, cfg.connection_limits(metrics.clone())).await?;
+    tracing::info!(standalone = cluster.is_none(), "serving");
+    let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.clone()));
+    let ready = tokio::spawn(become_ready(cluster, health.clone()));
+    // The namespace watch runs for the life of the process; if it ever ends, so does Archer.
+    let mut watch = tokio::spawn(async move {
+        match watch {
+            Some(w) => w.await,
+            None => std::future::pending().await,
+        }
+    });
+    let mut provisioning = tokio::spawn(provisioning);
+    let outcome = tokio::select! {
+        _ = terminate_signal() => {
+            tracing::info!("shutdown signal received; draining");
+            Ok(ExitCode::SUCCESS)
+        }
+        r = servers.ended() => Err(r),
+        r = &mut watch => Err(anyhow::anyhow!("namespace watch stopped unexpectedly: {r:?}")),
+        r = &mut provisioning => Err(anyhow::anyhow!("provisioner stopped unexpectedly: {r:?}")),
+    };
+    provisioning.abort();
+    health.set_not_ready("shutting down");
+    if outcome.is_ok() {
+        // Keep accepting while the endpoints update spreads: the API server and kube-scheduler
+        // still send here for a moment, and a refused connection admits a pod unpatched.
+        let delay = Duration::from_secs_f64(cfg.shutdown_delay_seconds);
+        tracing::info!(?delay, "not ready; still serving until the delay ends");
+        tokio::time::sleep(delay).await;
+    }
+    trigger.trigger();
+    ready.abort();
+    reload.abort();
+    watch.abort();
+    servers.finish(Duration::from_secs(cfg.shutdown_grace_seconds)).await;
+    tracing::info!("stopped");
+    outcome
+}
+
+/// The config file with the command line's flags over it, validated, and the serving
+/// certificate and key.
+fn configure(args: ServeArgs) -> anyhow::Result<(crate::config::Config, PathBuf, PathBuf)> {
+    let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig: _, namespace, catalog, extender_listen, cloud_provider } = args;
     let mut cfg = registry.load()?;
     if let Some(p) = cloud_provider {
         cfg.provisioner.cloud_provider = p;
@@ -79,137 +147,119 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let cert = tls_cert.or(cfg.tls_cert.clone()).context("--tls-cert is required (or tlsCert in the config file)")?;
     let key = tls_key.or(cfg.tls_key.clone()).context("--tls-key is required (or tlsKey in the config file)")?;
+    Ok((cfg, cert, key))
+}
 
-    let budget = cfg.memory_budget();
-    let mut metrics = Metrics::new();
-    budget.register(metrics.registry_mut());
-    let metrics = Arc::new(metrics);
-    let health = Arc::new(admin::Health::default());
-    health.set_not_ready("starting");
-    let store = CertStore::load(&cert, &key)?;
-    let inspector = super::inspector(&cfg, metrics.clone(), budget.clone())?;
+/// What the webhook and the extender are built from.
+struct Parts<'a> {
+    cfg: &'a crate::config::Config,
+    budget: &'a archer_limits::MemoryBudget,
+    inspector: &'a archer_registry::Inspector,
+    cluster: Option<&'a ClusterView>,
+    base_keyring: &'a archer_registry::Keyring,
+    metrics: &'a Arc<Metrics>,
+}
 
-    let (cluster, watch) = match super::connect(kubeconfig.as_ref()).await? {
-        Some(client) => {
-            let (view, watch) = ClusterView::start(client);
-            (Some(view), Some(watch))
-        }
-        None => (None, None),
-    };
-    let base_keyring = super::base_keyring(&cfg)?;
-    let hook = Arc::new(Webhook {
-        defaults: cfg.defaults.clone(),
-        excluded_namespaces: cfg.excluded(),
-        settings: cfg.placement_settings(),
-        inspector: inspector.clone(),
-        cluster: cluster.clone(),
-        base_keyring: base_keyring.clone(),
-        metrics: metrics.clone(),
-        body: body_limits(&cfg, &budget, cfg.webhook.max_body_bytes, WEBHOOK_EXPANSION, "webhook_body"),
-        decision_timeout: Duration::from_secs_f64(cfg.webhook.decision_timeout_seconds),
-        memo: cfg.decision_memo(),
-    });
-    let catalog = Arc::new(archer_core::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
-    let provisioning = provisioner_task(&cfg, cluster.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;
-    let ext = Arc::new(Extender {
-        catalog,
-        inspector,
-        nodes: cluster.as_ref().map(|c| c.nodes()),
-        cluster: cluster.clone(),
-        defaults: cfg.defaults.clone(),
-        base_keyring,
-        metrics: metrics.clone(),
-        inspection_timeout: Duration::from_secs_f64(cfg.extender.inspection_timeout_seconds),
-        preference_bonus: cfg.extender.preference_bonus,
-        body: body_limits(&cfg, &budget, cfg.extender.max_body_bytes, EXTENDER_EXPANSION, "extender_body"),
-        max_price_per_hour: cfg.extender.max_price_per_hour,
-        facts: Default::default(),
-        held: Default::default(),
-    });
-    let extender_router = extender::router(ext);
-    let router = webhook::router(hook).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));
-
-    let extender_http = match &cfg.extender.listen {
-        Some(addr) => Some(server::bind(addr).await?),
-        None => None,
-    };
-    let (https_listener, https_addr) = server::bind(&cfg.listen).await?;
-    let (admin_listener, admin_addr) = server::bind(&cfg.admin_listen).await?;
-    tracing::info!(%https_addr, %admin_addr, standalone = cluster.is_none(), "serving");
-
-    let (trigger, shutdown) = server::shutdown_channel();
-    let grace = Duration::from_secs(cfg.shutdown_grace_seconds);
-    let limits = cfg.connection_limits(metrics.clone());
-    let mut https = tokio::spawn(server::serve_https(https_listener, store.server_config(), router, shutdown.clone(), limits.clone()));
-    let admin_router = admin::router(health.clone(), metrics.clone());
-    let mut admin_server = tokio::spawn(server::serve_http(admin_listener, admin_router, shutdown.clone(), limits.clone()));
-    let extender_stop = shutdown.clone();
-    let mut extender_server = tokio::spawn(async move {
-        match extender_http {
-            Some((listener, addr)) => {
-                tracing::info!(%addr, "serving /scheduler/* over plain HTTP on loopback");
-                server::serve_http(listener, extender_router, extender_stop, limits).await
-            }
-            None => extender_stop.wait().await,
-        }
-    });
-    let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.clone()));
-
-    // Ready once the namespace and node caches have synced (at once when standalone). While
-    // they have not, /readyz and a warning say which list is still outstanding.
-    let ready_health = health.clone();
-    let ready = tokio::spawn(async move {
-        if let Some(view) = &cluster {
-            while tokio::time::timeout(SYNC_REPORT_INTERVAL, view.wait_ready()).await.is_err() {
-                let waiting = view.unsynced();
-                ready_health.set_not_ready(&format!("waiting for the first list of {}", waiting.join(", ")));
-                tracing::warn!(?waiting, "caches not synced yet; not ready");
-            }
-        }
-        ready_health.set_ready();
-        tracing::info!("ready");
-    });
-    // The namespace watch runs for the life of the process; if it ever ends, so does Archer.
-    let mut watch = tokio::spawn(async move {
-        match watch {
-            Some(w) => w.await,
-            None => std::future::pending().await,
-        }
-    });
-
-    let mut provisioning = tokio::spawn(provisioning);
-    let outcome = tokio::select! {
-        _ = terminate_signal() => {
-            tracing::info!("shutdown signal received; draining");
-            Ok(ExitCode::SUCCESS)
-        }
-        r = &mut https => Err(anyhow::anyhow!("HTTPS server stopped unexpectedly: {r:?}")),
-        r = &mut admin_server => Err(anyhow::anyhow!("admin server stopped unexpectedly: {r:?}")),
-        r = &mut extender_server => Err(anyhow::anyhow!("extender HTTP server stopped unexpectedly: {r:?}")),
-        r = &mut watch => Err(anyhow::anyhow!("namespace watch stopped unexpectedly: {r:?}")),
-        r = &mut provisioning => Err(anyhow::anyhow!("provisioner stopped unexpectedly: {r:?}")),
-    };
-    provisioning.abort();
-    health.set_not_ready("shutting down");
-    if outcome.is_ok() {
-        // Keep accepting while the endpoints update spreads: the API server and kube-scheduler
-        // still send here for a moment, and a refused connection admits a pod unpatched.
-        let delay = Duration::from_secs_f64(cfg.shutdown_delay_seconds);
-        tracing::info!(?delay, "not ready; still serving until the delay ends");
-        tokio::time::sleep(delay).await;
+impl Parts<'_> {
+    fn webhook(&self) -> Arc<Webhook> {
+        let cfg = self.cfg;
+        Arc::new(Webhook {
+            defaults: cfg.defaults.clone(),
+            excluded_namespaces: cfg.excluded(),
+            settings: cfg.placement_settings(),
+            inspector: self.inspector.clone(),
+            cluster: self.cluster.cloned(),
+            base_keyring: self.base_keyring.clone(),
+            metrics: self.metrics.clone(),
+            body: body_limits(cfg, self.budget, cfg.webhook.max_body_bytes, WEBHOOK_EXPANSION, "webhook_body"),
+            decision_timeout: Duration::from_secs_f64(cfg.webhook.decision_timeout_seconds),
+            memo: cfg.decision_memo(),
+        })
     }
-    trigger.trigger();
-    ready.abort();
-    reload.abort();
-    watch.abort();
-    let _ = tokio::time::timeout(grace + Duration::from_secs(1), async {
-        let _ = (&mut https).await;
-        let _ = (&mut admin_server).await;
-        let _ = (&mut extender_server).await;
-    })
-    .await;
-    tracing::info!("stopped");
-    outcome
+
+    fn extender(&self, catalog: Arc<archer_core::catalog::Catalog>) -> Arc<Extender> {
+        let cfg = self.cfg;
+        Arc::new(Extender {
+            catalog,
+            inspector: self.inspector.clone(),
+            nodes: self.cluster.map(|c| c.nodes()),
+            cluster: self.cluster.cloned(),
+            defaults: cfg.defaults.clone(),
+            base_keyring: self.base_keyring.clone(),
+            metrics: self.metrics.clone(),
+            inspection_timeout: Duration::from_secs_f64(cfg.extender.inspection_timeout_seconds),
+            preference_bonus: cfg.extender.preference_bonus,
+            body: body_limits(cfg, self.budget, cfg.extender.max_body_bytes, EXTENDER_EXPANSION, "extender_body"),
+            max_price_per_hour: cfg.extender.max_price_per_hour,
+            facts: Default::default(),
+            held: Default::default(),
+        })
+    }
+}
+
+/// The listeners: HTTPS (/mutate, /scheduler/*), admin (/healthz, /readyz, /metrics) and, when
+/// configured, the extender over plain HTTP on loopback.
+struct Servers {
+    https: tokio::task::JoinHandle<()>,
+    admin: tokio::task::JoinHandle<()>,
+    extender: tokio::task::JoinHandle<()>,
+}
+
+impl Servers {
+    async fn start(cfg: &crate::config::Config, store: &Arc<CertStore>, router: axum::Router, extender_router: axum::Router, admin_router: axum::Router, shutdown: server::Shutdown, limits: server::ConnectionLimits) -> anyhow::Result<Servers> {
+        let extender_http = match &cfg.extender.listen {
+            Some(addr) => Some(server::bind(addr).await?),
+            None => None,
+        };
+        let (https_listener, https_addr) = server::bind(&cfg.listen).await?;
+        let (admin_listener, admin_addr) = server::bind(&cfg.admin_listen).await?;
+        tracing::info!(%https_addr, %admin_addr, "listening");
+        let https = tokio::spawn(server::serve_https(https_listener, store.server_config(), router, shutdown.clone(), limits.clone()));
+        let admin = tokio::spawn(server::serve_http(admin_listener, admin_router, shutdown.clone(), limits.clone()));
+        let extender = tokio::spawn(async move {
+            match extender_http {
+                Some((listener, addr)) => {
+                    tracing::info!(%addr, "serving /scheduler/* over plain HTTP on loopback");
+                    server::serve_http(listener, extender_router, shutdown, limits).await
+                }
+                None => shutdown.wait().await,
+            }
+        });
+        Ok(Servers { https, admin, extender })
+    }
+
+    /// Resolves when a server stops on its own (it never should), saying which.
+    async fn ended(&mut self) -> anyhow::Error {
+        tokio::select! {
+            r = &mut self.https => anyhow::anyhow!("HTTPS server stopped unexpectedly: {r:?}"),
+            r = &mut self.admin => anyhow::anyhow!("admin server stopped unexpectedly: {r:?}"),
+            r = &mut self.extender => anyhow::anyhow!("extender HTTP server stopped unexpectedly: {r:?}"),
+        }
+    }
+
+    /// After shutdown was triggered: let open requests finish within `grace`.
+    async fn finish(mut self, grace: Duration) {
+        let _ = tokio::time::timeout(grace + Duration::from_secs(1), async {
+            let _ = (&mut self.https).await;
+            let _ = (&mut self.admin).await;
+            let _ = (&mut self.extender).await;
+        })
+        .await;
+    }
+}
+
+/// Ready once the namespace and node caches have synced (at once when standalone). While they
+/// have not, /readyz and a warning say which list is still outstanding.
+async fn become_ready(cluster: Option<ClusterView>, health: Arc<admin::Health>) {
+    if let Some(view) = &cluster {
+        while tokio::time::timeout(SYNC_REPORT_INTERVAL, view.wait_ready()).await.is_err() {
+            let waiting = view.unsynced();
+            health.set_not_ready(&format!("waiting for the first list of {}", waiting.join(", ")));
+            tracing::warn!(?waiting, "caches not synced yet; not ready");
+        }
+    }
+    health.set_ready();
+    tracing::info!("ready");
 }
 
 /// What a review's body costs the budget: the body and the filtered view parsed from it (the

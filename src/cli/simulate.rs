@@ -49,12 +49,10 @@ fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platf
     use crate::provisioner::objects::{labels_of, DisruptionSettings};
     let volumes = s.state.volumes();
     let world = consolidation::World { state: &s.state, pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
-    // A scenario's node is priced by the catalog from its instance type, zone and capacity type.
+    // A scenario's node is priced by its offering (instance type, zone and capacity type).
     let price = |n: &k8s_openapi::api::core::v1::Node| {
         let l = labels_of(n);
-        let get = |k: &str| l.get(k).map(String::as_str).unwrap_or("");
-        let capacity = if get(labels::KARPENTER_CAPACITY_TYPE).is_empty() { get(labels::CAPACITY_TYPE) } else { get(labels::KARPENTER_CAPACITY_TYPE) };
-        archer_core::packer::Offering::find(&inputs.offerings, get(labels::INSTANCE_TYPE), get(labels::ZONE), capacity).map(|o| o.price)
+        archer_core::packer::Offering::of_node(&inputs.offerings, &|k| l.get(k).cloned()).map(|o| o.price)
     };
     let search = consolidation::Search::exhaustive(crate::config::ProvisionerConfig::default().min_saving_fraction());
     let mut out = Vec::new();
@@ -181,12 +179,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     if inputs.assumed > 0 {
         notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));
     }
-    let platforms_of = |p: &k8s_openapi::api::core::v1::Pod| {
-        archer_model::adapter::annotated_platforms(p).or_else(|| {
-            let sets: Option<Vec<&archer_core::platform::PlatformSet>> = archer_core::placement::pod_images(p).iter().map(|i| found.get(i)).collect();
-            sets.and_then(archer_core::platform::PlatformSet::intersect_all)
-        })
-    };
+    let platforms_of = |p: &k8s_openapi::api::core::v1::Pod| archer_core::placement::pod_platforms(p, &|i| found.get(i));
     let decisions = if disrupt { Some(disruption(&s, &inputs, &platforms_of, cfg.provisioner.preference_policy, &mut notes)) } else { None };
     let archer_model::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, .. } = inputs;
     let plan = plan_batch(&snapshot, &pods, &pools, &offers);

@@ -12,7 +12,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use moka::future::Cache;
 
-use archer_core::placement::{pod_images, PLATFORMS_ANNOTATION};
+use archer_core::placement::{pod_images, recorded_platforms};
 use archer_core::platform::PlatformSet;
 use archer_registry::{Inspector, Keyring};
 
@@ -84,11 +84,8 @@ pub enum PodPlatforms {
 /// images inspected with its namespace's credentials within `timeout`. Used by the extender and
 /// the provisioner alike.
 pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>, base: &Keyring, pod: &Pod, timeout: Duration) -> PodPlatforms {
-    if let Some(a) = pod.metadata.annotations.as_ref().and_then(|a| a.get(PLATFORMS_ANNOTATION)) {
-        match PlatformSet::parse_annotation(a) {
-            Ok(all) if !all.is_empty() => return PodPlatforms::Known { all, per_image: Vec::new() },
-            _ => tracing::debug!(annotation = %a, "unusable platforms annotation; inspecting the images"),
-        }
+    if let Some(all) = recorded_platforms(pod) {
+        return PodPlatforms::Known { all, per_image: Vec::new() };
     }
     let images = pod_images(pod);
     if images.is_empty() {

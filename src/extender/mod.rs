@@ -340,6 +340,58 @@ fn unrunnable_reason(node: &NodeFacts, all: &PlatformSet, per_image: &[(String, 
     Some(format!("{why}; node is {os}/{arch}"))
 }
 
+/// The filter's answer for one node.
+enum Verdict {
+    Keep,
+    /// Not this node now (another plan's, room held for other pods, not registered yet).
+    Fails(String),
+    /// The pod's images cannot run on this node's platform, ever.
+    Unrunnable(String),
+}
+
+/// What the filter checks each candidate node against, read once per request.
+struct NodeChecks<'a> {
+    /// The node a live plan put the pod on, and why the others are refused.
+    steer: Option<(String, String)>,
+    /// Nodes whose free room is held for pods a plan put there.
+    held: std::collections::HashMap<String, String>,
+    all: Option<&'a PlatformSet>,
+    per_image: &'a [(String, PlatformSet)],
+}
+
+impl<'a> NodeChecks<'a> {
+    async fn new(x: &Extender, pod: &Pod, names: &[String], all: Option<&'a PlatformSet>, per_image: &'a [(String, PlatformSet)]) -> NodeChecks<'a> {
+        let steer = x.plan_steer(pod, names).await;
+        if let Some((planned, _)) = &steer {
+            tracing::Span::current().record("planned", planned.as_str());
+        }
+        let held = if steer.is_none() { x.held_refusals(pod, names).await } else { Default::default() };
+        NodeChecks { steer, held, all, per_image }
+    }
+
+    /// The plan's steer first, then held room, then the images' platforms; a node that passes
+    /// is kept unless `registering` says its batch is still coming up (the plan's own pod never
+    /// waits for that).
+    fn verdict(&self, name: &str, facts: Option<&NodeFacts>, registering: &dyn Fn(&str) -> Option<String>) -> Verdict {
+        if let Some((planned, why)) = &self.steer {
+            if name != planned {
+                return Verdict::Fails(why.clone());
+            }
+        }
+        if let Some(why) = self.held.get(name) {
+            return Verdict::Fails(why.clone());
+        }
+        let Some(facts) = facts else { return Verdict::Fails("node not found in Archer's node cache".into()) };
+        if let Some(why) = self.all.and_then(|a| unrunnable_reason(facts, a, self.per_image)) {
+            return Verdict::Unrunnable(why);
+        }
+        match self.steer.is_none().then(|| registering(name)).flatten() {
+            Some(why) => Verdict::Fails(why),
+            None => Verdict::Keep,
+        }
+    }
+}
+
 #[tracing::instrument(skip_all, fields(pod = tracing::field::Empty, namespace = tracing::field::Empty, nodes = tracing::field::Empty, planned = tracing::field::Empty, hint = tracing::field::Empty))]
 async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response {
     let started = Instant::now();
@@ -365,76 +417,42 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
         }
     };
     let mut removed = 0u64;
+    let mut record = |result: &mut FilterResult<'_>, name: String, verdict: Verdict| match verdict {
+        Verdict::Keep => {}
+        Verdict::Fails(why) => {
+            result.failed_nodes.insert(name, why);
+        }
+        Verdict::Unrunnable(why) => {
+            removed += 1;
+            result.failed_and_unresolvable.insert(name, why);
+        }
+    };
     match args.nodes {
         Nodes::Full(nodes) => {
             span.record("nodes", nodes.len());
-            let mut keep = Vec::with_capacity(nodes.len());
             let names: Vec<String> = nodes.iter().map(|n| n.lite.metadata.name.to_string()).collect();
-            let steer = x.plan_steer(&args.pod, &names).await;
-            if let Some((planned, _)) = &steer {
-                span.record("planned", planned.as_str());
-            }
-            let held = if steer.is_none() { x.held_refusals(&args.pod, &names).await } else { Default::default() };
+            let checks = NodeChecks::new(&x, &args.pod, &names, all, per_image).await;
+            let mut keep = Vec::with_capacity(nodes.len());
             for n in &nodes {
                 let facts = NodeFacts::from_lite(&n.lite, &x.prices());
-                if let Some((planned, why)) = &steer {
-                    if facts.name != *planned {
-                        result.failed_nodes.insert(facts.name, why.clone());
-                        continue;
-                    }
-                }
-                if let Some(why) = held.get(&facts.name) {
-                    result.failed_nodes.insert(facts.name, why.clone());
-                    continue;
-                }
-                match all.and_then(|a| unrunnable_reason(&facts, a, per_image)) {
-                    Some(why) => {
-                        removed += 1;
-                        result.failed_and_unresolvable.insert(facts.name, why);
-                    }
-                    None => keep.push(n.raw),
+                match checks.verdict(&facts.name, Some(&facts), &|_| None) {
+                    Verdict::Keep => keep.push(n.raw),
+                    v => record(&mut result, facts.name, v),
                 }
             }
             result.nodes = Some(keep);
         }
         Nodes::Names(names) => {
             span.record("nodes", names.len());
-            let mut keep = Vec::with_capacity(names.len());
             let facts = x.facts.lookup(&names, x.nodes.as_ref(), &x.prices());
-            let steer = x.plan_steer(&args.pod, &names).await;
-            if let Some((planned, _)) = &steer {
-                span.record("planned", planned.as_str());
-            }
-            let held = if steer.is_none() { x.held_refusals(&args.pod, &names).await } else { Default::default() };
+            let checks = NodeChecks::new(&x, &args.pod, &names, all, per_image).await;
+            // Other pods wait for a node's whole batch to register (the plan's own pod does not).
+            let registering = |name: &str| x.nodes.as_ref().and_then(|store| batch_registering(store, name));
+            let mut keep = Vec::with_capacity(names.len());
             for (name, facts) in names.into_iter().zip(facts) {
-                if let Some((planned, why)) = &steer {
-                    if name != *planned {
-                        result.failed_nodes.insert(name, why.clone());
-                        continue;
-                    }
-                }
-                if let Some(why) = held.get(&name) {
-                    result.failed_nodes.insert(name, why.clone());
-                    continue;
-                }
-                let Some(facts) = facts else {
-                    result.failed_nodes.insert(name, "node not found in Archer's node cache".into());
-                    continue;
-                };
-                match all.and_then(|a| unrunnable_reason(&facts, a, per_image)) {
-                    Some(why) => {
-                        removed += 1;
-                        result.failed_and_unresolvable.insert(name, why);
-                    }
-                    // The plan's own node takes its pod as soon as it is up; other pods wait
-                    // for the node's whole batch.
-                    None if steer.is_some() => keep.push(name),
-                    None => match x.nodes.as_ref().and_then(|store| batch_registering(store, &name)) {
-                        Some(why) => {
-                            result.failed_nodes.insert(name, why);
-                        }
-                        None => keep.push(name),
-                    },
+                match checks.verdict(&name, facts.as_deref(), &registering) {
+                    Verdict::Keep => keep.push(name),
+                    v => record(&mut result, name, v),
                 }
             }
             result.node_names = Some(keep);

@@ -30,14 +30,10 @@ fn node_key(node: &Node) -> Option<Key> {
     Some((pool.clone(), arch, capacity))
 }
 
-/// The hourly price of a node: its offering's (instance type, zone, capacity type).
+/// The hourly price of a node: its offering's ([`Offering::of_node`]).
 fn node_price(node: &Node, offerings: &[Offering]) -> Option<f64> {
     let labels = node.metadata.labels.as_ref()?;
-    let get = |k: &str| labels.get(k).map(String::as_str);
-    let instance = get(labels::INSTANCE_TYPE).or(get(labels::INSTANCE_TYPE_BETA))?;
-    let zone = get(labels::ZONE)?;
-    let capacity = get(labels::KARPENTER_CAPACITY_TYPE).or(get(labels::CAPACITY_TYPE))?;
-    Offering::find(offerings, instance, zone, capacity).map(|o| o.price)
+    Offering::of_node(offerings, &|k| labels.get(k).cloned()).map(|o| o.price)
 }
 
 /// Managed nodes and their summed hourly price per (nodepool, arch, capacity_type). A node

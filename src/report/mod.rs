@@ -152,7 +152,7 @@ fn share(pod: &Pod, node: &Node) -> f64 {
 /// The platforms every image of the pod supports: the webhook's annotation, else the images';
 /// `Err` lists the images that could not be inspected.
 fn pod_platforms(pod: &Pod, images: &ImagePlatforms) -> Result<PlatformSet, Vec<ImageProblem>> {
-    if let Some(p) = model::annotated_platforms(pod) {
+    if let Some(p) = archer_core::placement::recorded_platforms(pod) {
         return Ok(p);
     }
     let mut sets = Vec::new();

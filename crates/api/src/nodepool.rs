@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use archer_core::catalog::{CapacityType, Catalog};
 use archer_core::labels;
-use archer_core::packer::{Offering, Pool, Taint};
+use archer_core::packer::{Offering, Pool};
 use archer_core::quantity;
 use archer_core::requirements::{RequirementError, Requirements};
 
@@ -129,12 +129,21 @@ pub struct TemplateSpec {
     pub node_class_ref: Option<BTreeMap<String, String>>,
 }
 
+/// A taint as the NodePool and NodeClaim resources write it (key, value, effect).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct TaintDoc {
     pub key: String,
     #[serde(default)]
     pub value: Option<String>,
     pub effect: String,
+}
+
+impl TaintDoc {
+    /// The taint as Kubernetes has it on a Node: the one conversion, used for pools, claims
+    /// and the nodes providers create.
+    pub fn to_taint(&self) -> k8s_openapi::api::core::v1::Taint {
+        k8s_openapi::api::core::v1::Taint { key: self.key.clone(), value: self.value.clone(), effect: self.effect.clone(), time_added: None }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
@@ -181,7 +190,7 @@ impl NodePool {
             weight: self.spec.weight.unwrap_or(0),
             requirements: self.requirements()?,
             labels: self.spec.template.metadata.labels.clone(),
-            taints: self.spec.template.spec.taints.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone() }).collect(),
+            taints: self.spec.template.spec.taints.iter().map(TaintDoc::to_taint).collect(),
             limit_cpu_millis: limits.get("cpu").and_then(|q| quantity::cpu_millis(q)),
             limit_memory_bytes: limits.get("memory").and_then(|q| quantity::value(q)),
             limit_nodes: limits.get("nodes").and_then(|q| quantity::value(q)),

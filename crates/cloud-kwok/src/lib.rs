@@ -72,8 +72,7 @@ pub fn node_for(claim: &NodeClaim) -> Node {
     node_labels.insert(labels::HOSTNAME.into(), name.clone());
     node_labels.insert(labels::NODECLAIM.into(), name.clone());
     node_labels.insert(MANAGED_LABEL.0.into(), MANAGED_LABEL.1.into());
-    let taint = |t: &archer_api::nodepool::TaintDoc| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None };
-    let mut taints: Vec<Taint> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(taint).collect();
+    let mut taints: Vec<Taint> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(archer_api::nodepool::TaintDoc::to_taint).collect();
     // NoSchedule, not Karpenter's NoExecute: kube-scheduler may bind a pod the moment the taint
     // is lifted, while kube-controller-manager's taint-eviction controller still sees the taint
     // and deletes that pod (measured at scale, issue #14). Nothing else binds to a new node.

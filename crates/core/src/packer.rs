@@ -105,12 +105,8 @@ impl PendingPod {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct Taint {
-    pub key: String,
-    pub value: Option<String>,
-    pub effect: String,
-}
+/// A taint as Kubernetes writes it: one type for pools, planned and existing nodes.
+pub type Taint = k8s_openapi::api::core::v1::Taint;
 
 /// A NodePool, reduced to what packing needs.
 #[derive(Debug, Clone)]
@@ -171,6 +167,18 @@ impl Offering {
     /// The offering of this instance type in this zone as this capacity type (`on-demand`/`spot`).
     pub fn find<'a>(offerings: &'a [Offering], instance_type: &str, zone: &str, capacity: &str) -> Option<&'a Offering> {
         offerings.iter().find(|o| o.instance.name == instance_type && o.zone == zone && o.capacity.as_str() == capacity)
+    }
+
+    /// The offering a node runs as, by its labels: instance type (`node.kubernetes.io/instance-type`
+    /// or its beta name), zone, and capacity type (Karpenter's label, else Archer's). The price of
+    /// a running node by the provider's current offerings (cost metrics, `simulate --disruption`);
+    /// the catalog prices a node with no offering at hand (`Catalog::node_price`), and a claim
+    /// records what its node was bought at.
+    pub fn of_node<'a>(offerings: &'a [Offering], label: &dyn Fn(&str) -> Option<String>) -> Option<&'a Offering> {
+        let instance = label(crate::labels::INSTANCE_TYPE).or_else(|| label(crate::labels::INSTANCE_TYPE_BETA))?;
+        let zone = label(crate::labels::ZONE)?;
+        let capacity = label(crate::labels::KARPENTER_CAPACITY_TYPE).or_else(|| label(crate::labels::CAPACITY_TYPE))?;
+        Offering::find(offerings, &instance, &zone, &capacity)
     }
 
     /// Every on-demand type of the embedded catalog, offered in us-east-1a (the fixture of tests

@@ -131,6 +131,24 @@ pub fn pod_images(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
+/// The platforms recorded on the pod: the webhook's `archer.dev/platforms` annotation, if it is
+/// there and names any.
+pub fn recorded_platforms(pod: &Pod) -> Option<PlatformSet> {
+    let a = pod.metadata.annotations.as_ref()?.get(PLATFORMS_ANNOTATION)?;
+    PlatformSet::parse_annotation(a).ok().filter(|p| !p.is_empty())
+}
+
+/// A pod's platforms: the recorded ones ([`recorded_platforms`]), else the intersection of its
+/// images' platforms as `lookup` knows them; `None` when an image is unknown (or it names none).
+/// The runtime's lookup inspects registries (`archer::cluster::pod_platforms`); `archer simulate`
+/// and `archer report` look in what they inspected up front.
+pub fn pod_platforms<'a>(pod: &Pod, lookup: &dyn Fn(&str) -> Option<&'a PlatformSet>) -> Option<PlatformSet> {
+    recorded_platforms(pod).or_else(|| {
+        let sets: Option<Vec<&PlatformSet>> = pod_images(pod).iter().map(|i| lookup(i)).collect();
+        sets.and_then(PlatformSet::intersect_all)
+    })
+}
+
 /// The architectures a pod's own nodeSelector / required affinity admits, as a predicate;
 /// `None` when the pod does not constrain the architecture itself.
 pub fn existing_arch_constraint(pod: &Pod) -> Option<impl Fn(&str) -> bool + '_> {

@@ -265,3 +265,19 @@ fn existing_toleration_is_not_duplicated() {
     let (_, out) = run(&pod, &policy(), &[finding("a", "linux/amd64,linux/arm64")]);
     assert_eq!(out["spec"]["tolerations"], json!([{"operator": "Exists"}]));
 }
+
+#[test]
+fn a_pods_platforms_are_its_record_else_its_images_platforms_intersected() {
+    let set = |s: &str| PlatformSet::parse_annotation(s).expect("set");
+    let pod = |annotations: Value| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p", "annotations": annotations}, "spec": {"initContainers": [{"name": "i", "image": "init"}], "containers": [{"name": "c", "image": "app"}]}})).expect("pod")
+    };
+    let known = std::collections::BTreeMap::from([("init".to_string(), set("linux/amd64,linux/arm64")), ("app".to_string(), set("linux/arm64"))]);
+    let lookup = |i: &str| known.get(i);
+    assert_eq!(pod_platforms(&pod(json!({})), &lookup), Some(set("linux/arm64")), "every image's platforms, intersected");
+    let recorded = pod(json!({PLATFORMS_ANNOTATION: "linux/amd64"}));
+    assert_eq!(recorded_platforms(&recorded), Some(set("linux/amd64")));
+    assert_eq!(pod_platforms(&recorded, &lookup), Some(set("linux/amd64")), "the webhook's record wins");
+    assert_eq!(recorded_platforms(&pod(json!({PLATFORMS_ANNOTATION: ""}))), None, "an empty record is no record");
+    assert_eq!(pod_platforms(&pod(json!({})), &|i: &str| if i == "app" { known.get(i) } else { None }), None, "an unknown image: unknown");
+}

@@ -11,7 +11,6 @@ use archer_api::nodeclaim::NodeClaim;
 use crate::objects;
 use archer_core::labels;
 use archer_core::packer::{PendingPod, Pool};
-use archer_core::placement::PLATFORMS_ANNOTATION;
 use archer_core::planner::{Pending, Step};
 use archer_core::platform::PlatformSet;
 use archer_core::requirements::Requirements;
@@ -63,12 +62,6 @@ fn claim_plans<'a>(claims: &'a [&'a NodeClaim]) -> impl Iterator<Item = (String,
         let list = c.metadata.annotations.as_ref().and_then(|a| a.get(labels::PLANNED_PODS_ANNOTATION)).map(String::as_str).unwrap_or("");
         list.split(',').filter(|p| !p.is_empty()).map(move |p| (node.clone(), p))
     })
-}
-
-/// The platforms recorded on the pod (the webhook's annotation), if any.
-pub fn annotated_platforms(pod: &Pod) -> Option<PlatformSet> {
-    let a = pod.metadata.annotations.as_ref()?.get(PLATFORMS_ANNOTATION)?;
-    PlatformSet::parse_annotation(a).ok().filter(|p| !p.is_empty())
 }
 
 /// Labels the kubelet (or the cloud's node controller) puts on every node, beyond the ones an
@@ -308,7 +301,7 @@ pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], n
         let mut info = NodeInfo {
             name,
             labels,
-            taints: c.spec.taints.iter().map(|t| k8s_openapi::api::core::v1::Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None }).collect(),
+            taints: c.spec.taints.iter().map(archer_api::nodepool::TaintDoc::to_taint).collect(),
             unschedulable: false,
             allocatable,
             max_pods,

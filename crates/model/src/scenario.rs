@@ -129,10 +129,7 @@ impl Scenario {
             .pods
             .iter()
             .map(|p| {
-                let platforms = adapter::annotated_platforms(&p.pod).or_else(|| {
-                    let sets: Option<Vec<&PlatformSet>> = pod_images(&p.pod).iter().map(|i| found.get(i)).collect();
-                    sets.and_then(PlatformSet::intersect_all)
-                });
+                let platforms = archer_core::placement::pod_platforms(&p.pod, &|i| found.get(i));
                 assumed += usize::from(platforms.is_none());
                 adapter::pending(&p.pod, platforms, &volumes, policy).with_id(&p.id)
             })
@@ -155,7 +152,7 @@ impl Scenario {
 pub fn all_images(pods: &[ScenarioPod]) -> Vec<String> {
     let mut seen = BTreeMap::new();
     for p in pods {
-        if crate::adapter::annotated_platforms(&p.pod).is_none() {
+        if archer_core::placement::recorded_platforms(&p.pod).is_none() {
             for i in pod_images(&p.pod) {
                 seen.insert(i, ());
             }

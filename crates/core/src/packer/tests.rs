@@ -95,7 +95,7 @@ fn constraints_pools_taints_and_weights() {
     // a tainted team pool is only used by pods that tolerate it; weights order pools
     let mut team = pool("team1");
     team.weight = 10;
-    team.taints = vec![Taint { key: "team1".into(), value: None, effect: "NoSchedule".into() }];
+    team.taints = vec![Taint { key: "team1".into(), value: None, effect: "NoSchedule".into(), time_added: None }];
     team.labels.insert("team".into(), "team1".into());
     let other = pods("other", 3, 250, 256, "linux/amd64");
     let plan = pack(&other, &[team.clone(), pool("default")], &offerings, &[]);

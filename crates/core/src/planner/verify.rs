@@ -172,7 +172,7 @@ pub(super) fn node_to_be(n: &PlannedNode, name: &str, pools: &[Pool], offerings:
     Some(NodeInfo {
         name: name.to_string(),
         labels,
-        taints: pool.taints.iter().map(|t| k8s_openapi::api::core::v1::Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect.clone(), time_added: None }).collect(),
+        taints: pool.taints.clone(),
         unschedulable: false,
         allocatable: ResourceList(allocatable),
         max_pods: room.pods,
