@@ -17,6 +17,7 @@ use super::inspect::Output;
 use super::RegistryArgs;
 use archer_core::catalog::Catalog;
 use crate::cluster::ClusterView;
+use archer_model::ClusterState;
 use archer_core::platform::PlatformSet;
 use archer_metrics::Metrics;
 use archer_registry::{Inspector, Keyring};
@@ -43,18 +44,11 @@ pub struct ReportArgs {
     pub output: Output,
 }
 
-/// Nodes and pods of a dump: a `List`'s items, or the documents themselves.
-fn read_dump(text: &str) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
+/// The cluster of a dump: a `List`'s items, or the documents themselves.
+fn read_dump(text: &str) -> anyhow::Result<ClusterState> {
     let objects = archer_core::yaml::objects(text).context("the dump is not YAML")?;
-    let (mut nodes, mut pods) = (Vec::new(), Vec::new());
-    for o in objects {
-        match o.get("kind").and_then(|k| k.as_str()) {
-            Some("Node") => nodes.push(serde_json::from_value(o).context("a Node in the dump")?),
-            Some("Pod") => pods.push(serde_json::from_value(o).context("a Pod in the dump")?),
-            _ => {}
-        }
-    }
-    Ok((nodes, pods))
+    let (state, _ignored) = ClusterState::from_objects(objects).context("an object of the dump")?;
+    Ok(state)
 }
 
 /// Every page of a list (500 at a time, as kubectl does).
@@ -75,13 +69,14 @@ where
 }
 
 /// The live cluster's nodes and pods, and a view of it that reads pods' pull secrets.
-async fn read_cluster(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(Vec<Node>, Vec<Pod>, ClusterView)> {
+async fn read_cluster(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(ClusterState, ClusterView)> {
     let client = super::connect(kubeconfig).await?.context("no cluster to read: pass --kubeconfig, run in a cluster, or report on a dump with --from-file")?;
     let nodes = list_all(Api::<Node>::all(client.clone())).await.context("nodes")?;
     let pods = list_all(Api::<Pod>::all(client.clone())).await.context("pods")?;
     // Its watches are never driven: the report reads secrets and service accounts by GET only.
     let (view, _watches) = ClusterView::start(client);
-    Ok((nodes, pods, view))
+    let state = ClusterState { nodes: nodes.into_iter().map(Arc::new).collect(), pods: pods.into_iter().map(Arc::new).collect(), ..Default::default() };
+    Ok((state, view))
 }
 
 /// Pods that read their images with the same credentials: namespace, service account and
@@ -137,16 +132,14 @@ const CREDENTIAL_GROUPS_AT_ONCE: usize = 4;
 
 pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let ReportArgs { registry, from_file, kubeconfig, catalog, offline, output } = args;
-    let (nodes, pods, cluster) = match &from_file {
-        Some(path) => {
-            let (nodes, pods) = read_dump(&std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?)?;
-            (nodes, pods, None)
-        }
+    let (state, cluster) = match &from_file {
+        Some(path) => (read_dump(&std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?)?, None),
         None => {
-            let (nodes, pods, view) = read_cluster(kubeconfig.as_ref()).await?;
-            (nodes, pods, Some(view))
+            let (state, view) = read_cluster(kubeconfig.as_ref()).await?;
+            (state, Some(view))
         }
     };
+    let pods: Vec<Pod> = state.pods.iter().map(|p| (**p).clone()).collect();
     let cfg = registry.load()?;
     let catalog = Catalog::with_user_file(catalog.as_deref().or(cfg.catalog.as_deref()))?;
     let images = if offline {
@@ -156,7 +149,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;
         inspect_unannotated(&pods, &inspector, &super::base_keyring(&cfg)?, cluster.as_ref()).await
     };
-    let report = tokio::task::block_in_place(|| report::build(&nodes, &pods, &images, &catalog));
+    let report = tokio::task::block_in_place(|| report::build(&state, &images, &catalog));
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         Output::Text => print!("{}", report::render_text(&report)),
@@ -184,10 +177,10 @@ mod tests {
     #[test]
     fn a_kubectl_list_and_plain_documents_both_read() {
         let list = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: a}\n- apiVersion: v1\n  kind: Pod\n  metadata: {name: p, namespace: d}\n- apiVersion: v1\n  kind: Service\n  metadata: {name: s}\n";
-        let (nodes, pods) = read_dump(list).expect("list");
-        assert_eq!((nodes.len(), pods.len()), (1, 1));
+        let state = read_dump(list).expect("list");
+        assert_eq!((state.nodes.len(), state.pods.len()), (1, 1));
         let docs = "apiVersion: v1\nkind: Node\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: b}\n";
-        assert_eq!(read_dump(docs).expect("docs").0.len(), 2);
+        assert_eq!(read_dump(docs).expect("docs").nodes.len(), 2);
         assert!(read_dump("kind: Pod\nspec: 3\n").is_err(), "a malformed pod is an error, not skipped");
     }
 }

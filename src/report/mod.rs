@@ -210,10 +210,11 @@ struct Group<'a> {
     cost: f64,
 }
 
-/// The report on `nodes` and `pods` (finished pods and pods on no node are left out).
-pub fn build(nodes: &[Node], pods: &[Pod], images: &ImagePlatforms, catalog: &Catalog) -> Report {
+/// The report on the cluster's nodes and pods (finished pods and pods on no node are left out).
+pub fn build(cluster: &archer_model::ClusterState, images: &ImagePlatforms, catalog: &Catalog) -> Report {
+    let (nodes, pods) = (cluster.node_refs(), cluster.pod_refs());
     let mut notes = Vec::new();
-    let by_name: BTreeMap<&str, &Node> = nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, n))).collect();
+    let by_name: BTreeMap<&str, &Node> = nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, *n))).collect();
     let prices: BTreeMap<&str, f64> = nodes
         .iter()
         .filter_map(|n| {
@@ -230,7 +231,7 @@ pub fn build(nodes: &[Node], pods: &[Pod], images: &ImagePlatforms, catalog: &Ca
         if z.is_empty() { archer_api::nodepool::DEFAULT_ZONES.iter().map(|s| s.to_string()).collect() } else { z.into_iter().collect() }
     };
     let mut summary = Summary { nodes: nodes.len(), ..Default::default() };
-    for n in nodes {
+    for n in nodes.iter().copied() {
         *summary.nodes_by_arch.entry(node_arch(n)).or_default() += 1;
         let p = prices.get(n.metadata.name.as_deref().unwrap_or("")).copied().unwrap_or(0.0) * HOURS_PER_MONTH;
         summary.cost_per_month += p;
@@ -240,7 +241,7 @@ pub fn build(nodes: &[Node], pods: &[Pod], images: &ImagePlatforms, catalog: &Ca
     }
     let mut groups: BTreeMap<(String, String, String), Group> = BTreeMap::new();
     let mut misplaced = Vec::new();
-    for pod in pods.iter().filter(|p| !state::is_terminal(p)) {
+    for pod in pods.iter().copied().filter(|p| !state::is_terminal(p)) {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).and_then(|n| by_name.get(n)) else { continue };
         summary.pods += 1;
         let arch = node_arch(node);

@@ -48,7 +48,8 @@ fn sample() -> Report {
     ]
     .into_iter()
     .collect();
-    build(&nodes, &pods, &images, &catalog)
+    let cluster = archer_model::ClusterState { nodes: nodes.into_iter().map(std::sync::Arc::new).collect(), pods: pods.into_iter().map(std::sync::Arc::new).collect(), ..Default::default() };
+    build(&cluster, &images, &catalog)
 }
 
 fn workload<'a>(r: &'a Report, name: &str) -> &'a Workload {

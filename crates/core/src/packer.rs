@@ -660,52 +660,9 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
 /// [`pack`], spending at most `budget` on the optimal plan (then the greedy plan stands).
 pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existing: &[ExistingNode], budget: std::time::Duration) -> Plan {
     let mut plan = Plan::default();
-    let mut existing: Vec<ExistingNode> = existing.to_vec();
-    let mut remaining: Vec<&PendingPod> = Vec::new();
-    // Existing nodes: first fit, largest pods first.
-    let mut order: Vec<&PendingPod> = pods.iter().collect();
-    order.sort_by(|a, b| b.requests.cmp(&a.requests).then_with(|| a.id.cmp(&b.id)));
-    for pod in order {
-        if pod.zone_group.is_some() || pod.colocate {
-            // Co-location with its group is decided below, zone by zone.
-            remaining.push(pod);
-            continue;
-        }
-        let fit = existing.iter_mut().find(|n| pod.requests.fits(n.free) && tolerates_all(pod, &n.taints) && labels_fit(pod, &n.labels).is_ok());
-        match fit {
-            Some(n) => {
-                n.free = n.free - pod.requests;
-                plan.existing.insert(pod.id.clone(), n.name.clone());
-            }
-            None => remaining.push(pod),
-        }
-    }
-
-    // Pools by weight, and per pool the labels of each offering.
-    let mut pool_order: Vec<usize> = (0..pools.len()).collect();
-    pool_order.sort_by(|&a, &b| pools[b].weight.cmp(&pools[a].weight).then_with(|| pools[a].name.cmp(&pools[b].name)));
-    let pool_offerings: Vec<Vec<(usize, BTreeMap<String, String>)>> = pools
-        .iter()
-        .map(|pool| {
-            offerings
-                .iter()
-                .enumerate()
-                .filter_map(|(i, o)| {
-                    let labels = o.labels(pool);
-                    (pool.requirements.matches_map(&labels) && Offering::keeps_template_labels(&labels, pool)).then_some((i, labels))
-                })
-                .collect()
-        })
-        .collect();
-    // Room for workload pods per (pool, offering), after the DaemonSets that run there.
-    let room: std::collections::HashMap<(usize, usize), Resources> = pool_offerings
-        .iter()
-        .enumerate()
-        .flat_map(|(pi, list)| list.iter().map(move |(oi, labels)| ((pi, *oi), pools[pi].room(labels, offerings[*oi].instance.allocatable))))
-        .collect();
-    let room_of = |pi: usize, oi: usize| room.get(&(pi, oi)).copied().unwrap_or_default();
-
-    // Classes of identical pods, with their compatible offerings.
+    let remaining = fill_existing(pods, existing, &mut plan);
+    let slots = Slots::new(pools, offerings);
+    let room_of = |pi: usize, oi: usize| slots.room(pi, oi);
     let mut classes: BTreeMap<String, Class> = BTreeMap::new();
     for pod in remaining {
         let sig = signature(pod);
@@ -713,94 +670,22 @@ pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], 
             c.pods.push(pod.id.clone());
             continue;
         }
-        let mut compatible = Vec::new();
-        // Lower-weight pools the pod also fits, for when the first one reaches its limits.
-        let mut fallback: Vec<Vec<Slot>> = Vec::new();
-        let mut why = String::from("no NodePool");
-        for &pi in &pool_order {
-            let pool = &pools[pi];
-            if !tolerates_all(pod, &pool.taints) {
-                why = format!("does not tolerate the taints of pool {}", pool.name);
-                continue;
+        match class_of(pod, pools, offerings, &slots) {
+            Ok(c) => {
+                classes.insert(sig, c);
             }
-            // Each compatible offering with the preferred-affinity weight its labels earn.
-            let fits: Vec<(Slot, i32)> = pool_offerings[pi]
-                .iter()
-                .filter(|(oi, labels)| {
-                    let ok = labels_fit(pod, labels).and_then(|()| extended_fit(pod, &offerings[*oi], &pool.name));
-                    if let Err(e) = &ok {
-                        why = if e.starts_with("pool ") { e.clone() } else { format!("pool {}: {e}", pool.name) };
-                    }
-                    ok.is_ok() && pod.requests.fits(room_of(pi, *oi))
-                })
-                .map(|(oi, labels)| ((pi, *oi), pod.preferred.iter().filter(|(_, r)| r.matches_map(labels)).map(|(w, _)| *w).sum()))
-                .collect();
-            if !fits.is_empty() {
-                if compatible.is_empty() {
-                    compatible = fits;
-                } else {
-                    fallback.push(fits.into_iter().map(|(slot, _)| slot).collect());
-                }
-                continue;
-            }
-            if !compatible.is_empty() {
-                continue;
-            }
-            if why.starts_with("no NodePool") || why.starts_with("does not tolerate") {
-                why = format!("pool {}: no instance type fits the pod's requests and constraints", pool.name);
-            }
+            Err(reason) => plan.unschedulable.push(Unschedulable { pod: pod.id.clone(), reason }),
         }
-        if compatible.is_empty() {
-            plan.unschedulable.push(Unschedulable { pod: pod.id.clone(), reason: why });
-            continue;
-        }
-        let preference: std::collections::HashMap<Slot, i32> = compatible.iter().copied().filter(|&(_, w)| w > 0).collect();
-        let compatible: Vec<Slot> = compatible.into_iter().map(|(slot, _)| slot).collect();
-        let lower_bound = lower_bound(&compatible, pod.requests, offerings, &room_of);
-        classes.insert(
-            sig,
-            Class {
-                pods: vec![pod.id.clone()],
-                requests: pod.requests,
-                offerings: compatible,
-                lower_bound,
-                zone_spread: pod.zone_spread,
-                per_node_max: pod.per_node_max,
-                zone_group: pod.zone_group.clone(),
-                spread_group: pod.spread_key().cloned(),
-                one_per_zone: pod.one_per_zone,
-                colocate: pod.colocate,
-                preference,
-                mask: Default::default(),
-                gpus: pod.gpus(),
-                fallback,
-            },
-        );
     }
-
     let mut classes: Vec<Class> = spread_over_zones(classes.into_values().collect(), offerings, &room_of, &mut plan.unschedulable);
     pin_zone_groups(&mut classes, offerings, &room_of, &mut plan.unschedulable);
-    // Biggest pods first.
-    classes.sort_by_key(|c| std::cmp::Reverse(c.requests));
-    // What each class may fill, then the offerings worth leading a node with: per class, drop
-    // offerings another compatible one beats on price with at least as much room everywhere
-    // (the same type in another zone included, unless the class is held to a zone).
-    let mut pruned: std::collections::HashMap<Vec<Slot>, Vec<Slot>> = std::collections::HashMap::new();
-    for c in &mut classes {
-        c.mask = c.offerings.iter().copied().collect();
-        c.offerings = if c.preference.is_empty() {
-            pruned.entry(c.offerings.clone()).or_insert_with(|| pareto(&c.offerings, offerings, &room_of, &Default::default())).clone()
-        } else {
-            pareto(&c.offerings, offerings, &room_of, &c.preference)
-        };
-    }
+    narrow(&mut classes, offerings, &room_of);
     let base = Packing { used: vec![(0, 0, 0); pools.len()], ..Packing::default() };
     let deadline = std::time::Instant::now() + budget;
     let packing = rounding::best_packing(classes, base, pools, offerings, &room_of, deadline);
     plan.unschedulable.extend(packing.unschedulable);
     plan.lower_bound_per_hour = packing.relaxed_bound.unwrap_or(0.0);
-    let drafts = packing.drafts;
-    for (i, d) in drafts.into_iter().enumerate() {
+    for (i, d) in packing.drafts.into_iter().enumerate() {
         let o = &offerings[d.oi];
         plan.total_price_per_hour += o.price;
         plan.nodes.push(PlannedNode {
@@ -815,6 +700,143 @@ pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], 
         });
     }
     plan
+}
+
+/// Existing nodes first: first fit, largest pods first. The pods left for new nodes (those that
+/// go with their group are always left: co-location is decided zone by zone).
+fn fill_existing<'a>(pods: &'a [PendingPod], existing: &[ExistingNode], plan: &mut Plan) -> Vec<&'a PendingPod> {
+    let mut existing: Vec<ExistingNode> = existing.to_vec();
+    let mut remaining = Vec::new();
+    let mut order: Vec<&PendingPod> = pods.iter().collect();
+    order.sort_by(|a, b| b.requests.cmp(&a.requests).then_with(|| a.id.cmp(&b.id)));
+    for pod in order {
+        if pod.zone_group.is_some() || pod.colocate {
+            remaining.push(pod);
+            continue;
+        }
+        let fit = existing.iter_mut().find(|n| pod.requests.fits(n.free) && tolerates_all(pod, &n.taints) && labels_fit(pod, &n.labels).is_ok());
+        match fit {
+            Some(n) => {
+                n.free = n.free - pod.requests;
+                plan.existing.insert(pod.id.clone(), n.name.clone());
+            }
+            None => remaining.push(pod),
+        }
+    }
+    remaining
+}
+
+/// Every (pool, offering) a new node can be: pools by weight, the labels each offering gets in
+/// each pool, and the room for workload pods after the pool's DaemonSets.
+struct Slots {
+    pool_order: Vec<usize>,
+    labels: Vec<Vec<(usize, BTreeMap<String, String>)>>,
+    room: std::collections::HashMap<Slot, Resources>,
+}
+
+impl Slots {
+    fn new(pools: &[Pool], offerings: &[Offering]) -> Slots {
+        let mut pool_order: Vec<usize> = (0..pools.len()).collect();
+        pool_order.sort_by(|&a, &b| pools[b].weight.cmp(&pools[a].weight).then_with(|| pools[a].name.cmp(&pools[b].name)));
+        let labels: Vec<Vec<(usize, BTreeMap<String, String>)>> = pools
+            .iter()
+            .map(|pool| {
+                offerings
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, o)| {
+                        let labels = o.labels(pool);
+                        (pool.requirements.matches_map(&labels) && Offering::keeps_template_labels(&labels, pool)).then_some((i, labels))
+                    })
+                    .collect()
+            })
+            .collect();
+        let room = labels.iter().enumerate().flat_map(|(pi, list)| list.iter().map(move |(oi, l)| ((pi, *oi), pools[pi].room(l, offerings[*oi].instance.allocatable)))).collect();
+        Slots { pool_order, labels, room }
+    }
+
+    fn room(&self, pi: usize, oi: usize) -> Resources {
+        self.room.get(&(pi, oi)).copied().unwrap_or_default()
+    }
+}
+
+/// The class of `pod` (pods identical to it join it): the offerings of the first pool by weight
+/// that has any it fits, with the preferred-affinity weight each earns, and the lower-weight
+/// pools it also fits for when that pool reaches its limits. `Err`: why no pool takes it.
+fn class_of(pod: &PendingPod, pools: &[Pool], offerings: &[Offering], slots: &Slots) -> Result<Class, String> {
+    let mut compatible = Vec::new();
+    let mut fallback: Vec<Vec<Slot>> = Vec::new();
+    let mut why = String::from("no NodePool");
+    for &pi in &slots.pool_order {
+        let pool = &pools[pi];
+        if !tolerates_all(pod, &pool.taints) {
+            why = format!("does not tolerate the taints of pool {}", pool.name);
+            continue;
+        }
+        let fits: Vec<(Slot, i32)> = slots.labels[pi]
+            .iter()
+            .filter(|(oi, labels)| {
+                let ok = labels_fit(pod, labels).and_then(|()| extended_fit(pod, &offerings[*oi], &pool.name));
+                if let Err(e) = &ok {
+                    why = if e.starts_with("pool ") { e.clone() } else { format!("pool {}: {e}", pool.name) };
+                }
+                ok.is_ok() && pod.requests.fits(slots.room(pi, *oi))
+            })
+            .map(|(oi, labels)| ((pi, *oi), pod.preferred.iter().filter(|(_, r)| r.matches_map(labels)).map(|(w, _)| *w).sum()))
+            .collect();
+        if !fits.is_empty() {
+            if compatible.is_empty() {
+                compatible = fits;
+            } else {
+                fallback.push(fits.into_iter().map(|(slot, _)| slot).collect());
+            }
+            continue;
+        }
+        if !compatible.is_empty() {
+            continue;
+        }
+        if why.starts_with("no NodePool") || why.starts_with("does not tolerate") {
+            why = format!("pool {}: no instance type fits the pod's requests and constraints", pool.name);
+        }
+    }
+    if compatible.is_empty() {
+        return Err(why);
+    }
+    let preference: std::collections::HashMap<Slot, i32> = compatible.iter().copied().filter(|&(_, w)| w > 0).collect();
+    let compatible: Vec<Slot> = compatible.into_iter().map(|(slot, _)| slot).collect();
+    let lower_bound = lower_bound(&compatible, pod.requests, offerings, &|pi, oi| slots.room(pi, oi));
+    Ok(Class {
+        pods: vec![pod.id.clone()],
+        requests: pod.requests,
+        offerings: compatible,
+        lower_bound,
+        zone_spread: pod.zone_spread,
+        per_node_max: pod.per_node_max,
+        zone_group: pod.zone_group.clone(),
+        spread_group: pod.spread_key().cloned(),
+        one_per_zone: pod.one_per_zone,
+        colocate: pod.colocate,
+        preference,
+        mask: Default::default(),
+        gpus: pod.gpus(),
+        fallback,
+    })
+}
+
+/// Biggest pods first; what each class may fill, then the offerings worth leading a node with:
+/// per class, drop offerings another compatible one beats on price with at least as much room
+/// everywhere (the same type in another zone included, unless the class is held to a zone).
+fn narrow(classes: &mut [Class], offerings: &[Offering], room_of: &dyn Fn(usize, usize) -> Resources) {
+    classes.sort_by_key(|c| std::cmp::Reverse(c.requests));
+    let mut pruned: std::collections::HashMap<Vec<Slot>, Vec<Slot>> = std::collections::HashMap::new();
+    for c in classes.iter_mut() {
+        c.mask = c.offerings.iter().copied().collect();
+        c.offerings = if c.preference.is_empty() {
+            pruned.entry(c.offerings.clone()).or_insert_with(|| pareto(&c.offerings, offerings, room_of, &Default::default())).clone()
+        } else {
+            pareto(&c.offerings, offerings, room_of, &c.preference)
+        };
+    }
 }
 
 #[cfg(test)]

@@ -30,11 +30,54 @@ pub struct ClusterState {
     pub volumes: Vec<Arc<PersistentVolume>>,
 }
 
+/// Why an object of a dump or scenario could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct ObjectError {
+    pub kind: String,
+    pub message: String,
+}
+
 fn refs<T>(v: &[Arc<T>]) -> Vec<&T> {
     v.iter().map(Arc::as_ref).collect()
 }
 
 impl ClusterState {
+    /// A cluster dump (`kubectl get nodes,pods,... -o yaml`, or documents): every object read
+    /// in, and the kinds that were not (`apiVersion Kind`).
+    pub fn from_objects(objects: impl IntoIterator<Item = serde_json::Value>) -> Result<(ClusterState, Vec<String>), ObjectError> {
+        let mut state = ClusterState::default();
+        let mut ignored = Vec::new();
+        for o in objects.into_iter().filter(|o| !o.is_null()) {
+            if let Some(kind) = state.add(o)? {
+                ignored.push(kind);
+            }
+        }
+        Ok((state, ignored))
+    }
+
+    /// Read one object into the state. `Ok(Some("apiVersion Kind"))` for a kind the state does
+    /// not keep (a NodePool of another group than Archer's or Karpenter's `karpenter.sh/v1`).
+    pub fn add(&mut self, object: serde_json::Value) -> Result<Option<String>, ObjectError> {
+        let kind = object.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
+        let api = object.get("apiVersion").and_then(|k| k.as_str()).unwrap_or_default().to_string();
+        fn read<T: serde::de::DeserializeOwned>(kind: &str, o: serde_json::Value) -> Result<Arc<T>, ObjectError> {
+            serde_json::from_value(o).map(Arc::new).map_err(|e| ObjectError { kind: kind.to_string(), message: e.to_string() })
+        }
+        match (kind.as_str(), api.as_str()) {
+            ("Node", _) => self.nodes.push(read(&kind, object)?),
+            ("Pod", _) => self.pods.push(read(&kind, object)?),
+            ("NodeClaim", archer_api::nodepool::API_VERSION) => self.claims.push(read(&kind, object)?),
+            ("NodePool", archer_api::nodepool::API_VERSION | archer_api::nodepool::KARPENTER_API_VERSION) => self.pools.push(read(&kind, object)?),
+            ("Namespace", _) => self.namespaces.push(read(&kind, object)?),
+            ("DaemonSet", _) => self.daemonsets.push(read(&kind, object)?),
+            ("PersistentVolumeClaim", _) => self.volume_claims.push(read(&kind, object)?),
+            ("PersistentVolume", _) => self.volumes.push(read(&kind, object)?),
+            _ => return Ok(Some(format!("{api} {kind}"))),
+        }
+        Ok(None)
+    }
+
     pub fn node_refs(&self) -> Vec<&Node> {
         refs(&self.nodes)
     }
@@ -102,5 +145,37 @@ impl ClusterState {
     /// Why `pool` must not be consolidated now (see [`objects::consolidation_hold`]).
     pub fn consolidation_hold(&self, pool: &str, waiting: &[String]) -> Option<String> {
         objects::consolidation_hold(pool, &self.claim_refs(), &self.node_refs(), waiting)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_dump_reads_every_kind_the_decisions_use_and_names_the_rest() {
+        let objects = vec![
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"}, "spec": {"containers": [], "nodeName": "n1"}}),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a", "labels": {"team": "x"}}}),
+            json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "metadata": {"name": "c"}, "spec": {"nodePool": "general", "instanceType": "m7g.large", "zone": "us-east-1a", "capacityType": "spot", "arch": "arm64", "os": "linux", "pricePerHour": 0.03}}),
+            json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "k"}, "spec": {"template": {"spec": {"requirements": []}}}}),
+            json!({"apiVersion": "example.com/v1", "kind": "NodePool", "metadata": {"name": "other"}}),
+            json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d"}, "spec": {"selector": {}, "template": {"spec": {"containers": []}}}}),
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data", "namespace": "a"}}),
+            json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv"}}),
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}),
+            serde_json::Value::Null,
+        ];
+        let (state, ignored) = ClusterState::from_objects(objects).expect("dump");
+        assert_eq!((state.nodes.len(), state.pods.len(), state.namespaces.len(), state.claims.len(), state.pools.len()), (1, 1, 1, 1, 1));
+        assert_eq!((state.daemonsets.len(), state.volume_claims.len(), state.volumes.len()), (1, 1, 1));
+        assert_eq!(ignored, ["example.com/v1 NodePool", "v1 Service"]);
+        assert!(state.node("n1").is_some() && state.node("n2").is_none());
+        let snapshot = state.snapshot(&state.packer_pools(&|_| None), &|_| false);
+        assert_eq!(snapshot.nodes.len(), 2, "the node, and the claim's node still coming");
+        let err = ClusterState::from_objects(vec![json!({"apiVersion": "v1", "kind": "Pod", "spec": 3})]).expect_err("malformed");
+        assert_eq!(err.kind, "Pod");
     }
 }

@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::apps::v1::Deployment;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use archer_api::nodepool::{NodePool, API_VERSION, KARPENTER_API_VERSION};
+use archer_api::nodepool::NodePool;
 use archer_core::placement::pod_images;
 use archer_core::platform::PlatformSet;
 use crate::ClusterState;
@@ -61,50 +61,34 @@ impl Scenario {
                 continue;
             }
             let kind = json.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
-            let api = json.get("apiVersion").and_then(|k| k.as_str()).unwrap_or_default().to_string();
-            match (kind.as_str(), api.as_str()) {
-                ("Deployment", _) => {
-                    let d: Deployment = serde_json::from_value(json).map_err(|e| err(format!("Deployment: {e}")))?;
-                    let name = d.metadata.name.clone().unwrap_or_default();
-                    let ns = d.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-                    let spec = d.spec.ok_or_else(|| err(format!("Deployment {name} has no spec")))?;
-                    let replicas = spec.replicas.unwrap_or(1).max(0);
-                    for i in 0..replicas {
-                        let mut meta = spec.template.metadata.clone().unwrap_or_default();
-                        meta.name = Some(format!("{name}-{i}"));
-                        meta.namespace = Some(ns.clone());
-                        let pod = Pod { metadata: meta, spec: spec.template.spec.clone(), status: None };
-                        s.state.pods.push(Arc::new(pod.clone()));
-                        s.pods.push(ScenarioPod { id: format!("{ns}/{name}-{i}"), pod });
+            if kind == "Deployment" {
+                let d: Deployment = serde_json::from_value(json).map_err(|e| err(format!("Deployment: {e}")))?;
+                let name = d.metadata.name.clone().unwrap_or_default();
+                let ns = d.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+                let spec = d.spec.ok_or_else(|| err(format!("Deployment {name} has no spec")))?;
+                let replicas = spec.replicas.unwrap_or(1).max(0);
+                for i in 0..replicas {
+                    let mut meta = spec.template.metadata.clone().unwrap_or_default();
+                    meta.name = Some(format!("{name}-{i}"));
+                    meta.namespace = Some(ns.clone());
+                    let pod = Pod { metadata: meta, spec: spec.template.spec.clone(), status: None };
+                    s.state.pods.push(Arc::new(pod.clone()));
+                    s.pods.push(ScenarioPod { id: format!("{ns}/{name}-{i}"), pod });
+                }
+                continue;
+            }
+            // Pods bound to a node (as `kubectl get pods -o yaml` prints running ones) are the
+            // cluster's load; the others wait for a place.
+            let to_place = kind == "Pod" && json.pointer("/spec/nodeName").and_then(|n| n.as_str()).is_none_or(str::is_empty);
+            match s.state.add(json).map_err(|e| err(e.to_string()))? {
+                Some(other) => s.ignored.push(other),
+                None if to_place => {
+                    if let Some(p) = s.state.pods.last() {
+                        let id = format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or("default"), p.metadata.name.as_deref().unwrap_or_default());
+                        s.pods.push(ScenarioPod { id, pod: (**p).clone() });
                     }
                 }
-                ("Pod", _) => {
-                    let p: Pod = serde_json::from_value(json).map_err(|e| err(format!("Pod: {e}")))?;
-                    let ns = p.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-                    let id = format!("{ns}/{}", p.metadata.name.clone().unwrap_or_default());
-                    // Pods bound to a node (as `kubectl get pods -o yaml` prints running ones)
-                    // are the cluster's load; the others wait for a place.
-                    let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| !n.is_empty());
-                    s.state.pods.push(Arc::new(p.clone()));
-                    if !bound {
-                        s.pods.push(ScenarioPod { id, pod: p });
-                    }
-                }
-                ("PersistentVolumeClaim", _) => {
-                    s.state.volume_claims.push(Arc::new(serde_json::from_value(json).map_err(|e| err(format!("PersistentVolumeClaim: {e}")))?));
-                }
-                ("PersistentVolume", _) => {
-                    s.state.volumes.push(Arc::new(serde_json::from_value(json).map_err(|e| err(format!("PersistentVolume: {e}")))?));
-                }
-                ("NodePool", API_VERSION | KARPENTER_API_VERSION) => {
-                    s.state.pools.push(Arc::new(serde_json::from_value(json).map_err(|e| err(format!("NodePool: {e}")))?));
-                }
-                ("DaemonSet", _) => {
-                    let d: DaemonSet = serde_json::from_value(json).map_err(|e| err(format!("DaemonSet: {e}")))?;
-                    s.state.daemonsets.push(Arc::new(d));
-                }
-                ("Node", _) => s.state.nodes.push(Arc::new(serde_json::from_value(json).map_err(|e| err(format!("Node: {e}")))?)),
-                (k, a) => s.ignored.push(format!("{a} {k}")),
+                None => {}
             }
         }
         if s.state.pools.is_empty() {
