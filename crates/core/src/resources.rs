@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::quantity;
+use crate::sched::resources::{container_requests, effective_requests};
 
 /// The scheduler scores a container without requests as if it asked for this much
 /// (kube-scheduler's non-zero defaults), so "free" pods still have a size.
@@ -60,37 +61,23 @@ impl std::ops::Sub for Resources {
     }
 }
 
-fn container_requests(c: &Container, non_zero: bool) -> Resources {
-    let r = Resources::from_map(c.resources.as_ref().and_then(|r| r.requests.as_ref()).or_else(|| c.resources.as_ref().and_then(|r| r.limits.as_ref())));
-    if non_zero {
-        Resources {
-            cpu_millis: if r.cpu_millis == 0 { DEFAULT_CPU_MILLIS } else { r.cpu_millis },
-            memory_bytes: if r.memory_bytes == 0 { DEFAULT_MEMORY_BYTES } else { r.memory_bytes },
-            pods: 0,
-        }
-    } else {
-        Resources { pods: 0, ..r }
-    }
-}
-
-/// The pod's effective request: the larger of (regular + sidecar containers) and each plain init
-/// container (with the sidecars started before it), plus pod overhead, and one pod slot.
-/// `non_zero` applies the scheduler's defaults to containers that request nothing.
+/// The pod's effective request of cpu and memory, by the one rule
+/// ([`crate::sched::resources::effective_requests`]), and one pod slot. `non_zero` applies the
+/// scheduler's defaults to containers that request no cpu or no memory.
 pub fn pod_requests(pod: &Pod, non_zero: bool) -> Resources {
-    let Some(spec) = &pod.spec else { return Resources::new(0, 0, 1) };
-    let mut sidecars = Resources::default();
-    let mut init_peak = Resources::default();
-    for c in spec.init_containers.iter().flatten() {
-        let r = container_requests(c, non_zero);
-        if c.restart_policy.as_deref() == Some("Always") {
-            sidecars = sidecars + r;
-        } else {
-            init_peak = init_peak.max(sidecars + r);
+    let container = |c: &Container| {
+        let mut r = container_requests(c);
+        if non_zero {
+            for (k, default) in [("cpu", DEFAULT_CPU_MILLIS), ("memory", DEFAULT_MEMORY_BYTES)] {
+                if r.get(k) == 0 {
+                    r.0.insert(k.to_string(), default);
+                }
+            }
         }
-    }
-    let regular = spec.containers.iter().fold(Resources::default(), |acc, c| acc + container_requests(c, non_zero)) + sidecars;
-    let overhead = Resources::from_map(spec.overhead.as_ref());
-    Resources { pods: 1, ..regular.max(init_peak) + Resources { pods: 0, ..overhead } }
+        r
+    };
+    let all = effective_requests(pod, &container);
+    Resources { cpu_millis: all.get("cpu"), memory_bytes: all.get("memory"), pods: 1 }
 }
 
 #[cfg(test)]
@@ -122,6 +109,19 @@ mod tests {
         let empty = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a", "image": "x"}]}}));
         assert_eq!(pod_requests(&empty, false), Resources::new(0, 0, 1));
         assert_eq!(pod_requests(&empty, true), Resources::new(DEFAULT_CPU_MILLIS, DEFAULT_MEMORY_BYTES, 1));
+    }
+
+    #[test]
+    fn a_limit_defaults_the_request_of_its_own_resource_only() {
+        // As the API server defaults a container's requests: per resource, from its limits.
+        let p = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "a", "image": "x", "resources": {"requests": {"cpu": "300m"}, "limits": {"cpu": "1", "memory": "512Mi"}}},
+            {"name": "b", "image": "x", "resources": {"requests": {"memory": "64Mi"}}}
+        ]}}));
+        assert_eq!(pod_requests(&p, false), Resources::new(300, 576 * quantity::MIB, 1), "a's memory comes from its limit, its cpu from its request");
+        assert_eq!(pod_requests(&p, true), Resources::new(300 + DEFAULT_CPU_MILLIS, 576 * quantity::MIB, 1), "b asks no cpu: the scheduler's default");
+        let all = crate::sched::resources::pod_requests(&p);
+        assert_eq!((all.get("cpu"), all.get("memory")), (300, 576 * quantity::MIB), "the one rule, read for every resource");
     }
 
     #[test]

@@ -178,4 +178,40 @@ mod tests {
         let err = ClusterState::from_objects(vec![json!({"apiVersion": "v1", "kind": "Pod", "spec": 3})]).expect_err("malformed");
         assert_eq!(err.kind, "Pod");
     }
+
+    /// The batcher's inputs from a recorded state: which pods a batch plans, which a live plan
+    /// covers, and where a restarted worker finds what it planned.
+    #[test]
+    fn a_batch_plans_the_unschedulable_pods_no_live_plan_covers() {
+        let pod = |name: &str, extra: serde_json::Value| {
+            let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "1", "controller": true}]},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}});
+            if let (Some(p), Some(e)) = (p.as_object_mut(), extra.as_object()) {
+                for (k, v) in e {
+                    if let (Some(serde_json::Value::Object(have)), serde_json::Value::Object(add)) = (p.get_mut(k), v) {
+                        have.extend(add.clone());
+                    }
+                }
+            }
+            p
+        };
+        let objects = vec![
+            pod("waiting", json!({})),
+            pod("planned", json!({})),
+            pod("bound", json!({"spec": {"nodeName": "n1"}})),
+            pod("gated", json!({"spec": {"schedulingGates": [{"name": "example.com/wait"}]}})),
+            pod("untried", json!({"status": {"conditions": []}})),
+            json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "metadata": {"name": "general-abc", "annotations": {archer_core::labels::PLANNED_PODS_ANNOTATION: "default/planned"}},
+                   "spec": {"nodePool": "general", "instanceType": "m7g.large", "zone": "us-east-1a", "capacityType": "spot", "arch": "arm64", "os": "linux", "pricePerHour": 0.03}}),
+        ];
+        let (state, _) = ClusterState::from_objects(objects).expect("state");
+        let (pending, covered) = state.provisionable(&[]);
+        let names: Vec<&str> = pending.iter().filter_map(|p| p.metadata.name.as_deref()).collect();
+        assert_eq!(names, ["waiting"], "bound, gated, covered and untried pods are not planned");
+        assert_eq!(covered.into_iter().collect::<Vec<_>>(), ["default/planned"]);
+        let (eager, _) = state.provisionable(&["default-scheduler".to_string()]);
+        assert_eq!(eager.len(), 2, "a pod the extender's scheduler has not tried yet is planned at once");
+        assert_eq!(state.planned_nodes().get("default/planned").map(String::as_str), Some("general-abc"));
+    }
 }

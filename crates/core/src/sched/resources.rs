@@ -56,7 +56,8 @@ fn amount(name: &str, q: &str) -> Option<i64> {
     }
 }
 
-fn container_requests(c: &Container) -> ResourceList {
+/// What one container requests of every resource.
+pub fn container_requests(c: &Container) -> ResourceList {
     // A limit without a request defaults the request (API defaulting; pods read back from the
     // API server already carry it, pods from YAML may not).
     let r = c.resources.as_ref();
@@ -69,11 +70,19 @@ fn container_requests(c: &Container) -> ResourceList {
 
 /// What the pod requests of every resource (the `pods` slot is not included).
 pub fn pod_requests(pod: &Pod) -> ResourceList {
+    effective_requests(pod, &container_requests)
+}
+
+/// The one rule for a pod's requests, each container read by `container` (the scheduler's
+/// non-zero defaults are applied there when a caller wants them): regular containers summed,
+/// sidecars added, each other init container as the peak it reaches on top of the sidecars
+/// started before it, plus the pod's overhead. Resources requested at zero are left out.
+pub fn effective_requests(pod: &Pod, container: &dyn Fn(&Container) -> ResourceList) -> ResourceList {
     let Some(spec) = &pod.spec else { return ResourceList::default() };
     let mut sidecars = ResourceList::default();
     let mut init_peak = ResourceList::default();
     for c in spec.init_containers.iter().flatten() {
-        let r = container_requests(c);
+        let r = container(c);
         if c.restart_policy.as_deref() == Some("Always") {
             sidecars.add(&r);
         } else {
@@ -84,7 +93,7 @@ pub fn pod_requests(pod: &Pod) -> ResourceList {
     }
     let mut total = ResourceList::default();
     for c in &spec.containers {
-        total.add(&container_requests(c));
+        total.add(&container(c));
     }
     total.add(&sidecars);
     total.max_with(&init_peak);
