@@ -82,7 +82,7 @@ impl Outcome {
 /// Plan a scenario of these objects (JSON is YAML).
 fn run(docs: &[Value]) -> Outcome {
     let text = docs.iter().map(Value::to_string).collect::<Vec<_>>().join("\n---\n");
-    let s = Scenario::parse(&text).expect("scenario");
+    let mut s = Scenario::parse(&text).expect("scenario");
     let catalog = Catalog::embedded().expect("catalog");
     let inputs = s.inputs(&catalog, &BTreeMap::new(), Default::default()).expect("inputs");
     let plan = plan_batch(&inputs.snapshot, &inputs.pending, &inputs.pools, &inputs.offerings);

@@ -48,7 +48,7 @@ pub struct SimulateArgs {
 fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platforms: &(dyn Fn(&k8s_openapi::api::core::v1::Pod) -> Option<archer_core::platform::PlatformSet> + Sync), preferences: archer_core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
     use crate::provisioner::objects::{labels_of, DisruptionSettings};
     let volumes = s.state.volumes();
-    let world = consolidation::World { state: &s.state, pools: &inputs.pools, offerings: &inputs.offerings, volumes: &volumes, platforms, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
+    let world = consolidation::World { state: &s.state, pools: &inputs.pools, volumes: &volumes, platforms, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
     // A scenario's node is priced by its offering (instance type, zone and capacity type).
     let price = |n: &k8s_openapi::api::core::v1::Node| {
         let l = labels_of(n);
@@ -148,7 +148,7 @@ fn print_plan(title: &str, plan: &Plan) {
 pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     let SimulateArgs { scenario, catalog, registry, offline, compare, disruption: disrupt, output } = args;
     let text = std::fs::read_to_string(&scenario).with_context(|| format!("reading {}", scenario.display()))?;
-    let s = Scenario::parse(&text)?;
+    let mut s = Scenario::parse(&text)?;
     let cfg = registry.load()?;
     let catalog = Catalog::with_user_file(catalog.as_deref().or(cfg.catalog.as_deref()))?;
     let mut notes: Vec<String> = s.ignored.iter().map(|k| format!("ignored {k}")).collect();

@@ -126,10 +126,10 @@ impl Batcher {
         if pending.is_empty() {
             return None;
         }
-        let pools = self.ctx.pools(&state);
+        let pools = state.packer_pools();
         let snapshot = state.snapshot(&pools, &|_| false);
         let batch: Vec<Pending> = self.ctx.pending_pods(&state, &pending, &state.volumes()).await;
-        let offerings = &self.ctx.provider.offerings();
+        let offerings = &state.offerings;
         let plan = if pools.is_empty() {
             Plan { unschedulable: batch.iter().map(|p| archer_core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
         } else {

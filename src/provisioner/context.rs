@@ -15,7 +15,6 @@ use kube::{Client, Resource};
 use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
 use archer_cloud::{CloudError, CloudProvider, NodeClassReadiness};
-use archer_core::packer::Pool;
 use archer_core::planner::Pending;
 use archer_core::platform::PlatformSet;
 use archer_core::sched::Volumes;
@@ -98,7 +97,19 @@ where
 impl Context {
     /// The cluster at this moment, from the watch caches.
     pub fn state(&self) -> ClusterState {
-        self.stores.state(self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default())
+        let mut state = self.stores.state(self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default());
+        state.offerings = self.provider.offerings();
+        // A pool whose node class is not ready gets no new node: its pods fall through to the
+        // next pool by weight, as Karpenter skips a NodePool that is not Ready.
+        state.closed_pools = state
+            .pools
+            .iter()
+            .filter_map(|np| match self.provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()) {
+                NodeClassReadiness::NotReady { message, .. } => Some((np.name(), message)),
+                NodeClassReadiness::Ready | NodeClassReadiness::NotUsed => None,
+            })
+            .collect();
+        state
     }
 
     /// Platforms of a pending pod: the webhook's annotation, else its images, else unknown
@@ -130,16 +141,6 @@ impl Context {
             pending
         }))
         .await
-    }
-
-    /// The state's pools as the packer takes them: a pool whose node class the provider says is
-    /// not ready is closed.
-    pub fn pools(&self, state: &ClusterState) -> Vec<Pool> {
-        let closed = |np: &NodePool| match self.provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()) {
-            NodeClassReadiness::NotReady { message, .. } => Some(message),
-            NodeClassReadiness::Ready | NodeClassReadiness::NotUsed => None,
-        };
-        state.packer_pools(&closed)
     }
 
     /// Pods the last batch placed that are still pending: they wait for capacity Archer is

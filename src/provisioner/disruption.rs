@@ -217,8 +217,8 @@ impl Disrupter {
         let found = futures::future::join_all(moving.iter().map(|p| async move { (state::pod_id(p), self.ctx.platforms(p).await) })).await;
         let found: HashMap<String, Option<archer_core::platform::PlatformSet>> = found.into_iter().collect();
         let platforms = |p: &Pod| found.get(&state::pod_id(p)).cloned().flatten();
-        let (pools, volumes) = (self.ctx.pools(state), state.volumes());
-        let world = consolidation::World { state, pools: &pools, offerings: &self.ctx.provider.offerings(), volumes: &volumes, platforms: &platforms, budget: self.ctx.settings.packing_budget(), preferences: self.ctx.settings.preference_policy };
+        let (pools, volumes) = (state.packer_pools(), state.volumes());
+        let world = consolidation::World { state, pools: &pools, volumes: &volumes, platforms: &platforms, budget: self.ctx.settings.packing_budget(), preferences: self.ctx.settings.preference_policy };
         tokio::task::block_in_place(|| decide(&world))
     }
 

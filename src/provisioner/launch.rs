@@ -71,8 +71,8 @@ impl Launcher {
             allowed.push(planned);
         }
         // Written concurrently, a few at a time.
-        let (state, offerings) = (self.ctx.state(), self.ctx.provider.offerings());
-        let writes: Vec<_> = allowed.into_iter().filter_map(|p| Some((p, archer_model::claims::claim_for(&state, &offerings, p, reason)?))).map(|(planned, claim)| self.write_claim(planned, claim)).collect();
+        let state = self.ctx.state();
+        let writes: Vec<_> = allowed.into_iter().filter_map(|p| Some((p, archer_model::claims::claim_for(&state, &state.offerings, p, reason)?))).map(|(planned, claim)| self.write_claim(planned, claim)).collect();
         let mut claims: Vec<NodeClaim> = futures::stream::iter(writes).buffer_unordered(CLAIM_WRITES_IN_FLIGHT).filter_map(std::future::ready).collect().await;
         let names: Vec<String> = claims.iter().map(|c| c.name()).collect();
         if names.len() > 1 {

@@ -56,7 +56,8 @@ impl Stores {
         (Stores { pods, nodes, claims, pools, daemonsets, claims_pv, volumes }, drive)
     }
 
-    /// The cluster as the caches hold it now, with the namespaces the process keeps.
+    /// The cluster as the caches hold it now, with the namespaces the process keeps (the
+    /// provider's offerings and pool readiness are added by `Context::state`).
     pub fn state(&self, namespaces: Vec<Arc<Namespace>>) -> ClusterState {
         ClusterState {
             nodes: self.nodes.state(),
@@ -67,6 +68,7 @@ impl Stores {
             daemonsets: self.daemonsets.state(),
             volume_claims: self.claims_pv.state(),
             volumes: self.volumes.state(),
+            ..Default::default()
         }
     }
 

@@ -3,7 +3,7 @@
 //! the planner's inputs (pools with their room, kube-scheduler's snapshot, volumes, DaemonSet
 //! loads, what a live plan already covers) are made from it here, once, for both.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVo
 
 use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
-use archer_core::packer::{DaemonLoad, Pool};
+use archer_core::packer::{DaemonLoad, Offering, Pool};
 use archer_core::sched::{Snapshot, Volumes};
 
 use crate::{adapter, objects};
@@ -28,6 +28,11 @@ pub struct ClusterState {
     pub daemonsets: Vec<Arc<DaemonSet>>,
     pub volume_claims: Vec<Arc<PersistentVolumeClaim>>,
     pub volumes: Vec<Arc<PersistentVolume>>,
+    /// What can be launched now, with its prices: the provider's offerings (for a scenario, the
+    /// catalog's in the pools' zones).
+    pub offerings: Arc<Vec<Offering>>,
+    /// Pools that may launch nothing now, and why (their node class is not ready), by name.
+    pub closed_pools: BTreeMap<String, String>,
 }
 
 /// Why an object of a dump or scenario could not be read.
@@ -111,10 +116,11 @@ impl ClusterState {
     }
 
     /// The packer's pools: each NodePool with the room left under its limits and the
-    /// DaemonSets that would run on its nodes (see [`objects::packer_pools`]). `closed` says why
-    /// a pool may launch nothing now.
-    pub fn packer_pools(&self, closed: &dyn Fn(&NodePool) -> Option<String>) -> Vec<Pool> {
-        objects::packer_pools(&refs(&self.pools), &self.claim_refs(), &self.daemon_loads(), closed)
+    /// DaemonSets that would run on its nodes (see [`objects::packer_pools`]); a pool in
+    /// `closed_pools` keeps no room for a new node.
+    pub fn packer_pools(&self) -> Vec<Pool> {
+        let closed = |np: &NodePool| self.closed_pools.get(&np.name()).cloned();
+        objects::packer_pools(&refs(&self.pools), &self.claim_refs(), &self.daemon_loads(), &closed)
     }
 
     /// The cluster as kube-scheduler's rules see it, leaving out the nodes `skip` names (see
@@ -173,7 +179,7 @@ mod tests {
         assert_eq!((state.daemonsets.len(), state.volume_claims.len(), state.volumes.len()), (1, 1, 1));
         assert_eq!(ignored, ["example.com/v1 NodePool", "v1 Service"]);
         assert!(state.node("n1").is_some() && state.node("n2").is_none());
-        let snapshot = state.snapshot(&state.packer_pools(&|_| None), &|_| false);
+        let snapshot = state.snapshot(&state.packer_pools(), &|_| false);
         assert_eq!(snapshot.nodes.len(), 2, "the node, and the claim's node still coming");
         let err = ClusterState::from_objects(vec![json!({"apiVersion": "v1", "kind": "Pod", "spec": 3})]).expect_err("malformed");
         assert_eq!(err.kind, "Pod");

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::adapter;
 use crate::objects::{self, DisruptionSettings};
 use crate::ClusterState;
-use archer_core::packer::{Offering, Plan, PlannedNode, Pool};
+use archer_core::packer::{Plan, PlannedNode, Pool};
 use archer_core::packer::batch_budget;
 use archer_core::planner::{plan_batch_within, Pending};
 use archer_core::platform::PlatformSet;
@@ -37,7 +37,6 @@ pub struct World<'a> {
     pub state: &'a ClusterState,
     /// The state's pools as the packer takes them (room left, readiness applied).
     pub pools: &'a [Pool],
-    pub offerings: &'a [Offering],
     pub volumes: &'a Volumes,
     /// The platforms of a pod's images (resolved by the caller; `None`: unknown).
     pub platforms: &'a (dyn Fn(&Pod) -> Option<PlatformSet> + Sync),
@@ -151,7 +150,7 @@ pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
         .map(|p| adapter::pending_unbound(p, (world.platforms)(p), world.volumes, world.preferences))
         .collect();
     let snapshot = world.state.snapshot(world.pools, &|n: &str| leaving.contains(&n));
-    let plan = plan_batch_within(&snapshot, &batch, world.pools, world.offerings, batch_budget(world.budget, batch.len()));
+    let plan = plan_batch_within(&snapshot, &batch, world.pools, &world.state.offerings, batch_budget(world.budget, batch.len()));
     plan.unschedulable.is_empty().then_some(plan)
 }
 

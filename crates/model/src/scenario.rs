@@ -27,7 +27,8 @@ pub enum ScenarioError {
 pub struct Inputs {
     pub pending: Vec<archer_core::planner::Pending>,
     pub pools: Vec<archer_core::packer::Pool>,
-    pub offerings: Vec<archer_core::packer::Offering>,
+    /// The state's offerings (the catalog's in the pools' zones).
+    pub offerings: Arc<Vec<archer_core::packer::Offering>>,
     pub snapshot: archer_core::sched::Snapshot,
     /// Pods whose image platforms are unknown (assumed to run anywhere).
     pub assumed: usize,
@@ -105,7 +106,8 @@ impl Scenario {
     /// The planner's inputs: each pending pod with its platforms (its annotation, else the
     /// platforms `found` for all its images, else unknown), the pools with the scenario's
     /// DaemonSets, offerings in the pools' zones, and the cluster as the live worker sees it.
-    pub fn inputs(&self, catalog: &archer_core::catalog::Catalog, found: &BTreeMap<String, PlatformSet>, policy: archer_core::sched::preferences::Policy) -> Result<Inputs, ScenarioError> {
+    /// Also fills the state's offerings: the catalog's, in every zone a pool allows.
+    pub fn inputs(&mut self, catalog: &archer_core::catalog::Catalog, found: &BTreeMap<String, PlatformSet>, policy: archer_core::sched::preferences::Policy) -> Result<Inputs, ScenarioError> {
         use crate::adapter;
         let volumes = self.state.volumes();
         let mut assumed = 0;
@@ -122,11 +124,12 @@ impl Scenario {
         for p in &self.state.pools {
             p.to_pool().map_err(|source| ScenarioError::Pool { pool: p.name(), source })?;
         }
-        let pools = self.state.packer_pools(&|_| None);
+        let pools = self.state.packer_pools();
         let mut zones: Vec<String> = self.state.pools.iter().flat_map(|p| p.zones()).collect();
         zones.sort();
         zones.dedup();
-        let offerings = archer_api::nodepool::offerings(catalog, &zones);
+        let offerings = Arc::new(archer_api::nodepool::offerings(catalog, &zones));
+        self.state.offerings = offerings.clone();
         let snapshot = self.state.snapshot(&pools, &|_| false);
         Ok(Inputs { pending, pools, offerings, snapshot, assumed })
     }

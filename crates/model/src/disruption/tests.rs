@@ -71,16 +71,15 @@ fn pass(state: &ClusterState, pool: &NodePool, draining: &dyn Fn(&str) -> bool, 
     let settings = DisruptionSettings::of(pool).expect("settings");
     let nodes = pool_nodes(state, "default", &|_| true, &|n| state.claim_of_node(n.metadata.name.as_deref().unwrap_or("")).map(|c| c.spec.price_per_hour), &mut |_| {});
     let pools = [Pool { name: "default".into(), weight: 0, requirements: Default::default(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None }];
-    let offerings = Offering::embedded_on_demand();
     let volumes = Volumes::default();
-    let world = World { state, pools: &pools, offerings: &offerings, volumes: &volumes, platforms: &amd64, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
+    let world = World { state, pools: &pools, volumes: &volumes, platforms: &amd64, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
     let clock = Clock { now: now(), draining, empty_long_enough: &|_| true, settled: &|_| true, hold: hold.map(String::from) };
     disrupt_pool(&world, pool, &settings, &nodes, &clock, provider_drift, Search::exhaustive(0.02))
 }
 
 fn cluster(pool: &NodePool, claims: Vec<Arc<NodeClaim>>, pods: Vec<Arc<Pod>>) -> ClusterState {
     let nodes = claims.iter().map(|c| node(&c.name())).collect();
-    ClusterState { nodes, claims, pods, pools: vec![Arc::new(pool.clone())], ..Default::default() }
+    ClusterState { nodes, claims, pods, pools: vec![Arc::new(pool.clone())], offerings: Arc::new(Offering::embedded_on_demand()), ..Default::default() }
 }
 
 fn no_drift(_: &NodeClaim) -> Option<String> {
