@@ -129,7 +129,8 @@ pub struct TemplateSpec {
     pub node_class_ref: Option<BTreeMap<String, String>>,
 }
 
-/// A taint as the NodePool and NodeClaim resources write it (key, value, effect).
+// A taint as the NodePool and NodeClaim resources write it (key, value, effect); a doc comment
+// here would become a description in the generated CRDs.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct TaintDoc {
     pub key: String,
