@@ -95,7 +95,7 @@ fn credential_key(pod: &Pod, live: bool) -> CredentialKey {
 /// The images of bound pods the webhook has not annotated, inspected as the webhook does: with
 /// the pod's own namespace's pull secrets (a live cluster), then the configured credentials. An
 /// image one set of credentials reads is known, whichever pod it was read for.
-async fn inspect_unannotated(pods: &[Pod], inspector: &Inspector, base: &Keyring, cluster: Option<&ClusterView>) -> ImagePlatforms {
+async fn inspect_unannotated(pods: &[&Pod], inspector: &Inspector, base: &Keyring, cluster: Option<&ClusterView>) -> ImagePlatforms {
     let mut groups: BTreeMap<CredentialKey, (&Pod, BTreeSet<String>)> = BTreeMap::new();
     for pod in unannotated(pods) {
         groups.entry(credential_key(pod, cluster.is_some())).or_insert_with(|| (pod, BTreeSet::new())).1.extend(archer_core::placement::pod_images(pod));
@@ -121,8 +121,9 @@ async fn inspect_unannotated(pods: &[Pod], inspector: &Inspector, base: &Keyring
 
 /// The pods whose images the report reads: bound and running or pending (the only pods it
 /// counts), without the webhook's `archer.dev/platforms` annotation.
-fn unannotated(pods: &[Pod]) -> impl Iterator<Item = &Pod> {
+fn unannotated<'a, 'b>(pods: &'b [&'a Pod]) -> impl Iterator<Item = &'a Pod> + 'b {
     pods.iter()
+        .copied()
         .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) && !archer_core::is_terminal(p))
         .filter(|p| archer_core::placement::recorded_platforms(p).is_none())
 }
@@ -139,7 +140,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
             (state, Some(view))
         }
     };
-    let pods: Vec<Pod> = state.pods.iter().map(|p| (**p).clone()).collect();
+    let pods = state.pod_refs();
     let cfg = registry.load()?;
     let catalog = Catalog::with_user_file(catalog.as_deref().or(cfg.catalog.as_deref()))?;
     let images = if offline {

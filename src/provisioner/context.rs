@@ -143,19 +143,17 @@ impl Context {
         .await
     }
 
-    /// Pods the last batch placed that are still pending: they wait for capacity Archer is
-    /// providing.
-    pub fn waiting_now(&self) -> Vec<String> {
-        let pods = self.stores.pods.state();
-        let provisionable: std::collections::HashSet<String> = pods.iter().filter(|p| state::is_provisionable(p, &self.settings.scheduler_names)).map(|p| state::pod_id(p)).collect();
+    /// Pods the last batch placed that are still pending in `state`: they wait for capacity
+    /// Archer is providing.
+    pub fn waiting_now(&self, state: &ClusterState) -> Vec<String> {
+        let provisionable: std::collections::HashSet<String> = state.pods.iter().filter(|p| state::is_provisionable(p, &self.settings.scheduler_names)).map(|p| state::pod_id(p)).collect();
         self.waiting.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|id| provisionable.contains(*id)).cloned().collect()
     }
 
     /// Why the pool must not be consolidated now: pods wait for capacity Archer is providing, or
     /// claims are still launching.
-    pub fn hold(&self, pool: &str) -> Option<String> {
-        let waiting = self.waiting_now();
-        self.state().consolidation_hold(pool, &waiting)
+    pub fn hold(&self, state: &ClusterState, pool: &str) -> Option<String> {
+        state.consolidation_hold(pool, &self.waiting_now(state))
     }
 
     /// Post an Event about `object` (logged when it cannot be posted).

@@ -172,7 +172,8 @@ impl CostReporter {
         // pods on managed nodes have changed, so a burst's provisioning never shares the CPU
         // with them.
         let claimed: std::collections::BTreeSet<String> = cluster.claims.iter().map(|c| c.spec.node_pool.clone()).collect();
-        let unsettled = !self.ctx.waiting_now().is_empty() || claimed.iter().any(|pool| self.ctx.hold(pool).is_some());
+        let waiting = self.ctx.waiting_now(&cluster);
+        let unsettled = !waiting.is_empty() || claimed.iter().any(|pool| cluster.consolidation_hold(pool, &waiting).is_some());
         // New spot prices change the savings as much as new pods.
         let fingerprint = pod_fingerprint(&pods) ^ offerings.iter().map(|o| o.price).sum::<f64>().to_bits();
         if unsettled || *last == Some(fingerprint) {

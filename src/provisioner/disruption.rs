@@ -114,8 +114,8 @@ impl Disrupter {
     /// priced by their claims.
     fn pool_nodes<'a>(&self, state: &'a ClusterState, pool: &str) -> consolidation::PoolNodes<'a> {
         let grace = Duration::from_secs(self.ctx.settings.disruption_grace_seconds);
-        let claims: HashMap<&str, &NodeClaim> = state.claims.iter().filter_map(|c| Some((c.status.as_ref()?.node_name.as_deref()?, c.as_ref()))).collect();
-        let claim_of = |n: &Node| claims.get(n.metadata.name.as_deref().unwrap_or("")).copied();
+        let claims = state.claims_by_node();
+        let claim_of = |n: &Node| claims.get(n.metadata.name.as_deref().unwrap_or("")).map(|c| c.as_ref());
         let eligible = |n: &Node| {
             let settled = |c: &NodeClaim| c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_some_and(|a| a >= grace);
             state::node_ready(n) && n.metadata.deletion_timestamp.is_none() && !state::has_taint(n, labels::UNREGISTERED_TAINT) && claim_of(n).is_some_and(settled)
@@ -151,7 +151,7 @@ impl Disrupter {
         let moving: Vec<&Pod> = nodes.candidates.iter().filter(|c| settled.contains(c.name()) && consolidation::disruptable(c)).flat_map(|c| state::evictable(&c.pods)).collect();
         let start = if moving.is_empty() { 0 } else { self.tracker.next_start(EVALUATIONS_PER_PASS) };
         let search = consolidation::Search { min_saving_fraction: self.ctx.settings.min_saving_fraction(), max_evaluations: EVALUATIONS_PER_PASS, start };
-        let hold = self.ctx.hold(&pool);
+        let hold = self.ctx.hold(&state, &pool);
         if let Some(why) = &hold {
             tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
         }
@@ -227,10 +227,10 @@ impl Disrupter {
     async fn validate_and_act(self: &Arc<Self>, pool: &str, decision: consolidation::Decision, before: BTreeMap<String, Vec<String>>) {
         tracing::info!(pool, reason = decision.reason, nodes = ?decision.nodes, replacements = decision.replacements.len(), saving_per_hour = decision.saving_per_hour, "disruption decided; validating after a quiet period");
         tokio::time::sleep(Duration::from_secs_f64(self.ctx.settings.consolidation_validation_seconds)).await;
-        let result = match self.ctx.hold(pool) {
+        let state = self.ctx.state();
+        let result = match self.ctx.hold(&state, pool) {
             Some(why) => Err(why),
             None => {
-                let state = self.ctx.state();
                 let nodes = self.pool_nodes(&state, pool);
                 let now: Vec<&consolidation::Candidate> = nodes.candidates.iter().filter(|c| decision.reason == "empty" || consolidation::disruptable(c)).collect();
                 let fraction = self.ctx.settings.min_saving_fraction();

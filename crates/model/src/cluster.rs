@@ -105,6 +105,16 @@ impl ClusterState {
         self.claims.iter().find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
     }
 
+    /// Every node by name, for lookups in a loop.
+    pub fn nodes_by_name(&self) -> HashMap<&str, &Arc<Node>> {
+        self.nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, n))).collect()
+    }
+
+    /// Every launched claim by the name of its node ([`Self::claim_of_node`], for a loop).
+    pub fn claims_by_node(&self) -> HashMap<&str, &Arc<NodeClaim>> {
+        self.claims.iter().filter_map(|c| Some((c.status.as_ref()?.node_name.as_deref()?, c))).collect()
+    }
+
     /// The DaemonSets' pods as loads on the nodes they would run on.
     pub fn daemon_loads(&self) -> Vec<DaemonLoad> {
         self.daemonsets.iter().map(|d| objects::daemon_load(d)).collect()

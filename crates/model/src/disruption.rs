@@ -40,7 +40,8 @@ pub struct Clock<'a> {
 /// The commands of one pass over `pool` (its `nodes` from [`consolidation::pool_nodes`]).
 /// `provider_drift` gives the cloud provider's own reason a claim's node drifted.
 pub fn disrupt_pool(world: &World<'_>, pool: &NodePool, settings: &DisruptionSettings, nodes: &PoolNodes<'_>, clock: &Clock<'_>, provider_drift: &dyn Fn(&NodeClaim) -> Option<String>, search: Search) -> Vec<Command> {
-    let claim_of = |c: &Candidate<'_>| world.state.claim_of_node(c.name());
+    let claims = world.state.claims_by_node();
+    let claim_of = |c: &Candidate<'_>| claims.get(c.name()).map(|c| c.as_ref());
     if let Some(expire) = settings.expire_after {
         let created = |c: &Candidate<'_>| claim_of(c).and_then(|cl| cl.metadata.creation_timestamp.as_ref()).and_then(|t| age_at(&t.0.to_string(), clock.now));
         let expired: Vec<Command> = nodes.candidates.iter().filter(|c| created(c).is_some_and(|a| a >= expire)).take(nodes.budget(settings, "Expired")).map(|c| Command::Expire { node: c.name().to_string() }).collect();

@@ -58,7 +58,8 @@ pub fn to_launch(state: &ClusterState, recent: &dyn Fn(&NodeClaim) -> bool, now:
 pub fn keep(state: &ClusterState, instances: &[Instance], settings: KeeperSettings, now: SystemTime) -> Vec<ClaimCommand> {
     let at = OffsetDateTime::from(now);
     let launched_for = |c: &NodeClaim| c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(|t| age_at(t, at));
-    let ready = |c: &NodeClaim| state.node(&c.node_name()).is_some_and(|n| node_ready(n));
+    let nodes = state.nodes_by_name();
+    let ready = |c: &NodeClaim| nodes.get(c.node_name().as_str()).is_some_and(|n| node_ready(n));
     let live: Vec<&Arc<NodeClaim>> = state.claims.iter().filter(|c| c.launched() && !c.deleting()).collect();
     let mut out = Vec::new();
     for c in &live {
