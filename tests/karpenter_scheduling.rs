@@ -84,7 +84,7 @@ fn run(docs: &[Value]) -> Outcome {
     let text = docs.iter().map(Value::to_string).collect::<Vec<_>>().join("\n---\n");
     let mut s = Scenario::parse(&text).expect("scenario");
     let catalog = Catalog::embedded().expect("catalog");
-    let inputs = s.inputs(&catalog, &BTreeMap::new(), Default::default()).expect("inputs");
+    let inputs = s.inputs(&catalog, Default::default()).expect("inputs");
     let plan = plan_batch(&inputs.snapshot, &inputs.pending, &inputs.pools, &inputs.offerings);
     let mut node_labels: BTreeMap<String, BTreeMap<String, String>> = s.state.nodes.iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n.metadata.labels.clone().unwrap_or_default())).collect();
     for n in &plan.nodes {

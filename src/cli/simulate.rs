@@ -45,10 +45,10 @@ pub struct SimulateArgs {
 /// underutilised set, within the pool's budgets. Nodes are the pool's by their
 /// `archer.dev/nodepool` or `karpenter.sh/nodepool` label, priced by the catalog from their
 /// instance type, zone and capacity type.
-fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, platforms: &(dyn Fn(&k8s_openapi::api::core::v1::Pod) -> Option<archer_core::platform::PlatformSet> + Sync), preferences: archer_core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
+fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, preferences: archer_core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
     use crate::provisioner::objects::{labels_of, DisruptionSettings};
     let volumes = s.state.volumes();
-    let world = consolidation::World { state: &s.state, pools: &inputs.pools, volumes: &volumes, platforms, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
+    let world = consolidation::World { state: &s.state, pools: &inputs.pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
     // A scenario's node is priced by its offering (instance type, zone and capacity type).
     let price = |n: &k8s_openapi::api::core::v1::Node| {
         let l = labels_of(n);
@@ -175,12 +175,12 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let inputs = s.inputs(&catalog, &found, cfg.provisioner.preference_policy)?;
+    s.state.platforms = found;
+    let inputs = s.inputs(&catalog, cfg.provisioner.preference_policy)?;
     if inputs.assumed > 0 {
         notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));
     }
-    let platforms_of = |p: &k8s_openapi::api::core::v1::Pod| archer_core::placement::pod_platforms(p, &|i| found.get(i));
-    let decisions = if disrupt { Some(disruption(&s, &inputs, &platforms_of, cfg.provisioner.preference_policy, &mut notes)) } else { None };
+    let decisions = if disrupt { Some(disruption(&s, &inputs, cfg.provisioner.preference_policy, &mut notes)) } else { None };
     let archer_model::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, .. } = inputs;
     let plan = plan_batch(&snapshot, &pods, &pools, &offers);
     // The comparison is over the pods every plan can place: pods that need arm64 (or spot) are

@@ -1,5 +1,8 @@
-//! What Archer reads from the cluster: a watch-backed Namespace cache (no API call per
-//! admission) and image pull secrets from the pod's own namespace.
+//! What Archer reads from the cluster: a watch-backed Namespace and Node cache (no API call per
+//! admission), image pull secrets from the pod's own namespace, the placements the provisioning
+//! plans made, and ([`stores`]) the provisioner's watch caches and the [`ClusterState`] they hold.
+
+pub mod stores;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use moka::future::Cache;
 
 use archer_core::placement::{pod_images, recorded_platforms};
 use archer_core::platform::PlatformSet;
+use archer_model::ClusterState;
 use archer_registry::{Inspector, Keyring};
 
 const SECRET_TTL: Duration = Duration::from_secs(60);
@@ -118,9 +122,10 @@ pub struct ClusterView {
     /// leaves nodes the plan counted on half empty). Bounded, and forgotten after
     /// [`PLACEMENT_TTL`]: a plan is only worth following while its pods are pending.
     placements: Cache<String, (String, std::time::Instant)>,
-    /// The provisioner's watch-backed Pod cache, while this process provisions (it holds the
-    /// plans too): the extender reads it to tell why kube-scheduler refuses a planned node.
-    pods: Arc<std::sync::RwLock<Option<Store<Pod>>>>,
+    /// The provisioner's watch caches, while this process provisions (it holds the plans too):
+    /// the extender reads the cluster state they hold to tell why kube-scheduler refuses a
+    /// planned node, and what room the plans hold.
+    stores: Arc<std::sync::RwLock<Option<stores::Stores>>>,
     /// Bumped whenever a placement is recorded or forgotten: views derived from them
     /// ([`ClusterView::planned_on`]) are current while it holds still.
     plans_version: Arc<std::sync::atomic::AtomicU64>,
@@ -221,14 +226,16 @@ impl ClusterView {
         out
     }
 
-    /// Share the provisioner's Pod cache (see the field); `None` when it stops.
-    pub fn attach_pods(&self, store: Option<Store<Pod>>) {
-        *self.pods.write().unwrap_or_else(|e| e.into_inner()) = store;
+    /// Share the provisioner's watch caches (see the field); `None` when it stops.
+    pub fn attach_stores(&self, stores: Option<stores::Stores>) {
+        *self.stores.write().unwrap_or_else(|e| e.into_inner()) = stores;
     }
 
-    /// The provisioner's Pod cache, when this process provisions.
-    pub fn pods(&self) -> Option<Store<Pod>> {
-        self.pods.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The cluster at this moment as the provisioner's caches hold it (the one
+    /// [`ClusterState`] its decisions read), when this process provisions.
+    pub fn state(&self) -> Option<ClusterState> {
+        let stores = self.stores.read().unwrap_or_else(|e| e.into_inner()).clone()?;
+        Some(stores.state(self.namespaces()))
     }
 
     /// Start the Namespace and Node watches; the returned future drives them and must be polled
@@ -245,7 +252,7 @@ impl ClusterView {
             secrets: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
             service_accounts: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
             placements: Cache::builder().max_capacity(MAX_PLACEMENTS).time_to_live(PLACEMENT_TTL).build(),
-            pods: Arc::default(),
+            stores: Arc::default(),
             plans_version: Arc::default(),
             registrations,
         };

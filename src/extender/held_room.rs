@@ -16,17 +16,17 @@
 //! retries the pod on.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::reflector::{ObjectRef, Store};
+use k8s_openapi::api::core::v1::Pod;
 
 use archer_core::pod_id;
 use archer_core::sched::{NodeInfo, PodInfo, Snapshot};
+use archer_model::ClusterState;
 
 /// The nodes whose room plans hold, each as a one-node snapshot of its bound pods plus the
-/// pending pods planned there. Built from the caches and shared by the filter calls of a
+/// pending pods planned there. Built from the cluster state and shared by the filter calls of a
 /// short while: a pod binding in between counts the same on its node bound or held.
 pub(super) struct HeldRoom {
     pub(super) built: Instant,
@@ -46,35 +46,37 @@ impl HeldRoom {
     /// From `held` (node name -> pods, `namespace/name`, plans put there): the pods still
     /// pending, on the nodes in the cache, that still fit beside what is there (a stale plan
     /// holds nothing).
-    pub(super) fn build(held: &HashMap<String, Vec<String>>, version: u64, pods: &Store<Pod>, nodes: &Store<Node>) -> Self {
-        let waiting: HashMap<&str, Vec<std::sync::Arc<Pod>>> = held
+    pub(super) fn build(held: &HashMap<String, Vec<String>>, version: u64, state: &ClusterState) -> Self {
+        let pending = pending_by_id(state, held);
+        let waiting: HashMap<&str, Vec<&Arc<Pod>>> = held
             .iter()
-            .map(|(node, ids)| (node.as_str(), ids.iter().filter_map(|i| pending(pods, i)).collect::<Vec<_>>()))
+            .map(|(node, ids)| (node.as_str(), ids.iter().filter_map(|i| pending.get(i.as_str()).copied()).collect::<Vec<_>>()))
             .filter(|(_, ps)| !ps.is_empty())
             .collect();
-        let mut bound: HashMap<&str, Vec<std::sync::Arc<Pod>>> = HashMap::new();
+        let mut bound: HashMap<&str, Vec<&Arc<Pod>>> = HashMap::new();
         if !waiting.is_empty() {
-            for p in pods.state() {
+            for p in &state.pods {
                 if let Some((node, _)) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).and_then(|n| waiting.get_key_value(n)) {
                     bound.entry(node).or_default().push(p);
                 }
             }
         }
+        let nodes = state.nodes_by_name();
         let mut out = HashMap::new();
         for (node, planned) in waiting {
-            let Some(n) = nodes.get(&ObjectRef::new(node)) else { continue };
+            let Some(n) = nodes.get(node) else { continue };
             let mut snap = Snapshot::default();
-            snap.nodes.push(NodeInfo::from_node(&n));
+            snap.nodes.push(NodeInfo::from_node(n));
             for p in bound.get(node).into_iter().flatten() {
                 snap.bind(PodInfo::from_pod(p), 0);
             }
             let (mut ids, mut priority) = (HashSet::new(), i32::MIN);
             for q in planned {
-                let info = PodInfo::from_pod(&q);
+                let info = PodInfo::from_pod(q);
                 if snap.room_and_anti_affinity(&info, 0).is_ok() {
                     snap.bind(info, 0);
-                    ids.insert(pod_id(&q));
-                    priority = priority.max(self::priority(&q));
+                    ids.insert(pod_id(q));
+                    priority = priority.max(self::priority(q));
                 }
             }
             if !ids.is_empty() {
@@ -120,16 +122,17 @@ fn priority(p: &Pod) -> i32 {
     p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
-/// The pod `namespace/name` when it is in the cache, not bound, not going away and not done.
-fn pending(pods: &Store<Pod>, id: &str) -> Option<std::sync::Arc<Pod>> {
-    let (ns, name) = id.split_once('/')?;
-    pods.get(&ObjectRef::new(name).within(ns)).filter(|p| archer_core::awaits_node(p))
+/// The pods `held` names (`namespace/name`) that are in the state, not bound, not going away
+/// and not done.
+fn pending_by_id<'a>(state: &'a ClusterState, held: &HashMap<String, Vec<String>>) -> HashMap<String, &'a Arc<Pod>> {
+    let wanted: HashSet<&str> = held.values().flatten().map(String::as_str).collect();
+    state.pods.iter().filter(|p| archer_core::awaits_node(p)).map(|p| (pod_id(p), p)).filter(|(id, _)| wanted.contains(id.as_str())).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::runtime::{reflector, watcher};
+    use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
 
     fn node(name: &str, cpu: &str) -> Node {
@@ -147,15 +150,13 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns"}, "spec": spec})).expect("pod")
     }
 
-    fn store<K: kube::Resource + Clone + std::fmt::Debug + Send + Sync + 'static>(items: Vec<K>) -> Store<K>
-    where
-        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-    {
-        let mut writer = reflector::store::Writer::<K>::default();
-        for i in items {
-            writer.apply_watcher_event(&watcher::Event::Apply(i));
-        }
-        writer.as_reader()
+    fn store<K>(items: Vec<K>) -> Vec<Arc<K>> {
+        items.into_iter().map(Arc::new).collect()
+    }
+
+    /// The room `held` holds on the cluster of `nodes` and `pods`.
+    fn build(held: &HashMap<String, Vec<String>>, pods: &[Arc<Pod>], nodes: &[Arc<Node>]) -> HeldRoom {
+        HeldRoom::build(held, 0, &ClusterState { nodes: nodes.to_vec(), pods: pods.to_vec(), ..Default::default() })
     }
 
     /// `n` candidates: the held node and others.
@@ -172,14 +173,14 @@ mod tests {
         let nodes = store(vec![node("n", "2")]);
         let intruder = pod("intruder", "1500m", None, json!({}));
         let pods = store(vec![pod("running", "500m", Some("n"), json!({})), pod("planned", "1", None, json!({})), intruder.clone()]);
-        let why = HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&intruder, cands(2));
+        let why = build(&held("n", &["planned"]), &pods, &nodes).refusals(&intruder, cands(2));
         assert_eq!(why, vec![("n".to_string(), "room on node n is held for 1 pending pod(s) the provisioning plan put there (Insufficient cpu)".to_string())]);
         // A pod that fits beside the held room is not refused.
         let small = pod("small", "500m", None, json!({}));
-        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&small, cands(2)).is_empty());
+        assert!(build(&held("n", &["planned"]), &pods, &nodes).refusals(&small, cands(2)).is_empty());
         // The planned pod itself is never refused by its own hold.
         let planned = pod("planned", "1", None, json!({}));
-        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&planned, cands(2)).is_empty());
+        assert!(build(&held("n", &["planned"]), &pods, &nodes).refusals(&planned, cands(2)).is_empty());
     }
 
     #[test]
@@ -187,7 +188,7 @@ mod tests {
         let nodes = store(vec![node("n", "2")]);
         let intruder = pod("intruder", "1500m", None, json!({}));
         let pods = store(vec![pod("planned", "1", None, json!({})), intruder.clone()]);
-        let held = HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes);
+        let held = build(&held("n", &["planned"]), &pods, &nodes);
         assert_eq!(held.refusals(&intruder, cands(2)).len(), 1, "another node is left");
         assert!(held.refusals(&intruder, cands(1)).is_empty(), "n was the only candidate");
     }
@@ -208,17 +209,17 @@ mod tests {
         let db = labelled("db", "db", anti("web"));
         let web = labelled("web", "web", json!({}));
         let pods = store(vec![db.clone(), web.clone()]);
-        let why = HeldRoom::build(&held("n", &["db"]), 0, &pods, &nodes_l).refusals(&web, cands(2));
+        let why = build(&held("n", &["db"]), &pods, &nodes_l).refusals(&web, cands(2));
         assert_eq!(why.len(), 1, "{why:?}");
         assert!(why[0].1.contains("anti-affinity"), "{why:?}");
         // ...and a pod that must not share a host with the held one is refused too.
         let web2 = labelled("web2", "web", anti("db"));
         let db2 = labelled("db2", "db", json!({}));
         let pods = store(vec![db2, web2.clone()]);
-        assert_eq!(HeldRoom::build(&held("n", &["db2"]), 0, &pods, &nodes_l).refusals(&web2, cands(2)).len(), 1);
+        assert_eq!(build(&held("n", &["db2"]), &pods, &nodes_l).refusals(&web2, cands(2)).len(), 1);
         // Without labels on the node there is no domain, hence no conflict.
         let pods = store(vec![db, web.clone()]);
-        assert!(HeldRoom::build(&held("n", &["db"]), 0, &pods, &nodes).refusals(&web, cands(2)).is_empty());
+        assert!(build(&held("n", &["db"]), &pods, &nodes).refusals(&web, cands(2)).is_empty());
     }
 
     #[test]
@@ -227,17 +228,17 @@ mod tests {
         let intruder = pod("intruder", "1500m", None, json!({}));
         // Bound elsewhere: nothing held.
         let pods = store(vec![pod("planned", "1", Some("m"), json!({}))]);
-        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&intruder, cands(2)).is_empty());
+        assert!(build(&held("n", &["planned"]), &pods, &nodes).refusals(&intruder, cands(2)).is_empty());
         // Deleted (not in the cache): nothing held.
         let pods = store(Vec::<Pod>::new());
-        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&intruder, cands(2)).is_empty());
+        assert!(build(&held("n", &["planned"]), &pods, &nodes).refusals(&intruder, cands(2)).is_empty());
         // Stale: the planned pod no longer fits beside what is bound there.
         let pods = store(vec![pod("running", "1500m", Some("n"), json!({})), pod("planned", "1", None, json!({}))]);
         let small = pod("small", "500m", None, json!({}));
-        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&small, cands(2)).is_empty());
+        assert!(build(&held("n", &["planned"]), &pods, &nodes).refusals(&small, cands(2)).is_empty());
         // An unknown node holds nothing.
         let pods = store(vec![pod("planned", "1", None, json!({}))]);
-        assert!(HeldRoom::build(&held("gone", &["planned"]), 0, &pods, &nodes).refusals(&intruder, cands(2)).is_empty());
+        assert!(build(&held("gone", &["planned"]), &pods, &nodes).refusals(&intruder, cands(2)).is_empty());
     }
 
     #[test]
@@ -247,15 +248,15 @@ mod tests {
         let planned = pod("planned", "100m", None, port.clone());
         let other = pod("other", "100m", None, port);
         let pods = store(vec![planned, other.clone()]);
-        let why = HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&other, cands(2));
+        let why = build(&held("n", &["planned"]), &pods, &nodes).refusals(&other, cands(2));
         assert_eq!(why.len(), 1, "{why:?}");
         assert!(why[0].1.contains("free ports"), "{why:?}");
         // A pod of higher priority than the held pods is not held back (kube-scheduler counts
         // nominated pods only for pods of no higher priority).
         let urgent = pod("urgent", "3900m", None, json!({"priority": 1000}));
         let pods = store(vec![pod("planned", "1", None, json!({})), urgent.clone()]);
-        assert!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&urgent, cands(2)).is_empty());
+        assert!(build(&held("n", &["planned"]), &pods, &nodes).refusals(&urgent, cands(2)).is_empty());
         let plain = pod("plain", "3900m", None, json!({}));
-        assert_eq!(HeldRoom::build(&held("n", &["planned"]), 0, &pods, &nodes).refusals(&plain, cands(2)).len(), 1);
+        assert_eq!(build(&held("n", &["planned"]), &pods, &nodes).refusals(&plain, cands(2)).len(), 1);
     }
 }

@@ -236,7 +236,7 @@ impl Extender {
             return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
         }
         let node = self.nodes.as_ref()?.get(&kube::runtime::reflector::ObjectRef::new(&planned))?;
-        let pods = cluster.pods();
+        let state = cluster.state();
         // Registered moments ago counts only while the node would take the pod by Archer's own
         // view of it: if its room is taken, kube-scheduler refuses it for that, and no event
         // would end the wait.
@@ -244,12 +244,12 @@ impl Extender {
         let recently = cluster
             .registered_for(&planned)
             .filter(|d| *d < SCHEDULER_VIEW_LAG)
-            .filter(|_| pods.as_ref().is_some_and(|pods| plan_wait::fits_alone(&archer_core::sched::PodInfo::from_pod(pod), &node, pods)));
+            .filter(|_| state.as_ref().is_some_and(|state| plan_wait::fits_alone(&archer_core::sched::PodInfo::from_pod(pod), &node, state)));
         if let Some(why) = awaiting_registration(&planned, &node, recently) {
             return Some((planned, why));
         }
-        let pods = pods?;
-        let waits = age < PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &pods) && plan_wait::siblings_coming(pod, &pods, self.nodes.as_ref()?, cluster).await;
+        let state = state?;
+        let waits = age < PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &state) && plan_wait::siblings_coming(pod, &state, cluster).await;
         waits.then(|| (planned.clone(), format!("waiting for node {planned}, where the provisioning plan put the pod, until the pods planned before it in other domains land")))
     }
 
@@ -257,8 +257,7 @@ impl Extender {
     /// their room is held for pending pods a plan put there ([`held_room`]); its own planned
     /// node, if any, aside. Node name -> why.
     async fn held_refusals(&self, pod: &Pod, candidates: &[String]) -> std::collections::HashMap<String, String> {
-        let (Some(cluster), Some(nodes)) = (self.cluster.as_ref(), self.nodes.as_ref()) else { return Default::default() };
-        let Some(pods) = cluster.pods() else { return Default::default() };
+        let Some(cluster) = self.cluster.as_ref() else { return Default::default() };
         let id = archer_core::pod_id(pod);
         let own = cluster.planned_node(&id).await.map(|(n, _)| n);
         let held = {
@@ -267,7 +266,9 @@ impl Extender {
             match cached {
                 Some(h) if h.version == version && h.built.elapsed() < HELD_ROOM_REFRESH => h,
                 _ => {
-                    let h = Arc::new(cpu_bound(|| held_room::HeldRoom::build(&cluster.planned_on(None), version, &pods, nodes)));
+                    // Only a process that provisions holds plans, and the state they are read on.
+                    let Some(state) = cluster.state() else { return Default::default() };
+                    let h = Arc::new(cpu_bound(|| held_room::HeldRoom::build(&cluster.planned_on(None), version, &state)));
                     *self.held.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(h.clone());
                     h
                 }

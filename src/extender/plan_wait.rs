@@ -10,30 +10,30 @@
 //! (its room taken, ports, affinity) is not waited for: no event may ever come.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::reflector::Store;
 
 use crate::cluster::ClusterView;
 use archer_core::sched::{PodInfo, Snapshot};
+use archer_model::ClusterState;
 
 /// Would `node` take the pod but for topology spread across nodes? It is checked alone, with
 /// the pods bound to it: every filter of the scheduling model holds there, and spread over a
 /// single domain always does. Pods with required inter-pod (anti-)affinity are left out (pods
 /// on other nodes decide those).
-pub(super) fn refused_only_for_spread(pod: &Pod, node: &Node, pods: &Store<Pod>) -> bool {
+pub(super) fn refused_only_for_spread(pod: &Pod, node: &Node, state: &ClusterState) -> bool {
     let info = PodInfo::from_pod(pod);
     if info.spread.is_empty() || !info.affinity.is_empty() || !info.anti_affinity.is_empty() {
         return false;
     }
-    fits_alone(&info, node, pods)
+    fits_alone(&info, node, state)
 }
 
 /// Would `node` take the pod by every filter of the scheduling model, checked alone with the
 /// pods bound to it? (Spread over a single domain always holds, and inter-pod rules see only
 /// that node's pods.) A node whose room, ports or pods refuse the pod here is refused by
 /// kube-scheduler for that, not for a view that lags.
-pub(super) fn fits_alone(info: &PodInfo, node: &Node, pods: &Store<Pod>) -> bool {
+pub(super) fn fits_alone(info: &PodInfo, node: &Node, state: &ClusterState) -> bool {
     let Some(name) = node.metadata.name.as_deref() else { return false };
-    let bound: Vec<Pod> = pods.state().iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)).map(|p| p.as_ref().clone()).collect();
+    let bound: Vec<Pod> = state.pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)).map(|p| p.as_ref().clone()).collect();
     Snapshot::new(std::slice::from_ref(node), &bound, &[]).fits(info, 0).is_ok()
 }
 
@@ -42,9 +42,9 @@ pub(super) fn fits_alone(info: &PodInfo, node: &Node, pods: &Store<Pod>) -> bool
 /// node takes it now by the scheduling model on the bound pods alone (kube-scheduler's view).
 /// Pods that are themselves waiting for the others do not count, so pods never wait for each
 /// other in a circle.
-pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<Node>, cluster: &ClusterView) -> bool {
+pub(super) async fn siblings_coming(pod: &Pod, state: &ClusterState, cluster: &ClusterView) -> bool {
     let info = PodInfo::from_pod(pod);
-    let all = pods.state();
+    let all = &state.pods;
     let siblings: Vec<&Pod> = all
         .iter()
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == info.namespace && p.metadata.name.as_deref() != Some(info.name.as_str()))
@@ -65,7 +65,7 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
     if planned.is_empty() {
         return false;
     }
-    let node_list: Vec<Node> = nodes.state().iter().map(|n| n.as_ref().clone()).collect();
+    let node_list: Vec<Node> = state.nodes.iter().map(|n| n.as_ref().clone()).collect();
     let bound: Vec<Pod> = all.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())).map(|p| p.as_ref().clone()).collect();
     let snap = Snapshot::new(&node_list, &bound, &[]);
     planned.into_iter().any(|(p, node)| {
@@ -78,8 +78,8 @@ pub(super) async fn siblings_coming(pod: &Pod, pods: &Store<Pod>, nodes: &Store<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::runtime::{reflector, watcher};
     use serde_json::json;
+    use std::sync::Arc;
 
     fn pod(name: &str, cpu: &str, node: Option<&str>) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"},
@@ -87,12 +87,8 @@ mod tests {
         .expect("pod")
     }
 
-    fn store(pods: Vec<Pod>) -> Store<Pod> {
-        let mut writer = reflector::store::Writer::<Pod>::default();
-        for p in pods {
-            writer.apply_watcher_event(&watcher::Event::Apply(p));
-        }
-        writer.as_reader()
+    fn store(pods: Vec<Pod>) -> ClusterState {
+        ClusterState { pods: pods.into_iter().map(Arc::new).collect(), ..Default::default() }
     }
 
     #[test]

@@ -120,12 +120,13 @@ impl Batcher {
     /// What a batch would do on the cluster as the caches have it now: the pods it plans (those
     /// a live plan already covers aside), the covered ones, the plan. `None`: nothing pending.
     async fn decide(&self) -> Option<(Vec<Arc<Pod>>, HashSet<String>, Plan)> {
-        let state = self.ctx.state();
+        let mut state = self.ctx.state();
         // Pods a live plan already placed on a node still coming are not planned again.
         let (pending, covered) = state.provisionable(&self.ctx.settings.scheduler_names);
         if pending.is_empty() {
             return None;
         }
+        self.ctx.learn_platforms(&mut state, &pending).await;
         let pools = state.packer_pools();
         let snapshot = state.snapshot(&pools, &|_| false);
         let batch: Vec<Pending> = self.ctx.pending_pods(&state, &pending, &state.volumes()).await;

@@ -16,7 +16,6 @@ use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
 use archer_cloud::{CloudError, CloudProvider, NodeClassReadiness};
 use archer_core::planner::Pending;
-use archer_core::platform::PlatformSet;
 use archer_core::sched::Volumes;
 use archer_metrics::{labels2, Metrics};
 use archer_model::adapter as model;
@@ -24,7 +23,7 @@ use archer_model::objects::{self as state, pod_id};
 use archer_model::ClusterState;
 use archer_registry::{Inspector, Keyring};
 
-use super::stores::Stores;
+use crate::cluster::stores::Stores;
 use crate::cluster::{pod_platforms, ClusterView, PodPlatforms};
 use crate::config::ProvisionerConfig;
 
@@ -112,27 +111,34 @@ impl Context {
         state
     }
 
-    /// Platforms of a pending pod: the webhook's annotation, else its images, else unknown
-    /// (assumed to run anywhere).
-    pub async fn platforms(&self, pod: &Pod) -> Option<PlatformSet> {
-        match pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
-            PodPlatforms::Known { all, .. } => Some(all),
-            PodPlatforms::Unknown(why) => {
-                tracing::info!(pod = %pod_id(pod), reason = %why, "platforms unknown; the pod is assumed to run on any architecture");
-                None
+    /// Inspect the images of `pods` (each with its namespace's credentials, concurrently) and
+    /// record their platforms in `state`, where the decisions read them
+    /// ([`ClusterState::pod_platforms`]). A pod the webhook recorded, or whose images the state
+    /// already knows, needs no lookup; one whose images cannot be read stays unknown (assumed to
+    /// run anywhere).
+    pub async fn learn_platforms<P: std::borrow::Borrow<Pod> + Sync>(&self, state: &mut ClusterState, pods: &[P]) {
+        let unknown: Vec<&Pod> = pods.iter().map(|p| p.borrow()).filter(|p| state.pod_platforms(p).is_none()).collect();
+        let found = join_all(unknown.into_iter().map(|pod| async move {
+            match pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
+                PodPlatforms::Known { per_image, .. } => per_image,
+                PodPlatforms::Unknown(why) => {
+                    tracing::info!(pod = %pod_id(pod), reason = %why, "platforms unknown; the pod is assumed to run on any architecture");
+                    Vec::new()
+                }
             }
-        }
+        }))
+        .await;
+        state.platforms.extend(found.into_iter().flatten());
     }
 
-    /// The planner's view of pods (platforms resolved concurrently), through the one adapter.
-    /// Each carries the node an earlier plan put it on: this process's latest plan, else the
-    /// live claims' record (after a restart).
+    /// The planner's view of pods through the one adapter, with the platforms `state` knows
+    /// ([`Context::learn_platforms`]). Each carries the node an earlier plan put it on: this
+    /// process's latest plan, else the live claims' record (after a restart).
     pub async fn pending_pods<P: std::borrow::Borrow<Pod> + Sync>(&self, state: &ClusterState, pods: &[P], volumes: &Volumes) -> Vec<Pending> {
         let claimed = &state.planned_nodes();
         join_all(pods.iter().map(|p| async move {
             let p: &Pod = p.borrow();
-            let platforms = self.platforms(p).await;
-            let mut pending = model::pending(p, platforms, volumes, self.settings.preference_policy);
+            let mut pending = model::pending(p, state.pod_platforms(p), volumes, self.settings.preference_policy);
             let latest = match &self.cluster {
                 Some(c) => c.planned_node(&pending.packer.id).await.map(|(node, _)| node),
                 None => None,

@@ -148,8 +148,8 @@ impl CostReporter {
     /// running on managed nodes.
     #[tracing::instrument(skip_all, fields(nodes = tracing::field::Empty, pods = tracing::field::Empty))]
     async fn report_cost(&self, last: &mut Option<u64>) {
-        let offerings = self.ctx.provider.offerings();
-        let cluster = self.ctx.state();
+        let mut cluster = self.ctx.state();
+        let offerings = cluster.offerings.clone();
         let nodes = &cluster.nodes;
         let costs = node_costs(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &offerings);
         self.ctx.metrics.managed_nodes.clear();
@@ -181,8 +181,8 @@ impl CostReporter {
         }
         *last = Some(fingerprint);
         let volumes = cluster.volumes();
-        let platforms = futures::future::join_all(pods.iter().map(|p| self.ctx.platforms(p))).await;
-        let pending: Vec<_> = pods.iter().zip(platforms).map(|(p, platforms)| model::pending_unbound(p, platforms, &volumes, self.ctx.settings.preference_policy)).collect();
+        self.ctx.learn_platforms(&mut cluster, &pods).await;
+        let pending: Vec<_> = pods.iter().map(|p| model::pending_unbound(p, cluster.pod_platforms(p), &volumes, self.ctx.settings.preference_policy)).collect();
         let namespaces: Vec<_> = cluster.namespaces.iter().map(|n| n.as_ref().clone()).collect();
         let pools = counterfactual_pools(&cluster);
         let empty = archer_core::sched::Snapshot::new(&[], &[], &namespaces);

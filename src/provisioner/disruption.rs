@@ -211,14 +211,13 @@ impl Disrupter {
         }
     }
 
-    /// Run `decide` on `state`, with the platforms of the `moving` pods resolved first (registry
+    /// Run `decide` on `state`, with the platforms of the `moving` pods learnt first (registry
     /// lookups are the only awaits; the deciding is pure).
     async fn with_world<R: Send>(&self, state: &ClusterState, moving: &[&Pod], decide: impl FnOnce(&consolidation::World<'_>) -> R + Send) -> R {
-        let found = futures::future::join_all(moving.iter().map(|p| async move { (state::pod_id(p), self.ctx.platforms(p).await) })).await;
-        let found: HashMap<String, Option<archer_core::platform::PlatformSet>> = found.into_iter().collect();
-        let platforms = |p: &Pod| found.get(&state::pod_id(p)).cloned().flatten();
+        let mut state = state.clone();
+        self.ctx.learn_platforms(&mut state, moving).await;
         let (pools, volumes) = (state.packer_pools(), state.volumes());
-        let world = consolidation::World { state, pools: &pools, volumes: &volumes, platforms: &platforms, budget: self.ctx.settings.packing_budget(), preferences: self.ctx.settings.preference_policy };
+        let world = consolidation::World { state: &state, pools: &pools, volumes: &volumes, budget: self.ctx.settings.packing_budget(), preferences: self.ctx.settings.preference_policy };
         tokio::task::block_in_place(|| decide(&world))
     }
 

@@ -18,7 +18,6 @@ mod launch;
 pub mod leader;
 mod nodes;
 mod status;
-mod stores;
 pub mod worker;
 
 pub use archer_api::{conditions, nodeclaim, nodepool};

@@ -23,7 +23,7 @@ use super::cost::CostReporter;
 use super::disruption::{Disrupter, Interruptions};
 use super::launch::Launcher;
 use super::status::StatusWriter;
-use super::stores::Stores;
+use crate::cluster::stores::Stores;
 use crate::cluster::ClusterView;
 use crate::config::ProvisionerConfig;
 
@@ -42,7 +42,7 @@ impl Drop for Provisioner {
     /// Leadership lost: the Pod cache stops being kept, so the extender stops reading it.
     fn drop(&mut self) {
         if let Some(c) = &self.ctx.cluster {
-            c.attach_pods(None);
+            c.attach_stores(None);
         }
     }
 }
@@ -63,7 +63,7 @@ impl Provisioner {
         let (stores, watches) = Stores::start(&client, pending.clone(), cluster.as_ref().map(ClusterView::nodes), settings.scheduler_names.clone());
         let reporter = Reporter { controller: "archer-provisioner".into(), instance: std::env::var("POD_NAME").ok() };
         if let Some(c) = &cluster {
-            c.attach_pods(Some(stores.pods.clone()));
+            c.attach_stores(Some(stores.clone()));
         }
         let ctx = Arc::new(Context { recorder: Recorder::new(client.clone(), reporter), client, provider, inspector, cluster, base_keyring, metrics, settings, stores, waiting: Mutex::new(Vec::new()) });
         let launcher = Arc::new(Launcher::new(ctx.clone()));

@@ -19,6 +19,7 @@ use crate::instance::{CapacityType, InstanceType};
 mod greedy;
 mod knapsack;
 mod merge;
+mod pod;
 mod relax;
 mod rounding;
 mod split;

@@ -13,8 +13,7 @@ use archer_core::labels;
 use archer_core::packer::{PendingPod, Pool};
 use archer_core::planner::{Pending, Step};
 use archer_core::platform::PlatformSet;
-use archer_core::requirements::Requirements;
-use archer_core::resources::{pod_requests, Resources};
+use archer_core::resources::Resources;
 use archer_core::sched::resources::ResourceList;
 use archer_core::sched::{preferences, NodeInfo, PodInfo, Snapshot, Volumes};
 
@@ -22,9 +21,11 @@ use archer_core::sched::{preferences, NodeInfo, PodInfo, Snapshot, Volumes};
 /// of the volumes its claims are bound to.
 /// With [`preferences::Policy::Ignore`] new nodes are planned by its required rules alone.
 pub fn pending(pod: &Pod, platforms: Option<PlatformSet>, volumes: &Volumes, policy: preferences::Policy) -> Pending {
-    let terms = volumes.terms_for(pod);
     let id = objects::pod_id(pod);
-    let views = |p: &Pod| Step { packer: with_volume_terms(pending_pod(&id, p, platforms.clone()), &terms), sched: PodInfo::from_pod(p).with_volumes(p, volumes) };
+    let views = |p: &Pod| {
+        let sched = PodInfo::from_pod(p).with_volumes(p, volumes);
+        Step { packer: PendingPod::from_info(&id, &sched, platforms.clone()), sched }
+    };
     let stricter = match policy {
         preferences::Policy::Respect => preferences::stricter(pod).iter().map(views).collect(),
         preferences::Policy::Ignore => Vec::new(),
@@ -64,29 +65,6 @@ fn claim_plans<'a>(claims: &'a [&'a NodeClaim]) -> impl Iterator<Item = (String,
     })
 }
 
-/// Labels the kubelet (or the cloud's node controller) puts on every node, beyond the ones an
-/// offering names: a spread on them never rules a new node out.
-const KUBELET_LABELS: [&str; 5] = [
-    archer_core::labels::HOSTNAME,
-    "beta.kubernetes.io/arch",
-    "beta.kubernetes.io/os",
-    "failure-domain.beta.kubernetes.io/zone",
-    "failure-domain.beta.kubernetes.io/region",
-];
-
-/// AND the node affinity of the pod's bound volumes into its terms, so new nodes are bought where
-/// its volumes are (each volume's terms are alternatives).
-fn with_volume_terms(mut pod: PendingPod, volume_terms: &[Vec<k8s_openapi::api::core::v1::NodeSelectorTerm>]) -> PendingPod {
-    for terms in volume_terms {
-        let alternatives: Vec<Requirements> = terms.iter().filter_map(|t| Requirements::from_term(t).ok()).collect();
-        if alternatives.is_empty() {
-            continue;
-        }
-        pod.terms = if pod.terms.is_empty() { alternatives } else { pod.terms.iter().flat_map(|a| alternatives.iter().map(move |b| a.intersect(b))).collect() };
-    }
-    pod
-}
-
 /// Node label keys a launch fixes whatever instance type it gets.
 const SHAPE_FREE_KEYS: [&str; 10] = [
     labels::ARCH,
@@ -115,167 +93,10 @@ pub fn selects_on_instance_shape(pod: &Pod) -> bool {
     keys.iter().any(|k| !SHAPE_FREE_KEYS.contains(k))
 }
 
-/// The packer's view of a pod, with `platforms` decided by the caller.
+/// The packer's view of a pod, with `platforms` decided by the caller (read from its scheduler
+/// view: [`PendingPod::from_info`]).
 pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> PendingPod {
-    let spec = pod.spec.as_ref();
-    let mut own = OwnGroup::of(pod);
-    // Host ports: pods that ask for the same host port never share a node (NodePorts).
-    if let Some(ports) = host_ports(pod) {
-        if own.per_node_max.is_none() && own.spread_group.is_none() {
-            own.per_node_max = Some(1);
-            own.spread_group = Some(format!("host-ports|{ports}"));
-        }
-    }
-    PendingPod {
-        one_per_zone: own.one_per_zone,
-        colocate: own.colocate,
-        spread_keys: spread_keys(pod),
-        extended: archer_core::sched::resources::pod_requests(pod).0.into_iter().filter(|(k, v)| *v > 0 && k.contains('/') && !k.starts_with("hugepages-")).collect(),
-        spread_group: own.spread_group,
-        preferred: preferred_terms(pod),
-        zone_group: zone_group(pod),
-        id: id.to_string(),
-        requests: pod_requests(pod, false),
-        terms: required_terms(pod),
-        tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
-        platforms,
-        zone_spread: own.zone_spread,
-        per_node_max: own.per_node_max,
-    }
-}
-
-/// The pod's required node affinity terms, each with its nodeSelector folded in; the nodeSelector
-/// alone when it has no terms.
-fn required_terms(pod: &Pod) -> Vec<Requirements> {
-    let spec = pod.spec.as_ref();
-    let selector = spec.and_then(|s| s.node_selector.clone()).unwrap_or_default();
-    let base = Requirements::from_node_selector(&selector);
-    spec.and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
-        .map(|r| r.node_selector_terms.iter().filter_map(|t| Requirements::from_term(t).ok()).map(|t| t.intersect(&base)).collect())
-        .filter(|t: &Vec<Requirements>| !t.is_empty())
-        .unwrap_or_else(|| if selector.is_empty() { Vec::new() } else { vec![base] })
-}
-
-/// The preferred node affinity terms with their weights.
-fn preferred_terms(pod: &Pod) -> Vec<(i32, Requirements)> {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.affinity.as_ref())
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
-        .map(|terms| terms.iter().filter_map(|t| Requirements::from_term(&t.preference).ok().map(|r| (t.weight, r))).collect())
-        .unwrap_or_default()
-}
-
-/// The keys of the pod's hard topology spreads a new node's labels decide (not the kubelet's).
-fn spread_keys(pod: &Pod) -> Vec<String> {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.topology_spread_constraints.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|c| c.when_unsatisfiable == "DoNotSchedule" && !KUBELET_LABELS.contains(&c.topology_key.as_str()))
-        .map(|c| c.topology_key.clone())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect()
-}
-
-/// The host ports the pod's containers ask for (`port/protocol`, sorted, comma-separated).
-fn host_ports(pod: &Pod) -> Option<String> {
-    let mut ports: Vec<String> = pod
-        .spec
-        .iter()
-        .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
-        .flat_map(|c| c.ports.iter().flatten())
-        .filter(|p| p.host_port.is_some_and(|h| h > 0))
-        .map(|p| format!("{}/{}", p.host_port.unwrap_or(0), p.protocol.as_deref().unwrap_or("TCP")))
-        .collect();
-    ports.sort();
-    ports.dedup();
-    (!ports.is_empty()).then(|| ports.join(","))
-}
-
-/// Required pod affinity on the zone key: every pod whose affinity selects on the same label
-/// keys (in its namespace) is put in one zone, which satisfies each of them whatever value it
-/// selects (a conservative reading: one zone for the whole family of pods).
-fn zone_group(pod: &Pod) -> Option<String> {
-    let affinity = pod.spec.as_ref().and_then(|s| s.affinity.as_ref()).and_then(|a| a.pod_affinity.as_ref()).and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
-    affinity.and_then(|terms| terms.iter().find(|t| t.topology_key == archer_core::labels::ZONE)).map(|t| {
-        let sel = t.label_selector.as_ref();
-        let mut keys: Vec<&str> = sel.and_then(|s| s.match_labels.as_ref()).map(|m| m.keys().map(String::as_str).collect()).unwrap_or_default();
-        keys.extend(sel.and_then(|s| s.match_expressions.as_ref()).map(|e| e.iter().map(|e| e.key.as_str()).collect::<Vec<_>>()).unwrap_or_default());
-        keys.sort();
-        keys.dedup();
-        format!("{}|{}", pod.metadata.namespace.as_deref().unwrap_or("default"), keys.join(","))
-    })
-}
-
-/// What the pod's hard constraints on its own group (its replicas) ask of new nodes: topology
-/// spread on the zone and hostname keys, anti-affinity per node or zone, affinity per node.
-#[derive(Default)]
-struct OwnGroup {
-    zone_spread: bool,
-    per_node_max: Option<usize>,
-    /// The group those constraints count over: the pod's namespace and its own labels they select.
-    spread_group: Option<String>,
-    one_per_zone: bool,
-    colocate: bool,
-}
-
-impl OwnGroup {
-    fn of(pod: &Pod) -> OwnGroup {
-        type Selector = k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-        let spec = pod.spec.as_ref();
-        let own = pod.metadata.labels.clone().unwrap_or_default();
-        let selects_own = |sel: Option<&Selector>| sel.and_then(|s| s.match_labels.as_ref()).is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| own.get(k) == Some(v)));
-        let mut g = OwnGroup::default();
-        // `matchLabelKeys` are merged into the selector from the pod's own labels, as
-        // kube-scheduler does at admission (a key the pod lacks is ignored): two ReplicaSets of
-        // one Deployment (`pod-template-hash`) are two groups.
-        let note_group = |group: &mut Option<String>, sel: Option<&Selector>, keys: Option<&Vec<String>>| {
-            if group.is_none() {
-                let mut m: BTreeMap<&str, &str> = sel.and_then(|s| s.match_labels.as_ref()).into_iter().flatten().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                for k in keys.into_iter().flatten() {
-                    if let Some(v) = own.get(k) {
-                        m.insert(k, v);
-                    }
-                }
-                let m = m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-                *group = Some(format!("{}|{m}", pod.metadata.namespace.as_deref().unwrap_or("default")));
-            }
-        };
-        // A ScheduleAnyway constraint is a preference: the step of the pod that takes it as a
-        // rule has it as DoNotSchedule ([`preferences::stricter`]).
-        for c in spec.and_then(|s| s.topology_spread_constraints.as_ref()).into_iter().flatten().filter(|c| c.when_unsatisfiable == "DoNotSchedule" && selects_own(c.label_selector.as_ref())) {
-            match c.topology_key.as_str() {
-                archer_core::labels::ZONE => {
-                    g.zone_spread = true;
-                    note_group(&mut g.spread_group, c.label_selector.as_ref(), c.match_label_keys.as_ref());
-                }
-                archer_core::labels::HOSTNAME => {
-                    let m = usize::try_from(c.max_skew.max(1)).unwrap_or(1);
-                    g.per_node_max = Some(g.per_node_max.map_or(m, |x| x.min(m)));
-                    note_group(&mut g.spread_group, c.label_selector.as_ref(), c.match_label_keys.as_ref());
-                }
-                _ => {}
-            }
-        }
-        let affinity = spec.and_then(|s| s.affinity.as_ref());
-        let anti = affinity.and_then(|a| a.pod_anti_affinity.as_ref()).and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
-        if let Some(t) = anti.and_then(|terms| terms.iter().find(|t| t.topology_key == archer_core::labels::HOSTNAME && selects_own(t.label_selector.as_ref()))) {
-            g.per_node_max = Some(1);
-            note_group(&mut g.spread_group, t.label_selector.as_ref(), t.match_label_keys.as_ref());
-        }
-        g.one_per_zone = anti.is_some_and(|terms| terms.iter().any(|t| t.topology_key == archer_core::labels::ZONE && selects_own(t.label_selector.as_ref())));
-        g.colocate = affinity
-            .and_then(|a| a.pod_affinity.as_ref())
-            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
-            .is_some_and(|terms| terms.iter().any(|t| t.topology_key == archer_core::labels::HOSTNAME && selects_own(t.label_selector.as_ref())));
-        g
-    }
+    PendingPod::from_info(id, &PodInfo::from_pod(pod), platforms)
 }
 
 /// The cluster as kube-scheduler's rules see it ([`archer_core::sched::Snapshot`]): every node

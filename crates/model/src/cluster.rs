@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVo
 use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
 use archer_core::packer::{DaemonLoad, Offering, Pool};
+use archer_core::platform::PlatformSet;
 use archer_core::sched::{Snapshot, Volumes};
 
 use crate::{adapter, objects};
@@ -33,6 +34,10 @@ pub struct ClusterState {
     pub offerings: Arc<Vec<Offering>>,
     /// Pools that may launch nothing now, and why (their node class is not ready), by name.
     pub closed_pools: BTreeMap<String, String>,
+    /// The platforms of the images inspected for this state, by image reference (the runtime
+    /// inspects the pods a decision reads, `archer simulate` its scenario's images up front). A
+    /// pod's own record (the webhook's annotation) comes first: [`ClusterState::pod_platforms`].
+    pub platforms: BTreeMap<String, PlatformSet>,
 }
 
 /// Why an object of a dump or scenario could not be read.
@@ -48,6 +53,13 @@ fn refs<T>(v: &[Arc<T>]) -> Vec<&T> {
 }
 
 impl ClusterState {
+    /// A pod's platforms: the webhook's record on it, else the intersection of its images'
+    /// platforms as this state knows them; `None` (unknown: assumed to run anywhere) when an
+    /// image is not known.
+    pub fn pod_platforms(&self, pod: &Pod) -> Option<PlatformSet> {
+        archer_core::placement::pod_platforms(pod, &|i| self.platforms.get(i))
+    }
+
     /// A cluster dump (`kubectl get nodes,pods,... -o yaml`, or documents): every object read
     /// in, and the kinds that were not (`apiVersion Kind`).
     pub fn from_objects(objects: impl IntoIterator<Item = serde_json::Value>) -> Result<(ClusterState, Vec<String>), ObjectError> {
@@ -193,6 +205,22 @@ mod tests {
         assert_eq!(snapshot.nodes.len(), 2, "the node, and the claim's node still coming");
         let err = ClusterState::from_objects(vec![json!({"apiVersion": "v1", "kind": "Pod", "spec": 3})]).expect_err("malformed");
         assert_eq!(err.kind, "Pod");
+    }
+
+    #[test]
+    fn a_pods_platforms_are_its_record_else_every_image_known() {
+        let pod = |annotations: serde_json::Value, images: &[&str]| -> Pod {
+            let containers: Vec<_> = images.iter().enumerate().map(|(i, image)| json!({"name": format!("c{i}"), "image": image})).collect();
+            serde_json::from_value(json!({"metadata": {"name": "p", "annotations": annotations}, "spec": {"containers": containers}})).expect("pod")
+        };
+        let set = |s: &str| PlatformSet::parse_annotation(s).expect("platforms");
+        let mut state = ClusterState::default();
+        state.platforms.insert("web".into(), set("linux/amd64,linux/arm64"));
+        state.platforms.insert("sidecar".into(), set("linux/arm64"));
+        assert_eq!(state.pod_platforms(&pod(json!({}), &["web", "sidecar"])), Some(set("linux/arm64")), "the images' intersection");
+        assert_eq!(state.pod_platforms(&pod(json!({}), &["web", "unknown"])), None, "one image unknown: the pod's platforms are");
+        let recorded = pod(json!({"archer.dev/platforms": "linux/amd64"}), &["sidecar"]);
+        assert_eq!(state.pod_platforms(&recorded), Some(set("linux/amd64")), "the webhook's record comes first");
     }
 
     /// The batcher's inputs from a recorded state: which pods a batch plans, which a live plan

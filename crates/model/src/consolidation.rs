@@ -15,7 +15,6 @@ use crate::ClusterState;
 use archer_core::packer::{Plan, PlannedNode, Pool};
 use archer_core::packer::batch_budget;
 use archer_core::planner::{plan_batch_within, Pending};
-use archer_core::platform::PlatformSet;
 use archer_core::sched::Volumes;
 
 /// A node that may be disrupted, with the live pods bound to it and its hourly price.
@@ -38,8 +37,6 @@ pub struct World<'a> {
     /// The state's pools as the packer takes them (room left, readiness applied).
     pub pools: &'a [Pool],
     pub volumes: &'a Volumes,
-    /// The platforms of a pod's images (resolved by the caller; `None`: unknown).
-    pub platforms: &'a (dyn Fn(&Pod) -> Option<PlatformSet> + Sync),
     /// The packer's time budget for each re-plan.
     pub budget: std::time::Duration,
     /// Whether re-plans buy new nodes to honour preferences (the worker's setting).
@@ -147,7 +144,7 @@ pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
     let batch: Vec<Pending> = set
         .iter()
         .flat_map(|c| objects::evictable(&c.pods))
-        .map(|p| adapter::pending_unbound(p, (world.platforms)(p), world.volumes, world.preferences))
+        .map(|p| adapter::pending_unbound(p, world.state.pod_platforms(p), world.volumes, world.preferences))
         .collect();
     let snapshot = world.state.snapshot(world.pools, &|n: &str| leaving.contains(&n));
     let plan = plan_batch_within(&snapshot, &batch, world.pools, &world.state.offerings, batch_budget(world.budget, batch.len()));

@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::Pod;
 
 use archer_api::nodepool::NodePool;
 use archer_core::placement::pod_images;
-use archer_core::platform::PlatformSet;
 use crate::ClusterState;
 
 #[derive(Debug, thiserror::Error)]
@@ -104,10 +103,10 @@ impl Scenario {
     }
 
     /// The planner's inputs: each pending pod with its platforms (its annotation, else the
-    /// platforms `found` for all its images, else unknown), the pools with the scenario's
+    /// platforms the state knows for all its images, else unknown), the pools with the scenario's
     /// DaemonSets, offerings in the pools' zones, and the cluster as the live worker sees it.
     /// Also fills the state's offerings: the catalog's, in every zone a pool allows.
-    pub fn inputs(&mut self, catalog: &archer_core::catalog::Catalog, found: &BTreeMap<String, PlatformSet>, policy: archer_core::sched::preferences::Policy) -> Result<Inputs, ScenarioError> {
+    pub fn inputs(&mut self, catalog: &archer_core::catalog::Catalog, policy: archer_core::sched::preferences::Policy) -> Result<Inputs, ScenarioError> {
         use crate::adapter;
         let volumes = self.state.volumes();
         let mut assumed = 0;
@@ -115,7 +114,7 @@ impl Scenario {
             .pods
             .iter()
             .map(|p| {
-                let platforms = archer_core::placement::pod_platforms(&p.pod, &|i| found.get(i));
+                let platforms = self.state.pod_platforms(&p.pod);
                 assumed += usize::from(platforms.is_none());
                 adapter::pending(&p.pod, platforms, &volumes, policy).with_id(&p.id)
             })

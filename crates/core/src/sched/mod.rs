@@ -41,6 +41,8 @@ pub struct PodInfo {
     pub node_selector: Labels,
     /// Required node affinity terms (ORed), when the pod has any.
     pub required_terms: Option<Vec<NodeSelectorTerm>>,
+    /// Preferred node affinity terms with their weights (NodeAffinity's score).
+    pub preferred_terms: Vec<(i32, NodeSelectorTerm)>,
     pub tolerations: Vec<Toleration>,
     /// DoNotSchedule topology spread constraints (ScheduleAnyway ones only score).
     pub spread: Vec<spread::Constraint>,
@@ -136,6 +138,11 @@ impl PodInfo {
                 .and_then(|a| a.node_affinity.as_ref())
                 .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
                 .map(|r| r.node_selector_terms.clone()),
+            preferred_terms: affinity
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|n| n.preferred_during_scheduling_ignored_during_execution.as_ref())
+                .map(|terms| terms.iter().map(|t| (t.weight, t.preference.clone())).collect())
+                .unwrap_or_default(),
             tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
             spread: spec.map(|s| spread::Constraint::from_pod(s, &labels)).unwrap_or_default(),
             affinity: pod_terms(affinity.and_then(|a| a.pod_affinity.as_ref()).and_then(|p| p.required_during_scheduling_ignored_during_execution.as_ref())),

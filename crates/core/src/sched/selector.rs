@@ -20,6 +20,17 @@ struct Requirement {
     key: String,
     op: Op,
     values: Vec<String>,
+    /// Where the requirement was written: matching ignores it; the packer's group model reads it
+    /// ([`Selector::match_labels`], [`Selector::group_labels`], [`Selector::written_keys`]).
+    source: Source,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Labels,
+    Expressions,
+    /// `matchLabelKeys`, resolved from the pod's own labels.
+    LabelKeys,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +57,7 @@ impl Selector {
             .match_labels
             .iter()
             .flatten()
-            .map(|(k, v)| Requirement { key: k.clone(), op: Op::In, values: vec![v.clone()] })
+            .map(|(k, v)| Requirement { key: k.clone(), op: Op::In, values: vec![v.clone()], source: Source::Labels })
             .collect();
         for e in s.match_expressions.iter().flatten() {
             let op = match e.operator.as_str() {
@@ -56,7 +67,7 @@ impl Selector {
                 "DoesNotExist" => Op::DoesNotExist,
                 _ => return Self::nothing(),
             };
-            reqs.push(Requirement { key: e.key.clone(), op, values: e.values.clone().unwrap_or_default() });
+            reqs.push(Requirement { key: e.key.clone(), op, values: e.values.clone().unwrap_or_default(), source: Source::Expressions });
         }
         Self { requirements: Some(reqs) }
     }
@@ -64,7 +75,7 @@ impl Selector {
     /// Add `key In [value]` (how `matchLabelKeys` narrows a selector to the pod's own value).
     pub fn and_equals(mut self, key: &str, value: &str) -> Self {
         if let Some(r) = &mut self.requirements {
-            r.push(Requirement { key: key.into(), op: Op::In, values: vec![value.into()] });
+            r.push(Requirement { key: key.into(), op: Op::In, values: vec![value.into()], source: Source::LabelKeys });
         }
         self
     }
@@ -72,6 +83,30 @@ impl Selector {
     /// `labels.Selector.Empty()`: selects everything without saying anything.
     pub fn is_empty(&self) -> bool {
         self.requirements.as_ref().is_some_and(Vec::is_empty)
+    }
+
+    /// The selector's `matchLabels`, as written.
+    pub fn match_labels(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.of(&[Source::Labels]).filter_map(|r| Some((r.key.as_str(), r.values.first()?.as_str())))
+    }
+
+    /// The labels a pod must carry to be selected by equality: `matchLabels` and the values
+    /// `matchLabelKeys` took from the pod's own labels (a later key wins).
+    pub fn group_labels(&self) -> BTreeMap<&str, &str> {
+        self.of(&[Source::Labels, Source::LabelKeys]).filter_map(|r| Some((r.key.as_str(), r.values.first()?.as_str()))).collect()
+    }
+
+    /// The keys the selector names as written (`matchLabels` and `matchExpressions`), sorted,
+    /// each once.
+    pub fn written_keys(&self) -> Vec<&str> {
+        let mut keys: Vec<&str> = self.of(&[Source::Labels, Source::Expressions]).map(|r| r.key.as_str()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
+    fn of<'a>(&'a self, sources: &'a [Source]) -> impl Iterator<Item = &'a Requirement> + 'a {
+        self.requirements.iter().flatten().filter(move |r| sources.contains(&r.source))
     }
 
     pub fn matches(&self, labels: &Labels) -> bool {

@@ -36,15 +36,18 @@ fn offerings() -> Vec<Offering> {
     Offering::embedded_on_demand()
 }
 
-fn amd64(_: &Pod) -> Option<PlatformSet> {
-    PlatformSet::parse_annotation("linux/amd64").ok()
+/// Every test pod runs image `x`, known to be amd64 only.
+fn amd64(mut state: ClusterState) -> ClusterState {
+    use archer_core::platform::PlatformSet;
+    state.platforms.insert("x".into(), PlatformSet::parse_annotation("linux/amd64").expect("platform"));
+    state
 }
 
 /// Decide on `nodes` and `pods` (every node a candidate at `price` per hour).
 fn with_world<R>(nodes: &[Node], pods: &[Pod], pools: &[Pool], f: impl FnOnce(&World<'_>, &[&Candidate<'_>]) -> R) -> R {
-    let state = ClusterState { nodes: nodes.iter().cloned().map(std::sync::Arc::new).collect(), pods: pods.iter().cloned().map(std::sync::Arc::new).collect(), offerings: std::sync::Arc::new(offerings()), ..Default::default() };
+    let state = state_of(nodes, pods);
     let volumes = Volumes::default();
-    let world = World { state: &state, pools, volumes: &volumes, platforms: &amd64, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
+    let world = World { state: &state, pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
     let candidates: Vec<Candidate> = nodes
         .iter()
         .map(|n| Candidate { node: n, pods: pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == n.metadata.name.as_deref()).collect(), price: 0.20 })
@@ -189,7 +192,7 @@ fn settings(underutilized: bool, budget: usize) -> DisruptionSettings {
 }
 
 fn state_of(nodes: &[Node], pods: &[Pod]) -> ClusterState {
-    ClusterState { nodes: nodes.iter().cloned().map(std::sync::Arc::new).collect(), pods: pods.iter().cloned().map(std::sync::Arc::new).collect(), offerings: std::sync::Arc::new(offerings()), ..Default::default() }
+    amd64(ClusterState { nodes: nodes.iter().cloned().map(std::sync::Arc::new).collect(), pods: pods.iter().cloned().map(std::sync::Arc::new).collect(), offerings: std::sync::Arc::new(offerings()), ..Default::default() })
 }
 
 #[test]
@@ -226,7 +229,7 @@ fn a_pool_pass_takes_empty_nodes_first_then_underutilised_ones_and_respects_the_
     let view = pool_nodes(&state, "default", &|_| true, &|_| Some(0.2), &mut |_| {});
     let pools = [pool(None)];
     let volumes = Volumes::default();
-    let world = World { state: &state, pools: &pools, volumes: &volumes, platforms: &amd64, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
+    let world = World { state: &state, pools: &pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
     let search = Search::exhaustive(MARGIN);
     let d = consolidate_pool(&world, "default", &settings(true, 10), &view, &|_| true, &|_| true, search).expect("a decision");
     assert_eq!((d.reason, d.nodes.clone()), ("empty", vec!["idle".to_string()]), "the empty node goes first");

@@ -62,8 +62,10 @@ fn pod(name: &str, on: &str) -> Arc<Pod> {
     )
 }
 
-fn amd64(_: &Pod) -> Option<PlatformSet> {
-    PlatformSet::parse_annotation("linux/amd64").ok()
+/// Every test pod runs image `x`, known to be amd64 only.
+fn amd64(mut state: ClusterState) -> ClusterState {
+    state.platforms.insert("x".into(), PlatformSet::parse_annotation("linux/amd64").expect("platform"));
+    state
 }
 
 /// The pass on `state` with every clock run out unless `clock` says otherwise.
@@ -72,14 +74,14 @@ fn pass(state: &ClusterState, pool: &NodePool, draining: &dyn Fn(&str) -> bool, 
     let nodes = pool_nodes(state, "default", &|_| true, &|n| state.claim_of_node(n.metadata.name.as_deref().unwrap_or("")).map(|c| c.spec.price_per_hour), &mut |_| {});
     let pools = [Pool { name: "default".into(), weight: 0, requirements: Default::default(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None }];
     let volumes = Volumes::default();
-    let world = World { state, pools: &pools, volumes: &volumes, platforms: &amd64, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
+    let world = World { state, pools: &pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
     let clock = Clock { now: now(), draining, empty_long_enough: &|_| true, settled: &|_| true, hold: hold.map(String::from) };
     disrupt_pool(&world, pool, &settings, &nodes, &clock, provider_drift, Search::exhaustive(0.02))
 }
 
 fn cluster(pool: &NodePool, claims: Vec<Arc<NodeClaim>>, pods: Vec<Arc<Pod>>) -> ClusterState {
     let nodes = claims.iter().map(|c| node(&c.name())).collect();
-    ClusterState { nodes, claims, pods, pools: vec![Arc::new(pool.clone())], offerings: Arc::new(Offering::embedded_on_demand()), ..Default::default() }
+    amd64(ClusterState { nodes, claims, pods, pools: vec![Arc::new(pool.clone())], offerings: Arc::new(Offering::embedded_on_demand()), ..Default::default() })
 }
 
 fn no_drift(_: &NodeClaim) -> Option<String> {

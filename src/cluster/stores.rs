@@ -1,5 +1,7 @@
 //! The watch caches the provisioner reads (Pods, Nodes, NodeClaims, NodePools, DaemonSets, volume
-//! claims and volumes), and the cluster state they hold at any moment.
+//! claims and volumes), and the cluster state they hold at any moment. The provisioner owns them;
+//! the extender reads the same state through [`super::ClusterView::state`] while this process
+//! provisions.
 
 use std::sync::Arc;
 
@@ -14,7 +16,7 @@ use archer_api::nodepool::NodePool;
 use archer_model::objects as state;
 use archer_model::ClusterState;
 
-use crate::cluster::reflect_with;
+use super::reflect_with;
 
 /// Watch-backed caches of what the worker reads.
 #[derive(Clone)]
@@ -32,7 +34,7 @@ impl Stores {
     /// Start the watches; `pending` is notified whenever a pod may need capacity.
     /// `nodes`: a Node cache the process keeps already (the cluster view's), shared rather than
     /// watched twice.
-    pub(super) fn start(client: &Client, pending: Arc<tokio::sync::Notify>, nodes: Option<Store<Node>>, eager: Vec<String>) -> (Stores, impl std::future::Future<Output = ()> + Send + 'static) {
+    pub fn start(client: &Client, pending: Arc<tokio::sync::Notify>, nodes: Option<Store<Node>>, eager: Vec<String>) -> (Stores, impl std::future::Future<Output = ()> + Send + 'static) {
         let (pods, p) = reflect_with(Api::<Pod>::all(client.clone()), watcher::Config::default(), "pod", move |pod: &Pod| {
             if state::is_provisionable(pod, &eager) {
                 pending.notify_one();
@@ -72,7 +74,7 @@ impl Stores {
         }
     }
 
-    pub(super) async fn wait_ready(&self) {
+    pub async fn wait_ready(&self) {
         let _ = futures::future::join5(self.pods.wait_until_ready(), self.nodes.wait_until_ready(), self.claims.wait_until_ready(), self.pools.wait_until_ready(), self.daemonsets.wait_until_ready()).await;
         let _ = futures::future::join(self.claims_pv.wait_until_ready(), self.volumes.wait_until_ready()).await;
     }
