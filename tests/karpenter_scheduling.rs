@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use archer::catalog::Catalog;
-use archer::core::packer::Plan;
+use archer::core::packer::{Offering, Plan};
 use archer::core::planner::plan_batch;
 use archer::provisioner::scenario::Scenario;
 use serde_json::{json, Value};
@@ -82,15 +82,24 @@ impl Outcome {
 /// Plan a scenario of these objects (JSON is YAML).
 fn run(docs: &[Value]) -> Outcome {
     let text = docs.iter().map(Value::to_string).collect::<Vec<_>>().join("\n---\n");
+    // `ARCHER_DUMP_SCENARIOS=dir` writes each test's scenario there (how tests/golden/ gets them).
+    if let Some(dir) = std::env::var_os("ARCHER_DUMP_SCENARIOS") {
+        let name = std::thread::current().name().unwrap_or("scenario").replace('_', "-");
+        std::fs::write(std::path::Path::new(&dir).join(format!("karpenter-{name}.yaml")), &text).expect("dump the scenario");
+    }
     let mut s = Scenario::parse(&text).expect("scenario");
     let catalog = Catalog::embedded().expect("catalog");
     let inputs = s.inputs(&catalog, Default::default()).expect("inputs");
     let plan = plan_batch(&inputs.snapshot, &inputs.pending, &inputs.pools, &inputs.offerings);
     let mut node_labels: BTreeMap<String, BTreeMap<String, String>> = s.state.nodes.iter().map(|n| (n.metadata.name.clone().unwrap_or_default(), n.metadata.labels.clone().unwrap_or_default())).collect();
     for n in &plan.nodes {
-        let mut l = BTreeMap::from([(HOST.to_string(), n.name.clone()), (ZONE.to_string(), n.zone.clone()), (CT.to_string(), n.capacity_type.clone()), (ARCH.to_string(), n.arch.clone())]);
-        l.insert("node.kubernetes.io/instance-type".into(), n.instance_type.clone());
-        l.insert("karpenter.sh/nodepool".into(), n.pool.clone());
+        // The labels the node will carry: its offering's in its pool, and the values the plan
+        // chose for keys the pool leaves open.
+        let pool = inputs.pools.iter().find(|p| p.name == n.pool).expect("the planned node's pool");
+        let offering = Offering::find(&inputs.offerings, &n.instance_type, &n.zone, &n.capacity_type).expect("the planned node's offering");
+        let mut l = offering.labels(pool);
+        l.extend(n.labels.clone());
+        l.insert(HOST.to_string(), n.name.clone());
         node_labels.insert(n.name.clone(), l);
     }
     let mut placed = Vec::new();
@@ -499,6 +508,26 @@ fn combined_hostname_and_zonal_topology_should_spread_pods_while_respecting_both
 }
 
 #[test]
+fn combined_hostname_and_zonal_topology_should_spread_pods_while_respecting_both_constraints_in_two_rounds() {
+    // The same case as Karpenter runs it: 2 pods first (their nodes in flight here), then 3 more.
+    // Every zone the pool may launch in is a domain, so the third zone, empty, is opened: 1/2/2
+    // (room on the first two nodes notwithstanding).
+    let t = json!({"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": sel()},
+        {"maxSkew": 3, "topologyKey": HOST, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": sel()}]});
+    let mut objects = vec![pool(json!([]))];
+    for (i, zone) in [Z1, Z2].iter().enumerate() {
+        objects.push(node(&format!("in-flight-{i}"), json!({ZONE: zone}), "4"));
+        objects.push(bound(&format!("first-{i}"), test_labels(), &format!("in-flight-{i}")));
+    }
+    objects.extend(pods("p", 3, test_labels(), "100m", t));
+    let o = run(&objects);
+    assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);
+    assert_eq!(o.skew(ZONE, &TEST), [2, 2, 1]);
+    assert!(o.skew(HOST, &TEST).iter().all(|&n| n <= 3), "{:?}", o.skew(HOST, &TEST));
+}
+
+#[test]
 fn combined_hostname_and_zonal_topology_should_balance_pods_across_nodepool_requirements() {
     // Two pools split the zones; the spread is over all three.
     let o = run(&docs(vec![
@@ -578,6 +607,74 @@ fn nodetaintspolicy_should_balance_pods_across_a_label_nodetaintspolicy_honor() 
     let o = run(&docs(vec![vec![pool_named("open", 0, zones_in(&[Z1, Z2]), json!({})), tainted], pods("p", 4, test_labels(), "100m", t)]));
     // The tainted zone is not a domain: the pods spread over the two open zones.
     assert_eq!(o.skew(ZONE, &TEST), [2, 2]);
+}
+
+#[test]
+fn should_balance_pods_across_nodepool_requirements() {
+    // A spot pool whose nodes may carry capacity.spread 2..5 and an on-demand pool whose nodes
+    // carry 1: five domains, so 20 pods spread 4 to each, 4 on-demand and 16 spot.
+    let key = "capacity.spread.4-1";
+    let spot = pool_named("spot", 0, json!([{"key": CT, "operator": "In", "values": ["spot"]}, {"key": key, "operator": "In", "values": ["2", "3", "4", "5"]}]), json!({}));
+    let on_demand = pool_named("on-demand", 0, json!([{"key": CT, "operator": "In", "values": ["on-demand"]}, {"key": key, "operator": "In", "values": ["1"]}]), json!({}));
+    let o = run(&docs(vec![vec![spot, on_demand], pods("p", 20, test_labels(), "100m", spread(key, 1, sel()))]));
+    assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);
+    assert_eq!(o.skew(key, &TEST), [4, 4, 4, 4, 4]);
+    assert_eq!(o.skew(CT, &TEST), [16, 4], "the spread across pools forces 4:1 spot to on-demand");
+}
+
+#[test]
+fn a_value_a_pod_selects_among_a_pools_listed_values_is_the_nodes_label() {
+    // Not a Karpenter case: a node affinity naming one of the values a pool lists gets a node
+    // with that value (the pool as written would label its nodes with the first).
+    let key = "team.example.com/rack";
+    let racks = pool_named("racks", 0, json!([{"key": key, "operator": "In", "values": ["r1", "r2", "r3"]}]), json!({}));
+    let o = run(&docs(vec![vec![racks], vec![pod("p", test_labels(), "100m", json!({"nodeSelector": {key: "r2"}}))]]));
+    assert_eq!(o.label_of("p", key).as_deref(), Some("r2"));
+    // An open key (Exists) takes the value the pod names.
+    let open = pool_named("open", 0, json!([{"key": key, "operator": "Exists"}]), json!({}));
+    let o = run(&docs(vec![vec![open], vec![pod("q", test_labels(), "100m", json!({"nodeSelector": {key: "r9"}}))]]));
+    assert_eq!(o.label_of("q", key).as_deref(), Some("r9"));
+}
+
+#[test]
+fn nodetaintspolicy_should_balance_pods_across_a_label_when_discovered_from_the_nodepool_ignore() {
+    let label = "fake-label";
+    let open = pool_named("open", 0, json!([{"key": label, "operator": "In", "values": ["foo"]}]), json!({}));
+    let tainted = pool_named("tainted", 0, json!([{"key": label, "operator": "In", "values": ["bar"]}]), json!({"taints": [{"key": "taint-key", "value": "taint-value", "effect": "NoSchedule"}]}));
+    let mut t = spread(label, 1, sel());
+    t["topologySpreadConstraints"][0]["nodeTaintsPolicy"] = json!("Ignore");
+    let o = run(&docs(vec![vec![open, tainted], pods("p", 2, test_labels(), "100m", t)]));
+    // Domain "bar" counts though the pods cannot use it: one pod in "foo", the other waits.
+    assert_eq!(o.skew(label, &TEST), [1]);
+    assert_eq!(o.unschedulable(), 1);
+}
+
+#[test]
+fn nodetaintspolicy_should_balance_pods_across_a_label_when_discovered_from_the_nodepool_honor() {
+    let label = "fake-label";
+    let open = pool_named("open", 0, json!([{"key": label, "operator": "In", "values": ["foo"]}]), json!({}));
+    let tainted = pool_named("tainted", 0, json!([{"key": label, "operator": "In", "values": ["bar"]}]), json!({"taints": [{"key": "taint-key", "value": "taint-value", "effect": "NoSchedule"}]}));
+    let mut t = spread(label, 1, sel());
+    t["topologySpreadConstraints"][0]["nodeTaintsPolicy"] = json!("Honor");
+    let o = run(&docs(vec![vec![open, tainted], pods("p", 2, test_labels(), "100m", t)]));
+    assert_eq!(o.skew(label, &TEST), [2]);
+}
+
+#[test]
+fn nodetaintspolicy_should_balance_pods_across_a_label_when_mutually_exclusive_nodepools_by_taints_share_domains_honor() {
+    let label = "fake-label";
+    let pool_of = |i: usize, domains: &[&str]| pool_named(&format!("np-{i}"), 0, json!([{"key": label, "operator": "In", "values": domains}]), json!({"taints": [{"key": "taint-key", "value": format!("nodepool-{i}"), "effect": "NoSchedule"}]}));
+    let mut t = spread(label, 1, sel());
+    t["topologySpreadConstraints"][0]["nodeTaintsPolicy"] = json!("Honor");
+    let tolerating = |i: usize| {
+        let mut s = t.clone();
+        s["tolerations"] = json!([{"key": "taint-key", "effect": "NoSchedule", "value": format!("nodepool-{i}")}]);
+        s
+    };
+    let o = run(&docs(vec![vec![pool_of(0, &["foo", "bar"]), pool_of(1, &["foo", "baz"])], pods("a", 2, test_labels(), "100m", tolerating(0)), pods("b", 4, test_labels(), "100m", tolerating(1))]));
+    assert_eq!(o.unschedulable(), 0, "{:?}", o.plan.unschedulable);
+    // foo 2, bar 1, baz 3: each deployment spreads over the domains its pool's nodes can be in.
+    assert_eq!(o.skew(label, &TEST), [3, 2, 1]);
 }
 
 #[test]

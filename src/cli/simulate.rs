@@ -136,6 +136,11 @@ fn print_plan(title: &str, plan: &Plan) {
                 n.name, n.pool, n.instance_type, n.arch, n.zone, n.capacity_type, n.price_per_hour, n.pods.join(", ")
             );
         }
+        // Values chosen for keys a pool's requirements leave open (`key In [a,b,c]`).
+        for n in plan.nodes.iter().filter(|n| !n.labels.is_empty()) {
+            let labels: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!("  {} labels: {}", n.name, labels.join(", "));
+        }
     }
     for (pod, node) in &plan.existing {
         println!("  {pod} -> existing node {node}");

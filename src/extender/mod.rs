@@ -217,8 +217,11 @@ impl Extender {
     /// cache to show it ([`awaiting_registration`]): none of them (the pod waits for the node
     /// bought for it rather than landing on a sibling the plan counted on for other pods; the
     /// node's taints going away is a cluster event that makes kube-scheduler try the pod again).
-    /// Registered but refused by kube-scheduler's topology spread alone while pods planned for
-    /// the other domains are still pending: none of them, for at most [`PLAN_PATIENCE`] (their
+    /// Not made yet while its claim is live, for at most [`plan_wait::PLAN_PATIENCE`]: none of
+    /// them (the plan may have opened a domain kube-scheduler cannot see yet; the Node's
+    /// creation requeues the pod, and a launch that fails has the pod planned again, onto a
+    /// node whose creation does). Registered but refused by kube-scheduler's topology spread alone while pods planned for
+    /// the other domains are still pending: none of them, for at most [`plan_wait::PLAN_PATIENCE`] (their
     /// binding requeues the pod; see [`plan_wait`]). Otherwise: no steering (any node).
     ///
     /// A pod never waits for a clock here: kube-scheduler retries a pod it could not place only
@@ -235,7 +238,11 @@ impl Extender {
             self.metrics.extender_planned_placements.inc();
             return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
         }
-        let node = self.nodes.as_ref()?.get(&kube::runtime::reflector::ObjectRef::new(&planned))?;
+        let Some(node) = self.nodes.as_ref()?.get(&kube::runtime::reflector::ObjectRef::new(&planned)) else {
+            // The planned node is not made yet: the pod waits for it while its claim is live.
+            let why = cluster.state().and_then(|state| plan_wait::node_coming(&planned, age, &state));
+            return why.map(|why| (planned, why));
+        };
         let state = cluster.state();
         // Registered moments ago counts only while the node would take the pod by Archer's own
         // view of it: if its room is taken, kube-scheduler refuses it for that, and no event
@@ -249,7 +256,7 @@ impl Extender {
             return Some((planned, why));
         }
         let state = state?;
-        let waits = age < PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &state) && plan_wait::siblings_coming(pod, &state, cluster).await;
+        let waits = age < plan_wait::PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &state) && plan_wait::siblings_coming(pod, &state, cluster).await;
         waits.then(|| (planned.clone(), format!("waiting for node {planned}, where the provisioning plan put the pod, until the pods planned before it in other domains land")))
     }
 
@@ -313,8 +320,6 @@ const SCHEDULER_VIEW_LAG: Duration = Duration::from_secs(5);
 /// pod binding meanwhile counts the same on its node, held or bound.
 const HELD_ROOM_REFRESH: Duration = Duration::from_millis(250);
 
-/// How long after its plan a pod may wait for a node kube-scheduler's spread refuses for now.
-const PLAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why pods must not land on `name` yet: another node of its launch batch is still unregistered
 /// (the scheduler would otherwise pack a batch meant to spread onto its first node to come up).

@@ -15,6 +15,21 @@ use crate::cluster::ClusterView;
 use archer_core::sched::{PodInfo, Snapshot};
 use archer_model::ClusterState;
 
+/// Why the pod waits for `planned`, the node its plan (made `age` ago) bought for it, which has
+/// no Node yet: a live claim will make it. The plan may have opened a domain no node is in yet
+/// (a zone its pool allows, [`archer_core::planner`]'s domains), which kube-scheduler cannot
+/// see: without the wait it would bind the pod to a node of another domain that registers
+/// first, and the planned node would stay empty. The Node's creation is a cluster event
+/// kube-scheduler tries the pod again on; past [`PLAN_PATIENCE`] the pod no longer waits.
+pub(super) fn node_coming(planned: &str, age: std::time::Duration, state: &ClusterState) -> Option<String> {
+    let coming = age < PLAN_PATIENCE && state.claims.iter().any(|c| !c.deleting() && c.node_name() == planned);
+    coming.then(|| format!("waiting for node {planned}, which the provisioning plan bought for the pod, to be created"))
+}
+
+/// How long after its plan a pod may wait for its planned node: to be created, or to be
+/// accepted by kube-scheduler's spread.
+pub(super) const PLAN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Would `node` take the pod but for topology spread across nodes? It is checked alone, with
 /// the pods bound to it: every filter of the scheduling model holds there, and spread over a
 /// single domain always does. Pods with required inter-pod (anti-)affinity are left out (pods
@@ -89,6 +104,29 @@ mod tests {
 
     fn store(pods: Vec<Pod>) -> ClusterState {
         ClusterState { pods: pods.into_iter().map(Arc::new).collect(), ..Default::default() }
+    }
+
+    #[test]
+    fn a_pod_waits_for_a_planned_node_only_while_its_claim_is_live_and_the_plan_is_fresh() {
+        let claim = |name: &str, node: Option<&str>, deleting: bool| -> Arc<archer_api::nodeclaim::NodeClaim> {
+            let mut c: archer_api::nodeclaim::NodeClaim = serde_json::from_value(json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "metadata": {"name": name},
+                "spec": {"nodePool": "default", "instanceType": "m7g.large", "zone": "us-east-1c", "capacityType": "on-demand", "arch": "arm64", "os": "linux", "pricePerHour": 0.08}}))
+            .expect("claim");
+            c.status = node.map(|n| archer_api::nodeclaim::NodeClaimStatus { node_name: Some(n.into()), ..Default::default() });
+            if deleting {
+                c.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+            }
+            Arc::new(c)
+        };
+        let state = |claims: Vec<Arc<archer_api::nodeclaim::NodeClaim>>| ClusterState { claims, ..Default::default() };
+        let fresh = std::time::Duration::from_secs(5);
+        // kwok names the node as its claim; a cloud names it at launch (the claim's status).
+        assert!(node_coming("zone-c-1", fresh, &state(vec![claim("zone-c-1", None, false)])).is_some());
+        assert!(node_coming("ip-10-0-3-7", fresh, &state(vec![claim("zone-c-1", Some("ip-10-0-3-7"), false)])).is_some());
+        assert!(node_coming("zone-c-1", fresh, &state(vec![claim("zone-c-1", Some("ip-10-0-3-7"), false)])).is_none(), "the claim's node has another name");
+        assert!(node_coming("zone-c-1", fresh, &state(vec![claim("zone-c-1", None, true)])).is_none(), "a claim going away makes no node");
+        assert!(node_coming("zone-c-1", fresh, &state(Vec::new())).is_none(), "no claim, no node");
+        assert!(node_coming("zone-c-1", PLAN_PATIENCE, &state(vec![claim("zone-c-1", None, false)])).is_none(), "past the patience the pod goes where it may");
     }
 
     #[test]

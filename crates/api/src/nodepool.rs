@@ -197,6 +197,7 @@ impl NodePool {
             limit_nodes: limits.get("nodes").and_then(|q| quantity::value(q)),
             daemons: Vec::new(),
             closed: None,
+            variant: Default::default(),
         })
     }
 

@@ -41,6 +41,27 @@ pub fn batch_budget(budget: std::time::Duration, pods: usize) -> std::time::Dura
     earned.max(MIN_BUDGET).min(budget)
 }
 
+/// The keys every node of an offering carries from the offering (and its pool's name):
+/// [`Offering::labels`].
+const OFFERING_KEYS: [&str; 16] = [
+    crate::labels::ARCH,
+    crate::labels::OS,
+    crate::labels::INSTANCE_TYPE,
+    crate::labels::ZONE,
+    crate::labels::KARPENTER_CAPACITY_TYPE,
+    crate::labels::CAPACITY_TYPE,
+    crate::labels::REGION,
+    crate::labels::KARPENTER_NODEPOOL,
+    crate::labels::KARPENTER_PROVISIONER_NAME,
+    crate::labels::NODEPOOL,
+    "karpenter.k8s.aws/instance-family",
+    "karpenter.k8s.aws/instance-category",
+    "karpenter.k8s.aws/instance-generation",
+    "karpenter.k8s.aws/instance-cpu",
+    "karpenter.k8s.aws/instance-memory",
+    "archer.dev/instance-family",
+];
+
 /// A pod waiting for capacity.
 #[derive(Debug, Clone)]
 pub struct PendingPod {
@@ -128,6 +149,11 @@ pub struct Pool {
     /// Karpenter skips a NodePool that is not Ready. Its room is then zero nodes; the nodes it
     /// already has stay as they are.
     pub closed: Option<String>,
+    /// The values this copy of the pool fixes for keys its requirements leave several values on
+    /// (`capacity.spread In [2,3,4,5]`): one copy per value a batch's pods care about
+    /// ([`crate::planner`]'s variants), each a node label. Empty: the pool as written. Copies
+    /// of one pool share its limits.
+    pub variant: BTreeMap<String, String>,
 }
 
 /// One DaemonSet's pod, as it weighs on every node it runs on.
@@ -193,6 +219,11 @@ impl Offering {
             .collect()
     }
 
+    /// Whether [`Offering::labels`] sets `key` from the offering itself (whatever the pool).
+    pub fn sets_label(key: &str) -> bool {
+        OFFERING_KEYS.contains(&key)
+    }
+
     /// The labels a node from this offering in `pool` would carry.
     pub fn labels(&self, pool: &Pool) -> BTreeMap<String, String> {
         use super::labels as l;
@@ -244,11 +275,13 @@ pub fn could_host(pod: &PendingPod, pool: &Pool, o: &Offering) -> Option<BTreeMa
 
 /// [`could_host`] with the offering's labels in the pool already computed.
 pub fn could_host_with(pod: &PendingPod, pool: &Pool, o: &Offering, labels: &BTreeMap<String, String>) -> bool {
-    pool.requirements.matches_map(labels)
-        && Offering::keeps_template_labels(labels, pool)
-        && tolerates_all(pod, &pool.taints)
-        && labels_fit(pod, labels).is_ok()
-        && extended_fit(pod, o, &pool.name).is_ok()
+    tolerates_all(pod, &pool.taints) && could_host_but_for_taints(pod, pool, o, labels)
+}
+
+/// [`could_host_with`], whatever the pool's taints (a topology spread with `nodeTaintsPolicy:
+/// Ignore` counts the domains of nodes the pod does not tolerate).
+pub fn could_host_but_for_taints(pod: &PendingPod, pool: &Pool, o: &Offering, labels: &BTreeMap<String, String>) -> bool {
+    pool.requirements.matches_map(labels) && Offering::keeps_template_labels(labels, pool) && labels_fit(pod, labels).is_ok() && extended_fit(pod, o, &pool.name).is_ok()
 }
 
 /// The region of a zone name (`us-east-1a` -> `us-east-1`, `eastus-2` stays).
@@ -279,6 +312,10 @@ pub struct PlannedNode {
     pub capacity_type: String,
     pub price_per_hour: f64,
     pub pods: Vec<String>,
+    /// Labels chosen from the pool's requirements that list several values
+    /// ([`Pool::variant`]); the node carries them.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -348,8 +385,11 @@ fn labels_fit(pod: &PendingPod, labels: &BTreeMap<String, String>) -> Result<(),
 /// Nodes opened so far by one way of packing, and what it could not place.
 #[derive(Clone, Default)]
 struct Packing {
-    /// Per pool: (cpu millis, memory bytes, nodes) opened, against its limits.
+    /// Per pool: (cpu millis, memory bytes, nodes) opened, against its limits; copies of a pool
+    /// ([`Pool::variant`]) count on the first copy's entry ([`Packing::family`]).
     used: Vec<(i64, i64, i64)>,
+    /// Per pool: the index whose entry of `used` it counts on.
+    family: Vec<usize>,
     drafts: Vec<Draft>,
     unschedulable: Vec<Unschedulable>,
     /// The LP relaxation's bound, when it covers exactly the pods placed.
@@ -359,10 +399,16 @@ struct Packing {
 impl Packing {
     /// Count `nodes` more nodes of `o` (negative: fewer) against pool `pi`'s limits.
     fn charge(&mut self, pi: usize, o: &Offering, nodes: i64) {
-        let u = &mut self.used[pi];
+        let Some(&fi) = self.family.get(pi) else { return };
+        let u = &mut self.used[fi];
         u.0 += nodes * i64::from(o.instance.vcpu) * 1000;
         u.1 += nodes * o.instance.memory_mib as i64 * 1024 * 1024;
         u.2 += nodes;
+    }
+
+    /// What pool `pi` (with every copy of it) has opened so far.
+    fn used_by(&self, pi: usize) -> (i64, i64, i64) {
+        self.family.get(pi).and_then(|&fi| self.used.get(fi)).copied().unwrap_or_default()
     }
 
     /// What its nodes cost per hour.
@@ -681,7 +727,8 @@ pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], 
     let mut classes: Vec<Class> = spread_over_zones(classes.into_values().collect(), offerings, &room_of, &mut plan.unschedulable);
     pin_zone_groups(&mut classes, offerings, &room_of, &mut plan.unschedulable);
     narrow(&mut classes, offerings, &room_of);
-    let base = Packing { used: vec![(0, 0, 0); pools.len()], ..Packing::default() };
+    let family = (0..pools.len()).map(|pi| pools.iter().position(|p| p.name == pools[pi].name).unwrap_or(pi)).collect();
+    let base = Packing { used: vec![(0, 0, 0); pools.len()], family, ..Packing::default() };
     let deadline = std::time::Instant::now() + budget;
     let packing = rounding::best_packing(classes, base, pools, offerings, &room_of, deadline);
     plan.unschedulable.extend(packing.unschedulable);
@@ -697,6 +744,7 @@ pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], 
             zone: o.zone.clone(),
             capacity_type: o.capacity.as_str().to_string(),
             price_per_hour: o.price,
+            labels: pools[d.pi].variant.clone(),
             pods: d.items.into_iter().flat_map(|(_, pods)| pods).collect(),
         });
     }

@@ -182,6 +182,11 @@ impl Requirements {
         self.keys.get(key)
     }
 
+    /// The keys constrained, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.keys.keys().map(String::as_str)
+    }
+
     pub fn intersect(&self, other: &Requirements) -> Requirements {
         let mut keys = self.keys.clone();
         for (k, c) in &other.keys {

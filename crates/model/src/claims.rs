@@ -45,7 +45,7 @@ pub fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &Planned
             capacity_type: planned.capacity_type.clone(),
             arch: t.arch.clone(),
             os: t.os.clone(),
-            labels: offering.labels(&pool),
+            labels: planned_labels(offering, &pool, planned),
             taints: np.spec.template.spec.taints.clone(),
             startup_taints: np.spec.template.spec.startup_taints.clone(),
             capacity: with_gpus(q(i64::from(t.vcpu) * 1000, t.memory_mib as i64 * 1024 * 1024, t.max_pods), t.gpu_count),
@@ -58,6 +58,14 @@ pub fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &Planned
         },
         status: None,
     })
+}
+
+/// The labels the node carries: the offering's in its pool, and the values the plan chose for
+/// keys the pool's requirements leave open ([`PlannedNode::labels`]).
+fn planned_labels(offering: &Offering, pool: &archer_core::packer::Pool, planned: &PlannedNode) -> BTreeMap<String, String> {
+    let mut labels = offering.labels(pool);
+    labels.extend(planned.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    labels
 }
 
 /// The pool's requirements, and the planned instance type as a requirement when a planned pod
@@ -94,7 +102,7 @@ mod tests {
     fn a_planned_node_becomes_a_claim_with_its_pools_template_and_the_offerings_shape() {
         let offerings = Offering::embedded_on_demand();
         let o = Offering::find(&offerings, "m7g.large", "us-east-1a", "on-demand").expect("m7g.large");
-        let planned = PlannedNode { name: "general-1".into(), pool: "general".into(), instance_type: "m7g.large".into(), arch: "arm64".into(), zone: "us-east-1a".into(), capacity_type: "on-demand".into(), price_per_hour: o.price, pods: vec!["default/a".into(), "default/b".into()] };
+        let planned = PlannedNode { name: "general-1".into(), pool: "general".into(), instance_type: "m7g.large".into(), arch: "arm64".into(), zone: "us-east-1a".into(), capacity_type: "on-demand".into(), price_per_hour: o.price, pods: vec!["default/a".into(), "default/b".into()], labels: Default::default() };
         let state = ClusterState { pools: vec![Arc::new(pool())], pods: vec![pod("a", serde_json::json!({})), pod("b", serde_json::json!({"kubernetes.io/arch": "arm64"}))], ..Default::default() };
         let c = claim_for(&state, &offerings, &planned, "provisioning").expect("claim");
         assert_eq!(c.metadata.generate_name.as_deref(), Some("general-"));

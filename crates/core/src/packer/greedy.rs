@@ -15,7 +15,7 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
             for &(pi, oi) in &classes[ci].offerings {
                 let pool = &pools[pi];
                 let o = &offerings[oi];
-                if !within_limits(pool, out.used[pi], o, 1) {
+                if !within_limits(pool, out.used_by(pi), o, 1) {
                     continue;
                 }
                 let mut free = room_of(pi, oi);
@@ -75,7 +75,7 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
                 // kube-scheduler binds them; the rest can run nowhere.
                 if classes[ci].colocate {
                     let c = &classes[ci];
-                    let most = c.offerings.iter().filter(|&&(pi, oi)| within_limits(&pools[pi], out.used[pi], &offerings[oi], 1)).map(|&(pi, oi)| pods_that_fit(c, room_of(pi, oi), i64::from(offerings[oi].instance.gpu_count))).max().unwrap_or(0);
+                    let most = c.offerings.iter().filter(|&&(pi, oi)| within_limits(&pools[pi], out.used_by(pi), &offerings[oi], 1)).map(|&(pi, oi)| pods_that_fit(c, room_of(pi, oi), i64::from(offerings[oi].instance.gpu_count))).max().unwrap_or(0);
                     if most > 0 && most < c.pods.len() {
                         let pool_name = c.offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
                         let reason = format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds more than {most} of them");
@@ -103,7 +103,7 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
             // evaluation would see the same inputs): open those nodes at once.
             let o = &offerings[oi];
             let mut repeat = take.iter().map(|&(cj, n)| classes[cj].pods.len() / n).min().unwrap_or(1).max(1);
-            while repeat > 1 && !within_limits(&pools[pi], out.used[pi], o, repeat) {
+            while repeat > 1 && !within_limits(&pools[pi], out.used_by(pi), o, repeat) {
                 repeat -= 1;
             }
             for _ in 0..repeat {

@@ -260,7 +260,7 @@ fn prefill(classes: &mut [Class], r: &Relaxation, input: &Input, pools: &[Pool],
 fn open(classes: &mut [Class], col: &relax::Column, input: &Input, pools: &[Pool], offerings: &[Offering], out: &mut Packing) -> bool {
     let (pi, oi) = input.slots[col.bin];
     let o = &offerings[oi];
-    if !within_limits(&pools[pi], out.used[pi], o, 1) {
+    if !within_limits(&pools[pi], out.used_by(pi), o, 1) {
         return false;
     }
     let mut items = Vec::new();

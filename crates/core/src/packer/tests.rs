@@ -29,6 +29,7 @@ fn pool(name: &str) -> Pool {
         limit_nodes: None,
         daemons: Vec::new(),
         closed: None,
+        variant: Default::default(),
     }
 }
 
@@ -594,7 +595,7 @@ fn two_partly_filled_nodes_are_merged_into_one_within_caps() {
 
 #[test]
 fn pods_bound_while_the_plan_was_made_leave_it_and_emptied_nodes_are_not_bought() {
-    let node = |name: &str, price: f64, pods: &[&str]| PlannedNode { name: name.into(), pool: "p".into(), instance_type: "t".into(), arch: "arm64".into(), zone: "z".into(), capacity_type: "on-demand".into(), price_per_hour: price, pods: pods.iter().map(|p| p.to_string()).collect() };
+    let node = |name: &str, price: f64, pods: &[&str]| PlannedNode { name: name.into(), pool: "p".into(), instance_type: "t".into(), arch: "arm64".into(), zone: "z".into(), capacity_type: "on-demand".into(), price_per_hour: price, pods: pods.iter().map(|p| p.to_string()).collect(), labels: Default::default() };
     let plan = Plan {
         nodes: vec![node("a", 1.0, &["ns/1", "ns/2"]), node("b", 2.0, &["ns/3"])],
         existing: [("ns/4".to_string(), "old".to_string()), ("ns/5".to_string(), "old".to_string())].into(),
@@ -610,4 +611,16 @@ fn pods_bound_while_the_plan_was_made_leave_it_and_emptied_nodes_are_not_bought(
     assert!(left.unschedulable.is_empty());
     assert_eq!(left.total_price_per_hour, 1.0);
     assert_eq!(left.lower_bound_per_hour, 0.0);
+}
+
+#[test]
+fn the_offering_keys_are_exactly_the_labels_an_offering_sets() {
+    let offerings = Offering::embedded_on_demand();
+    let Some(o) = offerings.first() else { panic!("the embedded catalog has offerings") };
+    let plain = Pool { name: "p".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None, variant: Default::default() };
+    let labels = o.labels(&plain);
+    let keys: std::collections::BTreeSet<&str> = labels.keys().map(String::as_str).collect();
+    let listed: std::collections::BTreeSet<&str> = OFFERING_KEYS.iter().copied().collect();
+    assert_eq!(keys, listed);
+    assert!(!Offering::sets_label("capacity.spread"));
 }

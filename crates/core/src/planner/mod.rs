@@ -7,7 +7,9 @@ use super::packer::{pack_within, Offering, PendingPod, Plan, Pool, DEFAULT_BUDGE
 use super::sched::{NodeInfo, PodInfo, Snapshot};
 
 pub mod compare;
+mod domains;
 mod order;
+mod variants;
 mod verify;
 
 /// A pending pod: the packer's view and the scheduler's.
@@ -88,6 +90,7 @@ pub fn plan_batch(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offe
 /// pods under a pool's limit), the batch is planned again by required rules alone and that plan is
 /// kept if it places more pods.
 pub fn plan_batch_within(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings: &[Offering], budget: std::time::Duration) -> Plan {
+    let pools = &variants::expand(pools, pending)[..];
     let plan = plan_once(snapshot, pending, pools, offerings, budget);
     let with_preferences: std::collections::HashSet<&str> = pending.iter().filter(|p| !p.stricter.is_empty()).map(|p| p.packer.id.as_str()).collect();
     if !plan.unschedulable.iter().any(|u| with_preferences.contains(u.pod.as_str())) {
@@ -111,6 +114,7 @@ fn plan_once(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings
     let mut refused = std::collections::BTreeMap::new();
     let mut remaining = Vec::new();
     let grouped = |p: &Pending| p.packer.zone_group.is_some() || p.packer.colocate;
+    let mut domains = domains::DomainCache::default();
     // Pods an earlier plan put on a node of the snapshot go first and stay there while it takes
     // them, so no other pod of this batch is given their room.
     let index: std::collections::HashMap<&str, usize> = snap.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
@@ -145,7 +149,10 @@ fn plan_once(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings
             remaining.push(p.step(0).0.clone());
             continue;
         }
-        let verdicts = snap.feasible(&p.sched);
+        // The domains a pool could open count on room already there too (a zone no node is in
+        // yet is an empty domain of a zone spread).
+        let info = domains.at_step(p, p.last_step(), pools, offerings);
+        let verdicts = snap.feasible(&info);
         match first_taker(&snap, &p.packer, &verdicts) {
             Some(any) => {
                 let i = most_preferred(&snap, p, &verdicts, any);
@@ -165,7 +172,7 @@ fn plan_once(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool], offerings
     plan.existing.extend(placed);
     let by_id: std::collections::HashMap<&str, &Pending> = pending.iter().map(|p| (p.packer.id.as_str(), p)).collect();
     let settled = (plan.existing.len(), plan.unschedulable.len());
-    verify::verify(&mut snap, &mut plan, &by_id, pools, offerings);
+    verify::verify(&mut snap, &mut plan, &by_id, pools, offerings, &mut domains);
     if (plan.existing.len(), plan.unschedulable.len()) != settled {
         // The bound was for the pods the packer placed; some of them went elsewhere.
         plan.lower_bound_per_hour = 0.0;

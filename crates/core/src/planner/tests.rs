@@ -58,7 +58,7 @@ fn offerings() -> Vec<Offering> {
 }
 
 fn pool() -> Pool {
-    Pool { name: "default".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None }
+    Pool { name: "default".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None, variant: Default::default() }
 }
 
 #[test]

@@ -6,14 +6,15 @@
 //! `capacity-type NotIn [...]`), for a few rounds; what still fails is unschedulable, with the rule
 //! that failed. The plan that comes out is one kube-scheduler can follow pod by pod.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use super::domains::DomainCache;
 use super::{refusals, Pending};
 use crate::labels::HOSTNAME;
-use crate::packer::{could_host_with, pack_within, Offering, PendingPod, Plan, PlannedNode, Pool, Unschedulable, GPU_RESOURCE};
+use crate::packer::{pack_within, Offering, PendingPod, Plan, PlannedNode, Pool, Unschedulable, GPU_RESOURCE};
 use crate::requirements::Requirements;
 use crate::sched::resources::ResourceList;
-use crate::sched::{DomainRule, NodeInfo, PodInfo, Snapshot};
+use crate::sched::{DomainRule, NodeInfo, Snapshot};
 
 /// Repacking rounds for pods the exact model refused on the nodes planned for them.
 const ROUNDS: usize = 6;
@@ -26,8 +27,7 @@ struct NewNodes {
 
 /// Check `plan`'s new nodes against `snap` (which already holds the pods placed on existing
 /// nodes), moving or repacking the pods it refuses. On return `snap` holds the whole plan.
-pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&str, &Pending>, pools: &[Pool], offerings: &[Offering]) {
-    let mut domains = DomainCache::default();
+pub(super) fn verify(snap: &mut Snapshot, plan: &mut Plan, pending: &HashMap<&str, &Pending>, pools: &[Pool], offerings: &[Offering], domains: &mut DomainCache) {
     let mut new = NewNodes { nodes: Vec::new(), index: Vec::new() };
     let mut batch = std::mem::take(&mut plan.nodes);
     let limits = pools;
@@ -160,7 +160,7 @@ fn add_nodes(snap: &mut Snapshot, new: &mut NewNodes, batch: Vec<PlannedNode>, p
 /// The node a planned node will become, as the filters will read it: the offering's labels in its
 /// pool (its hostname a placeholder), the pool's taints, room after the pool's DaemonSets.
 pub(super) fn node_to_be(n: &PlannedNode, name: &str, pools: &[Pool], offerings: &[Offering]) -> Option<NodeInfo> {
-    let pool = pools.iter().find(|p| p.name == n.pool)?;
+    let pool = pools.iter().find(|p| p.name == n.pool && p.variant == n.labels)?;
     let o = Offering::find(offerings, &n.instance_type, &n.zone, &n.capacity_type)?;
     let mut labels = o.labels(pool);
     labels.insert(HOSTNAME.to_string(), name.to_string());
@@ -220,43 +220,3 @@ fn finish(plan: &mut Plan, nodes: Vec<PlannedNode>) {
     plan.nodes = nodes;
 }
 
-/// The domains a new node for a pod could open, per spread key, computed once per kind of pod.
-#[derive(Default)]
-struct DomainCache {
-    by_kind: HashMap<String, BTreeMap<String, BTreeSet<String>>>,
-    /// The labels of every (pool, offering), computed once per plan.
-    labels: Option<Vec<Vec<BTreeMap<String, String>>>>,
-}
-
-impl DomainCache {
-    /// The pod's scheduling view at step `k` of its relaxation, with [`PodInfo::potential`]
-    /// filled for its spread keys.
-    fn at_step(&mut self, p: &Pending, k: usize, pools: &[Pool], offerings: &[Offering]) -> PodInfo {
-        let (pod, sched) = p.step(k);
-        let mut info = sched.clone();
-        let keys: BTreeSet<&str> = info.spread.iter().map(|c| c.topology_key.as_str()).filter(|k| *k != HOSTNAME).collect();
-        if keys.is_empty() {
-            return info;
-        }
-        let kind = format!("{keys:?}|{:?}|{:?}|{:?}|{:?}", pod.terms, pod.tolerations, pod.platforms.as_ref().map(|s| s.to_annotation()), pod.extended);
-        let all = self.labels.get_or_insert_with(|| pools.iter().map(|pool| offerings.iter().map(|o| o.labels(pool)).collect()).collect());
-        let potential = self.by_kind.entry(kind).or_insert_with(|| {
-            let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-            for (pool, labels) in pools.iter().zip(all.iter()) {
-                for (o, labels) in offerings.iter().zip(labels) {
-                    if !could_host_with(pod, pool, o, labels) {
-                        continue;
-                    }
-                    for k in &keys {
-                        if let Some(v) = labels.get(*k) {
-                            out.entry((*k).to_string()).or_default().insert(v.clone());
-                        }
-                    }
-                }
-            }
-            out
-        });
-        info.potential = potential.clone();
-        info
-    }
-}

@@ -29,7 +29,7 @@ fn pod(name: &str, on: &str, cpu: &str, spec: serde_json::Value) -> Pod {
 /// A pool that may buy any on-demand type of the embedded catalog in one zone (or, with
 /// `max_nodes` 0, nothing).
 fn pool(max_nodes: Option<i64>) -> Pool {
-    Pool { name: "default".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: max_nodes, daemons: Vec::new(), closed: None }
+    Pool { name: "default".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: max_nodes, daemons: Vec::new(), closed: None, variant: Default::default() }
 }
 
 fn offerings() -> Vec<Offering> {

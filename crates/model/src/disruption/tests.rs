@@ -72,7 +72,7 @@ fn amd64(mut state: ClusterState) -> ClusterState {
 fn pass(state: &ClusterState, pool: &NodePool, draining: &dyn Fn(&str) -> bool, hold: Option<&str>, provider_drift: &dyn Fn(&NodeClaim) -> Option<String>) -> Vec<Command> {
     let settings = DisruptionSettings::of(pool).expect("settings");
     let nodes = pool_nodes(state, "default", &|_| true, &|n| state.claim_of_node(n.metadata.name.as_deref().unwrap_or("")).map(|c| c.spec.price_per_hour), &mut |_| {});
-    let pools = [Pool { name: "default".into(), weight: 0, requirements: Default::default(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None }];
+    let pools = [Pool { name: "default".into(), weight: 0, requirements: Default::default(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None, variant: Default::default() }];
     let volumes = Volumes::default();
     let world = World { state, pools: &pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
     let clock = Clock { now: now(), draining, empty_long_enough: &|_| true, settled: &|_| true, hold: hold.map(String::from) };
