@@ -404,3 +404,18 @@ async fn the_generated_certificate_serves_the_webhook_service() {
         .expect("client");
     assert!(other.get(format!("https://other.archer-system.svc:{port}/mutate")).send().await.is_err());
 }
+
+/// The supported installation beside Karpenter (README "Beside Karpenter"): the webhook and
+/// extender, the provisioner off; `--skip-crds` keeps Archer's CRDs out (the chart carries
+/// them only in `crds/`, which `helm template` and `--skip-crds` leave out).
+#[test]
+fn the_beside_karpenter_values_run_the_webhook_and_extender_with_the_provisioner_off() {
+    let values = root().join("deploy/helm/archer/values-beside-karpenter.yaml");
+    let objects = rendered(&["-f", values.to_str().expect("utf-8 path")]);
+    assert_eq!(archer_config(&objects).provisioner.cloud_provider, "none");
+    assert!(objects.iter().any(|o| o["kind"] == "MutatingWebhookConfiguration"), "the webhook is registered");
+    assert!(objects.iter().all(|o| o["kind"] != "CustomResourceDefinition"), "no CRD among the templates");
+    let with_crds = render(&["-f", values.to_str().expect("utf-8 path"), "--include-crds"]).expect("render");
+    let crds: BTreeSet<&str> = with_crds.iter().filter(|o| o["kind"] == "CustomResourceDefinition").filter_map(|o| o["metadata"]["name"].as_str()).collect();
+    assert!(crds.iter().all(|n| n.ends_with(".archer.dev")), "only Archer's own CRDs, which --skip-crds leaves out: {crds:?}");
+}

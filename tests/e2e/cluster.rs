@@ -15,6 +15,43 @@ use crate::common::{free_port, make_certs, Registry};
 
 pub const TOKEN: &str = "archer-e2e-admin-token";
 
+/// Who provisions on the control plane, and whether Archer's webhook and extender run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Archer alone: its provisioner (kwok provider), webhook and extender, its CRDs.
+    Archer,
+    /// Karpenter's own kwok controller alone (started by [`crate::karpenter`]); kube-scheduler
+    /// with no extender.
+    Karpenter,
+    /// Karpenter provisions; Archer's webhook and extender run beside it with Archer's
+    /// provisioner off and none of Archer's CRDs installed (the supported installation).
+    KarpenterWithArcher,
+}
+
+impl Mode {
+    /// The name the comparison reports it under.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Archer => "archer",
+            Mode::Karpenter => "karpenter",
+            Mode::KarpenterWithArcher => "karpenter+archer",
+        }
+    }
+
+    fn runs_archer(self) -> bool {
+        self != Mode::Karpenter
+    }
+
+    /// The node selector kwok manages: Archer's kwok provider labels its nodes `type=kwok`;
+    /// Karpenter's labels them `kwok.x-k8s.io/node=fake`.
+    fn kwok_selector(self) -> &'static str {
+        match self {
+            Mode::Archer => "type=kwok",
+            Mode::Karpenter | Mode::KarpenterWithArcher => "kwok.x-k8s.io/node=fake",
+        }
+    }
+}
+
 pub struct Proc {
     /// Which component (for reports).
     pub name: &'static str,
@@ -101,6 +138,12 @@ impl Cluster {
 
     /// Start with extra registries Archer reaches over plain HTTP (e.g. a private one).
     pub async fn start_with(test: &str, extra_insecure: &[&str]) -> Cluster {
+        Self::start_mode(test, extra_insecure, Mode::Archer).await
+    }
+
+    /// Start the control plane for `mode` (Karpenter itself is started by the caller, after its
+    /// CRDs: [`crate::karpenter::start`]).
+    pub async fn start_mode(test: &str, extra_insecure: &[&str], mode: Mode) -> Cluster {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let bin = bin_dir();
         let root = std::env::var_os("ARCHER_E2E_LOGS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs"));
@@ -198,7 +241,7 @@ impl Cluster {
         let mut kwok = Command::new(bin.join("kwok"));
         kwok.args([
             &format!("--kubeconfig={}", kubeconfig.display()),
-            "--manage-nodes-with-label-selector=type=kwok",
+            &format!("--manage-nodes-with-label-selector={}", mode.kwok_selector()),
             "--node-lease-duration-seconds=40",
             "--cidr=10.244.0.1/16",
             "--node-ip=10.0.0.10",
@@ -212,10 +255,16 @@ impl Cluster {
         let certs = make_certs(&d.join("archer-certs"));
         let (archer_port, archer_admin) = (free_port(), free_port());
         let insecure: Vec<String> = std::iter::once(registry.host.clone()).chain(extra_insecure.iter().map(|s| s.to_string())).collect();
-        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config: Vec::new(), cloud_provider: "kwok", archer_restarts: 0 };
-        cluster.install_crds().await;
-        cluster.start_archer().await;
-        cluster.start_scheduler().await;
+        let cloud_provider = if mode == Mode::Archer { "kwok" } else { "none" };
+        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config: Vec::new(), cloud_provider, archer_restarts: 0 };
+        if mode == Mode::Archer {
+            cluster.install_crds().await;
+        }
+        if mode.runs_archer() {
+            cluster.archer_namespace().await;
+            cluster.start_archer().await;
+        }
+        cluster.start_scheduler(mode.runs_archer()).await;
         cluster
     }
 
@@ -225,17 +274,27 @@ impl Cluster {
         Client::try_from(cfg).expect("client")
     }
 
-    /// Archer's CRDs (NodePool, NodeClaim, EC2NodeClass) from deploy/crds, Established; and Archer's namespace
-    /// (its provisioner Lease lives there).
+    /// Archer's CRDs (NodePool, NodeClaim, EC2NodeClass) from deploy/crds, Established.
     async fn install_crds(&self) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds");
+        self.install_crd_files(&["nodepool.yaml", "nodeclaim.yaml", "ec2nodeclass.yaml"].map(|f| dir.join(f))).await;
+    }
+
+    /// Archer's namespace (its provisioner Lease lives there; the webhook leaves it alone).
+    async fn archer_namespace(&self) {
+        let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({"metadata": {"name": "archer-system"}})).expect("ns");
+        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client().await).create(&Default::default(), &ns).await.expect("archer-system namespace");
+    }
+
+    /// Apply CRDs (YAML files) and wait for each to be Established.
+    pub async fn install_crd_files(&self, files: &[PathBuf]) {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-        let client = self.client().await;
-        let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
-        for file in ["nodepool.yaml", "nodeclaim.yaml", "ec2nodeclass.yaml"] {
-            let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds").join(file)).expect("crd");
-            let crd: CustomResourceDefinition = archer::yaml::from_str(&text).expect("crd yaml");
+        let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(self.client().await);
+        for file in files {
+            let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let crd: CustomResourceDefinition = archer::yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             let name = crd.metadata.name.clone().expect("crd name");
-            crds.create(&Default::default(), &crd).await.unwrap_or_else(|e| panic!("the API server refuses deploy/crds/{file}: {e}"));
+            crds.create(&Default::default(), &crd).await.unwrap_or_else(|e| panic!("the API server refuses {}: {e}", file.display()));
             let start = Instant::now();
             loop {
                 let established = crds.get(&name).await.ok().and_then(|c| c.status).and_then(|s| s.conditions).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"));
@@ -246,8 +305,14 @@ impl Cluster {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({"metadata": {"name": "archer-system"}})).expect("ns");
-        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client).create(&Default::default(), &ns).await.expect("archer-system namespace");
+    }
+
+    /// Keep a process (Karpenter) running with the control plane, its log beside the others'.
+    pub fn spawn_component(&mut self, name: &'static str, cmd: Command) -> u32 {
+        let p = spawn(name, &self.logs, cmd);
+        let pid = p.child.id();
+        self.procs.push(p);
+        pid
     }
 
     /// The Archer process's id (to read its memory and CPU time from /proc).
@@ -332,13 +397,18 @@ impl Cluster {
         self.archer.take();
     }
 
-    async fn start_scheduler(&mut self) {
+    async fn start_scheduler(&mut self, extender: bool) {
         let port = self.archer_port;
-        let cfg = format!(
-            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\nleaderElection:\n  leaderElect: false\nprofiles:\n- schedulerName: default-scheduler\nextenders:\n- urlPrefix: https://127.0.0.1:{port}/scheduler\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 3\n  enableHTTPS: true\n  tlsConfig:\n    caFile: {}\n  httpTimeout: 5s\n  nodeCacheCapable: true\n  ignorable: true\n",
-            self.kubeconfig.display(),
-            self.certs.join("ca.crt").display()
+        let mut cfg = format!(
+            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\nleaderElection:\n  leaderElect: false\nprofiles:\n- schedulerName: default-scheduler\n",
+            self.kubeconfig.display()
         );
+        if extender {
+            cfg.push_str(&format!(
+                "extenders:\n- urlPrefix: https://127.0.0.1:{port}/scheduler\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 3\n  enableHTTPS: true\n  tlsConfig:\n    caFile: {}\n  httpTimeout: 5s\n  nodeCacheCapable: true\n  ignorable: true\n",
+                self.certs.join("ca.crt").display()
+            ));
+        }
         let path = self.dir.path().join("scheduler.yaml");
         std::fs::write(&path, cfg).expect("scheduler config");
         let mut cmd = Command::new(self.bin.join("kube-scheduler"));

@@ -6,7 +6,9 @@
 mod common;
 mod aws;
 mod cluster;
+mod compare;
 mod helm;
+mod karpenter;
 mod provisioning;
 mod scale;
 

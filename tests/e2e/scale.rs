@@ -62,7 +62,7 @@ fn phase(p: &Pod) -> &str {
 }
 
 /// Archer's peak resident memory (bytes) and CPU time (seconds) so far, from /proc.
-fn usage(pid: u32) -> (u64, f64) {
+pub(crate) fn usage(pid: u32) -> (u64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let hwm = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).unwrap_or(0) * 1024;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
