@@ -43,12 +43,18 @@ pub fn dir() -> PathBuf {
 }
 
 /// Archer's offerings as Karpenter's kwok instance-types file: one entry per instance type with
-/// its offerings (capacity type, zone, price), architecture, OS and resources (Archer's
+/// its offerings (price, and capacity type and zone as requirements), architecture, OS and resources (Archer's
 /// allocatable plus kwok's kube-reserved; GPUs as `nvidia.com/gpu`; Archer's max pods).
 pub fn instance_types(offerings: &[Offering]) -> Value {
     let mut by_type: BTreeMap<&str, (&Offering, Vec<Value>)> = BTreeMap::new();
     for o in offerings {
-        by_type.entry(o.instance.name.as_str()).or_insert_with(|| (o, Vec::new())).1.push(json!({"capacityType": o.capacity.as_str(), "zone": o.zone, "price": o.price}));
+        // The shape Karpenter's own embedded file has (its example with `zone`/`capacityType`
+        // fields is not what it parses: those offerings get no zone and match no pool).
+        let requirements = json!([
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [o.capacity.as_str()]},
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [o.zone]}
+        ]);
+        by_type.entry(o.instance.name.as_str()).or_insert_with(|| (o, Vec::new())).1.push(json!({"Price": o.price, "Available": true, "Requirements": requirements}));
     }
     let types: Vec<Value> = by_type
         .into_values()
@@ -194,7 +200,8 @@ fn archers_offerings_become_karpenters_instance_types_with_the_same_allocatable(
     let offers = m7g["offerings"].as_array().expect("offerings");
     assert_eq!(offers.len(), 6, "on-demand and spot in three zones");
     let on_demand = catalog.price_of(t, None, archer::catalog::CapacityType::OnDemand).expect("price");
-    assert!(offers.iter().any(|o| o["capacityType"] == "on-demand" && o["zone"] == "us-east-1b" && o["price"] == json!(on_demand)));
+    let value = |o: &Value, key: &str| o["Requirements"].as_array().and_then(|r| r.iter().find(|q| q["key"] == key)).map(|q| q["values"][0].clone());
+    assert!(offers.iter().any(|o| value(o, "karpenter.sh/capacity-type") == Some(json!("on-demand")) && value(o, "topology.kubernetes.io/zone") == Some(json!("us-east-1b")) && o["Price"] == json!(on_demand)));
 }
 
 /// The supported installation beside Karpenter (issue #29): Archer's webhook and extender, its
