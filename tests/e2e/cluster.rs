@@ -328,15 +328,12 @@ impl Cluster {
     /// `archer serve` with the kwok provider and short batching/disruption clocks, on these ports.
     fn archer_command(&self, port: u16, admin: u16, pod_name: &str) -> Command {
         let config = self.dir.path().join("archer.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "provisioner:\n  cloudProvider: {}\n  batchIdleSeconds: 1\n  batchMaxSeconds: 3\n  disruptionIntervalSeconds: 2\n  drainTimeoutSeconds: 120\n  disruptionGraceSeconds: 5\n  consolidationValidationSeconds: 2\n  leaseDurationSeconds: 4\n{}",
-                self.cloud_provider,
-                self.provisioner_config.iter().map(|l| format!("  {l}\n")).collect::<String>()
-            ),
-        )
-        .expect("archer config");
+        // The e2e clocks, each replaced by a `provisioner_config` line for the same key.
+        let defaults = ["batchIdleSeconds: 1", "batchMaxSeconds: 3", "disruptionIntervalSeconds: 2", "drainTimeoutSeconds: 120", "disruptionGraceSeconds: 5", "consolidationValidationSeconds: 2", "leaseDurationSeconds: 4"];
+        let key = |l: &str| l.split(':').next().unwrap_or("").trim().to_string();
+        let given: std::collections::BTreeSet<String> = self.provisioner_config.iter().map(|l| key(l)).collect();
+        let lines: String = defaults.iter().map(|d| d.to_string()).filter(|d| !given.contains(&key(d))).chain(self.provisioner_config.iter().cloned()).map(|l| format!("  {l}\n")).collect();
+        std::fs::write(&config, format!("provisioner:\n  cloudProvider: {}\n{lines}", self.cloud_provider)).expect("archer config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_archer"));
         cmd.arg("serve")
             .arg("--config")
