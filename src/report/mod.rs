@@ -149,25 +149,26 @@ fn share(pod: &Pod, node: &Node) -> f64 {
     (frac(req.cpu_millis, alloc.cpu_millis) + frac(req.memory_bytes, alloc.memory_bytes)) / 2.0
 }
 
-/// The platforms every image of the pod supports: the webhook's annotation, else the images';
-/// `Err` lists the images that could not be inspected.
+/// The platforms every image of the pod supports, by the one rule
+/// ([`archer_core::placement::pod_platforms`]: the webhook's annotation, else the images'); `Err`
+/// lists the images that could not be inspected.
 fn pod_platforms(pod: &Pod, images: &ImagePlatforms) -> Result<PlatformSet, Vec<ImageProblem>> {
-    if let Some(p) = archer_core::placement::recorded_platforms(pod) {
+    if let Some(p) = archer_core::placement::pod_platforms(pod, &|i| images.get(i).and_then(|r| r.as_ref().ok())) {
         return Ok(p);
     }
-    let mut sets = Vec::new();
-    let mut problems = Vec::new();
-    for image in archer_core::placement::pod_images(pod) {
-        match images.get(&image) {
-            Some(Ok(p)) => sets.push(p.clone()),
-            Some(Err(e)) => problems.push(ImageProblem { image, platforms: Vec::new(), error: Some(e.clone()) }),
-            None => problems.push(ImageProblem { image, platforms: Vec::new(), error: Some("not inspected".into()) }),
-        }
+    let problems: Vec<ImageProblem> = archer_core::placement::pod_images(pod)
+        .into_iter()
+        .filter_map(|image| match images.get(&image) {
+            Some(Ok(_)) => None,
+            Some(Err(e)) => Some(ImageProblem { image, platforms: Vec::new(), error: Some(e.clone()) }),
+            None => Some(ImageProblem { image, platforms: Vec::new(), error: Some("not inspected".into()) }),
+        })
+        .collect();
+    // A pod that names no image has nothing to run anywhere.
+    if problems.is_empty() {
+        return Ok(PlatformSet::default());
     }
-    if !problems.is_empty() {
-        return Err(problems);
-    }
-    Ok(PlatformSet::intersect_all(sets.iter()).unwrap_or_default())
+    Err(problems)
 }
 
 /// Images of the pod with no linux/arm64 build.

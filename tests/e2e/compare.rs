@@ -220,7 +220,7 @@ async fn compare() {
             out.entry(w.name).or_default().insert(mode.name(), r);
         }
     }
-    let summary = json!({"karpenterVersion": karpenter::VERSION, "pods": pods, "workloads": out});
+    let summary = json!({"karpenterVersion": karpenter::VERSION, "workloads": out});
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/karpenter-compare");
     std::fs::create_dir_all(&dir).expect("output dir");
     std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&summary).expect("json")).expect("summary.json");
