@@ -636,28 +636,29 @@ fn a_value_a_pod_selects_among_a_pools_listed_values_is_the_nodes_label() {
     assert_eq!(o.label_of("q", key).as_deref(), Some("r9"));
 }
 
-#[test]
-fn nodetaintspolicy_should_balance_pods_across_a_label_when_discovered_from_the_nodepool_ignore() {
+/// Karpenter's "discovered from the nodepool" cases: an open pool whose nodes carry
+/// `fake-label: foo`, a tainted one whose nodes carry `bar`, and 2 pods spread over the label with
+/// `nodeTaintsPolicy` `policy`.
+fn discovered_from_the_nodepool(policy: &str) -> Outcome {
     let label = "fake-label";
     let open = pool_named("open", 0, json!([{"key": label, "operator": "In", "values": ["foo"]}]), json!({}));
     let tainted = pool_named("tainted", 0, json!([{"key": label, "operator": "In", "values": ["bar"]}]), json!({"taints": [{"key": "taint-key", "value": "taint-value", "effect": "NoSchedule"}]}));
     let mut t = spread(label, 1, sel());
-    t["topologySpreadConstraints"][0]["nodeTaintsPolicy"] = json!("Ignore");
-    let o = run(&docs(vec![vec![open, tainted], pods("p", 2, test_labels(), "100m", t)]));
+    t["topologySpreadConstraints"][0]["nodeTaintsPolicy"] = json!(policy);
+    run(&docs(vec![vec![open, tainted], pods("p", 2, test_labels(), "100m", t)]))
+}
+
+#[test]
+fn nodetaintspolicy_should_balance_pods_across_a_label_when_discovered_from_the_nodepool_ignore() {
+    let o = discovered_from_the_nodepool("Ignore");
     // Domain "bar" counts though the pods cannot use it: one pod in "foo", the other waits.
-    assert_eq!(o.skew(label, &TEST), [1]);
+    assert_eq!(o.skew("fake-label", &TEST), [1]);
     assert_eq!(o.unschedulable(), 1);
 }
 
 #[test]
 fn nodetaintspolicy_should_balance_pods_across_a_label_when_discovered_from_the_nodepool_honor() {
-    let label = "fake-label";
-    let open = pool_named("open", 0, json!([{"key": label, "operator": "In", "values": ["foo"]}]), json!({}));
-    let tainted = pool_named("tainted", 0, json!([{"key": label, "operator": "In", "values": ["bar"]}]), json!({"taints": [{"key": "taint-key", "value": "taint-value", "effect": "NoSchedule"}]}));
-    let mut t = spread(label, 1, sel());
-    t["topologySpreadConstraints"][0]["nodeTaintsPolicy"] = json!("Honor");
-    let o = run(&docs(vec![vec![open, tainted], pods("p", 2, test_labels(), "100m", t)]));
-    assert_eq!(o.skew(label, &TEST), [2]);
+    assert_eq!(discovered_from_the_nodepool("Honor").skew("fake-label", &TEST), [2]);
 }
 
 #[test]

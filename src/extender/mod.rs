@@ -243,15 +243,16 @@ impl Extender {
             let why = cluster.state().and_then(|state| plan_wait::node_coming(&planned, age, &state));
             return why.map(|why| (planned, why));
         };
-        let state = cluster.state();
         // Registered moments ago counts only while the node would take the pod by Archer's own
         // view of it: if its room is taken, kube-scheduler refuses it for that, and no event
         // would end the wait.
         // (The window first: the fit reads every bound pod, and most nodes are long registered.)
-        let recently = cluster
-            .registered_for(&planned)
-            .filter(|d| *d < SCHEDULER_VIEW_LAG)
-            .filter(|_| state.as_ref().is_some_and(|state| plan_wait::fits_alone(&archer_core::sched::PodInfo::from_pod(pod), &node, state)));
+        let in_window = cluster.registered_for(&planned).filter(|d| *d < SCHEDULER_VIEW_LAG);
+        // The state snapshots every cache: taken only when a check below reads it (not for a
+        // node still registering, nor past the patience outside the window).
+        let needs_state = !archer_core::taints::node_registering(&node) && (in_window.is_some() || age < plan_wait::PLAN_PATIENCE);
+        let state = if needs_state { cluster.state() } else { None };
+        let recently = in_window.filter(|_| state.as_ref().is_some_and(|state| plan_wait::fits_alone(&archer_core::sched::PodInfo::from_pod(pod), &node, state)));
         if let Some(why) = awaiting_registration(&planned, &node, recently) {
             return Some((planned, why));
         }

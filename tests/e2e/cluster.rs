@@ -138,12 +138,13 @@ impl Cluster {
 
     /// Start with extra registries Archer reaches over plain HTTP (e.g. a private one).
     pub async fn start_with(test: &str, extra_insecure: &[&str]) -> Cluster {
-        Self::start_mode(test, extra_insecure, Mode::Archer).await
+        Self::start_mode(test, extra_insecure, Mode::Archer, Vec::new()).await
     }
 
     /// Start the control plane for `mode` (Karpenter itself is started by the caller, after its
-    /// CRDs: [`crate::karpenter::start`]).
-    pub async fn start_mode(test: &str, extra_insecure: &[&str], mode: Mode) -> Cluster {
+    /// CRDs: [`crate::karpenter::start`]), Archer's config with `provisioner_config` lines
+    /// (replacing the e2e clocks of the same keys).
+    pub async fn start_mode(test: &str, extra_insecure: &[&str], mode: Mode, provisioner_config: Vec<String>) -> Cluster {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let bin = bin_dir();
         let root = std::env::var_os("ARCHER_E2E_LOGS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs"));
@@ -256,7 +257,7 @@ impl Cluster {
         let (archer_port, archer_admin) = (free_port(), free_port());
         let insecure: Vec<String> = std::iter::once(registry.host.clone()).chain(extra_insecure.iter().map(|s| s.to_string())).collect();
         let cloud_provider = if mode == Mode::Archer { "kwok" } else { "none" };
-        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config: Vec::new(), cloud_provider, archer_restarts: 0 };
+        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config, cloud_provider, archer_restarts: 0 };
         if mode == Mode::Archer {
             cluster.install_crds().await;
         }

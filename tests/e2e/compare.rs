@@ -112,17 +112,12 @@ fn usage(pids: &[u32]) -> (f64, f64) {
 
 /// Run `w` in `mode` on a fresh control plane.
 async fn run(w: &Workload, mode: Mode, patience: Duration) -> ModeReport {
-    let (mut c, karpenter_pid) = karpenter::cluster(&format!("compare-{}-{}", w.name, mode.name().replace('+', "-")), mode).await;
-    if mode == Mode::Archer {
-        // Consolidation on Karpenter's clocks: a disruption pass every 10 s (its polling
-        // period), a decision re-validated after 15 s (its command validation delay); nodes
-        // younger than consolidateAfter (5 s) left alone. Batching is 1 s idle, 3 s at most for
-        // both (ARCHER: batchIdleSeconds/batchMaxSeconds; Karpenter: BATCH_IDLE_DURATION/
-        // BATCH_MAX_DURATION).
-        c.provisioner_config = vec!["disruptionIntervalSeconds: 10".into(), "consolidationValidationSeconds: 15".into(), "disruptionGraceSeconds: 5".into()];
-        c.stop_archer();
-        c.start_archer().await;
-    }
+    // Archer's consolidation on Karpenter's clocks: a disruption pass every 10 s (its polling
+    // period), a decision re-validated after 15 s (its command validation delay); nodes younger
+    // than consolidateAfter (5 s) left alone. Batching is 1 s idle, 3 s at most for both
+    // (Archer: batchIdleSeconds/batchMaxSeconds; Karpenter: BATCH_IDLE_DURATION/BATCH_MAX_DURATION).
+    let clocks = vec!["disruptionIntervalSeconds: 10".into(), "consolidationValidationSeconds: 15".into(), "disruptionGraceSeconds: 5".into()];
+    let (c, karpenter_pid) = karpenter::cluster(&format!("compare-{}-{}", w.name, mode.name().replace('+', "-")), mode, clocks).await;
     let client = c.client().await;
     if mode == Mode::Archer {
         pool(&client, DEFAULT_POOL).await;

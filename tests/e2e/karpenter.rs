@@ -148,17 +148,15 @@ pub async fn start(c: &mut Cluster) -> u32 {
     pid
 }
 
+/// Each node's architecture (`kubernetes.io/arch`), by node name.
+fn archs(nodes: Vec<Node>) -> BTreeMap<String, String> {
+    nodes.into_iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.as_ref()?.get("kubernetes.io/arch")?.clone()))).collect()
+}
+
 /// Pods of `namespace` on a node whose architecture is not among `platforms` of their image
 /// (`image -> architectures`, as pushed to the registry).
 pub async fn wrong_arch_pods(client: &Client, namespace: &str, platforms: &BTreeMap<String, Vec<&str>>) -> Vec<String> {
-    let nodes: BTreeMap<String, String> = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.as_ref()?.get("kubernetes.io/arch")?.clone())))
-        .collect();
+    let nodes = archs(Api::<Node>::all(client.clone()).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default());
     let pods = Api::<Pod>::namespaced(client.clone(), namespace).list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
     pods.iter()
         .filter_map(|p| {
@@ -170,9 +168,10 @@ pub async fn wrong_arch_pods(client: &Client, namespace: &str, platforms: &BTree
         .collect()
 }
 
-/// Start a control plane for `mode` with Karpenter running where the mode has it.
-pub async fn cluster(test: &str, mode: Mode) -> (Cluster, Option<u32>) {
-    let mut c = Cluster::start_mode(test, &[], mode).await;
+/// Start a control plane for `mode` with Karpenter running where the mode has it (Archer's
+/// config with `provisioner_config` lines, see [`Cluster::start_mode`]).
+pub async fn cluster(test: &str, mode: Mode, provisioner_config: Vec<String>) -> (Cluster, Option<u32>) {
+    let mut c = Cluster::start_mode(test, &[], mode, provisioner_config).await;
     let pid = match mode {
         Mode::Archer => None,
         Mode::Karpenter | Mode::KarpenterWithArcher => Some(start(&mut c).await),
@@ -210,7 +209,7 @@ fn archers_offerings_become_karpenters_instance_types_with_the_same_allocatable(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane and Karpenter: run tests/e2e/karpenter-compare"]
 async fn beside_karpenter_an_amd64_only_image_never_lands_on_arm64_and_a_multi_arch_one_goes_to_arm64() {
-    let (c, _) = cluster("beside-karpenter", Mode::KarpenterWithArcher).await;
+    let (c, _) = cluster("beside-karpenter", Mode::KarpenterWithArcher, Vec::new()).await;
     let client = c.client().await;
     c.registry.push_image("apps/legacy", "1", "linux/amd64", true).await;
     c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
@@ -226,7 +225,7 @@ async fn beside_karpenter_an_amd64_only_image_never_lands_on_arm64_and_a_multi_a
     .await;
     let platforms = BTreeMap::from([(legacy.clone(), vec!["amd64"]), (web.clone(), vec!["amd64", "arm64"])]);
     assert_eq!(wrong_arch_pods(&client, "shop", &platforms).await, Vec::<String>::new());
-    let nodes: BTreeMap<String, String> = nodes(&client).await.into_iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.as_ref()?.get("kubernetes.io/arch")?.clone()))).collect();
+    let nodes = archs(nodes(&client).await);
     let pods = Api::<Pod>::namespaced(client.clone(), "shop").list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
     for p in &pods {
         let name = p.metadata.name.clone().unwrap_or_default();
