@@ -286,6 +286,10 @@ pub struct ProvisionerConfig {
     /// How often the cost and savings metrics are computed (three plans of every pod on the
     /// managed nodes).
     pub cost_interval_seconds: f64,
+    /// Give the pods on managed nodes a `controller.kubernetes.io/pod-deletion-cost` so that a
+    /// ReplicaSet's scale-down empties whole nodes (the dearest first) instead of thinning all
+    /// of them (`archer_model::deletion_cost`).
+    pub pod_deletion_cost: bool,
     /// Settings of the `aws` provider.
     pub aws: AwsConfig,
 }
@@ -312,6 +316,7 @@ impl Default for ProvisionerConfig {
             registration_timeout_seconds: 900,
             garbage_grace_seconds: 60,
             cost_interval_seconds: 60.0,
+            pod_deletion_cost: true,
             aws: AwsConfig::default(),
         }
     }

@@ -13,6 +13,7 @@
 mod batch;
 mod context;
 mod cost;
+mod deletion_cost;
 mod disruption;
 mod launch;
 pub mod leader;

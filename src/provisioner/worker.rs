@@ -5,7 +5,9 @@
 //!   in step with the cloud's instances;
 //! - [`StatusWriter`](super::status::StatusWriter): NodeClaim and NodePool status;
 //! - [`Disrupter`](super::disruption::Disrupter): consolidation, expiry, drift, interruptions;
-//! - [`CostReporter`](super::cost::CostReporter): the cost and savings metrics.
+//! - [`CostReporter`](super::cost::CostReporter): the cost and savings metrics;
+//! - [`DeletionCosts`](super::deletion_cost::DeletionCosts): pod deletion costs, so scale-downs
+//!   empty whole nodes (`podDeletionCost`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +22,7 @@ use archer_registry::{Inspector, Keyring};
 use super::batch::Batcher;
 use super::context::{run_loop, Context};
 use super::cost::CostReporter;
+use super::deletion_cost::DeletionCosts;
 use super::disruption::{Disrupter, Interruptions};
 use super::launch::Launcher;
 use super::status::StatusWriter;
@@ -108,6 +111,10 @@ impl Provisioner {
             }
         };
         let mut tasks = AbortOnDrop(vec![tokio::spawn(self.batcher.clone().run()), tokio::spawn(lifecycle), tokio::spawn(disruption), tokio::spawn(self.cost.clone().run())]);
+        if ctx.settings.pod_deletion_cost {
+            let (costs, ctx) = (DeletionCosts::new(ctx.clone()), ctx.clone());
+            tasks.0.push(tokio::spawn(async move { run_loop("deletion_cost", &ctx.metrics, retry, || costs.reconcile()).await }));
+        }
         if let Some(notices) = ctx.provider.interruptions(Arc::new(Interruptions(self.disrupter.clone()))) {
             tasks.0.push(tokio::spawn(notices));
         }

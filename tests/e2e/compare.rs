@@ -110,6 +110,10 @@ fn usage(pids: &[u32]) -> (f64, f64) {
     pids.iter().map(|&p| crate::scale::usage(p)).fold((0.0, 0.0), |(m, c), (rss, cpu)| (m + rss as f64 / (1024.0 * 1024.0), c + cpu))
 }
 
+/// How long the node set must hold still to count as settled: longer than one consolidation
+/// cycle on Karpenter's clocks (5 s consolidateAfter, a 10 s pass, 15 s validation).
+const SETTLED: Duration = Duration::from_secs(60);
+
 /// Run `w` in `mode` on a fresh control plane.
 async fn run(w: &Workload, mode: Mode, patience: Duration) -> ModeReport {
     // Archer's consolidation on Karpenter's clocks: a disruption pass every 10 s (its polling
@@ -164,10 +168,36 @@ async fn run(w: &Workload, mode: Mode, patience: Duration) -> ModeReport {
         ..Default::default()
     };
     if let Some(fraction) = w.scale_down_to {
+        // A scale-down comes long after the scale-up: it starts once the node set has held still
+        // for SETTLED (what either side does meanwhile is counted too).
+        let (mut last, settling) = ((BTreeSet::new(), Instant::now()), Instant::now());
+        loop {
+            assert!(settling.elapsed() < patience, "{} in {}: the nodes never held still after the scale-up", w.name, mode.name());
+            let live: BTreeSet<String> = live_nodes(&client).await.into_iter().filter_map(|n| n.metadata.name).collect();
+            uids.extend(pods(&client).await.iter().filter_map(|p| p.metadata.uid.clone()));
+            claims_seen.extend(claim_names(&client, mode).await);
+            if live != last.0 {
+                last = (live, Instant::now());
+            } else if last.1.elapsed() > SETTLED {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let now = pods(&client).await;
+        let costed = now.iter().filter(|p| p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("controller.kubernetes.io/pod-deletion-cost"))).count();
         for a in &w.apps {
             scale(&client, "bench", a.name, (f64::from(a.replicas) * fraction).round() as i32).await;
         }
         let target: usize = w.apps.iter().map(|a| (f64::from(a.replicas) * fraction).round() as usize).sum();
+        // What the scale-down alone did: nodes it left with no pod of the workload.
+        let t = Instant::now();
+        while pods(&client).await.len() > target && t.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let used: BTreeSet<String> = pods(&client).await.iter().filter_map(|p| p.spec.as_ref()?.node_name.clone()).collect();
+        let nodes = live_nodes(&client).await;
+        let emptied = nodes.iter().filter(|n| n.metadata.name.as_ref().is_some_and(|name| !used.contains(name))).count();
+        eprintln!("compare: {} in {}: {costed} of {} pods carried a deletion cost; the scale-down left {emptied} of {} nodes empty", w.name, mode.name(), now.len(), nodes.len());
         let t1 = Instant::now();
         let mut last: (BTreeSet<String>, Instant) = (BTreeSet::new(), Instant::now());
         loop {
@@ -178,7 +208,7 @@ async fn run(w: &Workload, mode: Mode, patience: Duration) -> ModeReport {
             let up = now.iter().filter(|p| running(p)).count();
             if live != last.0 {
                 last = (live, Instant::now());
-            } else if up == target && last.1.elapsed() > Duration::from_secs(30) {
+            } else if up == target && last.1.elapsed() > SETTLED {
                 break;
             }
             assert!(t1.elapsed() < patience, "{} in {}: not settled after {patience:?} ({up} of {target} Running)", w.name, mode.name());

@@ -282,6 +282,76 @@ async fn scenario_4_consolidation_respects_the_pdb() {
     eprintln!("scenario 4 total: {:?}", started.elapsed());
 }
 
+/// A scale-down empties whole nodes: Archer gives each pod its node's deletion cost, so the
+/// ReplicaSet deletes the pods of the same nodes (12 pods on three 4-vCPU nodes, 12 -> 4: two
+/// nodes emptied, one full), and those nodes go without a single eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn scale_down_empties_whole_nodes_by_deletion_cost() {
+    let started = Instant::now();
+    let off = std::env::var("ARCHER_E2E_NO_DELETION_COST").is_ok();
+    let c = Cluster::start_mode("deletion-cost", &[], crate::cluster::Mode::Archer, if off { vec!["podDeletionCost: false".into()] } else { vec![] }).await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_image("apps/api", "1", "linux/amd64", true).await;
+    namespace(&client, "shop", json!({})).await;
+    pool(
+        &client,
+        "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: four}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n        - {key: karpenter.k8s.aws/instance-cpu, operator: In, values: [\"4\"]}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 3s\n    budgets: [{nodes: \"100%\"}]\n",
+    )
+    .await;
+    let d = with_requests(deployment("api", &c.registry.image("apps/api:1"), 12, json!({})), "900m", "1Gi");
+    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &d).await.expect("create");
+    let up = wait_running(&client, "shop", "api", 12, Duration::from_secs(120)).await;
+    let mut uids: BTreeSet<String> = up.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+    let nodes: BTreeSet<String> = up.iter().map(node_of).collect();
+    assert_eq!(nodes.len(), 3, "12 pods of 900m on 4-vCPU nodes: {nodes:?}");
+    // Every pod gets its node's cost: one value per node, three values.
+    let t = Instant::now();
+    let costs = loop {
+        let pods = running_pods(&client, "shop", "api").await;
+        let costs: BTreeMap<String, BTreeSet<String>> = pods.iter().fold(BTreeMap::new(), |mut m, p| {
+            let cost = p.metadata.annotations.as_ref().and_then(|a| a.get("controller.kubernetes.io/pod-deletion-cost")).cloned().unwrap_or_default();
+            m.entry(node_of(p)).or_default().insert(cost);
+            m
+        });
+        if off || pods.len() == 12 && costs.values().all(|c| c.len() == 1 && !c.contains("")) {
+            break costs;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "deletion costs not written: {costs:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(off || costs.values().collect::<BTreeSet<_>>().len() == 3, "one cost per node: {costs:?}");
+    assert!(off || c.archer_metric("archer_pod_deletion_cost_writes_total{outcome=\"written\"}").await >= 12.0);
+
+    scale(&client, "shop", "api", 4).await;
+    let t0 = Instant::now();
+    let left = loop {
+        let pods: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), "shop").list(&ListParams::default().labels("app=api")).await.map(|l| l.items).unwrap_or_default();
+        if pods.len() == 4 {
+            break pods;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{} pods after the scale-down", pods.len());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let on: BTreeSet<String> = left.iter().map(node_of).collect();
+    assert_eq!(on.len(), 1, "the 4 pods left share one node: {on:?}");
+    // The two emptied nodes go; nothing is evicted on the way.
+    loop {
+        let pods = running_pods(&client, "shop", "api").await;
+        uids.extend(pods.iter().filter_map(|p| p.metadata.uid.clone()));
+        let live = archer_nodes(&client).await.into_iter().filter(|n| n.metadata.deletion_timestamp.is_none()).count();
+        if live == 1 && pods.len() == 4 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "{live} nodes, {} pods Running", pods.len());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(uids.len(), 12, "no pod was evicted and made again");
+    assert_eq!(c.archer_metric("archer_pod_evictions_total{reason=\"underutilized\"}").await, 0.0);
+    eprintln!("deletion cost: 12 -> 4 replicas, 3 -> 1 node with no eviction in {:?} (total {:?})", t0.elapsed(), started.elapsed());
+}
+
 /// Scenario 5 (provisioner part) and limits: a pod no pool can run gets an event naming why and
 /// no node; a pool's node limit is never exceeded (the pods beyond it get an event too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

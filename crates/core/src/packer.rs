@@ -24,6 +24,11 @@ mod relax;
 mod rounding;
 mod split;
 
+/// What the packer adds to each node's price: at equal price per pod, fewer and larger nodes
+/// (fewer to launch, register and later consolidate). Far below any price step, far above
+/// floating-point noise.
+const NODE_TIE_BREAK: f64 = 1e-6;
+
 /// How long the packer may spend on the optimal plan before it keeps the greedy one.
 pub const DEFAULT_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 /// What a batch earns of the budget per pod it packs, and at least: a small batch is decided in
@@ -708,6 +713,8 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
 pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existing: &[ExistingNode], budget: std::time::Duration) -> Plan {
     let mut plan = Plan::default();
     let remaining = fill_existing(pods, existing, &mut plan);
+    let priced: Vec<Offering> = offerings.iter().map(|o| Offering { price: o.price + NODE_TIE_BREAK, ..o.clone() }).collect();
+    let (real, offerings) = (offerings, priced.as_slice());
     let slots = Slots::new(pools, offerings);
     let room_of = |pi: usize, oi: usize| slots.room(pi, oi);
     let mut classes: BTreeMap<String, Class> = BTreeMap::new();
@@ -732,9 +739,15 @@ pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], 
     let deadline = std::time::Instant::now() + budget;
     let packing = rounding::best_packing(classes, base, pools, offerings, &room_of, deadline);
     plan.unschedulable.extend(packing.unschedulable);
-    plan.lower_bound_per_hour = packing.relaxed_bound.unwrap_or(0.0);
+    // The bound is on prices with the tie-break: every node's price grew by at most the share
+    // the tie-break is of the cheapest offering's price.
+    let cheapest = real.iter().map(|o| o.price).fold(f64::INFINITY, f64::min);
+    plan.lower_bound_per_hour = match packing.relaxed_bound {
+        Some(b) if cheapest > 0.0 && cheapest.is_finite() => b / (1.0 + NODE_TIE_BREAK / cheapest),
+        _ => 0.0,
+    };
     for (i, d) in packing.drafts.into_iter().enumerate() {
-        let o = &offerings[d.oi];
+        let o = &real[d.oi];
         plan.total_price_per_hour += o.price;
         plan.nodes.push(PlannedNode {
             name: format!("{}-{}", pools[d.pi].name, i + 1),

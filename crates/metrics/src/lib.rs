@@ -71,6 +71,8 @@ pub struct Metrics {
     pub pod_evictions: Family<Labels, Counter>,
     /// Disruption decisions, by reason and result (taken, or stale when re-validation dropped it).
     pub disruption_decisions: Family<Labels, Counter>,
+    /// Pod deletion costs written, by outcome (written, gone, error).
+    pub deletion_cost_writes: Family<Labels, Counter>,
     /// Pending pods no pool can run (an Event says why).
     pub unprovisionable_pods: Counter,
     /// Launches put off by the per-minute cap.
@@ -172,6 +174,7 @@ impl Metrics {
         let unprovisionable_pods = Counter::default();
         let disruption_decisions = Family::<Labels, Counter>::default();
         let pod_evictions = Family::<Labels, Counter>::default();
+        let deletion_cost_writes = Family::<Labels, Counter>::default();
         let launches_rate_limited = Counter::default();
         let leader = prometheus_client::metrics::gauge::Gauge::default();
         let claims_given_up = Family::<Labels, Counter>::default();
@@ -198,10 +201,11 @@ impl Metrics {
         root.register("nodes_terminated", "Nodes removed, by reason", nodes_terminated.clone());
         root.register("pod_evictions", "Pods evicted by a drain, by the drain's reason", pod_evictions.clone());
         root.register("disruption_decisions", "Disruption decisions, by reason and result (taken, stale)", disruption_decisions.clone());
+        root.register("pod_deletion_cost_writes", "Pod deletion costs written on pods of managed nodes, by outcome (written, gone, error)", deletion_cost_writes.clone());
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, reconcile_errors, interruption_messages, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
+        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, deletion_cost_writes, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, reconcile_errors, interruption_messages, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
     }
 
     /// Register more families (the extender and provisioner add theirs).

@@ -104,8 +104,8 @@ pub fn disruptable(c: &Candidate<'_>) -> bool {
 
 /// Consolidation's one decision for a pool on a pass, if any: the candidates `empty_long_enough`
 /// accepts that have no pod to move go first, within the `Empty` budget; else, when the pool
-/// consolidates underutilised nodes, the best set of the disruptable candidates `settled`
-/// accepts, within the `Underutilized` budget. The worker passes its clocks as the two
+/// consolidates underutilised nodes and no candidate is empty but for its clock, the best set of
+/// the disruptable candidates `settled` accepts, within the `Underutilized` budget. The worker passes its clocks as the two
 /// predicates; `archer simulate --disruption` takes every node as long settled. Both predicates
 /// are asked about every candidate (the worker's clocks start over when a node changes).
 pub fn consolidate_pool(world: &World<'_>, pool: &str, settings: &DisruptionSettings, nodes: &PoolNodes<'_>, empty_long_enough: &dyn Fn(&Candidate<'_>) -> bool, settled: &dyn Fn(&Candidate<'_>) -> bool, search: Search) -> Option<Decision> {
@@ -117,6 +117,11 @@ pub fn consolidate_pool(world: &World<'_>, pool: &str, settings: &DisruptionSett
         return Some(d);
     }
     if !settings.underutilized {
+        return None;
+    }
+    // A node just emptied (a scale-down) goes next, for free, once its clock has run: no pod is
+    // moved meanwhile, least of all onto it.
+    if nodes.candidates.iter().zip(&empty_ok).any(|(c, ok)| !ok && objects::evictable(&c.pods).is_empty()) {
         return None;
     }
     let eligible: Vec<&Candidate> = pick(&settled_ok).into_iter().filter(|c| disruptable(c) && !c.pods.is_empty()).collect();

@@ -10,6 +10,7 @@
 //! - `disruption`: one pass over a pool (expiry, drift, consolidation) as commands;
 //! - `consolidation`: which nodes go and what replaces them; `drift`: which nodes no longer match
 //!   their pool;
+//! - `deletion_cost`: which pods a ReplicaSet's scale-down removes first (whole nodes empty);
 //! - `lifecycle`: what the claim keeper does (launch, register, give up, clean up);
 //! - `scenario`: ordinary Kubernetes YAML read into a `ClusterState`.
 #![forbid(unsafe_code)]
@@ -18,6 +19,7 @@ pub mod adapter;
 pub mod claims;
 pub mod cluster;
 pub mod consolidation;
+pub mod deletion_cost;
 pub mod disruption;
 pub mod drift;
 pub mod lifecycle;

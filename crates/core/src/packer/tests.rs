@@ -624,3 +624,16 @@ fn the_offering_keys_are_exactly_the_labels_an_offering_sets() {
     assert_eq!(keys, listed);
     assert!(!Offering::sets_label("capacity.spread"));
 }
+
+#[test]
+fn at_equal_price_per_pod_fewer_larger_nodes_win() {
+    // Sizes priced exactly by their room (0.0125 per pod slot of 1 cpu/1 GiB), the smallest
+    // listed first: the plan costs the same whichever it takes, and takes the largest.
+    let offerings: Vec<Offering> = [(1u32, 1u64, 0.0125), (2, 2, 0.025), (4, 4, 0.05), (8, 8, 0.1)].iter().enumerate().map(|(i, &(c, g, p))| synthetic(i, c, g, 110, p)).collect();
+    let plan = pack(&pods("web", 16, 1000, 1024, "linux/amd64"), &[pool("default")], &offerings, &[]);
+    assert!(plan.unschedulable.is_empty(), "{:?}", plan.unschedulable);
+    assert!((plan.total_price_per_hour - 0.2).abs() < 1e-9, "{}", plan.total_price_per_hour);
+    assert_eq!(plan.nodes.iter().map(|n| n.instance_type.as_str()).collect::<Vec<_>>(), ["t3", "t3"]);
+    // The price reported is the offering's, not the tie-break's.
+    assert!(plan.nodes.iter().all(|n| n.price_per_hour == 0.1));
+}

@@ -233,8 +233,12 @@ fn a_pool_pass_takes_empty_nodes_first_then_underutilised_ones_and_respects_the_
     let search = Search::exhaustive(MARGIN);
     let d = consolidate_pool(&world, "default", &settings(true, 10), &view, &|_| true, &|_| true, search).expect("a decision");
     assert_eq!((d.reason, d.nodes.clone()), ("empty", vec!["idle".to_string()]), "the empty node goes first");
-    // The empty node's clock has not run long enough: the underutilised pair goes instead.
-    let d = consolidate_pool(&world, "default", &settings(true, 10), &view, &|c| c.name() != "idle", &|_| true, search).expect("a decision");
+    // The empty node's clock has not run long enough: it goes first all the same, once it has;
+    // meanwhile no pod is moved (a scale-down that just emptied nodes is not consolidated onto them).
+    assert_eq!(consolidate_pool(&world, "default", &settings(true, 10), &view, &|c| c.name() != "idle", &|_| true, search), None);
+    // With no empty node, the underutilised pair goes.
+    let busy = pool_nodes(&state, "default", &|n| n.metadata.name.as_deref() != Some("idle"), &|_| Some(0.2), &mut |_| {});
+    let d = consolidate_pool(&world, "default", &settings(true, 10), &busy, &|_| false, &|_| true, search).expect("a decision");
     assert_eq!(d.reason, "underutilized");
     assert!(!d.nodes.contains(&"idle".to_string()));
     // WhenEmpty pools, unsettled nodes and a pool that does not consolidate decide nothing.
