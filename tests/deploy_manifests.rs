@@ -100,6 +100,8 @@ fn rbac_is_least_privilege() {
     let role: ClusterRole = one("rbac.yaml", "ClusterRole");
     let writes: &[(&str, &[&str])] = &[
         ("pods/eviction", &["create"]),
+        // Deletion costs (the provisioner's `podDeletionCost`).
+        ("pods", &["patch"]),
         ("nodes", &["create", "patch", "delete"]),
         ("nodeclaims", &["create", "delete"]),
         ("nodeclaims/status", &["patch"]),
