@@ -216,13 +216,20 @@ async fn beside_karpenter_an_amd64_only_image_never_lands_on_arm64_and_a_multi_a
     crate::namespace(&client, "shop", json!({})).await;
     let (legacy, web) = (c.registry.image("apps/legacy:1"), c.registry.image("apps/web:1"));
     let deploys: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), "shop");
-    deploys.create(&PostParams::default(), &crate::deployment("legacy", &legacy, 3, json!({}))).await.expect("legacy");
+    let running = |n: usize| {
+        let client = client.clone();
+        async move {
+            let pods = Api::<Pod>::namespaced(client, "shop").list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+            pods.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count() == n
+        }
+    };
+    // The multi-arch pods first, onto the nodes Karpenter launches for them (a preferred term is
+    // a score: a pod created while an amd64 node with room is up may be bound there); then the
+    // amd64-only pods, while arm64 nodes with room are up, which they must not use.
     deploys.create(&PostParams::default(), &crate::deployment("web", &web, 3, json!({}))).await.expect("web");
-    crate::wait("6 pods Running on Karpenter's nodes", Duration::from_secs(180), || async {
-        let pods = Api::<Pod>::namespaced(client.clone(), "shop").list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
-        pods.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count() == 6
-    })
-    .await;
+    crate::wait("3 multi-arch pods Running on Karpenter's nodes", Duration::from_secs(180), || running(3)).await;
+    deploys.create(&PostParams::default(), &crate::deployment("legacy", &legacy, 3, json!({}))).await.expect("legacy");
+    crate::wait("6 pods Running on Karpenter's nodes", Duration::from_secs(180), || running(6)).await;
     let platforms = BTreeMap::from([(legacy.clone(), vec!["amd64"]), (web.clone(), vec!["amd64", "arm64"])]);
     assert_eq!(wrong_arch_pods(&client, "shop", &platforms).await, Vec::<String>::new());
     let nodes = archs(nodes(&client).await);
