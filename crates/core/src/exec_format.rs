@@ -1,0 +1,105 @@
+//! Issue #31's groundwork: what kubelet reports when a container's binary is for another
+//! architecture ([`exec_format_errors`]), and the rule that keeps re-placement from looping
+//! ([`Replacements`]). Nothing calls these yet: no detection controller, no shared record of
+//! broken (digest, architecture) pairs, no eviction.
+//!
+//! The runtime fails to start the process (containerd and CRI-O surface runc's `exec format
+//! error` as a `StartError` termination or a `RunContainerError` wait), or the container's own
+//! shell fails to exec a binary and exits, with the error in its termination message or, under
+//! `terminationMessagePolicy: FallbackToLogsOnError`, in the log tail kubelet copies there.
+//! Under `CrashLoopBackOff` the evidence is in the last termination.
+
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod};
+
+/// The text every such failure carries (runc's and the kernel's `ENOEXEC`).
+const MARK: &str = "exec format error";
+
+/// One container that failed for its binary's architecture.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecFormatError {
+    pub container: String,
+    /// The image as the pod names it.
+    pub image: String,
+    /// The image's digest as the runtime resolved it (`sha256:...`), when kubelet reported it.
+    pub digest: Option<String>,
+    /// What showed it: the state's reason (`StartError`, `RunContainerError`, `Error`, ...).
+    pub reason: String,
+    pub message: String,
+}
+
+/// The digest of a status's `imageID` (`docker.io/library/app@sha256:...` or `sha256:...`).
+fn digest_of(image_id: &str) -> Option<String> {
+    let d = image_id.rsplit_once('@').map_or(image_id, |(_, d)| d);
+    d.starts_with("sha256:").then(|| d.to_string())
+}
+
+/// The (reason, message) of a state that says exec format error, if it does.
+fn says_it(state: Option<&ContainerState>) -> Option<(String, String)> {
+    let s = state?;
+    if let Some(w) = &s.waiting {
+        let message = w.message.clone().unwrap_or_default();
+        if message.contains(MARK) {
+            return Some((w.reason.clone().unwrap_or_default(), message));
+        }
+    }
+    let t = s.terminated.as_ref()?;
+    let message = t.message.clone().unwrap_or_default();
+    message.contains(MARK).then(|| (t.reason.clone().unwrap_or_default(), message))
+}
+
+fn of_status(s: &ContainerStatus) -> Option<ExecFormatError> {
+    let (reason, message) = says_it(s.state.as_ref()).or_else(|| says_it(s.last_state.as_ref()))?;
+    Some(ExecFormatError { container: s.name.clone(), image: s.image.clone(), digest: digest_of(&s.image_id), reason, message })
+}
+
+/// The containers (init containers included) of `pod` whose current or last state carries an
+/// exec format error.
+pub fn exec_format_errors(pod: &Pod) -> Vec<ExecFormatError> {
+    let Some(status) = pod.status.as_ref() else { return Vec::new() };
+    let all = status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
+    all.filter_map(of_status).collect()
+}
+
+/// The no-loop rule: at most one re-placement per (pod template, architecture) per `ttl`, in a
+/// record of at most `cap` entries. A full record refuses new re-placements (their pods get only
+/// the Event) rather than forget one: forgetting would allow a second within the TTL.
+#[derive(Debug, Clone)]
+pub struct Replacements {
+    ttl: std::time::Duration,
+    cap: usize,
+    /// (template, arch) -> when it was last re-placed, as seconds on the caller's clock.
+    last: std::collections::BTreeMap<(String, String), f64>,
+}
+
+impl Replacements {
+    pub fn new(ttl: std::time::Duration, cap: usize) -> Self {
+        Replacements { ttl, cap: cap.max(1), last: Default::default() }
+    }
+
+    /// May the pods of `template` (e.g. its `pod-template-hash`) be re-placed off `arch` at
+    /// `now` (seconds)? Records the re-placement when it may.
+    pub fn allow(&mut self, template: &str, arch: &str, now: f64) -> bool {
+        let key = (template.to_string(), arch.to_string());
+        if self.last.get(&key).is_some_and(|&at| now - at < self.ttl.as_secs_f64()) {
+            return false;
+        }
+        self.last.retain(|_, at| now - *at < self.ttl.as_secs_f64());
+        if self.last.len() >= self.cap {
+            return false;
+        }
+        self.last.insert(key, now);
+        true
+    }
+
+    /// Entries remembered now.
+    pub fn len(&self) -> usize {
+        self.last.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.last.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,60 @@
+//! Kubelet's status shapes for a binary of the wrong architecture, and look-alikes that are not.
+
+use serde_json::json;
+
+use super::*;
+
+fn pod(status: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "shop"}, "spec": {"containers": []}, "status": status})).expect("pod")
+}
+
+const RUNC: &str = "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: exec: \"/app\": exec format error: unknown";
+
+#[test]
+fn a_start_error_under_crash_loop_back_off_is_found_with_its_digest() {
+    let p = pod(json!({"phase": "Running", "containerStatuses": [{
+        "name": "app", "image": "registry.local/app:1", "imageID": "registry.local/app@sha256:abc", "ready": false, "restartCount": 3,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=app pod=p_shop(uid)"}},
+        "lastState": {"terminated": {"exitCode": 128, "reason": "StartError", "message": RUNC}}
+    }]}));
+    let found = exec_format_errors(&p);
+    assert_eq!(found.len(), 1);
+    assert_eq!((found[0].container.as_str(), found[0].reason.as_str(), found[0].digest.as_deref()), ("app", "StartError", Some("sha256:abc")));
+}
+
+#[test]
+fn a_run_container_error_wait_a_log_tail_and_an_init_container_are_found() {
+    let p = pod(json!({"phase": "Pending",
+        "initContainerStatuses": [{"name": "init", "image": "i:1", "imageID": "sha256:def", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "RunContainerError", "message": RUNC}}}],
+        "containerStatuses": [{"name": "sh", "image": "s:1", "imageID": "", "ready": false, "restartCount": 1,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "exec /docker-entrypoint.sh: exec format error\n"}}}]}));
+    let found: Vec<(String, String, Option<String>)> = exec_format_errors(&p).into_iter().map(|e| (e.container, e.reason, e.digest)).collect();
+    assert_eq!(found, [("init".into(), "RunContainerError".into(), Some("sha256:def".into())), ("sh".into(), "Error".into(), None)]);
+}
+
+#[test]
+fn other_failures_and_healthy_pods_are_not_exec_format_errors() {
+    let p = pod(json!({"phase": "Running", "containerStatuses": [
+        {"name": "oom", "image": "a:1", "imageID": "sha256:1", "ready": false, "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}, "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}},
+        {"name": "missing", "image": "b:1", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "RunContainerError", "message": "exec: \"/nope\": stat /nope: no such file or directory"}}},
+        {"name": "ok", "image": "c:1", "imageID": "sha256:3", "ready": true, "restartCount": 0, "state": {"running": {}}}
+    ]}));
+    assert!(exec_format_errors(&p).is_empty());
+    assert!(exec_format_errors(&pod(json!(null))).is_empty());
+}
+
+#[test]
+fn one_replacement_per_template_and_architecture_per_ttl_in_a_bounded_record() {
+    let mut r = Replacements::new(std::time::Duration::from_secs(3600), 2);
+    assert!(r.allow("web-abc", "arm64", 0.0));
+    assert!(!r.allow("web-abc", "arm64", 10.0), "no second re-placement within the TTL");
+    assert!(r.allow("web-abc", "amd64", 10.0), "another architecture is another key");
+    assert!(!r.allow("db-1", "arm64", 20.0), "a full record refuses rather than forgets");
+    assert_eq!(r.len(), 2);
+    assert!(r.allow("web-abc", "arm64", 3600.0), "after the TTL, once more (expired entries leave)");
+    assert!(!r.allow("web-abc", "arm64", 3601.0));
+    assert!(r.allow("db-1", "arm64", 3611.0), "room again once an entry expired");
+}
