@@ -50,10 +50,7 @@ fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, prefe
     let volumes = s.state.volumes();
     let world = consolidation::World { state: &s.state, pools: &inputs.pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
     // A scenario's node is priced by its offering (instance type, zone and capacity type).
-    let price = |n: &k8s_openapi::api::core::v1::Node| {
-        let l = labels_of(n);
-        archer_core::packer::Offering::of_node(&inputs.offerings, &|k| l.get(k).cloned()).map(|o| o.price)
-    };
+    let price = |n: &k8s_openapi::api::core::v1::Node| crate::provisioner::objects::node_price(n, &inputs.offerings);
     let search = consolidation::Search::exhaustive(crate::config::ProvisionerConfig::default().min_saving_fraction());
     let mut out = Vec::new();
     for np in &s.state.pools {

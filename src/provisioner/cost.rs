@@ -30,12 +30,6 @@ fn node_key(node: &Node) -> Option<Key> {
     Some((pool.clone(), arch, capacity))
 }
 
-/// The hourly price of a node: its offering's ([`Offering::of_node`]).
-fn node_price(node: &Node, offerings: &[Offering]) -> Option<f64> {
-    let labels = node.metadata.labels.as_ref()?;
-    Offering::of_node(offerings, &|k| labels.get(k).cloned()).map(|o| o.price)
-}
-
 /// Managed nodes and their summed hourly price per (nodepool, arch, capacity_type). A node
 /// whose offering is unknown counts, at no price.
 fn node_costs(nodes: &[&Node], offerings: &[Offering]) -> BTreeMap<Key, (i64, f64)> {
@@ -44,7 +38,7 @@ fn node_costs(nodes: &[&Node], offerings: &[Offering]) -> BTreeMap<Key, (i64, f6
         let Some(key) = node_key(n) else { continue };
         let entry = out.entry(key).or_default();
         entry.0 += 1;
-        entry.1 += node_price(n, offerings).unwrap_or(0.0);
+        entry.1 += state::node_price(n, offerings).unwrap_or(0.0);
     }
     out
 }

@@ -114,6 +114,28 @@ fn usage(pids: &[u32]) -> (f64, f64) {
 /// cycle on Karpenter's clocks (5 s consolidateAfter, a 10 s pass, 15 s validation).
 const SETTLED: Duration = Duration::from_secs(60);
 
+/// Wait until the node set has held still for [`SETTLED`] with `running` pods Running, noting
+/// every pod uid and claim seen on the way (`seen`); at most `patience`.
+async fn hold_still(client: &Client, mode: Mode, running_pods: usize, seen: (&mut BTreeSet<String>, &mut BTreeSet<String>), patience: Duration, what: &str) {
+    let (uids, claims) = seen;
+    let start = Instant::now();
+    let mut last: (BTreeSet<String>, Instant) = (BTreeSet::new(), Instant::now());
+    loop {
+        let live: BTreeSet<String> = live_nodes(client).await.into_iter().filter_map(|n| n.metadata.name).collect();
+        let now = pods(client).await;
+        uids.extend(now.iter().filter_map(|p| p.metadata.uid.clone()));
+        claims.extend(claim_names(client, mode).await);
+        let up = now.iter().filter(|p| running(p)).count();
+        if live != last.0 {
+            last = (live, Instant::now());
+        } else if up == running_pods && last.1.elapsed() > SETTLED {
+            return;
+        }
+        assert!(start.elapsed() < patience, "{what}: not settled after {patience:?} ({up} of {running_pods} Running)");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// Run `w` in `mode` on a fresh control plane.
 async fn run(w: &Workload, mode: Mode, patience: Duration) -> ModeReport {
     // Archer's consolidation on Karpenter's clocks: a disruption pass every 10 s (its polling
@@ -170,19 +192,7 @@ async fn run(w: &Workload, mode: Mode, patience: Duration) -> ModeReport {
     if let Some(fraction) = w.scale_down_to {
         // A scale-down comes long after the scale-up: it starts once the node set has held still
         // for SETTLED (what either side does meanwhile is counted too).
-        let (mut last, settling) = ((BTreeSet::new(), Instant::now()), Instant::now());
-        loop {
-            assert!(settling.elapsed() < patience, "{} in {}: the nodes never held still after the scale-up", w.name, mode.name());
-            let live: BTreeSet<String> = live_nodes(&client).await.into_iter().filter_map(|n| n.metadata.name).collect();
-            uids.extend(pods(&client).await.iter().filter_map(|p| p.metadata.uid.clone()));
-            claims_seen.extend(claim_names(&client, mode).await);
-            if live != last.0 {
-                last = (live, Instant::now());
-            } else if last.1.elapsed() > SETTLED {
-                break;
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
+        hold_still(&client, mode, total as usize, (&mut uids, &mut claims_seen), patience, &format!("{} in {}: after the scale-up", w.name, mode.name())).await;
         let now = pods(&client).await;
         let costed = now.iter().filter(|p| p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("controller.kubernetes.io/pod-deletion-cost"))).count();
         for a in &w.apps {
@@ -198,22 +208,7 @@ async fn run(w: &Workload, mode: Mode, patience: Duration) -> ModeReport {
         let nodes = live_nodes(&client).await;
         let emptied = nodes.iter().filter(|n| n.metadata.name.as_ref().is_some_and(|name| !used.contains(name))).count();
         eprintln!("compare: {} in {}: {costed} of {} pods carried a deletion cost; the scale-down left {emptied} of {} nodes empty", w.name, mode.name(), now.len(), nodes.len());
-        let t1 = Instant::now();
-        let mut last: (BTreeSet<String>, Instant) = (BTreeSet::new(), Instant::now());
-        loop {
-            let live: BTreeSet<String> = live_nodes(&client).await.into_iter().filter_map(|n| n.metadata.name).collect();
-            let now = pods(&client).await;
-            uids.extend(now.iter().filter_map(|p| p.metadata.uid.clone()));
-            claims_seen.extend(claim_names(&client, mode).await);
-            let up = now.iter().filter(|p| running(p)).count();
-            if live != last.0 {
-                last = (live, Instant::now());
-            } else if up == target && last.1.elapsed() > SETTLED {
-                break;
-            }
-            assert!(t1.elapsed() < patience, "{} in {}: not settled after {patience:?} ({up} of {target} Running)", w.name, mode.name());
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
+        hold_still(&client, mode, target, (&mut uids, &mut claims_seen), patience, &format!("{} in {}: after the scale-down", w.name, mode.name())).await;
         let nodes = live_nodes(&client).await;
         r.cost_per_hour_after_consolidation = Some(nodes.iter().map(|n| price(&catalog, n)).sum());
         r.wrong_arch_pods = r.wrong_arch_pods.max(karpenter::wrong_arch_pods(&client, "bench", &platforms).await.len());

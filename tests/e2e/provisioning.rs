@@ -207,6 +207,19 @@ async fn scenario_2_team_pool_with_taint_and_zone_spread() {
     eprintln!("scenario 2 total: {:?}", started.elapsed());
 }
 
+/// The consolidation scenarios' shop: the webhook registered, the amd64-only image `apps/api:1`
+/// pushed, namespace `shop`, and a NodePool `pool` (amd64, on-demand, and `requirement`) that
+/// consolidates underutilised nodes after 3 s with no budget. Returns the client.
+async fn api_shop(c: &Cluster, pool_name: &str, requirement: &str) -> Client {
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_image("apps/api", "1", "linux/amd64", true).await;
+    namespace(&client, "shop", json!({})).await;
+    let yaml = format!("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {{name: {pool_name}}}\nspec:\n  template:\n    spec:\n      requirements:\n        - {{key: kubernetes.io/arch, operator: In, values: [amd64]}}\n        - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}\n        - {requirement}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 3s\n    budgets: [{{nodes: \"100%\"}}]\n");
+    pool(&client, &yaml).await;
+    client
+}
+
 /// Scenario 4: 10 replicas, then 3: Archer removes and replaces nodes until the 3 pods sit on the
 /// cheapest capacity for them, never taking the Deployment below its PodDisruptionBudget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,15 +227,7 @@ async fn scenario_2_team_pool_with_taint_and_zone_spread() {
 async fn scenario_4_consolidation_respects_the_pdb() {
     let started = Instant::now();
     let c = Cluster::start("scenario-4").await;
-    c.register_webhook(c.archer_port).await;
-    let client = c.client().await;
-    c.registry.push_image("apps/api", "1", "linux/amd64", true).await;
-    namespace(&client, "shop", json!({})).await;
-    pool(
-        &client,
-        "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: general}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n        - {key: karpenter.k8s.aws/instance-category, operator: In, values: [c, m, r]}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 3s\n    budgets: [{nodes: \"100%\"}]\n",
-    )
-    .await;
+    let client = api_shop(&c, "general", "{key: karpenter.k8s.aws/instance-category, operator: In, values: [c, m, r]}").await;
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "api"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "api"}}}})).expect("pdb");
     Api::<PodDisruptionBudget>::namespaced(client.clone(), "shop").create(&PostParams::default(), &pdb).await.expect("pdb");
     let d = with_requests(deployment("api", &c.registry.image("apps/api:1"), 10, json!({})), "900m", "1Gi");
@@ -291,15 +296,7 @@ async fn scale_down_empties_whole_nodes_by_deletion_cost() {
     let started = Instant::now();
     let off = std::env::var("ARCHER_E2E_NO_DELETION_COST").is_ok();
     let c = Cluster::start_mode("deletion-cost", &[], crate::cluster::Mode::Archer, if off { vec!["podDeletionCost: false".into()] } else { vec![] }).await;
-    c.register_webhook(c.archer_port).await;
-    let client = c.client().await;
-    c.registry.push_image("apps/api", "1", "linux/amd64", true).await;
-    namespace(&client, "shop", json!({})).await;
-    pool(
-        &client,
-        "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: four}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n        - {key: karpenter.k8s.aws/instance-cpu, operator: In, values: [\"4\"]}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 3s\n    budgets: [{nodes: \"100%\"}]\n",
-    )
-    .await;
+    let client = api_shop(&c, "four", "{key: karpenter.k8s.aws/instance-cpu, operator: In, values: [\"4\"]}").await;
     let d = with_requests(deployment("api", &c.registry.image("apps/api:1"), 12, json!({})), "900m", "1Gi");
     Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &d).await.expect("create");
     let up = wait_running(&client, "shop", "api", 12, Duration::from_secs(120)).await;

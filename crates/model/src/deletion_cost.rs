@@ -19,8 +19,6 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use archer_core::packer::Offering;
-
 use crate::objects;
 use crate::ClusterState;
 
@@ -66,32 +64,26 @@ fn archers_to_set(pod: &Pod) -> bool {
     }
 }
 
-/// The uid of the ReplicaSet that controls the pod (only ReplicaSets read the cost).
-fn replica_set(pod: &Pod) -> Option<&str> {
-    pod.metadata.owner_references.as_ref()?.iter().find(|r| r.controller == Some(true) && r.kind == "ReplicaSet").map(|r| r.uid.as_str())
+/// Does a ReplicaSet control the pod (only ReplicaSets read the cost)?
+fn owned_by_replica_set(pod: &Pod) -> bool {
+    pod.metadata.owner_references.as_ref().is_some_and(|o| o.iter().any(|r| r.controller == Some(true) && r.kind == "ReplicaSet"))
 }
 
 /// The pods of `state` whose deletion cost Archer should write now, at most `limit` of them
-/// (the others on a later pass), in the state's pod order.
+/// (the others on a later pass), in the state's pod order: live ReplicaSet pods bound to a node
+/// of a NodePool, whose cost is Archer's to set and not yet their node's.
 pub fn writes(state: &ClusterState, limit: usize) -> Vec<CostWrite> {
     let managed: HashMap<&str, &Node> = state.nodes.iter().filter(|n| objects::node_pool_of(n).is_some()).filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref()))).collect();
-    let on_managed = |p: &&Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| managed.contains_key(n));
-    let live: Vec<&Pod> = state.pods.iter().map(AsRef::as_ref).filter(on_managed).filter(|p| p.metadata.deletion_timestamp.is_none() && !objects::is_daemon_pod(p) && !archer_core::is_terminal(p)).collect();
-    let price = |n: &Node| {
-        let labels = n.metadata.labels.as_ref()?;
-        Offering::of_node(&state.offerings, &|k| labels.get(k).cloned()).map(|o| o.price)
-    };
     let mut out = Vec::new();
-    for pod in live {
+    for pod in &state.pods {
         if out.len() >= limit {
             break;
         }
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
-        let Some(n) = managed.get(node) else { continue };
-        if replica_set(pod).is_none() || !archers_to_set(pod) {
+        let Some((node, n)) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).and_then(|name| Some((name, *managed.get(name)?))) else { continue };
+        if pod.metadata.deletion_timestamp.is_some() || archer_core::is_terminal(pod) || objects::is_daemon_pod(pod) || !owned_by_replica_set(pod) || !archers_to_set(pod) {
             continue;
         }
-        let cost = node_cost(node, price(n));
+        let cost = node_cost(node, objects::node_price(n, &state.offerings));
         let written = pod.metadata.annotations.as_ref().and_then(|a| a.get(POD_DELETION_COST)).and_then(|v| v.parse::<i32>().ok());
         if written == Some(cost) {
             continue;

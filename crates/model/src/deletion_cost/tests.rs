@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use archer_core::packer::Offering;
+
 use super::*;
 
 fn node(name: &str, instance_type: &str) -> Arc<Node> {
