@@ -1,7 +1,5 @@
-//! Issue #31's groundwork: what kubelet reports when a container's binary is for another
-//! architecture ([`exec_format_errors`]), and the rule that keeps re-placement from looping
-//! ([`Replacements`]). Nothing calls these yet: no detection controller, no shared record of
-//! broken (digest, architecture) pairs, no eviction.
+//! What kubelet reports when a container's binary is for another architecture
+//! ([`exec_format_errors`]). What the safety net does about it is [`super::safety_net`]'s.
 //!
 //! The runtime fails to start the process (containerd and CRI-O surface runc's `exec format
 //! error` as a `StartError` termination or a `RunContainerError` wait), or the container's own
@@ -58,47 +56,6 @@ pub fn exec_format_errors(pod: &Pod) -> Vec<ExecFormatError> {
     let Some(status) = pod.status.as_ref() else { return Vec::new() };
     let all = status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
     all.filter_map(of_status).collect()
-}
-
-/// The no-loop rule: at most one re-placement per (pod template, architecture) per `ttl`, in a
-/// record of at most `cap` entries. A full record refuses new re-placements (their pods get only
-/// the Event) rather than forget one: forgetting would allow a second within the TTL.
-#[derive(Debug, Clone)]
-pub struct Replacements {
-    ttl: std::time::Duration,
-    cap: usize,
-    /// (template, arch) -> when it was last re-placed, as seconds on the caller's clock.
-    last: std::collections::BTreeMap<(String, String), f64>,
-}
-
-impl Replacements {
-    pub fn new(ttl: std::time::Duration, cap: usize) -> Self {
-        Replacements { ttl, cap: cap.max(1), last: Default::default() }
-    }
-
-    /// May the pods of `template` (e.g. its `pod-template-hash`) be re-placed off `arch` at
-    /// `now` (seconds)? Records the re-placement when it may.
-    pub fn allow(&mut self, template: &str, arch: &str, now: f64) -> bool {
-        let key = (template.to_string(), arch.to_string());
-        if self.last.get(&key).is_some_and(|&at| now - at < self.ttl.as_secs_f64()) {
-            return false;
-        }
-        self.last.retain(|_, at| now - *at < self.ttl.as_secs_f64());
-        if self.last.len() >= self.cap {
-            return false;
-        }
-        self.last.insert(key, now);
-        true
-    }
-
-    /// Entries remembered now.
-    pub fn len(&self) -> usize {
-        self.last.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.last.is_empty()
-    }
 }
 
 #[cfg(test)]

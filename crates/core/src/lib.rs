@@ -16,6 +16,7 @@ pub mod policy;
 pub mod quantity;
 pub mod requirements;
 pub mod resources;
+pub mod safety_net;
 pub mod sched;
 pub mod scoring;
 pub mod taints;

@@ -16,12 +16,14 @@ use k8s_openapi::api::core::v1::{
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-/// One RFC 6902 operation (`add` or `replace`) with its value already serialised.
+/// One RFC 6902 operation (`add`, `replace`, `test` or `remove`) with its value already
+/// serialised.
 #[derive(Debug, Clone, Serialize)]
 pub struct Op {
     op: OpKind,
     path: PointerBuf,
-    value: Box<RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<Box<RawValue>>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -29,6 +31,8 @@ pub struct Op {
 enum OpKind {
     Add,
     Replace,
+    Test,
+    Remove,
 }
 
 impl Op {
@@ -55,7 +59,11 @@ fn raw<T: Serialize>(t: &T) -> Box<RawValue> {
 }
 
 fn add<T: Serialize>(tokens: &[&str], value: &T) -> Op {
-    Op { op: OpKind::Add, path: ptr(tokens), value: raw(value) }
+    Op { op: OpKind::Add, path: ptr(tokens), value: Some(raw(value)) }
+}
+
+fn replace<T: Serialize>(tokens: &[&str], value: &T) -> Op {
+    Op { op: OpKind::Replace, path: ptr(tokens), value: Some(raw(value)) }
 }
 
 /// Set annotations (an `add` on an existing key replaces its value).
@@ -118,7 +126,7 @@ pub fn require_node_expressions(pod: &mut Pod, groups: &[Vec<NodeSelectorRequire
     let required = NodeSelector { node_selector_terms: merged };
     let ops = if existing_terms.is_some() {
         let path = ptr(&[NODE_AFFINITY[0], NODE_AFFINITY[1], NODE_AFFINITY[2], REQUIRED, "nodeSelectorTerms"]);
-        vec![Op { op: OpKind::Replace, path, value: raw(&required.node_selector_terms) }]
+        vec![Op { op: OpKind::Replace, path, value: Some(raw(&required.node_selector_terms)) }]
     } else {
         let wanted = NodeAffinity { required_during_scheduling_ignored_during_execution: Some(required.clone()), ..Default::default() };
         node_affinity_ops(pod, wanted, REQUIRED)
@@ -198,5 +206,50 @@ pub fn add_tolerations(pod: &mut Pod, wanted: &[Toleration]) -> Vec<Op> {
         Some(_) => missing.iter().map(|t| add(&["spec", "tolerations", "-"], t)).collect(),
     };
     pod.spec.get_or_insert_with(Default::default).tolerations.get_or_insert_with(Vec::new).extend(missing);
+    ops
+}
+
+/// Add the scheduling gate `name` (unless the pod already carries it).
+pub fn add_scheduling_gate(pod: &mut Pod, name: &str) -> Vec<Op> {
+    use k8s_openapi::api::core::v1::PodSchedulingGate;
+    let gate = PodSchedulingGate { name: name.to_string() };
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    let ops = match &spec.scheduling_gates {
+        Some(gates) if gates.iter().any(|g| g.name == name) => return Vec::new(),
+        Some(_) => vec![add(&["spec", "schedulingGates", "-"], &gate)],
+        None => vec![add(&["spec", "schedulingGates"], &[gate.clone()])],
+    };
+    spec.scheduling_gates.get_or_insert_with(Vec::new).push(gate);
+    ops
+}
+
+/// Remove the scheduling gate `name`, guarded by a `test` of its position so a patch built
+/// from a stale copy of the pod fails instead of removing another gate. `None`: not gated by it.
+pub fn remove_scheduling_gate(pod: &mut Pod, name: &str) -> Option<Vec<Op>> {
+    let gates = pod.spec.as_mut()?.scheduling_gates.as_mut()?;
+    let at = gates.iter().position(|g| g.name == name)?;
+    gates.remove(at);
+    let index = at.to_string();
+    let path = ["spec", "schedulingGates", index.as_str(), "name"];
+    let test = Op { op: OpKind::Test, path: ptr(&path), value: Some(raw(&name)) };
+    let remove = Op { op: OpKind::Remove, path: ptr(&path[..3]), value: None };
+    Some(vec![test, remove])
+}
+
+/// Rewrite each container's image (init containers too) to `image@digest` where `digests` has
+/// the image and the reference names no digest yet.
+pub fn pin_images(pod: &mut Pod, digests: &BTreeMap<String, String>) -> Vec<Op> {
+    let mut ops = Vec::new();
+    let Some(spec) = pod.spec.as_mut() else { return ops };
+    let lists = [("initContainers", spec.init_containers.as_mut()), ("containers", Some(&mut spec.containers))];
+    for (field, list) in lists {
+        for (i, c) in list.into_iter().flatten().enumerate() {
+            let Some(image) = c.image.as_mut() else { continue };
+            let Some(digest) = digests.get(image.as_str()).filter(|_| !image.contains('@')) else { continue };
+            let pinned = format!("{image}@{digest}");
+            ops.push(replace(&["spec", field, &i.to_string(), "image"], &pinned));
+            *image = pinned;
+        }
+    }
     ops
 }

@@ -229,7 +229,7 @@ pub fn decide(original: &Pod, policy: &Policy, findings: &[ImageFinding], settin
         annotations.insert(INSPECTION_ERROR_ANNOTATION.to_string(), truncate(&cause, 1024));
         d.outcome = Outcome::InspectionFailed;
         let constrained = user_arch_constraint(original).is_some();
-        if let (Some(fallback), Mode::Enforce, false) = (&policy.fallback_architecture, policy.mode, constrained) {
+        if let (Some(fallback), true, false) = (&policy.fallback_architecture, policy.mode.enforces(), constrained) {
             d.outcome = Outcome::Fallback;
             d.warnings.push(format!("pinned to the fallback architecture {fallback}"));
             d.patch.extend(patch::require_node_expressions(pod, &[vec![requirement(ARCH_LABEL, [fallback.clone()])]]));
@@ -283,7 +283,7 @@ pub fn decide(original: &Pod, policy: &Policy, findings: &[ImageFinding], settin
             return finish(original, pod, d, annotations);
         }
         d.outcome = Outcome::KeptExistingConstraint;
-        if policy.mode == Mode::Enforce {
+        if policy.mode.enforces() {
             d.patch.extend(preferred(pod, policy, &runnable, settings));
             d.patch.extend(patch::add_tolerations(pod, &tolerations_for(settings, &runnable)));
         }

@@ -12,6 +12,10 @@ pub const PREFER: &str = "archer.dev/prefer";
 pub const ALLOWED_ARCHITECTURES: &str = "archer.dev/allowed-architectures";
 pub const ON_INSPECTION_FAILURE: &str = "archer.dev/on-inspection-failure";
 pub const FALLBACK_ARCHITECTURE: &str = "archer.dev/fallback-architecture";
+/// `"true"`: the patch rewrites each image reference to the digest that was inspected.
+pub const PIN_DIGESTS: &str = "archer.dev/pin-digests";
+/// `"false"`: a pod whose binary fails with an exec format error gets only the Event.
+pub const REPLACE_ON_EXEC_FORMAT_ERROR: &str = "archer.dev/replace-on-exec-format-error";
 /// Label that opts a namespace (via the webhook's namespaceSelector) or a pod (objectSelector) out.
 pub const IGNORE_LABEL: &str = "archer.dev/ignore";
 
@@ -25,6 +29,16 @@ pub enum Mode {
     /// Patch affinity and tolerations.
     #[default]
     Enforce,
+    /// As `enforce`; and when an image is not inspected within the admission deadline, hold the
+    /// pod behind the scheduling gate `archer.dev/inspecting` until it is, instead of failing open.
+    Gate,
+}
+
+impl Mode {
+    /// Whether Archer patches the pod's placement (`enforce` and `gate`).
+    pub fn enforces(self) -> bool {
+        matches!(self, Mode::Enforce | Mode::Gate)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -61,7 +75,7 @@ macro_rules! kebab_enum_str {
         }
     };
 }
-kebab_enum_str!(Mode { Off => "off", Observe => "observe", Enforce => "enforce" });
+kebab_enum_str!(Mode { Off => "off", Observe => "observe", Enforce => "enforce", Gate => "gate" });
 kebab_enum_str!(FailurePolicy { FailOpen => "fail-open", FailClosed => "fail-closed" });
 
 /// The cluster-wide defaults (from the config file) a namespace's annotations override.
@@ -74,6 +88,10 @@ pub struct PolicyDefaults {
     pub allowed_architectures: Vec<String>,
     pub on_inspection_failure: FailurePolicy,
     pub fallback_architecture: Option<String>,
+    /// Rewrite image references to the inspected digest (off by default: see the README).
+    pub pin_digests: bool,
+    /// Evict a controller's pod once when its binary fails with an exec format error.
+    pub replace_on_exec_format_error: bool,
 }
 
 impl Default for PolicyDefaults {
@@ -84,6 +102,8 @@ impl Default for PolicyDefaults {
             allowed_architectures: Vec::new(),
             on_inspection_failure: FailurePolicy::FailOpen,
             fallback_architecture: None,
+            pin_digests: false,
+            replace_on_exec_format_error: true,
         }
     }
 }
@@ -96,6 +116,8 @@ pub struct Policy {
     pub allowed_architectures: Option<Vec<String>>,
     pub on_inspection_failure: FailurePolicy,
     pub fallback_architecture: Option<String>,
+    pub pin_digests: bool,
+    pub replace_on_exec_format_error: bool,
 }
 
 impl Policy {
@@ -119,6 +141,14 @@ pub struct PolicyWarning {
 impl fmt::Display for PolicyWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "namespace annotation {}: {}; using the cluster default", self.annotation, self.message)
+    }
+}
+
+fn boolean(value: &str) -> Result<bool, String> {
+    match value.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(format!("{other:?} is not \"true\" or \"false\"")),
     }
 }
 
@@ -190,7 +220,17 @@ pub fn resolve(defaults: &PolicyDefaults, annotations: &BTreeMap<String, String>
         }
         None => defaults.fallback_architecture.clone(),
     };
-    (Policy { mode, prefer, allowed_architectures, on_inspection_failure, fallback_architecture }, warnings)
+    let mut flag = |key: &'static str, default: bool| match take(key).map(|v| boolean(v)) {
+        Some(Ok(b)) => b,
+        Some(Err(e)) => {
+            warn(key, e);
+            default
+        }
+        None => default,
+    };
+    let pin_digests = flag(PIN_DIGESTS, defaults.pin_digests);
+    let replace_on_exec_format_error = flag(REPLACE_ON_EXEC_FORMAT_ERROR, defaults.replace_on_exec_format_error);
+    (Policy { mode, prefer, allowed_architectures, on_inspection_failure, fallback_architecture, pin_digests, replace_on_exec_format_error }, warnings)
 }
 
 #[cfg(test)]
@@ -231,6 +271,7 @@ mod tests {
         assert!(!p.allows("s390x"));
         assert_eq!(p.on_inspection_failure, FailurePolicy::FailClosed);
         assert_eq!(p.fallback_architecture.as_deref(), Some("amd64"));
+        assert!(!p.pin_digests && p.replace_on_exec_format_error, "the defaults");
         assert_eq!(p.preference_rank("amd64"), 0);
         assert_eq!(p.preference_rank("riscv64"), 2);
     }
@@ -249,6 +290,21 @@ mod tests {
         let names: Vec<_> = w.iter().map(|w| w.annotation).collect();
         assert_eq!(names, vec![MODE, PREFER, ON_INSPECTION_FAILURE, FALLBACK_ARCHITECTURE]);
         assert!(w[0].to_string().contains("yes-please"));
+    }
+
+    #[test]
+    fn gate_mode_and_the_safety_net_flags() {
+        let (p, w) = resolve(&PolicyDefaults::default(), &ann(&[(MODE, "gate"), (PIN_DIGESTS, "true"), (REPLACE_ON_EXEC_FORMAT_ERROR, "false")]));
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(p.mode, Mode::Gate);
+        assert!(p.mode.enforces() && Mode::Enforce.enforces() && !Mode::Observe.enforces() && !Mode::Off.enforces());
+        assert!(p.pin_digests);
+        assert!(!p.replace_on_exec_format_error);
+        let (p, w) = resolve(&PolicyDefaults::default(), &ann(&[(PIN_DIGESTS, "yes")]));
+        assert!(!p.pin_digests);
+        assert_eq!(w.iter().map(|w| w.annotation).collect::<Vec<_>>(), vec![PIN_DIGESTS]);
+        let d: PolicyDefaults = crate::yaml::from_str("mode: gate\npinDigests: true\nreplaceOnExecFormatError: false\n").expect("yaml");
+        assert_eq!((d.mode, d.pin_digests, d.replace_on_exec_format_error), (Mode::Gate, true, false));
     }
 
     #[test]

@@ -45,16 +45,3 @@ fn other_failures_and_healthy_pods_are_not_exec_format_errors() {
     assert!(exec_format_errors(&p).is_empty());
     assert!(exec_format_errors(&pod(json!(null))).is_empty());
 }
-
-#[test]
-fn one_replacement_per_template_and_architecture_per_ttl_in_a_bounded_record() {
-    let mut r = Replacements::new(std::time::Duration::from_secs(3600), 2);
-    assert!(r.allow("web-abc", "arm64", 0.0));
-    assert!(!r.allow("web-abc", "arm64", 10.0), "no second re-placement within the TTL");
-    assert!(r.allow("web-abc", "amd64", 10.0), "another architecture is another key");
-    assert!(!r.allow("db-1", "arm64", 20.0), "a full record refuses rather than forgets");
-    assert_eq!(r.len(), 2);
-    assert!(r.allow("web-abc", "arm64", 3600.0), "after the TTL, once more (expired entries leave)");
-    assert!(!r.allow("web-abc", "arm64", 3601.0));
-    assert!(r.allow("db-1", "arm64", 3611.0), "room again once an entry expired");
-}
