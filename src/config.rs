@@ -36,6 +36,8 @@ pub struct Config {
     pub webhook: WebhookConfig,
     pub extender: ExtenderConfig,
     pub provisioner: ProvisionerConfig,
+    /// The runtime safety net: exec format errors, re-placement and the scheduling gate.
+    pub safety_net: SafetyNetConfig,
     /// Connection and memory limits shared by every listener and request.
     pub limits: LimitsConfig,
     /// A user catalog file (YAML or CSV) on top of the embedded price catalog.
@@ -64,10 +66,80 @@ impl Default for Config {
             webhook: WebhookConfig::default(),
             extender: ExtenderConfig::default(),
             provisioner: ProvisionerConfig::default(),
+            safety_net: SafetyNetConfig::default(),
             limits: LimitsConfig::default(),
             catalog: None,
             shutdown_delay_seconds: 5.0,
             shutdown_grace_seconds: 20,
+        }
+    }
+}
+
+/// The safety net's controllers run on the replica holding `leaseName`; its record of broken
+/// (digest, architecture) pairs and re-placements is the ConfigMap `configMap` in Archer's
+/// namespace, read by every replica.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct SafetyNetConfig {
+    /// Watch admitted pods for exec format errors and release gated pods.
+    pub enabled: bool,
+    pub config_map: String,
+    pub lease_name: String,
+    pub lease_duration_seconds: u64,
+    /// Broken (digest, architecture) pairs kept at most (the oldest leave first).
+    pub max_broken: usize,
+    /// Open re-placements kept at most (a full record refuses new ones).
+    pub max_replacements: usize,
+    /// At most one re-placement per pod template and architecture in this long.
+    pub replacement_ttl_seconds: u64,
+    /// The longest a pod stays behind `archer.dev/inspecting`; then the namespace's failure policy
+    /// decides (see the README).
+    pub gate_max_seconds: f64,
+    /// Bound on one inspection of a gated pod's images.
+    pub gate_inspection_timeout_seconds: f64,
+    /// Pause between inspections of a gated pod whose images did not answer.
+    pub gate_retry_seconds: f64,
+}
+
+impl Default for SafetyNetConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            config_map: "archer-safety-net".into(),
+            lease_name: "archer-safety-net".into(),
+            lease_duration_seconds: 15,
+            max_broken: 1000,
+            max_replacements: 1000,
+            replacement_ttl_seconds: 3600,
+            gate_max_seconds: 120.0,
+            gate_inspection_timeout_seconds: 10.0,
+            gate_retry_seconds: 2.0,
+        }
+    }
+}
+
+impl SafetyNetConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let within = |v: f64, lo: f64, hi: f64| v.is_finite() && v > lo && v <= hi;
+        if !within(self.gate_max_seconds, 0.0, 3600.0) || !within(self.gate_inspection_timeout_seconds, 0.0, 60.0) || !within(self.gate_retry_seconds, 0.0, 60.0) {
+            return Err(ConfigError::Invalid("safetyNet: gateMaxSeconds must be in (0, 3600], gateInspectionTimeoutSeconds and gateRetrySeconds in (0, 60]".into()));
+        }
+        // One ConfigMap holds the record: about 300 bytes an entry, under its 1 MiB limit.
+        if !(1..=1500).contains(&self.max_broken) || !(1..=1500).contains(&self.max_replacements) {
+            return Err(ConfigError::Invalid("safetyNet: maxBroken and maxReplacements must be in [1, 1500]".into()));
+        }
+        if self.replacement_ttl_seconds == 0 || self.lease_duration_seconds < 2 || self.config_map.is_empty() || self.lease_name.is_empty() {
+            return Err(ConfigError::Invalid("safetyNet: replacementTtlSeconds must be positive, leaseDurationSeconds at least 2, configMap and leaseName set".into()));
+        }
+        Ok(())
+    }
+
+    /// The record's bounds and TTL for the pure rule.
+    pub fn limits(&self) -> archer_core::safety_net::Limits {
+        archer_core::safety_net::Limits {
+            max_broken: self.max_broken,
+            max_replaced: self.max_replacements,
+            replacement_ttl_seconds: i64::try_from(self.replacement_ttl_seconds).unwrap_or(i64::MAX),
         }
     }
 }
@@ -445,6 +517,7 @@ impl Config {
             }
         }
         self.provisioner.validate()?;
+        self.safety_net.validate()?;
         self.address_guard()?;
         Ok(())
     }

@@ -11,11 +11,13 @@ pub use archer_limits as limits;
 pub use archer_metrics as metrics;
 pub use archer_registry as registry;
 
+pub mod admission;
 pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod extender;
 pub mod provisioner;
 pub mod report;
+pub mod safety;
 pub mod server;
 pub mod webhook;

@@ -100,7 +100,7 @@ fn rbac_is_least_privilege() {
     let role: ClusterRole = one("rbac.yaml", "ClusterRole");
     let writes: &[(&str, &[&str])] = &[
         ("pods/eviction", &["create"]),
-        // Deletion costs (the provisioner's `podDeletionCost`).
+        // Deletion costs (the provisioner's `podDeletionCost`), and the safety net's gate.
         ("pods", &["patch"]),
         ("nodes", &["create", "patch", "delete"]),
         ("nodeclaims", &["create", "delete"]),
@@ -108,8 +108,13 @@ fn rbac_is_least_privilege() {
         ("nodepools/status", &["patch"]),
         ("ec2nodeclasses/status", &["patch"]),
         ("events", &["create", "patch"]),
+        // `archer ungate --all --delete-webhook-configuration archer` (the uninstall hook).
+        ("mutatingwebhookconfigurations", &["delete"]),
     ];
     for rule in role.rules.expect("rules") {
+        if rule.resources.as_ref().is_some_and(|r| r.iter().any(|r| r == "mutatingwebhookconfigurations")) {
+            assert_eq!(rule.resource_names.as_deref(), Some(&["archer".to_string()][..]), "only Archer's own webhook configuration");
+        }
         let resources = rule.resources.clone().unwrap_or_default();
         assert!(!resources.iter().any(|r| r == "*") && !rule.verbs.iter().any(|v| v == "*"), "no wildcards: {rule:?}");
         for verb in &rule.verbs {
@@ -125,6 +130,8 @@ fn rbac_is_least_privilege() {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml")).expect("rbac");
     let lease_role = text.split("\n---").find(|d| d.contains("kind: Role\n")).expect("a namespaced Role for the Lease");
     assert!(lease_role.contains("coordination.k8s.io") && lease_role.contains("leases") && lease_role.contains("namespace: archer-system"));
+    assert!(lease_role.contains("configmaps"), "the safety net's record lives in Archer's namespace only");
+    assert!(!role_names_configmaps(&role_rules_text(&text)), "no cluster-wide ConfigMap access");
 }
 
 #[test]
@@ -291,4 +298,13 @@ fn the_aws_iam_policy_is_exactly_what_the_provider_calls() {
     for a in &allowed {
         assert!(called.contains(a) || implied.contains(&a.as_str()), "the policy allows {a}, which the provider never calls");
     }
+}
+
+/// The ClusterRole's document.
+fn role_rules_text(text: &str) -> String {
+    text.split("\n---").find(|d| d.contains("kind: ClusterRole\n")).unwrap_or_default().to_string()
+}
+
+fn role_names_configmaps(doc: &str) -> bool {
+    doc.contains("configmaps")
 }

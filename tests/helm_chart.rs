@@ -119,7 +119,13 @@ fn normalize(v: &mut Value) {
     }
 }
 
+/// Helm hooks (the uninstall hook) have no kustomize counterpart: nothing runs on `kubectl delete -k`.
+fn is_hook(v: &Value) -> bool {
+    v["metadata"]["annotations"].get("helm.sh/hook").is_some()
+}
+
 fn assert_same_objects(mut chart: Vec<Value>, mut kustomize: Vec<Value>) {
+    chart.retain(|o| !is_hook(o));
     chart.iter_mut().for_each(normalize);
     kustomize.iter_mut().for_each(normalize);
     assert_eq!(keys(&chart), keys(&kustomize), "the chart and kustomize render different objects");
@@ -418,4 +424,28 @@ fn the_beside_karpenter_values_run_the_webhook_and_extender_with_the_provisioner
     let with_crds = render(&["-f", values.to_str().expect("utf-8 path"), "--include-crds"]).expect("render");
     let crds: BTreeSet<&str> = with_crds.iter().filter(|o| o["kind"] == "CustomResourceDefinition").filter_map(|o| o["metadata"]["name"].as_str()).collect();
     assert!(crds.iter().all(|n| n.ends_with(".archer.dev")), "only Archer's own CRDs, which --skip-crds leaves out: {crds:?}");
+}
+
+/// `helm uninstall` first runs a Job that deletes the webhook's configuration and then releases
+/// every pod from the gate (`archer ungate --all`), as the same service account; its pod is not
+/// one of the Deployment's (the Service and the PodDisruptionBudget must not count it), and
+/// `ungateOnUninstall: false` leaves it out.
+#[test]
+fn uninstalling_runs_archer_ungate_before_anything_is_removed() {
+    let objects = rendered(&["--set", "tls.mode=secret"]);
+    let job = find(&objects, "Job", "archer-ungate");
+    assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "pre-delete");
+    let pod = &job["spec"]["template"];
+    assert_eq!(pod["spec"]["serviceAccountName"], "archer");
+    assert_eq!(pod["spec"]["containers"][0]["args"], serde_json::json!(["ungate", "--all", "--delete-webhook-configuration", "archer"]));
+    let webhook = find(&objects, "MutatingWebhookConfiguration", "archer");
+    assert_eq!(webhook["metadata"]["name"], "archer", "the configuration the hook deletes is the chart's");
+    let selector = find(&objects, "Deployment", "archer")["spec"]["selector"]["matchLabels"].clone();
+    let labels = &pod["metadata"]["labels"];
+    assert!(selector.as_object().expect("selector").iter().any(|(k, v)| labels.get(k) != Some(v)), "the hook's pod is not selected by the Deployment's selector");
+    let role = find(&objects, "ClusterRole", "archer");
+    let deletes = role["rules"].as_array().expect("rules").iter().any(|r| r["resources"] == serde_json::json!(["mutatingwebhookconfigurations"]) && r["resourceNames"] == serde_json::json!(["archer"]) && r["verbs"] == serde_json::json!(["delete"]));
+    assert!(deletes, "the service account may delete its own webhook configuration, and only that");
+    let without = rendered(&["--set", "tls.mode=secret", "--set", "ungateOnUninstall=false"]);
+    assert!(!without.iter().any(is_hook), "ungateOnUninstall: false renders no hook");
 }

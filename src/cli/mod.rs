@@ -6,6 +6,7 @@ mod prices;
 mod report;
 mod serve;
 mod simulate;
+mod ungate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,8 @@ pub enum Command {
     Simulate(simulate::SimulateArgs),
     /// Report a cluster's arm64 readiness and cost (read-only): a live cluster or a dump.
     Report(report::ReportArgs),
+    /// Remove the scheduling gate archer.dev/inspecting from every pod (Helm's pre-delete hook).
+    Ungate(ungate::UngateArgs),
 }
 
 /// Registry flags shared by every subcommand that reads images.
@@ -120,6 +123,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Prices(a) => prices::run(a).await,
             Command::Simulate(a) => simulate::run(a).await,
             Command::Report(a) => report::run(a).await,
+            Command::Ungate(a) => ungate::run(a).await,
         }
     });
     match result {

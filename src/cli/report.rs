@@ -74,7 +74,7 @@ async fn read_cluster(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(ClusterSt
     let nodes = list_all(Api::<Node>::all(client.clone())).await.context("nodes")?;
     let pods = list_all(Api::<Pod>::all(client.clone())).await.context("pods")?;
     // Its watches are never driven: the report reads secrets and service accounts by GET only.
-    let (view, _watches) = ClusterView::start(client);
+    let (view, _watches) = ClusterView::start(client, None);
     let state = ClusterState { nodes: nodes.into_iter().map(Arc::new).collect(), pods: pods.into_iter().map(Arc::new).collect(), ..Default::default() };
     Ok((state, view))
 }

@@ -69,7 +69,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let inspector = super::inspector(&cfg, metrics.clone(), budget.clone())?;
     let (cluster, watch) = match super::connect(kubeconfig.as_ref()).await? {
         Some(client) => {
-            let (view, watch) = ClusterView::start(client);
+            let (view, watch) = ClusterView::start(client, cfg.safety_net.enabled.then_some((cfg.namespace.as_str(), cfg.safety_net.config_map.as_str())));
             (Some(view), Some(watch))
         }
         None => (None, None),
@@ -77,6 +77,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let base_keyring = super::base_keyring(&cfg)?;
     let parts = Parts { cfg: &cfg, budget: &budget, inspector: &inspector, cluster: cluster.as_ref(), base_keyring: &base_keyring, metrics: &metrics };
     let catalog = Arc::new(archer_core::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
+    let cluster_for_safety = cluster.clone();
     let provisioning = provisioner_task(&cfg, cluster.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;
     let extender_router = extender::router(parts.extender(catalog));
     let router = webhook::router(parts.webhook()).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));
@@ -94,6 +95,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let mut provisioning = tokio::spawn(provisioning);
+    let mut safety = tokio::spawn(safety_task(&cfg, cluster_for_safety, inspector.clone(), base_keyring.clone(), metrics.clone()));
     let outcome = tokio::select! {
         _ = terminate_signal() => {
             tracing::info!("shutdown signal received; draining");
@@ -102,8 +104,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         r = servers.ended() => Err(r),
         r = &mut watch => Err(anyhow::anyhow!("namespace watch stopped unexpectedly: {r:?}")),
         r = &mut provisioning => Err(anyhow::anyhow!("provisioner stopped unexpectedly: {r:?}")),
+        r = &mut safety => Err(anyhow::anyhow!("the safety net stopped unexpectedly: {r:?}")),
     };
     provisioning.abort();
+    safety.abort();
     health.set_not_ready("shutting down");
     if outcome.is_ok() {
         // Keep accepting while the endpoints update spreads: the API server and kube-scheduler
@@ -174,6 +178,7 @@ impl Parts<'_> {
             body: body_limits(cfg, self.budget, cfg.webhook.max_body_bytes, WEBHOOK_EXPANSION, "webhook_body"),
             decision_timeout: Duration::from_secs_f64(cfg.webhook.decision_timeout_seconds),
             memo: cfg.decision_memo(),
+            gate: (cfg.safety_net.enabled && self.cluster.is_some()).then(|| Duration::from_secs_f64(cfg.safety_net.gate_max_seconds)),
         })
     }
 
@@ -328,9 +333,24 @@ fn provisioner_task(
                 }
             }
         };
-        crate::provisioner::leader::while_leader(lease_client, &namespace, &lease, duration, &leader_metrics, work).await?;
+        crate::cluster::leader::while_leader(lease_client, &namespace, &lease, duration, &leader_metrics.leader, work).await?;
         Ok(())
     }))
+}
+
+/// The safety net's controllers under their own lease, or a future that never ends when they
+/// are off (or there is no cluster).
+fn safety_task(cfg: &crate::config::Config, cluster: Option<ClusterView>, inspector: archer_registry::Inspector, base_keyring: archer_registry::Keyring, metrics: Arc<Metrics>) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>> {
+    let Some(cluster) = cluster.filter(|_| cfg.safety_net.enabled) else { return Box::pin(std::future::pending()) };
+    let client = cluster.client().clone();
+    let net = crate::safety::SafetyNet::new(cluster, cfg, inspector, base_keyring, metrics.clone());
+    let (namespace, lease) = (cfg.namespace.clone(), cfg.safety_net.lease_name.clone());
+    let duration = Duration::from_secs(cfg.safety_net.lease_duration_seconds);
+    Box::pin(async move {
+        let work = move || net.clone().run();
+        crate::cluster::leader::while_leader(client, &namespace, &lease, duration, &metrics.safety.leader, work).await?;
+        Ok(())
+    })
 }
 
 async fn terminate_signal() {

@@ -2,6 +2,9 @@
 //! admission), image pull secrets from the pod's own namespace, the placements the provisioning
 //! plans made, and ([`stores`]) the provisioner's watch caches and the [`ClusterState`] they hold.
 
+pub mod events;
+pub mod leader;
+pub mod safety_record;
 pub mod stores;
 
 use std::collections::{BTreeMap, HashMap};
@@ -85,13 +88,19 @@ pub enum PodPlatforms {
 }
 
 /// A pod's platforms: its `archer.dev/platforms` annotation (the webhook's record), else its
-/// images inspected with its namespace's credentials within `timeout`. Used by the extender and
+/// images inspected with its namespace's credentials within `timeout`; either way less the
+/// architectures the safety net found its images' digests broken on. Used by the extender and
 /// the provisioner alike.
 pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>, base: &Keyring, pod: &Pod, timeout: Duration) -> PodPlatforms {
-    if let Some(all) = recorded_platforms(pod) {
-        return PodPlatforms::Known { all, per_image: Vec::new() };
-    }
+    let record = cluster.map(|c| c.safety.get()).unwrap_or_default();
     let images = pod_images(pod);
+    let recorded = recorded_platforms(pod);
+    // A recorded pod is inspected only when the record names one of its images (for the digest).
+    if let Some(all) = &recorded {
+        if !images.iter().any(|i| record.mentions_image(i)) {
+            return PodPlatforms::Known { all: all.clone(), per_image: Vec::new() };
+        }
+    }
     if images.is_empty() {
         return PodPlatforms::Unknown("the pod names no images".into());
     }
@@ -99,11 +108,20 @@ pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>,
     let keyring = pod_keyring(cluster, base, namespace, pod).await;
     let results = inspector.inspect_all(&images, &keyring, tokio::time::Instant::now() + timeout).await;
     let mut per_image = Vec::new();
+    let mut broken = std::collections::BTreeSet::new();
     for (image, r) in images.into_iter().zip(results) {
         match r {
-            Ok(found) => per_image.push((image, found.platforms.clone())),
+            Ok(found) => {
+                let (left, removed) = record.exclude(&found.digest, &found.platforms);
+                broken.extend(removed);
+                per_image.push((image, left));
+            }
+            Err(_) if recorded.is_some() => {}
             Err(e) => return PodPlatforms::Unknown(format!("image {image}: {e}")),
         }
+    }
+    if let Some(all) = recorded {
+        return PodPlatforms::Known { all: all.retain_architectures(|a| !broken.contains(a)), per_image: Vec::new() };
     }
     let all = PlatformSet::intersect_all(per_image.iter().map(|(_, p)| p)).unwrap_or_default();
     PodPlatforms::Known { all, per_image }
@@ -131,6 +149,8 @@ pub struct ClusterView {
     plans_version: Arc<std::sync::atomic::AtomicU64>,
     /// When nodes the Node cache saw registering became free of registering taints.
     registrations: Registrations,
+    /// The safety net's record of image digests broken on an architecture.
+    safety: Arc<safety_record::SharedRecord>,
 }
 
 /// When each node the Node cache saw registering (a [`REGISTERING_TAINTS`] taint on it) was
@@ -240,7 +260,15 @@ impl ClusterView {
 
     /// Start the Namespace and Node watches; the returned future drives them and must be polled
     /// for the life of the process (they retry with back-off when the API server goes away).
-    pub fn start(client: Client) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+    /// `safety` names the safety net's ConfigMap (namespace, name), when it runs.
+    pub fn start(client: Client, safety: Option<(&str, &str)>) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+        let (safety, safety_stream): (_, std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) = match safety {
+            Some((namespace, name)) => {
+                let (record, stream) = safety_record::SharedRecord::watched(&client, namespace, name);
+                (record, Box::pin(stream))
+            }
+            None => (safety_record::SharedRecord::standalone(), Box::pin(futures::future::ready(()))),
+        };
         let (namespaces, ns_stream) = reflect::<Namespace>(&client, "namespace");
         let registrations = Registrations::new();
         let seen = registrations.clone();
@@ -255,9 +283,10 @@ impl ClusterView {
             stores: Arc::default(),
             plans_version: Arc::default(),
             registrations,
+            safety,
         };
         (view, async move {
-            futures::future::join(ns_stream, node_stream).await;
+            futures::future::join3(ns_stream, node_stream, safety_stream).await;
         })
     }
 
@@ -265,6 +294,17 @@ impl ClusterView {
     /// minutes at most; `None` for a node never seen registering).
     pub fn registered_for(&self, node: &str) -> Option<Duration> {
         self.registrations.since(node)
+    }
+
+    /// The safety net's record as this replica sees it.
+    pub fn safety_record(&self) -> &Arc<safety_record::SharedRecord> {
+        &self.safety
+    }
+
+    /// The `kubernetes.io/arch` label of a cached node.
+    pub fn node_arch(&self, name: &str) -> Option<String> {
+        let node = self.nodes.get(&ObjectRef::new(name))?;
+        node.metadata.labels.as_ref()?.get(archer_core::placement::ARCH_LABEL).cloned()
     }
 
     /// The watch-backed Node cache.

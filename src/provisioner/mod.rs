@@ -3,7 +3,7 @@
 //! - `disruption`: the clocks, budgets and actions around consolidation's decisions (taint,
 //!   evict, delete), expiry, drift and interruptions;
 //! - `status`: NodePool and NodeClaim status conditions and Events; `cost`: the cost and savings
-//!   metrics; `leader`: the Lease that makes one replica the provisioner.
+//!   metrics (the Lease that makes one replica the provisioner is `crate::cluster::leader`).
 //!
 //! The deciding code is crate `archer-model` (the cluster at one moment, the adapter, the
 //! consolidation and drift decisions, scenarios) over `archer-core`'s planner; the custom
@@ -16,7 +16,6 @@ mod cost;
 mod deletion_cost;
 mod disruption;
 mod launch;
-pub mod leader;
 mod nodes;
 mod status;
 pub mod worker;

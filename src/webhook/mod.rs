@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{field::Empty, Instrument};
 
 use crate::cluster::ClusterView;
-use archer_core::placement::{self, ImageFinding, PlacementSettings};
+use archer_core::placement::{self, PlacementSettings};
 use archer_core::policy::{self, Mode, PolicyDefaults};
 use archer_limits::{read_body, BodyError, BodyLimits};
 use archer_metrics::{label, Metrics};
@@ -43,6 +43,9 @@ pub struct Webhook {
     pub decision_timeout: std::time::Duration,
     /// Answers kept briefly for pods with the same inputs (a workload's replicas).
     pub memo: DecisionMemo,
+    /// Gate mode's bound (`safetyNet.gateMaxSeconds`) when the safety net's gate controller runs;
+    /// `None`: gate mode fails as enforce does.
+    pub gate: Option<std::time::Duration>,
 }
 
 pub fn router(webhook: Arc<Webhook>) -> Router {
@@ -153,6 +156,11 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
     }
     // The replicas of one workload are decided once: the same inputs get the same answer.
     let key = if w.memo.enabled() && policy_warnings.is_empty() { view.memo_key(namespace, &policy) } else { None };
+    // What the safety net learned changes decisions: answers from before it are not reused.
+    let key = key.map(|mut k| {
+        k.extend(w.cluster.as_ref().map_or(0, |c| c.safety_record().revision()).to_le_bytes());
+        k
+    });
     if let Some(found) = key.as_deref().and_then(|k| w.memo.get(k)) {
         return reused(w, found);
     }
@@ -178,7 +186,8 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
 }
 
 /// Inspect the pod's images and decide: the answer, the outcome it is counted under, and
-/// whether every image was inspected (only such answers may be reused).
+/// whether every image was inspected (only such answers may be reused). In gate mode a pod
+/// whose images did not answer in time is held behind the scheduling gate instead.
 async fn decide_pod(
     w: &Webhook,
     pod: &Pod,
@@ -188,33 +197,39 @@ async fn decide_pod(
     allow: Answer,
     deadline: tokio::time::Instant,
 ) -> (Answer, &'static str, bool) {
-    let images = placement::pod_images(pod);
-    // Reading pull secrets counts against the same deadline; past it the mounted config is used.
-    let keyring = match tokio::time::timeout_at(deadline, crate::cluster::pod_keyring(w.cluster.as_ref(), &w.base_keyring, namespace, pod)).await {
-        Ok(k) => k,
-        Err(_) => w.base_keyring.clone(),
-    };
-    let results = w.inspector.inspect_all(&images, &keyring, deadline).await;
-    let findings: Vec<ImageFinding> = images
-        .iter()
-        .zip(results)
-        .map(|(image, r)| ImageFinding { image: image.clone(), platforms: r.map(|i| i.platforms.clone()).map_err(|e| e.to_string()) })
-        .collect();
-    let inspected = findings.iter().all(|f| f.platforms.is_ok());
-    let decision = placement::decide(pod, policy, &findings, &w.settings);
+    let deciding = crate::admission::Deciding { inspector: &w.inspector, cluster: w.cluster.as_ref(), base_keyring: &w.base_keyring, settings: &w.settings };
+    let decided = crate::admission::decide(&deciding, pod, namespace, policy, deadline).await;
     let mut warnings: Vec<String> = policy_warnings.iter().map(ToString::to_string).collect();
+    if policy.mode == Mode::Gate && decided.timed_out && w.gate.is_some() {
+        return (gated(w, pod, allow, warnings), "gated", false);
+    }
+    let decision = decided.decision;
     warnings.extend(decision.warnings.iter().cloned());
-
     if let Some(message) = decision.denied {
         tracing::info!(reason = decision.outcome.as_str(), %message, "pod denied");
-        return (with_warnings(allow.deny(&message), warnings), "denied", inspected);
+        return (with_warnings(allow.deny(&message), warnings), "denied", decided.inspected);
     }
     let mut resp = with_warnings(allow, warnings).with_patch(&decision.patch);
     if let Some(p) = &decision.platforms {
         resp.audit_annotations.insert("platforms".into(), p.to_annotation());
     }
     resp.audit_annotations.insert("decision".into(), decision.outcome.as_str().into());
-    (resp, decision.outcome.as_str(), inspected)
+    (resp, decision.outcome.as_str(), decided.inspected)
+}
+
+/// Hold the pod behind `archer.dev/inspecting`: the safety net's gate controller finishes the
+/// inspection and releases it (within `safetyNet.gateMaxSeconds`).
+fn gated(w: &Webhook, pod: &Pod, allow: Answer, mut warnings: Vec<String>) -> Answer {
+    let mut working = pod.clone();
+    let decision = [(placement::DECISION_ANNOTATION.to_string(), "gated".to_string())].into();
+    let mut ops = archer_core::patch::set_annotations(&mut working, &decision);
+    ops.extend(archer_core::patch::add_scheduling_gate(&mut working, archer_core::safety_net::GATE));
+    let bound = w.gate.unwrap_or_default().as_secs();
+    warnings.push(format!("archer is still inspecting the pod's images: it is held behind the scheduling gate {} until it has (at most {bound} s)", archer_core::safety_net::GATE));
+    tracing::info!("images not inspected in time; pod gated");
+    let mut resp = with_warnings(allow, warnings).with_patch(&ops);
+    resp.audit_annotations.insert("decision".into(), "gated".into());
+    resp
 }
 
 /// A remembered answer given to another pod with the same inputs: counted and logged as the

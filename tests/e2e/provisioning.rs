@@ -496,8 +496,8 @@ async fn one_replica_provisions_and_another_takes_over() {
     // Work that stops while its replica holds the lease (a provisioner loop panicked) ends the
     // leader loop with an error, so the process restarts instead of holding the lease idle.
     let metrics = archer::metrics::Metrics::new();
-    let ended = tokio::time::timeout(Duration::from_secs(60), archer::provisioner::leader::while_leader(client.clone(), "archer-system", "work-ends", Duration::from_secs(3), &metrics, || async {})).await;
-    assert!(matches!(ended, Ok(Err(archer::provisioner::leader::LeaderError::WorkEnded))), "{ended:?}");
+    let ended = tokio::time::timeout(Duration::from_secs(60), archer::cluster::leader::while_leader(client.clone(), "archer-system", "work-ends", Duration::from_secs(3), &metrics.leader, || async {})).await;
+    assert!(matches!(ended, Ok(Err(archer::cluster::leader::LeaderError::WorkEnded(_)))), "{ended:?}");
 }
 
 /// Plan fidelity: about 200 pods from 8 Deployments that mix zone and hostname spread (maxSkew 1

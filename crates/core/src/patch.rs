@@ -217,7 +217,7 @@ pub fn add_scheduling_gate(pod: &mut Pod, name: &str) -> Vec<Op> {
     let ops = match &spec.scheduling_gates {
         Some(gates) if gates.iter().any(|g| g.name == name) => return Vec::new(),
         Some(_) => vec![add(&["spec", "schedulingGates", "-"], &gate)],
-        None => vec![add(&["spec", "schedulingGates"], &[gate.clone()])],
+        None => vec![add(&["spec", "schedulingGates"], &std::slice::from_ref(&gate))],
     };
     spec.scheduling_gates.get_or_insert_with(Vec::new).push(gate);
     ops

@@ -95,6 +95,33 @@ pub struct Metrics {
     pub baseline_cost: Gauge<f64, AtomicU64>,
     /// Created to Ready, of pods the provisioner launched nodes for.
     pub pod_startup_seconds: Histogram,
+    /// The runtime safety net's families.
+    pub safety: SafetyNetMetrics,
+}
+
+/// The safety net: exec format errors seen, re-placements, and the scheduling gate.
+#[derive(Default)]
+pub struct SafetyNetMetrics {
+    /// `archer_exec_format_errors_total{namespace,arch}`: pods found failing for their binary's architecture.
+    pub exec_format_errors: Family<Labels, Counter>,
+    /// What was done about each, by outcome (evicted, bare_pod, disabled, already_replaced, ...).
+    pub replacements: Family<Labels, Counter>,
+    /// Pods held behind `archer.dev/inspecting` now.
+    pub gated_pods: Gauge,
+    /// Gates removed, by outcome (decided, bound, swept).
+    pub gate_releases: Family<Labels, Counter>,
+    /// 1 while this replica holds the safety net's lease.
+    pub leader: Gauge,
+}
+
+impl SafetyNetMetrics {
+    fn register(&self, root: &mut Registry) {
+        root.register("exec_format_errors", "Pods admitted by Archer found failing with an exec format error, by namespace and the node's architecture", self.exec_format_errors.clone());
+        root.register("exec_format_replacements", "What the safety net did about a pod failing with an exec format error, by outcome", self.replacements.clone());
+        root.register("gated_pods", "Pods held behind the scheduling gate archer.dev/inspecting now", self.gated_pods.clone());
+        root.register("gate_releases", "Scheduling gates archer.dev/inspecting removed, by outcome (decided, bound, swept)", self.gate_releases.clone());
+        root.register("safety_net_leader", "1 while this replica holds the safety net's lease", self.leader.clone());
+    }
 }
 
 impl Default for Metrics {
@@ -205,7 +232,9 @@ impl Metrics {
         root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
         root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        Self { managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, deletion_cost_writes, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, reconcile_errors, interruption_messages, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
+        let safety = SafetyNetMetrics::default();
+        safety.register(&mut root);
+        Self { safety, managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, deletion_cost_writes, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, reconcile_errors, interruption_messages, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
     }
 
     /// Register more families (the extender and provisioner add theirs).

@@ -1,5 +1,6 @@
-//! Only one replica provisions: the holder of a coordination Lease. The webhook and the extender
-//! serve on every replica; the provisioner (and its watches) runs only while the lease is held.
+//! Work only one replica does at a time (the provisioner, the safety net's controllers) runs
+//! while that replica holds a coordination Lease. The webhook and the extender serve on every
+//! replica.
 
 use std::future::Future;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
 
-use archer_metrics::Metrics;
+use prometheus_client::metrics::gauge::Gauge;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
@@ -15,13 +16,13 @@ pub enum LeaderError {
     Lease { name: String, namespace: String, source: kube_lease_manager::LeaseManagerError },
     #[error("the lease manager stopped")]
     Stopped,
-    #[error("the provisioner stopped while this replica held the lease")]
-    WorkEnded,
+    #[error("the work under lease {0} stopped while this replica held it")]
+    WorkEnded(String),
 }
 
 /// Run `work()` while this replica holds the lease `name` in `namespace`; stop it when the lease
 /// is lost and start it afresh when regained. Returns only on error.
-pub async fn while_leader<F, Fut>(client: Client, namespace: &str, name: &str, duration: Duration, metrics: &Metrics, work: F) -> Result<(), LeaderError>
+pub async fn while_leader<F, Fut>(client: Client, namespace: &str, name: &str, duration: Duration, leader_gauge: &Gauge, work: F) -> Result<(), LeaderError>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -42,13 +43,13 @@ where
         let leader = *is_leader.borrow_and_update();
         match (leader, running.is_some()) {
             (true, false) => {
-                tracing::info!(%identity, lease = name, "became the provisioning leader");
-                metrics.leader.set(1);
+                tracing::info!(%identity, lease = name, "became the leader");
+                leader_gauge.set(1);
                 running = Some(tokio::spawn(work()));
             }
             (false, true) => {
-                tracing::warn!(%identity, lease = name, "lost the provisioning lease; provisioning stops here");
-                metrics.leader.set(0);
+                tracing::warn!(%identity, lease = name, "lost the lease; its work stops here");
+                leader_gauge.set(0);
                 if let Some(h) = running.take() {
                     h.abort();
                 }
@@ -56,11 +57,11 @@ where
             _ => {}
         }
         // Work that ends while the lease is held (a loop panicked) must not leave a leader that
-        // provisions nothing: give up, and let the process restart.
+        // does nothing: give up, and let the process restart.
         let ended = match running.as_mut() {
             Some(h) => tokio::select! {
                 changed = is_leader.changed() => changed.is_err().then_some(LeaderError::Stopped),
-                _ = h => Some(LeaderError::WorkEnded),
+                _ = h => Some(LeaderError::WorkEnded(name.to_string())),
             },
             None => is_leader.changed().await.is_err().then_some(LeaderError::Stopped),
         };
