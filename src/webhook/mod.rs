@@ -220,10 +220,8 @@ async fn decide_pod(
 /// Hold the pod behind `archer.dev/inspecting`: the safety net's gate controller finishes the
 /// inspection and releases it (within `safetyNet.gateMaxSeconds`).
 fn gated(w: &Webhook, pod: &Pod, allow: Answer, mut warnings: Vec<String>) -> Answer {
-    let mut working = pod.clone();
-    let decision = [(placement::DECISION_ANNOTATION.to_string(), "gated".to_string())].into();
-    let mut ops = archer_core::patch::set_annotations(&mut working, &decision);
-    ops.extend(archer_core::patch::add_scheduling_gate(&mut working, archer_core::safety_net::GATE));
+    // The gate is the only mark: the decision annotations are written when the pod is decided.
+    let ops = archer_core::patch::add_scheduling_gate(&mut pod.clone(), archer_core::safety_net::GATE);
     let bound = w.gate.unwrap_or_default().as_secs();
     warnings.push(format!("archer is still inspecting the pod's images: it is held behind the scheduling gate {} until it has (at most {bound} s)", archer_core::safety_net::GATE));
     tracing::info!("images not inspected in time; pod gated");

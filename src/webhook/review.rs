@@ -334,6 +334,7 @@ impl PodView<'_> {
 /// The policy's every field, in the key.
 fn policy_key(k: &mut super::memo::KeyWriter, p: &archer_core::policy::Policy) {
     k.part(p.mode.as_str().as_bytes()).part(p.on_inspection_failure.as_str().as_bytes());
+    k.part(if p.pin_digests { b"pin" } else { b"tag" });
     k.optional(p.fallback_architecture.as_deref().map(str::as_bytes));
     k.count(p.prefer.len());
     for a in &p.prefer {

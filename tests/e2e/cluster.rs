@@ -334,7 +334,9 @@ impl Cluster {
         let key = |l: &str| l.split(':').next().unwrap_or("").trim().to_string();
         let given: std::collections::BTreeSet<String> = self.provisioner_config.iter().map(|l| key(l)).collect();
         let lines: String = defaults.iter().map(|d| d.to_string()).filter(|d| !given.contains(&key(d))).chain(self.provisioner_config.iter().cloned()).map(|l| format!("  {l}\n")).collect();
-        std::fs::write(&config, format!("provisioner:\n  cloudProvider: {}\n{lines}", self.cloud_provider)).expect("archer config");
+        // The safety net's e2e clocks: a short gate bound and lease, an inspection per second.
+        let safety = "safetyNet:\n  leaseDurationSeconds: 4\n  gateMaxSeconds: 20\n  gateInspectionTimeoutSeconds: 3\n  gateRetrySeconds: 1\n";
+        std::fs::write(&config, format!("{safety}provisioner:\n  cloudProvider: {}\n{lines}", self.cloud_provider)).expect("archer config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_archer"));
         cmd.arg("serve")
             .arg("--config")

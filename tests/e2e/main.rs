@@ -10,6 +10,7 @@ mod compare;
 mod helm;
 mod karpenter;
 mod provisioning;
+mod safety_net;
 mod scale;
 
 use std::collections::BTreeMap;

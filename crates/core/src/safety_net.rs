@@ -111,17 +111,20 @@ impl SafetyRecord {
         true
     }
 
-    /// The no-loop rule for one pod of `template` failing on `arch`, created at `created`. The
-    /// first failure opens a re-placement (recorded at `now`); the pods created before it are
-    /// its round and each is re-placed; a pod created after it was admitted with the
-    /// architecture already excluded, so if it still fails there the exclusion did not hold
-    /// (a fail-open admission) and it is not re-placed again within the TTL. A full record
-    /// refuses new re-placements rather than forget one.
-    pub fn replacement(&mut self, template: &str, arch: &str, created: i64, now: i64, limits: &Limits) -> Verdict {
+    /// The no-loop rule for one pod of `template` failing on `arch`, created at `created`
+    /// (whole seconds, as the API keeps it). The first failure opens a re-placement, recorded
+    /// at `now`; the pods of its round are each re-placed. A pod is of the round if it was
+    /// created before the re-placement opened, or in the same second unless it was admitted
+    /// with `arch` already excluded (`admitted_without_arch`): a replacement admitted without the
+    /// architecture that fails on it anyway shows the exclusion did not hold, and a pod created
+    /// later is a replacement. Neither is re-placed again within the TTL. A full record refuses
+    /// new re-placements rather than forget one.
+    pub fn replacement(&mut self, template: &str, arch: &str, created: i64, admitted_without_arch: bool, now: i64, limits: &Limits) -> Verdict {
         let ttl = limits.replacement_ttl_seconds;
         self.replaced.retain(|r| now - r.at < ttl);
         if let Some(open) = self.replaced.iter().find(|r| r.template == template && r.arch == arch) {
-            return if created < open.at { Verdict::Replace } else { Verdict::Skip(Why::AlreadyReplaced) };
+            let of_round = created < open.at || (created == open.at && !admitted_without_arch);
+            return if of_round { Verdict::Replace } else { Verdict::Skip(Why::AlreadyReplaced) };
         }
         if self.replaced.len() >= limits.max_replaced.max(1) {
             return Verdict::Skip(Why::RecordFull);
@@ -211,7 +214,9 @@ fn replacement_verdict(pod: &Pod, arch: &str, errors: &[ExecFormatError], replac
     }
     // The webhook's record of the pod's platforms, less every architecture its failing images
     // are known not to run on.
-    if let Some(platforms) = recorded_platforms(pod) {
+    let recorded = recorded_platforms(pod);
+    let admitted_without_arch = recorded.as_ref().is_some_and(|p| !p.architectures().contains(arch));
+    if let Some(platforms) = recorded {
         let mut left = platforms.architectures();
         left.remove(arch);
         for digest in errors.iter().filter_map(|e| e.digest.as_deref()) {
@@ -224,7 +229,7 @@ fn replacement_verdict(pod: &Pod, arch: &str, errors: &[ExecFormatError], replac
         }
     }
     let created = pod.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0.as_second());
-    record.replacement(&template, arch, created, now, limits)
+    record.replacement(&template, arch, created, admitted_without_arch, now, limits)
 }
 
 #[cfg(test)]

@@ -53,14 +53,17 @@ fn a_lying_index_is_learned_once_and_excluded_for_its_digest_only() {
 fn never_a_loop_one_replacement_per_template_and_architecture_per_ttl() {
     let l = limits();
     let mut r = SafetyRecord::default();
-    assert_eq!(r.replacement("shop/ReplicaSet/web-abc/abc", "arm64", 90, 100, &l), Verdict::Replace);
-    assert_eq!(r.replacement("shop/ReplicaSet/web-abc/abc", "arm64", 95, 110, &l), Verdict::Replace, "created before: same round");
-    assert_eq!(r.replacement("shop/ReplicaSet/web-abc/abc", "arm64", 100, 120, &l), Verdict::Skip(Why::AlreadyReplaced), "created with or after it: a replacement that failed again");
-    assert_eq!(r.replacement("shop/ReplicaSet/web-abc/abc", "amd64", 100, 120, &l), Verdict::Replace, "another architecture is another key");
-    assert_eq!(r.replacement("shop/ReplicaSet/db/x", "arm64", 100, 130, &l), Verdict::Skip(Why::RecordFull), "a full record refuses rather than forgets");
-    assert_eq!(r.replacement("shop/ReplicaSet/web-abc/abc", "arm64", 3650, 3700, &l), Verdict::Replace, "after the TTL, once more");
-    assert_eq!(r.replacement("shop/ReplicaSet/web-abc/abc", "arm64", 3700, 3701, &l), Verdict::Skip(Why::AlreadyReplaced));
-    assert_eq!(r.replacement("shop/ReplicaSet/db/x", "arm64", 3700, 3730, &l), Verdict::Replace, "room again once an entry expired");
+    let web = "shop/ReplicaSet/web-abc/abc";
+    assert_eq!(r.replacement(web, "arm64", 90, false, 100, &l), Verdict::Replace);
+    assert_eq!(r.replacement(web, "arm64", 95, false, 110, &l), Verdict::Replace, "created before: same round");
+    assert_eq!(r.replacement(web, "arm64", 100, false, 110, &l), Verdict::Replace, "created in the second it opened, admitted with arm64: same round");
+    assert_eq!(r.replacement(web, "arm64", 100, true, 110, &l), Verdict::Skip(Why::AlreadyReplaced), "admitted without arm64 and failing there anyway: the exclusion did not hold");
+    assert_eq!(r.replacement(web, "arm64", 101, false, 120, &l), Verdict::Skip(Why::AlreadyReplaced), "created after it: a replacement that failed again");
+    assert_eq!(r.replacement(web, "amd64", 100, false, 120, &l), Verdict::Replace, "another architecture is another key");
+    assert_eq!(r.replacement("shop/ReplicaSet/db/x", "arm64", 100, false, 130, &l), Verdict::Skip(Why::RecordFull), "a full record refuses rather than forgets");
+    assert_eq!(r.replacement(web, "arm64", 3650, false, 3700, &l), Verdict::Replace, "after the TTL, once more");
+    assert_eq!(r.replacement(web, "arm64", 3701, false, 3702, &l), Verdict::Skip(Why::AlreadyReplaced));
+    assert_eq!(r.replacement("shop/ReplicaSet/db/x", "arm64", 3700, false, 3730, &l), Verdict::Replace, "room again once an entry expired");
 }
 
 #[test]
