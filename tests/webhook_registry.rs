@@ -300,3 +300,36 @@ async fn mirrors_are_tried_before_the_registry() {
     let (_, p) = archer.admit(&pod("mirrored", &["registry.invalid/team/app:1"])).await;
     assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,linux/arm64", "{p}");
 }
+
+/// `pinDigests` rewrites each tag reference to the digest that was inspected (init containers
+/// too); a reference that names a digest is left alone; reinvocation changes nothing.
+#[tokio::test]
+async fn pinned_digests_are_the_inspected_ones() {
+    let f = fixture("defaults:\n  pinDigests: true\n").await;
+    let digest = f.reg.push_index("multi/pinned", "3", &["linux/amd64", "linux/arm64"], true, false).await.digest;
+    let by_digest = format!("{}@{digest}", f.reg.image("multi/pinned"));
+    let mut p = pod("pinned", &[&f.reg.image("multi/pinned:3"), &by_digest]);
+    p["spec"]["initContainers"] = json!([{"name": "init", "image": f.reg.image("multi/oci:1.0")}]);
+    let (resp, patched) = f.archer.admit(&p).await;
+    assert_eq!(resp["allowed"], true);
+    assert_eq!(patched["spec"]["containers"][0]["image"], json!(format!("{}@{digest}", f.reg.image("multi/pinned:3"))));
+    assert_eq!(patched["spec"]["containers"][1]["image"], json!(by_digest), "already a digest");
+    let init = patched["spec"]["initContainers"][0]["image"].as_str().expect("init image");
+    assert!(init.starts_with(&format!("{}@sha256:", f.reg.image("multi/oci:1.0"))), "{init}");
+    let (again, twice) = f.archer.admit(&patched).await;
+    assert!(again.get("patch").is_none(), "{again}");
+    assert_eq!(twice, patched);
+}
+
+/// Gate mode without a cluster has no gate controller to release pods: a registry that does not
+/// answer in time is the fail-open admission it would be in enforce mode, never a held pod.
+#[tokio::test]
+async fn gate_mode_without_its_controller_never_holds_a_pod() {
+    let f = fixture("defaults:\n  mode: gate\nwebhook:\n  decisionTimeoutSeconds: 1\n").await;
+    f.reg.pause();
+    let (resp, patched) = f.archer.admit(&pod("slow", &[&f.reg.image("multi/oci:1.0")])).await;
+    f.reg.resume();
+    assert_eq!(resp["allowed"], true);
+    assert!(patched["spec"].get("schedulingGates").is_none(), "{patched}");
+    assert_eq!(patched["metadata"]["annotations"]["archer.dev/decision"], "inspection-failed");
+}
