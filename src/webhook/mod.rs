@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{field::Empty, Instrument};
 
 use crate::cluster::ClusterView;
-use archer_core::placement::{self, PlacementSettings};
+use archer_core::placement::PlacementSettings;
 use archer_core::policy::{self, Mode, PolicyDefaults};
 use archer_limits::{read_body, BodyError, BodyLimits};
 use archer_metrics::{label, Metrics};
