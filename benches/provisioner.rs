@@ -172,6 +172,7 @@ fn karpenter_types() -> Vec<Offering> {
             max_pods: pods,
             prices: Default::default(),
             spot_discount: None,
+            facts: Default::default(),
         });
         // Karpenter's fake.PriceFromResources: 0.1 per vCPU + 0.1 per 1e9 bytes.
         let price = 0.1 * f64::from(vcpu) + 0.1 * (mem_gib as f64 * 1024.0 * 1024.0 * 1024.0) / 1e9;

@@ -183,12 +183,12 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));
     }
     let decisions = if disrupt { Some(disruption(&s, &inputs, cfg.provisioner.preference_policy, &mut notes)) } else { None };
-    let archer_model::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, .. } = inputs;
+    let archer_model::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, on_amd64, .. } = inputs;
     let plan = plan_batch(&snapshot, &pods, &pools, &offers);
     // The comparison is over the pods every plan can place: pods that need arm64 (or spot) are
     // left out of all of them (and listed), so the saving is like for like. The live savings
     // metrics read the same function.
-    let comparison = compare.then(|| archer_core::planner::compare::compare(&snapshot, &pods, &pools, &offers));
+    let comparison = compare.then(|| archer_core::planner::compare::compare(&snapshot, &pods, &on_amd64, &pools, &offers));
 
     match output {
         Output::Json => {

@@ -176,11 +176,24 @@ impl CostReporter {
         *last = Some(fingerprint);
         let volumes = cluster.volumes();
         self.ctx.learn_platforms(&mut cluster, &pods).await;
-        let pending: Vec<_> = pods.iter().map(|p| model::pending_unbound(p, cluster.pod_platforms(p), &volumes, self.ctx.settings.preference_policy)).collect();
+        let policy = self.ctx.settings.preference_policy;
+        let pending: Vec<_> = pods.iter().map(|p| model::pending_unbound(p, cluster.pod_platforms(p), &volumes, policy)).collect();
+        // The same pods as their owners would write them for amd64 (one rule with simulate's).
+        let on_amd64: Vec<_> = pods
+            .iter()
+            .zip(&pending)
+            .map(|(p, pending)| {
+                let platforms = cluster.pod_platforms(p);
+                match archer_model::counterfactual::on_amd64(p, platforms.as_ref()) {
+                    Some(rewritten) => model::pending_unbound(&rewritten, platforms, &volumes, policy).with_id(&pending.packer.id),
+                    None => pending.clone(),
+                }
+            })
+            .collect();
         let namespaces: Vec<_> = cluster.namespaces.iter().map(|n| n.as_ref().clone()).collect();
         let pools = counterfactual_pools(&cluster);
         let empty = archer_core::sched::Snapshot::new(&[], &[], &namespaces);
-        let c = tokio::task::block_in_place(|| archer_core::planner::compare::compare(&empty, &pending, &pools, &offerings));
+        let c = tokio::task::block_in_place(|| archer_core::planner::compare::compare(&empty, &pending, &on_amd64, &pools, &offerings));
         self.ctx.metrics.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(c.arm64_saving());
         self.ctx.metrics.savings.get_or_create(&vec![("source", "spot".to_string())]).set(c.spot_saving());
         self.ctx.metrics.baseline_cost.set(c.baseline());

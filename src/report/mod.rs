@@ -201,7 +201,7 @@ fn arm64_saving(pods: &[&Pod], platforms: &PlatformSet, catalog: &Catalog, zones
     let Ok(pool) = NodePool::default_pool().to_pool() else { return 0.0 };
     let offers = offerings(catalog, zones);
     let snapshot = archer_core::sched::Snapshot::new(&[], &[], &[]);
-    archer_core::planner::compare::compare(&snapshot, &pending, &[pool], &offers).arm64_saving().max(0.0)
+    archer_core::planner::compare::compare(&snapshot, &pending, &pending, &[pool], &offers).arm64_saving().max(0.0)
 }
 
 #[derive(Default)]

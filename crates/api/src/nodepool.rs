@@ -186,10 +186,17 @@ impl NodePool {
     /// The packer's view of this pool.
     pub fn to_pool(&self) -> Result<Pool, RequirementError> {
         let limits: BTreeMap<String, String> = self.spec.limits.iter().map(|(k, v)| (k.clone(), quantity_of(v))).collect();
+        let mut requirements = self.requirements()?;
+        // A pool plans with its own cloud's sizes only: Azure sizes carry the scale set
+        // priority label, and no other cloud's do.
+        if requirements.get(labels::AKS_SCALE_SET_PRIORITY).is_none() {
+            let op = if self.cloud() == Cloud::Azure { "Exists" } else { "DoesNotExist" };
+            requirements.add(labels::AKS_SCALE_SET_PRIORITY, op, &[])?;
+        }
         Ok(Pool {
             name: self.name(),
             weight: self.spec.weight.unwrap_or(0),
-            requirements: self.requirements()?,
+            requirements,
             labels: self.spec.template.metadata.labels.clone(),
             taints: self.spec.template.spec.taints.iter().map(TaintDoc::to_taint).collect(),
             limit_cpu_millis: limits.get("cpu").and_then(|q| quantity::cpu_millis(q)),
@@ -201,23 +208,57 @@ impl NodePool {
         })
     }
 
-    /// Zones this pool may launch in.
+    /// Zones this pool may launch in: its zone requirement's, else its cloud's defaults (EC2:
+    /// us-east-1a-c; Azure: zones 1-3 of each region its region requirement names, else of
+    /// eastus, written `<region>-<n>` as AKS labels them).
     pub fn zones(&self) -> Vec<String> {
         let r = self.requirements().ok();
-        match r.as_ref().and_then(|r| r.get(labels::ZONE)).and_then(|z| z.values()) {
-            Some(v) => v.into_iter().map(String::from).collect(),
-            None => DEFAULT_ZONES.iter().map(|z| z.to_string()).collect(),
+        if let Some(v) = r.as_ref().and_then(|r| r.get(labels::ZONE)).and_then(|z| z.values()) {
+            return v.into_iter().map(String::from).collect();
+        }
+        if self.cloud() == Cloud::Azure {
+            let regions: Vec<String> = match r.as_ref().and_then(|r| r.get(labels::REGION)).and_then(|z| z.values()) {
+                Some(v) => v.into_iter().map(String::from).collect(),
+                None => vec![archer_core::catalog::DEFAULT_AZURE_REGION.to_string()],
+            };
+            return regions.iter().flat_map(|r| (1..=3).map(move |n| format!("{r}-{n}"))).collect();
+        }
+        DEFAULT_ZONES.iter().map(|z| z.to_string()).collect()
+    }
+
+    /// The cloud this pool's nodes come from, by its node class: an `AKSNodeClass` (Archer's, or
+    /// `karpenter.azure.com`'s) is Azure; anything else (an `EC2NodeClass`, none) is EC2.
+    pub fn cloud(&self) -> Cloud {
+        let class = self.spec.template.spec.node_class_ref.as_ref();
+        let azure = class.is_some_and(|c| c.get("kind").is_some_and(|k| k == "AKSNodeClass") || c.get("group").is_some_and(|g| g == AZURE_GROUP));
+        if azure {
+            Cloud::Azure
+        } else {
+            Cloud::Aws
         }
     }
 }
 
-/// Every priced (instance type, zone, capacity type) of the catalog in `zones`.
+/// Karpenter on Azure's API group (its `AKSNodeClass`).
+pub const AZURE_GROUP: &str = "karpenter.azure.com";
+
+/// Which cloud's sizes a pool plans with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cloud {
+    Aws,
+    Azure,
+}
+
+/// Every priced (instance type, zone, capacity type) of the catalog in `zones`, each priced in
+/// its zone's region ([`Catalog::price_in_zone`]: an Azure zone offers Azure sizes, an EC2 zone
+/// EC2 types).
 pub fn offerings(catalog: &Catalog, zones: &[String]) -> Vec<Offering> {
+    let known = catalog.regions();
     let mut out = Vec::new();
     for t in catalog.types() {
         for cap in [CapacityType::OnDemand, CapacityType::Spot] {
-            let Some(price) = catalog.price_of(t, None, cap) else { continue };
             for z in zones {
+                let Some(price) = catalog.price_in_zone(t, z, &known, cap) else { continue };
                 out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: cap, price });
             }
         }

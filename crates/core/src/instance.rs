@@ -57,5 +57,10 @@ pub struct InstanceType {
     pub prices: BTreeMap<String, f64>,
     /// Fraction below on-demand that spot usually costs; `None`: the catalog default.
     pub spot_discount: Option<f64>,
+    /// Facts of the type's own cloud the catalog's columns carry beyond the common ones (Azure:
+    /// `accelerated_networking`, `premium_storage`, `ephemeral_os_max_gb`): the cloud's labels
+    /// are made from them ([`crate::cloud_labels`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub facts: BTreeMap<String, String>,
 }
 

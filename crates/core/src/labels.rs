@@ -12,6 +12,8 @@ pub const KARPENTER_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
 pub const CAPACITY_TYPE: &str = "archer.dev/capacity-type";
 /// EKS managed node groups' capacity label (`ON_DEMAND`, `SPOT`).
 pub const EKS_CAPACITY_TYPE: &str = "eks.amazonaws.com/capacityType";
+/// AKS's capacity label (`spot`, `regular`), as Karpenter on Azure writes it.
+pub const AKS_SCALE_SET_PRIORITY: &str = "kubernetes.azure.com/scalesetpriority";
 /// Explicit hourly price of a node, overriding the catalog.
 pub const PRICE_ANNOTATION: &str = "archer.dev/price-per-hour";
 pub const KARPENTER_NODEPOOL: &str = "karpenter.sh/nodepool";

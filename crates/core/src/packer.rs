@@ -47,8 +47,8 @@ pub fn batch_budget(budget: std::time::Duration, pods: usize) -> std::time::Dura
 }
 
 /// The keys every node of an offering carries from the offering (and its pool's name):
-/// [`Offering::labels`].
-const OFFERING_KEYS: [&str; 16] = [
+/// [`Offering::labels`]; its cloud's own keys are [`crate::cloud_labels`]'s.
+const OFFERING_KEYS: [&str; 11] = [
     crate::labels::ARCH,
     crate::labels::OS,
     crate::labels::INSTANCE_TYPE,
@@ -59,11 +59,6 @@ const OFFERING_KEYS: [&str; 16] = [
     crate::labels::KARPENTER_NODEPOOL,
     crate::labels::KARPENTER_PROVISIONER_NAME,
     crate::labels::NODEPOOL,
-    "karpenter.k8s.aws/instance-family",
-    "karpenter.k8s.aws/instance-category",
-    "karpenter.k8s.aws/instance-generation",
-    "karpenter.k8s.aws/instance-cpu",
-    "karpenter.k8s.aws/instance-memory",
     "archer.dev/instance-family",
 ];
 
@@ -226,7 +221,7 @@ impl Offering {
 
     /// Whether [`Offering::labels`] sets `key` from the offering itself (whatever the pool).
     pub fn sets_label(key: &str) -> bool {
-        OFFERING_KEYS.contains(&key)
+        OFFERING_KEYS.contains(&key) || crate::cloud_labels::is_cloud_key(key)
     }
 
     /// The labels a node from this offering in `pool` would carry.
@@ -245,13 +240,11 @@ impl Offering {
             (l::KARPENTER_NODEPOOL, pool.name.clone()),
             (l::KARPENTER_PROVISIONER_NAME, pool.name.clone()),
             (l::NODEPOOL, pool.name.clone()),
-            ("karpenter.k8s.aws/instance-family", t.family.clone()),
-            ("karpenter.k8s.aws/instance-category", t.category.clone()),
-            ("karpenter.k8s.aws/instance-generation", t.generation.to_string()),
-            ("karpenter.k8s.aws/instance-cpu", t.vcpu.to_string()),
-            ("karpenter.k8s.aws/instance-memory", t.memory_mib.to_string()),
             ("archer.dev/instance-family", t.family.clone()),
-        ] {
+        ]
+        .into_iter()
+        .chain(crate::cloud_labels::labels(t, self.capacity))
+        {
             m.insert(k.to_string(), v);
         }
         // Requirement keys no offering label covers (custom keys) label the node, as Karpenter
@@ -289,8 +282,14 @@ pub fn could_host_but_for_taints(pod: &PendingPod, pool: &Pool, o: &Offering, la
     pool.requirements.matches_map(labels) && Offering::keeps_template_labels(labels, pool) && labels_fit(pod, labels).is_ok() && extended_fit(pod, o, &pool.name).is_ok()
 }
 
-/// The region of a zone name (`us-east-1a` -> `us-east-1`, `eastus-2` stays).
+/// The region of a zone name: EC2's `us-east-1a` -> `us-east-1`, Azure's `eastus-2` -> `eastus`
+/// (Azure region names have no dash); a region name stays as it is.
 pub fn region_of(zone: &str) -> &str {
+    if let Some((region, n)) = zone.rsplit_once('-') {
+        if !region.contains('-') && !region.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
+            return region;
+        }
+    }
     match zone.as_bytes().last() {
         Some(c) if c.is_ascii_lowercase() && zone.len() > 1 && zone.as_bytes()[zone.len() - 2].is_ascii_digit() => &zone[..zone.len() - 1],
         _ => zone,

@@ -19,6 +19,7 @@ pub mod adapter;
 pub mod claims;
 pub mod cluster;
 pub mod consolidation;
+pub mod counterfactual;
 pub mod deletion_cost;
 pub mod disruption;
 pub mod drift;

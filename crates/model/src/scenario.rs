@@ -31,6 +31,9 @@ pub struct Inputs {
     pub snapshot: archer_core::sched::Snapshot,
     /// Pods whose image platforms are unknown (assumed to run anywhere).
     pub assumed: usize,
+    /// `pending` as their owners would write them for amd64 (the comparison's:
+    /// [`crate::counterfactual`]).
+    pub on_amd64: Vec<archer_core::planner::Pending>,
 }
 
 /// A pod to place, with what the packer needs and where its platforms come from.
@@ -110,13 +113,19 @@ impl Scenario {
         use crate::adapter;
         let volumes = self.state.volumes();
         let mut assumed = 0;
+        let mut on_amd64 = Vec::with_capacity(self.pods.len());
         let pending = self
             .pods
             .iter()
             .map(|p| {
                 let platforms = self.state.pod_platforms(&p.pod);
                 assumed += usize::from(platforms.is_none());
-                adapter::pending(&p.pod, platforms, &volumes, policy).with_id(&p.id)
+                let pending = adapter::pending(&p.pod, platforms.clone(), &volumes, policy).with_id(&p.id);
+                on_amd64.push(match crate::counterfactual::on_amd64(&p.pod, platforms.as_ref()) {
+                    Some(rewritten) => adapter::pending(&rewritten, platforms, &volumes, policy).with_id(&p.id),
+                    None => pending.clone(),
+                });
+                pending
             })
             .collect();
         // A pool that cannot be read is an error here (the live worker skips it with a log line).
@@ -130,7 +139,7 @@ impl Scenario {
         let offerings = Arc::new(archer_api::nodepool::offerings(catalog, &zones));
         self.state.offerings = offerings.clone();
         let snapshot = self.state.snapshot(&pools, &|_| false);
-        Ok(Inputs { pending, pools, offerings, snapshot, assumed })
+        Ok(Inputs { pending, pools, offerings, snapshot, assumed, on_amd64 })
     }
 }
 

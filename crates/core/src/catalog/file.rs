@@ -30,7 +30,16 @@ pub fn parse_csv(provider: &str, text: &str) -> Result<Vec<InstanceType>, Catalo
         need("allocatable_memory")?,
         need("max_pods")?,
     );
-    let optional = ["family", "category", "generation", "cpu_manufacturer", "gpu_count", "gpu_name"].map(col);
+    const OPTIONAL: [&str; 6] = ["family", "category", "generation", "cpu_manufacturer", "gpu_count", "gpu_name"];
+    let optional = OPTIONAL.map(col);
+    const REQUIRED: [&str; 8] = ["instance_type", "arch", "os", "vcpu", "memory_mib", "allocatable_cpu", "allocatable_memory", "max_pods"];
+    // Every other column is a fact of the type's own cloud.
+    let fact_cols: Vec<(usize, String)> = headers
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| !h.starts_with(PRICE_PREFIX) && !OPTIONAL.contains(h) && !REQUIRED.contains(h))
+        .map(|(i, h)| (i, h.to_string()))
+        .collect();
     let price_cols: Vec<(usize, String)> = headers
         .iter()
         .enumerate()
@@ -72,6 +81,7 @@ pub fn parse_csv(provider: &str, text: &str) -> Result<Vec<InstanceType>, Catalo
             max_pods,
             prices,
             spot_discount: None,
+            facts: fact_cols.iter().filter(|(i, _)| !get(*i).is_empty()).map(|(i, h)| (h.clone(), get(*i).to_string())).collect(),
             name,
         });
     }
@@ -122,6 +132,9 @@ pub struct InstanceTypeEntry {
     pub max_pods: i64,
     /// On-demand USD per hour by region.
     pub prices: BTreeMap<String, f64>,
+    /// Facts of the type's own cloud (see the embedded CSVs' extra columns).
+    #[serde(default)]
+    pub facts: BTreeMap<String, String>,
     #[serde(default)]
     pub spot_discount: Option<f64>,
 }
@@ -163,6 +176,7 @@ impl InstanceTypeEntry {
             allocatable_memory: mem_s,
             max_pods: self.max_pods,
             prices: self.prices,
+            facts: self.facts,
             spot_discount: self.spot_discount,
         })
     }

@@ -19,8 +19,13 @@ pub use crate::instance::{CapacityType, InstanceType};
 pub use file::{CatalogFile, PriceOverride, PriceRule};
 
 /// The catalog built into the binary.
-pub const EMBEDDED_CSV: &[(&str, &str)] = &[("aws", include_str!("../../data/catalog/aws-ec2-instance-types.csv"))];
+pub const EMBEDDED_CSV: &[(&str, &str)] = &[
+    ("aws", include_str!("../../data/catalog/aws-ec2-instance-types.csv")),
+    ("azure", include_str!("../../data/catalog/azure-vm-sizes.csv")),
+];
 pub const DEFAULT_REGION: &str = "us-east-1";
+/// The region Azure pools plan in when nothing names one (their zones default to its three).
+pub const DEFAULT_AZURE_REGION: &str = "eastus";
 /// Spot capacity is typically 60-70% below on-demand; a planning estimate, overridable.
 pub const DEFAULT_SPOT_DISCOUNT: f64 = 0.65;
 
@@ -148,6 +153,28 @@ impl Catalog {
         })
     }
 
+    /// Regions some type has a price in, with the providers priced there.
+    pub fn regions(&self) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+        let mut out: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+        for t in &self.types {
+            for r in t.prices.keys() {
+                out.entry(r.clone()).or_default().insert(t.provider.clone());
+            }
+        }
+        out
+    }
+
+    /// The price of `t` for a node in `zone`: in the zone's region when the catalog prices any
+    /// type there (an Azure region prices only Azure sizes, an AWS region only EC2 types), else
+    /// in the default region (a region the catalog has no prices for: EC2's us-east-1 list).
+    pub fn price_in_zone(&self, t: &InstanceType, zone: &str, known: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>, capacity: CapacityType) -> Option<f64> {
+        let region = crate::packer::region_of(zone);
+        if known.contains_key(region) {
+            return self.price_of(t, Some(region), capacity);
+        }
+        self.price_of(t, None, capacity)
+    }
+
     pub fn price(&self, instance_type: &str, region: Option<&str>, capacity: CapacityType) -> Option<f64> {
         self.price_of(self.get(instance_type)?, region, capacity)
     }
@@ -165,6 +192,7 @@ impl Catalog {
         let capacity = labels(labels::KARPENTER_CAPACITY_TYPE)
             .or_else(|| labels(labels::CAPACITY_TYPE))
             .or_else(|| labels(labels::EKS_CAPACITY_TYPE))
+            .or_else(|| labels(labels::AKS_SCALE_SET_PRIORITY).map(|p| if p == "spot" { "spot".into() } else { "on-demand".into() }))
             .and_then(|c| CapacityType::parse(&c))
             .unwrap_or(CapacityType::OnDemand);
         self.price(&instance_type, region.as_deref(), capacity)

@@ -423,6 +423,7 @@ fn synthetic(i: usize, vcpu: u32, gib: u64, max_pods: i64, price: f64) -> Offeri
         max_pods,
         prices: BTreeMap::new(),
         spot_discount: None,
+        facts: BTreeMap::new(),
     };
     Offering { instance: Arc::new(t), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price }
 }
@@ -620,9 +621,59 @@ fn the_offering_keys_are_exactly_the_labels_an_offering_sets() {
     let plain = Pool { name: "p".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None, variant: Default::default() };
     let labels = o.labels(&plain);
     let keys: std::collections::BTreeSet<&str> = labels.keys().map(String::as_str).collect();
-    let listed: std::collections::BTreeSet<&str> = OFFERING_KEYS.iter().copied().collect();
+    let listed: std::collections::BTreeSet<&str> = OFFERING_KEYS.iter().chain(crate::cloud_labels::AWS_KEYS.iter()).copied().collect();
     assert_eq!(keys, listed);
+    assert!(keys.iter().all(|k| Offering::sets_label(k)));
     assert!(!Offering::sets_label("capacity.spread"));
+}
+
+/// An Azure size's node carries Karpenter on Azure's labels, and no EC2 ones.
+#[test]
+fn azure_offerings_carry_the_labels_karpenter_on_azure_writes() {
+    let c = crate::catalog::Catalog::embedded().expect("catalog");
+    let t = c.get("Standard_D2pds_v5").expect("size").clone();
+    let plain = Pool { name: "p".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None, variant: Default::default() };
+    let spot = Offering { instance: t.clone(), zone: "eastus-2".into(), capacity: CapacityType::Spot, price: 0.03 };
+    let labels = spot.labels(&plain);
+    let get = |k: &str| labels.get(k).map(String::as_str);
+    assert_eq!(get("karpenter.azure.com/sku-name"), Some("Standard_D2pds_v5"));
+    assert_eq!(get("karpenter.azure.com/sku-family"), Some("D"));
+    assert_eq!(get("karpenter.azure.com/sku-series"), Some("Dpds_v5"));
+    assert_eq!(get("karpenter.azure.com/sku-version"), Some("5"));
+    assert_eq!(get("karpenter.azure.com/sku-cpu"), Some("2"));
+    assert_eq!(get("karpenter.azure.com/sku-memory"), Some("8192"), "MiB");
+    assert_eq!(get("kubernetes.azure.com/sku-cpu"), Some("2"));
+    assert_eq!(get("kubernetes.azure.com/sku-memory"), Some("8192"));
+    assert_eq!(get("karpenter.azure.com/sku-networking-accelerated"), Some("true"));
+    assert_eq!(get("karpenter.azure.com/sku-storage-premium-capable"), Some("true"));
+    assert_eq!(get("karpenter.azure.com/sku-gpu-count"), Some("0"));
+    assert_eq!(get("kubernetes.azure.com/scalesetpriority"), Some("spot"));
+    assert_eq!(get("topology.kubernetes.io/zone"), Some("eastus-2"));
+    assert_eq!(get("topology.kubernetes.io/region"), Some("eastus"));
+    assert!(!labels.keys().any(|k| k.starts_with("karpenter.k8s.aws/")), "no EC2 labels");
+    assert_eq!(Offering { capacity: CapacityType::OnDemand, ..spot.clone() }.labels(&plain).get("kubernetes.azure.com/scalesetpriority").map(String::as_str), Some("regular"));
+    assert!(labels.keys().all(|k| Offering::sets_label(k)), "every key an offering sets is known as one");
+    // A pool selects on them with Karpenter's operators.
+    let mut r = Requirements::new();
+    r.add("karpenter.azure.com/sku-family", "In", &["D".into()]).expect("req");
+    r.add("karpenter.azure.com/sku-cpu", "Lt", &["5".into()]).expect("req");
+    assert!(r.matches_map(&labels));
+    r.add("karpenter.azure.com/sku-cpu", "Gt", &["2".into()]).expect("req");
+    assert!(!r.matches_map(&labels), "2 vCPU is not above 2");
+    // A size with an ephemeral OS disk fact carries the label; the catalog's embedded sizes lack the fact.
+    let mut with_disk = (*t).clone();
+    with_disk.facts.insert("ephemeral_os_max_gb".into(), "75".into());
+    let disk = Offering { instance: std::sync::Arc::new(with_disk), ..spot };
+    assert_eq!(disk.labels(&plain).get("karpenter.azure.com/sku-storage-ephemeralos-maxsize").map(String::as_str), Some("75"));
+}
+
+#[test]
+fn zones_name_their_regions_in_both_clouds() {
+    assert_eq!(region_of("us-east-1a"), "us-east-1");
+    assert_eq!(region_of("us-east-1"), "us-east-1");
+    assert_eq!(region_of("eastus-2"), "eastus");
+    assert_eq!(region_of("eastus2-1"), "eastus2");
+    assert_eq!(region_of("westeurope"), "westeurope");
 }
 
 #[test]

@@ -49,16 +49,20 @@ fn restricted(pools: &[Pool], key: &str, operator: &str, values: &[&str]) -> Vec
         .collect()
 }
 
-/// Plan `pods` on `snapshot` three ways (see [`Comparison`]).
-pub fn compare(snapshot: &Snapshot, pods: &[Pending], pools: &[Pool], offerings: &[Offering]) -> Comparison {
+/// Plan `pods` on `snapshot` three ways (see [`Comparison`]). `on_amd64` are the same pods as
+/// their owners would write them to run on amd64 (a pod its own constraints pin to arm64,
+/// rewritten: `archer_model::counterfactual`; every other pod as it is), with the same ids: the
+/// plans without arm64 place those.
+pub fn compare(snapshot: &Snapshot, pods: &[Pending], on_amd64: &[Pending], pools: &[Pool], offerings: &[Offering]) -> Comparison {
     let amd64 = restricted(pools, labels::ARCH, "NotIn", &["arm64"]);
     let on_demand = restricted(&amd64, labels::KARPENTER_CAPACITY_TYPE, "In", &["on-demand"]);
-    let baseline = plan_batch(snapshot, pods, &on_demand, offerings);
+    let baseline = plan_batch(snapshot, on_amd64, &on_demand, offerings);
     let left_out: std::collections::BTreeSet<&str> = baseline.unschedulable.iter().map(|u| u.pod.as_str()).collect();
-    let common: Vec<Pending> = pods.iter().filter(|p| !left_out.contains(p.packer.id.as_str())).cloned().collect();
+    let placed = |list: &[Pending]| -> Vec<Pending> { list.iter().filter(|p| !left_out.contains(p.packer.id.as_str())).cloned().collect() };
+    let (common, common_amd64) = (placed(pods), placed(on_amd64));
     Comparison {
         with_arm64: plan_batch(snapshot, &common, pools, offerings),
-        without_arm64: plan_batch(snapshot, &common, &amd64, offerings),
+        without_arm64: plan_batch(snapshot, &common_amd64, &amd64, offerings),
         left_out: left_out.iter().map(|s| s.to_string()).collect(),
         amd64_on_demand: baseline,
     }
