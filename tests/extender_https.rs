@@ -201,3 +201,26 @@ fn prices_lists_the_catalog() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.lines().next().is_some_and(|h| h.contains("ON-DEMAND")) && text.contains("t4g.large"), "{text}");
 }
+
+/// `--region eastus` lists Azure's sizes priced there (and no EC2 type); a region the catalog
+/// has no prices for is an error naming the ones it has, never a silent fall-back.
+#[test]
+fn prices_for_an_azure_region_list_azure_sizes_and_an_unknown_region_is_an_error() {
+    let run = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_archer")).arg("prices").args(args).output().expect("run");
+    let out = run(&["--region", "eastus", "--arch", "arm64", "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rows = rows.as_array().expect("list");
+    assert_eq!(rows.len(), 60, "the arm64 D-family sizes");
+    assert!(rows.iter().all(|r| r["provider"] == "azure" && r["region"] == "eastus"));
+    assert_eq!(rows[0]["instanceType"], "Standard_D2pls_v6", "cheapest first");
+    let d2pds = rows.iter().find(|r| r["instanceType"] == "Standard_D2pds_v5").expect("D2pds_v5");
+    assert_eq!((d2pds["onDemandPerHour"].clone(), d2pds["allocatableCpu"].clone(), d2pds["maxPods"].clone()), (json!(0.0904), json!("1900m"), json!(250)));
+    let aws = run(&["--region", "us-east-1", "--output", "json"]);
+    let aws: Value = serde_json::from_slice(&aws.stdout).expect("json");
+    assert!(aws.as_array().expect("list").iter().all(|r| r["provider"] == "aws"), "an AWS region lists EC2 types only");
+    let unknown = run(&["--region", "mars-1"]);
+    assert!(!unknown.status.success());
+    let err = String::from_utf8_lossy(&unknown.stderr);
+    assert!(err.contains("mars-1") && err.contains("eastus") && err.contains("us-east-1"), "{err}");
+}

@@ -39,6 +39,30 @@ fn inflate_workshop_plan() {
     assert!(plan["compare"]["savingsPerHour"].as_f64().is_some_and(|s| s > 0.0), "{}", plan["compare"]);
 }
 
+/// AKS node auto-provisioning's arm64 module, unchanged (a `karpenter.sh/v1` NodePool naming a
+/// `karpenter.azure.com` AKSNodeClass, no flag): the cheapest arm64 D-family VMs of at most 4
+/// vCPU, in Azure zones, with the labels NAP writes; `--compare` prices the same Deployment
+/// written for amd64.
+#[test]
+fn the_aks_arm64_module_plans_azure_vms_with_no_flag() {
+    let plan = simulate(&["--scenario", &example("aks-arm64.yaml"), "--compare", "--offline"]);
+    let nodes = plan["nodes"].as_array().expect("nodes");
+    let mut types: Vec<&str> = nodes.iter().map(|n| n["instanceType"].as_str().expect("type")).collect();
+    types.sort();
+    assert_eq!(types, ["Standard_D2pls_v6", "Standard_D4pls_v6"], "3 pods of 1 cpu on a 4-vCPU size, 1 on a 2-vCPU one: {plan}");
+    for n in nodes {
+        assert_eq!(n["arch"], "arm64");
+        assert!(n["zone"].as_str().is_some_and(|z| z.starts_with("eastus-")), "{n}");
+    }
+    assert!((plan["totalPricePerHour"].as_f64().expect("total") - 0.186).abs() < 1e-9, "{}", plan["totalPricePerHour"]);
+    let compare = &plan["compare"];
+    assert!(compare["leftOut"].as_array().is_some_and(|l| l.is_empty()), "the arm64 pin is compared as an amd64 pin: {compare}");
+    let without = compare["withoutArm64"]["totalPricePerHour"].as_f64().expect("without");
+    assert!((without - 0.2414).abs() < 1e-9, "D4als_v6 + D2als_v6: {compare}");
+    let saving = compare["savingsPerHour"].as_f64().expect("saving") / without;
+    assert!((saving - 0.229).abs() < 0.001, "{saving}");
+}
+
 #[test]
 fn team_pool_taints_and_labels() {
     let plan = simulate(&["--scenario", &example("team1.yaml"), "--offline"]);

@@ -11,10 +11,12 @@ pub struct PricesArgs {
     /// Only this architecture (amd64, arm64).
     #[arg(long)]
     pub arch: Option<String>,
-    /// Only this instance family (m7g, c6i, ...).
+    /// Only this instance family (m7g, c6i, ...; an Azure series: Dpds_v5, ...).
     #[arg(long)]
     pub family: Option<String>,
-    /// Region for prices (default: the catalog's default region, us-east-1).
+    /// Region for prices (default: the catalog's default region, us-east-1): the types priced
+    /// there (EC2's in an AWS region, Azure's in eastus, eastus2, westus2, westeurope and
+    /// northeurope); a region the catalog has no prices for is an error.
     #[arg(long)]
     pub region: Option<String>,
     /// A user catalog file (YAML or CSV) on top of the embedded one.
@@ -78,9 +80,15 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
     let PricesArgs { arch, family, region, catalog, output, .. } = args;
     let c = Catalog::with_user_file(catalog.as_deref())?;
     let region = region.unwrap_or_else(|| c.default_region.clone());
+    let known = c.regions();
+    if !known.contains_key(&region) {
+        let list: Vec<&str> = known.keys().map(String::as_str).collect();
+        anyhow::bail!("the catalog has no prices for region {region:?} (it has: {}); add them with --catalog", list.join(", "));
+    }
     let mut rows: Vec<_> = c
         .types()
         .iter()
+        .filter(|t| t.prices.contains_key(&region))
         .filter(|t| arch.as_deref().is_none_or(|a| a == t.arch))
         .filter(|t| family.as_deref().is_none_or(|f| f == t.family))
         .map(|t| {

@@ -126,10 +126,13 @@ fn print_plan(title: &str, plan: &Plan) {
         println!("  {line}");
     }
     if !plan.nodes.is_empty() {
-        println!("  {:<14} {:<10} {:<14} {:<6} {:<11} {:<10} {:>8}  PODS", "NODE", "POOL", "TYPE", "ARCH", "ZONE", "CAPACITY", "$/HOUR");
+        // Columns as wide as their longest value (Azure's size names are longer than EC2's).
+        let width = |min: usize, f: &dyn Fn(&archer_core::packer::PlannedNode) -> usize| plan.nodes.iter().map(f).max().unwrap_or(0).max(min);
+        let (wn, wp, wt) = (width(14, &|n| n.name.len()), width(10, &|n| n.pool.len()), width(14, &|n| n.instance_type.len()));
+        println!("  {:<wn$} {:<wp$} {:<wt$} {:<6} {:<11} {:<10} {:>8}  PODS", "NODE", "POOL", "TYPE", "ARCH", "ZONE", "CAPACITY", "$/HOUR");
         for n in &plan.nodes {
             println!(
-                "  {:<14} {:<10} {:<14} {:<6} {:<11} {:<10} {:>8.4}  {}",
+                "  {:<wn$} {:<wp$} {:<wt$} {:<6} {:<11} {:<10} {:>8.4}  {}",
                 n.name, n.pool, n.instance_type, n.arch, n.zone, n.capacity_type, n.price_per_hour, n.pods.join(", ")
             );
         }

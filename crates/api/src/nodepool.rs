@@ -265,3 +265,45 @@ pub fn offerings(catalog: &Catalog, zones: &[String]) -> Vec<Offering> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(yaml: &str) -> NodePool {
+        archer_core::yaml::from_str(yaml).expect("pool")
+    }
+
+    /// A `karpenter.sh/v1` pool naming Karpenter on Azure's AKSNodeClass (or Archer's) plans Azure
+    /// sizes in its region's three zones; any other pool stays on EC2.
+    #[test]
+    fn a_pools_node_class_picks_its_cloud_and_default_zones() {
+        let aks = pool("apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: demo}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: karpenter.azure.com, kind: AKSNodeClass, name: default}\n      requirements: []\n");
+        assert_eq!(aks.cloud(), Cloud::Azure);
+        assert_eq!(aks.zones(), ["eastus-1", "eastus-2", "eastus-3"]);
+        let ours = pool("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: ours}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: archer.dev, kind: AKSNodeClass, name: default}\n      requirements:\n        - {key: topology.kubernetes.io/region, operator: In, values: [westeurope]}\n");
+        assert_eq!(ours.cloud(), Cloud::Azure);
+        assert_eq!(ours.zones(), ["westeurope-1", "westeurope-2", "westeurope-3"], "the region requirement names the region");
+        let ec2 = pool("apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: ec2}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: karpenter.k8s.aws, kind: EC2NodeClass, name: default}\n      requirements: []\n");
+        assert_eq!(ec2.cloud(), Cloud::Aws);
+        assert_eq!(ec2.zones(), DEFAULT_ZONES);
+        assert_eq!(NodePool::default_pool().cloud(), Cloud::Aws);
+    }
+
+    /// Each pool plans with its own cloud's sizes only, even when offerings of both are there.
+    #[test]
+    fn a_pool_plans_only_its_own_clouds_sizes() {
+        let c = archer_core::catalog::Catalog::embedded().expect("catalog");
+        let aks = pool("apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: demo}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: karpenter.azure.com, kind: AKSNodeClass, name: default}\n      requirements: []\n");
+        let ec2 = NodePool::default_pool();
+        let zones: Vec<String> = aks.zones().into_iter().chain(ec2.zones()).collect();
+        let offers = offerings(&c, &zones);
+        assert!(offers.iter().any(|o| o.instance.provider == "azure") && offers.iter().any(|o| o.instance.provider == "aws"));
+        assert!(offers.iter().all(|o| (o.instance.provider == "azure") == o.zone.starts_with("eastus")), "each zone offers its own cloud's types");
+        for (p, provider) in [(&aks, "azure"), (&ec2, "aws")] {
+            let packer_pool = p.to_pool().expect("pool");
+            let usable: Vec<_> = offers.iter().filter(|o| packer_pool.requirements.matches_map(&o.labels(&packer_pool))).collect();
+            assert!(!usable.is_empty() && usable.iter().all(|o| o.instance.provider == provider), "{} plans {provider} only", p.name());
+        }
+    }
+}
