@@ -243,6 +243,25 @@ fn ec2nodeclass_crd_is_generated_from_the_types() {
     assert!(k["resources"].as_array().expect("resources").iter().any(|r| r.as_str() == Some("crds/ec2nodeclass.yaml")));
 }
 
+#[test]
+fn aksnodeclass_crd_is_generated_from_the_types() {
+    use kube::CustomResourceExt;
+    let on_disk = generated_crd("aksnodeclass.yaml", "crates/cloud-azure/src/nodeclass.rs", &archer::provisioner::cloud::azure::nodeclass::AKSNodeClass::crd());
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = archer::yaml::from_str(&on_disk).expect("crd");
+    assert_eq!((crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str(), crd.spec.names.plural.as_str()), ("archer.dev", "Cluster", "AKSNodeClass", "aksnodeclasses"));
+    assert!(crd.spec.versions[0].subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "status subresource");
+    let schema = serde_json::to_string(&crd.spec.versions[0].schema).expect("schema");
+    // Karpenter on Azure's field names, so a node class ports by changing its apiVersion.
+    for field in ["imageFamily", "osDiskSizeGB", "vnetSubnetID", "tags", "maxPods", "kubelet", "security", "encryptionAtHost", "imageGCHighThresholdPercent", "fipsMode", "conditions"] {
+        assert!(schema.contains(field), "schema lacks {field}");
+    }
+    for bound in ["\"minimum\":30", "\"maximum\":2048", "\"maximum\":250", "AzureLinux"] {
+        assert!(schema.contains(bound), "schema lacks {bound}");
+    }
+    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
+    assert!(k["resources"].as_array().expect("resources").iter().any(|r| r.as_str() == Some("crds/aksnodeclass.yaml")));
+}
+
 /// The IAM policy in deploy/aws/ allows every AWS API call the provider makes and nothing else
 /// (beyond what those calls need: RunInstances and CreateTags for CreateFleet, PassRole for the
 /// node role).

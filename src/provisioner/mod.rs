@@ -30,4 +30,5 @@ pub mod cloud {
     #[cfg(feature = "aws")]
     pub use archer_cloud_aws as aws;
     pub use archer_cloud_kwok as kwok;
+    pub use archer_cloud_azure as azure;
 }

@@ -371,4 +371,16 @@ async fn nodepool_crd_installs_and_validates() {
     let raw = serde_json::to_vec(&json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodePool", "metadata": {"name": "bad"}, "spec": {"weight": "heavy"}})).expect("json");
     let req = http::Request::post("/apis/archer.dev/v1alpha1/nodepools").header("content-type", "application/json").body(raw).expect("request");
     assert!(client.request::<NodePool>(req).await.is_err(), "a string weight is refused by the schema");
+
+    // The AKSNodeClass CRD: Karpenter on Azure's node class, written for Archer's group, is
+    // accepted; one outside the schema's bounds is refused.
+    use archer::provisioner::cloud::azure::nodeclass::AKSNodeClass;
+    let classes: Api<AKSNodeClass> = Api::all(client.clone());
+    let good: AKSNodeClass = serde_json::from_value(json!({"apiVersion": "archer.dev/v1alpha1", "kind": "AKSNodeClass", "metadata": {"name": "default"}, "spec": {"imageFamily": "Ubuntu2204", "osDiskSizeGB": 100, "maxPods": 110}})).expect("class");
+    classes.create(&PostParams::default(), &good).await.expect("a valid AKSNodeClass is accepted");
+    for (name, spec) in [("small-disk", json!({"osDiskSizeGB": 10})), ("many-pods", json!({"maxPods": 500})), ("windows", json!({"imageFamily": "Windows"}))] {
+        let raw = serde_json::to_vec(&json!({"apiVersion": "archer.dev/v1alpha1", "kind": "AKSNodeClass", "metadata": {"name": name}, "spec": spec})).expect("json");
+        let req = http::Request::post("/apis/archer.dev/v1alpha1/aksnodeclasses").header("content-type", "application/json").body(raw).expect("request");
+        assert!(client.request::<AKSNodeClass>(req).await.is_err(), "{name} is refused by the schema");
+    }
 }
