@@ -400,6 +400,9 @@ impl ProvisionerConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if self.cloud_provider == "azure" {
+            return Err(ConfigError::Invalid("provisioner.cloudProvider azure: the Azure VM provider is not built yet (Archer plans Azure pools offline: archer simulate, archer prices --region eastus)".into()));
+        }
         if !["none", "kwok", "aws"].contains(&self.cloud_provider.as_str()) {
             return Err(ConfigError::Invalid(format!("provisioner.cloudProvider {:?}: expected none, kwok or aws", self.cloud_provider)));
         }
@@ -687,5 +690,18 @@ webhook:
         assert!(archer_core::yaml::from_str::<Config>("provisioner: {preferencePolicy: Sometimes}").is_err(), "only Respect or Ignore");
         let parsed: Config = archer_core::yaml::from_str("provisioner: {schedulerNames: []}").expect("config");
         assert!(parsed.validate().is_ok() && parsed.provisioner.scheduler_names.is_empty(), "none: every pod waits for its scheduler's Unschedulable");
+        assert!(provisioner(ProvisionerConfig { cloud_provider: "azure".into(), ..Default::default() }).is_err_and(|e| e.contains("not built yet")), "said plainly, not 'unknown'");
+    }
+
+    #[test]
+    fn the_safety_nets_bounds_are_validated() {
+        let net = |n: SafetyNetConfig| Config { safety_net: n, ..Default::default() }.validate().map_err(|e| e.to_string());
+        assert!(net(SafetyNetConfig::default()).is_ok());
+        assert!(net(SafetyNetConfig { gate_max_seconds: 0.0, ..Default::default() }).is_err_and(|e| e.contains("gateMaxSeconds")));
+        assert!(net(SafetyNetConfig { gate_retry_seconds: f64::NAN, ..Default::default() }).is_err());
+        assert!(net(SafetyNetConfig { max_broken: 5000, ..Default::default() }).is_err_and(|e| e.contains("maxBroken")), "one ConfigMap holds it");
+        assert!(net(SafetyNetConfig { replacement_ttl_seconds: 0, ..Default::default() }).is_err());
+        let parsed: Config = archer_core::yaml::from_str("safetyNet: {gateMaxSeconds: 30, replacementTtlSeconds: 600}").expect("config");
+        assert_eq!((parsed.safety_net.gate_max_seconds, parsed.safety_net.limits().replacement_ttl_seconds), (30.0, 600));
     }
 }

@@ -36,3 +36,19 @@ pub const BATCH_NODES_ANNOTATION: &str = "archer.dev/batch-nodes";
 /// On a NodeClaim: the pods (`namespace/name`, comma-separated) the plan that wrote it put on its
 /// node, so what kube-scheduler did can be held against what was planned.
 pub const PLANNED_PODS_ANNOTATION: &str = "archer.dev/planned-pods";
+
+/// The region of a zone name: EC2's `us-east-1a` -> `us-east-1`, Azure's `eastus-2` -> `eastus`
+/// (Azure region names have no dash); a region name stays as it is.
+pub fn region_of(zone: &str) -> &str {
+    if let Some((region, n)) = zone.rsplit_once('-') {
+        if !region.contains('-') && !region.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
+            return region;
+        }
+    }
+    // `us-east-1a`: a lowercase zone letter after the region's number.
+    let b = zone.as_bytes();
+    match (b.last(), b.len().checked_sub(2).and_then(|i| b.get(i))) {
+        (Some(c), Some(d)) if c.is_ascii_lowercase() && d.is_ascii_digit() => zone.get(..zone.len() - 1).unwrap_or(zone),
+        _ => zone,
+    }
+}

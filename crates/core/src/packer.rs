@@ -282,19 +282,7 @@ pub fn could_host_but_for_taints(pod: &PendingPod, pool: &Pool, o: &Offering, la
     pool.requirements.matches_map(labels) && Offering::keeps_template_labels(labels, pool) && labels_fit(pod, labels).is_ok() && extended_fit(pod, o, &pool.name).is_ok()
 }
 
-/// The region of a zone name: EC2's `us-east-1a` -> `us-east-1`, Azure's `eastus-2` -> `eastus`
-/// (Azure region names have no dash); a region name stays as it is.
-pub fn region_of(zone: &str) -> &str {
-    if let Some((region, n)) = zone.rsplit_once('-') {
-        if !region.contains('-') && !region.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
-            return region;
-        }
-    }
-    match zone.as_bytes().last() {
-        Some(c) if c.is_ascii_lowercase() && zone.len() > 1 && zone.as_bytes()[zone.len() - 2].is_ascii_digit() => &zone[..zone.len() - 1],
-        _ => zone,
-    }
-}
+pub use crate::labels::region_of;
 
 /// An existing (or in-flight) node with free room.
 #[derive(Debug, Clone)]

@@ -168,7 +168,7 @@ impl Catalog {
     /// type there (an Azure region prices only Azure sizes, an AWS region only EC2 types), else
     /// in the default region (a region the catalog has no prices for: EC2's us-east-1 list).
     pub fn price_in_zone(&self, t: &InstanceType, zone: &str, known: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>, capacity: CapacityType) -> Option<f64> {
-        let region = crate::packer::region_of(zone);
+        let region = labels::region_of(zone);
         if known.contains_key(region) {
             return self.price_of(t, Some(region), capacity);
         }
