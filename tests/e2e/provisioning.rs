@@ -1040,3 +1040,65 @@ async fn archer_report_reads_the_live_cluster() {
     assert!(r["summary"]["costPerMonth"].as_f64().is_some_and(|c| c > 0.0));
     assert_eq!(r["summary"]["nodes"].as_u64(), Some(archer_nodes(&client).await.len() as u64));
 }
+
+/// AKS node auto-provisioning's arm64 module on the real control plane, kwok standing in for
+/// Azure VMs (there is no Azure VM provider yet): its NodePool ported by changing its apiVersion
+/// to Archer's (and without its cilium startup taint: no cilium runs here to lift it), an
+/// AKSNodeClass, and the `inflate` Deployment. All 4 pods run on arm64 D-family sizes of at most 4
+/// vCPU in eastus's zones, and the nodes carry the labels Karpenter on Azure writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn the_aks_arm64_module_runs_on_arm64_d_series_with_azures_labels() {
+    let c = Cluster::start_mode("aks-module", &[], crate::cluster::Mode::Archer, vec!["zones: [eastus-1, eastus-2, eastus-3]".into()]).await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    c.registry.push_index("oss/kubernetes/pause", "3.6", &["linux/amd64", "linux/arm64"], true, false).await;
+    namespace(&client, "workshop", json!({})).await;
+    let class: archer::provisioner::cloud::azure::nodeclass::AKSNodeClass =
+        serde_json::from_value(json!({"apiVersion": "archer.dev/v1alpha1", "kind": "AKSNodeClass", "metadata": {"name": "default"}, "spec": {"imageFamily": "Ubuntu2204", "osDiskSizeGB": 100}})).expect("class");
+    Api::all(client.clone()).create(&PostParams::default(), &class).await.expect("create class");
+    let text = std::fs::read_to_string(format!("{}/examples/aks-arm64.yaml", env!("CARGO_MANIFEST_DIR"))).expect("example");
+    for mut doc in archer::yaml::from_multiple::<serde_json::Value>(&text).expect("yaml") {
+        match doc["kind"].as_str() {
+            Some("NodePool") => {
+                doc["apiVersion"] = json!("archer.dev/v1alpha1");
+                doc["spec"]["template"]["spec"]["nodeClassRef"] = json!({"group": "archer.dev", "kind": "AKSNodeClass", "name": "default"});
+                if let Some(spec) = doc["spec"]["template"]["spec"].as_object_mut() {
+                    spec.remove("startupTaints");
+                }
+                let p: NodePool = serde_json::from_value(doc).expect("pool");
+                Api::<NodePool>::all(client.clone()).create(&PostParams::default(), &p).await.expect("create pool");
+            }
+            Some("Deployment") => {
+                doc["spec"]["template"]["spec"]["containers"][0]["image"] = json!(c.registry.image("oss/kubernetes/pause:3.6"));
+                let d: Deployment = serde_json::from_value(doc).expect("deployment");
+                Api::<Deployment>::namespaced(client.clone(), "workshop").create(&PostParams::default(), &d).await.expect("create deployment");
+            }
+            _ => {}
+        }
+    }
+    let pods = wait_running(&client, "workshop", "inflate", 4, Duration::from_secs(120)).await;
+    let nodes: BTreeSet<String> = pods.iter().map(node_of).collect();
+    let all = archer_nodes(&client).await;
+    for name in &nodes {
+        let n = all.iter().find(|n| n.metadata.name.as_ref() == Some(name)).expect("an Archer node");
+        let get = |k: &str| label(n, k).to_string();
+        assert_eq!(get("kubernetes.io/arch"), "arm64");
+        assert!(get("node.kubernetes.io/instance-type").starts_with("Standard_D"), "{}", get("node.kubernetes.io/instance-type"));
+        assert_eq!(get("karpenter.azure.com/sku-family"), "D");
+        assert!(get("karpenter.azure.com/sku-cpu").parse::<u32>().is_ok_and(|c| c <= 4));
+        assert_eq!(get("kubernetes.azure.com/sku-cpu"), get("karpenter.azure.com/sku-cpu"));
+        assert!(get("karpenter.azure.com/sku-series").starts_with("Dp"), "an arm64 series");
+        assert!(["5", "6"].contains(&get("karpenter.azure.com/sku-version").as_str()));
+        assert!(get("karpenter.azure.com/sku-memory").parse::<u64>().is_ok());
+        assert_eq!(get("karpenter.azure.com/sku-networking-accelerated"), "true");
+        assert_eq!(get("karpenter.azure.com/sku-storage-premium-capable"), "true");
+        assert_eq!(get("kubernetes.azure.com/scalesetpriority"), "regular");
+        assert!(get("topology.kubernetes.io/zone").starts_with("eastus-"));
+        assert_eq!(get("topology.kubernetes.io/region"), "eastus");
+        assert_eq!(get("aks-karpenter"), "demo");
+        assert!(!n.metadata.labels.as_ref().expect("labels").keys().any(|k| k.starts_with("karpenter.k8s.aws/")));
+    }
+    let cost: f64 = nodes.iter().map(|n| all.iter().find(|x| x.metadata.name.as_ref() == Some(n)).map(|x| label(x, "node.kubernetes.io/instance-type").to_string()).unwrap_or_default()).map(|t| archer::catalog::Catalog::embedded().expect("catalog").price(&t, Some("eastus"), archer::catalog::CapacityType::OnDemand).expect("priced")).sum();
+    assert!((cost - 0.186).abs() < 1e-9, "the plan simulate makes: D4pls_v6 + D2pls_v6 ({cost})");
+}
