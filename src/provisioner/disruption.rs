@@ -150,7 +150,7 @@ impl Disrupter {
         };
         let moving: Vec<&Pod> = nodes.candidates.iter().filter(|c| settled.contains(c.name()) && consolidation::disruptable(c)).flat_map(|c| state::evictable(&c.pods)).collect();
         let start = if moving.is_empty() { 0 } else { self.tracker.next_start(EVALUATIONS_PER_PASS) };
-        let search = consolidation::Search { min_saving_fraction: self.ctx.settings.min_saving_fraction(), max_evaluations: EVALUATIONS_PER_PASS, start };
+        let search = consolidation::Search { min_saving_fraction: self.ctx.settings.min_saving_fraction(), max_evaluations: EVALUATIONS_PER_PASS, start, balance: None };
         let hold = self.ctx.hold(&state, &pool);
         if let Some(why) = &hold {
             tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");

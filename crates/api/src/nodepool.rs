@@ -65,7 +65,7 @@ pub struct NodePoolStatus {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Disruption {
-    /// `WhenEmpty` or `WhenEmptyOrUnderutilized`.
+    /// `WhenEmpty`, `WhenEmptyOrUnderutilized` or `Balanced`.
     #[serde(default)]
     pub consolidation_policy: Option<String>,
     /// How long a node must be empty or underutilised first, e.g. `30s`, `Never`.

@@ -54,6 +54,55 @@ pub struct Decision {
     /// Where the moving pods go on nodes already there: pod -> node.
     pub moves: std::collections::BTreeMap<String, String>,
     pub saving_per_hour: f64,
+    /// The Balanced pool's totals the decision was scored against (checked again on revalidation).
+    #[serde(skip)]
+    pub balance: Option<Balance>,
+}
+
+/// `consolidationPolicy: Balanced`, as Karpenter v1.15 scores a move (its RFC "balanced
+/// consolidation"): the share of the pool's hourly cost the move saves, over the share of the
+/// pool's disruption cost it causes, must be at least 1/k (k = 2). A node's disruption cost is 1
+/// plus the eviction cost of each pod that moves ([`objects::eviction_cost`], negatives as 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Balance {
+    pub total_cost: f64,
+    pub total_disruption: f64,
+}
+
+/// Karpenter's `BalancedK`.
+pub const BALANCED_K: f64 = 2.0;
+
+/// What draining a node costs in disruption: 1 (the drain itself) plus its moving pods'.
+pub fn node_disruption_cost(c: &Candidate<'_>) -> f64 {
+    1.0 + objects::evictable(&c.pods).iter().map(|p| objects::eviction_cost(p).max(0.0)).sum::<f64>()
+}
+
+impl Balance {
+    /// The totals of a pool's nodes.
+    pub fn of(nodes: &[Candidate<'_>]) -> Balance {
+        Balance { total_cost: nodes.iter().map(|c| c.price).filter(|p| p.is_finite()).sum(), total_disruption: nodes.iter().map(node_disruption_cost).sum() }
+    }
+
+    /// The move's score: savings fraction over disruption fraction (0 when it saves nothing,
+    /// infinite when it disrupts nothing).
+    pub fn score(&self, saving: f64, disruption: f64) -> f64 {
+        if self.total_cost <= 0.0 || self.total_disruption <= 0.0 {
+            return f64::INFINITY;
+        }
+        let (saved, disrupted) = (saving / self.total_cost, disruption / self.total_disruption);
+        if saved <= 0.0 {
+            return 0.0;
+        }
+        if disrupted == 0.0 {
+            return f64::INFINITY;
+        }
+        saved / disrupted
+    }
+
+    /// Whether a move saving `saving` per hour at `disruption` passes.
+    pub fn approves(&self, saving: f64, disruption: f64) -> bool {
+        self.score(saving, disruption) >= 1.0 / BALANCED_K
+    }
 }
 
 /// A pool's nodes as one disruption pass sees them.
@@ -125,6 +174,7 @@ pub fn consolidate_pool(world: &World<'_>, pool: &str, settings: &DisruptionSett
         return None;
     }
     let eligible: Vec<&Candidate> = pick(&settled_ok).into_iter().filter(|c| disruptable(c) && !c.pods.is_empty()).collect();
+    let search = Search { balance: settings.balanced.then(|| Balance::of(&nodes.candidates)), ..search };
     underutilized(world, pool, &eligible, nodes.budget(settings, "Underutilized"), search)
 }
 
@@ -138,6 +188,7 @@ pub fn empty(pool: &str, candidates: &[&Candidate<'_>], budget: usize) -> Option
         replacements: Vec::new(),
         moves: Default::default(),
         saving_per_hour: gone.iter().map(|c| c.price).filter(|p| p.is_finite()).sum(),
+        balance: None,
     })
 }
 
@@ -168,12 +219,15 @@ pub struct Search {
     /// Where in the ordered candidates the single-node search starts (the caller moves it on each
     /// pass, so every candidate gets its turn).
     pub start: usize,
+    /// A Balanced pool's totals: a move must also pass its score ([`consolidate_pool`] sets it
+    /// from the pool's settings).
+    pub balance: Option<Balance>,
 }
 
 impl Search {
     /// Every candidate (offline: `archer simulate --disruption`).
     pub fn exhaustive(min_saving_fraction: f64) -> Self {
-        Search { min_saving_fraction, max_evaluations: usize::MAX, start: 0 }
+        Search { min_saving_fraction, max_evaluations: usize::MAX, start: 0, balance: None }
     }
 }
 
@@ -197,7 +251,7 @@ pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>],
             return None;
         }
         left -= 1;
-        decide(world, pool, set, "underutilized", search.min_saving_fraction).ok()
+        decide(world, pool, set, "underutilized", search.min_saving_fraction, search.balance).ok()
     };
     let (mut lo, mut hi) = (2, budget.min(order.len()).min(MAX_SET));
     let mut best = None;
@@ -223,11 +277,11 @@ const MAX_SET: usize = 100;
 
 /// The decision to take `set` away for `reason`, or why not: some pod would have no place, or
 /// the saving is not above the margin.
-fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'static str, min_saving_fraction: f64) -> Result<Decision, String> {
+fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'static str, min_saving_fraction: f64, balance: Option<Balance>) -> Result<Decision, String> {
     if set.iter().all(|c| objects::evictable(&c.pods).is_empty()) {
         // Nothing moves: removing the nodes saves what they cost.
         let saving = set.iter().map(|c| c.price).filter(|p| p.is_finite()).sum();
-        return Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: Vec::new(), moves: Default::default(), saving_per_hour: saving });
+        return Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: Vec::new(), moves: Default::default(), saving_per_hour: saving, balance });
     }
     let plan = evaluate(world, set).ok_or_else(|| "some pod would have no place".to_string())?;
     // As Karpenter: nodes are replaced by at most one node, so consolidation never raises the
@@ -240,7 +294,13 @@ fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'stati
     if saving.partial_cmp(&(old * min_saving_fraction)) != Some(std::cmp::Ordering::Greater) {
         return Err(format!("saves ${saving:.4}/h of ${old:.4}/h, not more than {:.1}%", min_saving_fraction * 100.0));
     }
-    Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: plan.nodes, moves: plan.existing, saving_per_hour: saving })
+    if let Some(b) = balance {
+        let disruption: f64 = set.iter().map(|c| node_disruption_cost(c)).sum();
+        if !b.approves(saving, disruption) {
+            return Err(format!("Balanced: score {:.3} below {:.3} (saves {:.1}% of the pool's cost for {:.1}% of its disruption)", b.score(saving, disruption), 1.0 / BALANCED_K, saving / b.total_cost * 100.0, disruption / b.total_disruption * 100.0));
+        }
+    }
+    Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: plan.nodes, moves: plan.existing, saving_per_hour: saving, balance })
 }
 
 /// The pods that would move off each node (DaemonSet pods stay with their node): what a decision
@@ -268,7 +328,7 @@ pub fn revalidate(world: &World<'_>, decision: &Decision, before: &BTreeMap<Stri
         }
         set.push(c);
     }
-    decide(world, &decision.pool, &set, decision.reason, min_saving_fraction)
+    decide(world, &decision.pool, &set, decision.reason, min_saving_fraction, decision.balance)
 }
 
 #[cfg(test)]

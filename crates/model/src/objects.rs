@@ -166,6 +166,10 @@ pub fn parse_duration(s: &str) -> Result<Option<Duration>, String> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct DisruptionSettings {
     pub underutilized: bool,
+    /// `consolidationPolicy: Balanced` (Karpenter v1.15): underutilised nodes go only when the
+    /// move's share of the pool's cost saved is at least half its share of the pool's disruption
+    /// (`crate::consolidation::Balance`).
+    pub balanced: bool,
     pub consolidate_after: Option<Duration>,
     pub expire_after: Option<Duration>,
     /// Budgets on nodes: (absolute count or percentage, reasons they apply to; empty = all).
@@ -199,10 +203,11 @@ impl BudgetValue {
 impl DisruptionSettings {
     pub fn of(pool: &NodePool) -> Result<Self, String> {
         let d = pool.spec.disruption.clone().unwrap_or_default();
-        let underutilized = match d.consolidation_policy.as_deref() {
-            None | Some("WhenEmptyOrUnderutilized") => true,
-            Some("WhenEmpty") => false,
-            Some(other) => return Err(format!("consolidationPolicy {other:?}: expected WhenEmpty or WhenEmptyOrUnderutilized")),
+        let (underutilized, balanced) = match d.consolidation_policy.as_deref() {
+            None | Some("WhenEmptyOrUnderutilized") => (true, false),
+            Some("Balanced") => (true, true),
+            Some("WhenEmpty") => (false, false),
+            Some(other) => return Err(format!("consolidationPolicy {other:?}: expected WhenEmpty, WhenEmptyOrUnderutilized or Balanced")),
         };
         let consolidate_after = match d.consolidate_after.as_deref() {
             None => Some(Duration::ZERO),
@@ -217,7 +222,7 @@ impl DisruptionSettings {
         } else {
             d.budgets.iter().map(|b| BudgetValue::parse(&b.nodes).map(|v| (v, b.reasons.clone()))).collect::<Result<_, _>>()?
         };
-        Ok(Self { underutilized, consolidate_after, expire_after, budgets })
+        Ok(Self { underutilized, balanced, consolidate_after, expire_after, budgets })
     }
 
     /// Nodes of a pool of `total` that may be disrupted at once for `reason`
@@ -225,6 +230,18 @@ impl DisruptionSettings {
     pub fn allowed(&self, total: usize, reason: &str) -> usize {
         self.budgets.iter().filter(|(_, reasons)| reasons.is_empty() || reasons.iter().any(|r| r == reason)).map(|(v, _)| v.allowed(total)).min().unwrap_or(usize::MAX)
     }
+}
+
+/// What evicting `pod` costs, as Karpenter counts it: 1, plus its pod-deletion-cost / 2^27, plus
+/// its priority / 2^25, clamped to [-10, 10]. A deletion cost Archer wrote itself (recorded in
+/// `archer.dev/deletion-cost`: the node's price order, for scale-downs) is not the owner's and is
+/// left out.
+pub fn eviction_cost(pod: &Pod) -> f64 {
+    let annotations = pod.metadata.annotations.as_ref();
+    let get = |k: &str| annotations.and_then(|a| a.get(k));
+    let deletion = get(crate::deletion_cost::POD_DELETION_COST).filter(|v| get(crate::deletion_cost::ARCHER_DELETION_COST) != Some(*v)).and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| v.is_finite()).unwrap_or(0.0);
+    let priority = pod.spec.as_ref().and_then(|s| s.priority).map_or(0.0, f64::from);
+    (1.0 + deletion / 2f64.powi(27) + priority / 2f64.powi(25)).clamp(-10.0, 10.0)
 }
 
 /// Is the object (pod or node) annotated `archer.dev/do-not-disrupt` or

@@ -112,7 +112,7 @@ fn a_set_is_replaced_by_at_most_one_node() {
     let pods = [pod("p1", "a", "100m", anti.clone()), pod("p2", "b", "100m", anti)];
     let d = consolidate(&nodes, &pods, &[pool(None)], 2, MARGIN).expect("one node at a time");
     assert_eq!((d.nodes.len(), d.replacements.len()), (1, 1), "{d:?}");
-    let two = with_world(&nodes, &pods, &[pool(None)], |w, c| decide(w, "default", c, "underutilized", MARGIN));
+    let two = with_world(&nodes, &pods, &[pool(None)], |w, c| decide(w, "default", c, "underutilized", MARGIN, None));
     assert_eq!(two, Err("would need 2 replacements; at most one replaces a set".to_string()));
 }
 
@@ -122,7 +122,7 @@ fn the_search_evaluates_a_bounded_number_of_sets_and_moves_on() {
     let pinned = |n: &str| json!({"nodeSelector": {"kubernetes.io/hostname": n}});
     let nodes = [node("a", "4"), node("b", "4"), node("c", "4")];
     let pods = [pod("p1", "a", "1", pinned("a")), pod("p2", "b", "1", json!({})), pod("p3", "c", "1", pinned("c"))];
-    let one = |start| Search { min_saving_fraction: MARGIN, max_evaluations: 1, start };
+    let one = |start| Search { min_saving_fraction: MARGIN, max_evaluations: 1, start, balance: None };
     let found: Vec<Option<Vec<String>>> = (0..3).map(|start| with_world(&nodes, &pods, &[pool(Some(0))], |w, c| underutilized(w, "default", c, 1, one(start))).map(|d| d.nodes)).collect();
     // Exactly one of three starting points evaluates b (the only set that works).
     assert_eq!(found.iter().filter(|f| f.is_some()).count(), 1, "{found:?}");
@@ -188,7 +188,7 @@ fn the_largest_set_that_can_go_is_taken_at_once() {
 }
 
 fn settings(underutilized: bool, budget: usize) -> DisruptionSettings {
-    DisruptionSettings { underutilized, consolidate_after: Some(std::time::Duration::ZERO), expire_after: None, budgets: vec![(objects::BudgetValue::Count(budget), Vec::new())] }
+    DisruptionSettings { underutilized, balanced: false, consolidate_after: Some(std::time::Duration::ZERO), expire_after: None, budgets: vec![(objects::BudgetValue::Count(budget), Vec::new())] }
 }
 
 fn state_of(nodes: &[Node], pods: &[Pod]) -> ClusterState {
@@ -247,4 +247,99 @@ fn a_pool_pass_takes_empty_nodes_first_then_underutilised_ones_and_respects_the_
     let never = DisruptionSettings { consolidate_after: None, ..settings(true, 10) };
     assert_eq!(consolidate_pool(&world, "default", &never, &view, &|_| true, &|_| true, search), None);
     assert_eq!(consolidate_pool(&world, "default", &settings(true, 0), &view, &|_| true, &|_| true, search), None, "no budget");
+}
+
+/// Karpenter v1.15's Balanced scoring (its `balanced_scoring_test.go` cases): score =
+/// (saving / pool cost) / (disruption / pool disruption), approved at 1/k = 0.5 or more; no saving
+/// scores 0; no disruption (or no totals) passes.
+#[test]
+fn balanced_scores_as_karpenter_does() {
+    let b = Balance { total_cost: 10.0, total_disruption: 20.0 };
+    assert!((b.score(1.0, 4.0) - 0.5).abs() < 1e-12, "10% saved for 20% disrupted");
+    assert!(b.approves(1.0, 4.0), "exactly the threshold passes");
+    assert!(!b.approves(1.0, 4.01));
+    assert_eq!(b.score(0.0, 4.0), 0.0);
+    assert_eq!(b.score(-1.0, 4.0), 0.0);
+    assert!(b.score(1.0, 0.0).is_infinite());
+    assert!(Balance { total_cost: 0.0, total_disruption: 0.0 }.approves(0.0, 1.0), "nothing to normalise against");
+    assert_eq!(BALANCED_K, 2.0);
+}
+
+/// Eviction costs as Karpenter counts them: 1 by default, deletion cost / 2^27 and priority / 2^25
+/// on top, clamped to [-10, 10]; a deletion cost Archer wrote itself (its scale-down order) is
+/// not the owner's and counts for nothing.
+#[test]
+fn eviction_costs_follow_deletion_cost_and_priority_but_not_archers_own() {
+    let with = |annotations: serde_json::Value, priority: Option<i32>| -> Pod {
+        let mut p = pod("p", "a", "1", json!({}));
+        p.metadata.annotations = serde_json::from_value(annotations).ok();
+        p.spec.as_mut().expect("spec").priority = priority;
+        p
+    };
+    assert_eq!(objects::eviction_cost(&with(json!(null), None)), 1.0);
+    assert!((objects::eviction_cost(&with(json!({"controller.kubernetes.io/pod-deletion-cost": "134217728"}), None)) - 2.0).abs() < 1e-12);
+    assert!((objects::eviction_cost(&with(json!(null), Some(33_554_432))) - 2.0).abs() < 1e-12);
+    assert_eq!(objects::eviction_cost(&with(json!({"controller.kubernetes.io/pod-deletion-cost": "2147483647"}), Some(1_000_000_000))), 10.0, "clamped");
+    assert_eq!(objects::eviction_cost(&with(json!({"controller.kubernetes.io/pod-deletion-cost": "2147483647", "archer.dev/deletion-cost": "2147483647"}), None)), 1.0, "Archer's own order is not a disruption cost");
+    let c_pods = [with(json!(null), None), with(json!({"controller.kubernetes.io/pod-deletion-cost": "-2147483647"}), None)];
+    let node_a = node("a", "4");
+    let c = Candidate { node: &node_a, pods: c_pods.iter().collect(), price: 1.0 };
+    assert!((node_disruption_cost(&c) - 2.0).abs() < 1e-12, "1 for the drain, 1 for the pod, a negative pod cost counts as 0");
+}
+
+/// A Balanced pool moves pods only when the saving is worth the disruption: a node with many pods
+/// is left where WhenEmptyOrUnderutilized would consolidate it for the same saving; a cheap move
+/// of one pod still goes.
+#[test]
+fn a_balanced_pool_weighs_the_saving_against_the_pods_it_moves() {
+    let nodes = [node("a", "8"), node("b", "8"), node("c", "8")];
+    // a and b are nearly full with many small pods; c holds 6 small pods: removing c saves a
+    // third of the pool's cost but moves 6 of 22 pods (7 of 25 disruption units).
+    let mut pods: Vec<Pod> = (0..8).map(|i| pod(&format!("a{i}"), "a", "500m", json!({}))).collect();
+    pods.extend((0..8).map(|i| pod(&format!("b{i}"), "b", "500m", json!({}))));
+    pods.extend((0..6).map(|i| pod(&format!("c{i}"), "c", "100m", json!({}))));
+    let pools = [pool(Some(0))];
+    let balanced = |pods: &[Pod]| {
+        with_world(&nodes, pods, &pools, |w, c| {
+            let all: Vec<Candidate> = c.iter().map(|x| (*x).clone()).collect();
+            let search = Search { balance: Some(Balance::of(&all)), ..Search::exhaustive(MARGIN) };
+            underutilized(w, "default", c, 1, search)
+        })
+    };
+    let plain = consolidate(&nodes, &pods, &pools, 1, MARGIN).expect("WhenEmptyOrUnderutilized consolidates c");
+    assert_eq!(plain.nodes, ["c"]);
+    let d = balanced(&pods).expect("a third of the cost for 28% of the disruption passes");
+    assert_eq!(d.nodes, ["c"]);
+    assert!(d.balance.is_some());
+    // With c's pods made costly to evict (priority), the same move disrupts too much.
+    let costly: Vec<Pod> = pods
+        .iter()
+        .cloned()
+        .map(|mut p| {
+            if p.metadata.name.as_deref().is_some_and(|n| n.starts_with('c')) {
+                p.spec.as_mut().expect("spec").priority = Some(300_000_000);
+            }
+            p
+        })
+        .collect();
+    assert_eq!(consolidate(&nodes, &costly, &pools, 1, MARGIN).map(|d| d.nodes), Some(vec!["c".to_string()]), "the plain policy moves the fewest pods, whatever they cost to evict");
+    // Balanced refuses c (6 pods of cost ~9.9: 60 of 79 disruption units for a third of the
+    // cost) and takes a instead: 8 pods of cost 1, 9 units, for the same saving.
+    let d = balanced(&costly).expect("another move passes");
+    assert_eq!(d.nodes, ["a"]);
+    let refused = with_world(&nodes, &costly, &pools, |w, c| {
+        let all: Vec<Candidate> = c.iter().map(|x| (*x).clone()).collect();
+        let only_c: Vec<&Candidate> = c.iter().copied().filter(|x| x.name() == "c").collect();
+        decide(w, "default", &only_c, "underutilized", MARGIN, Some(Balance::of(&all)))
+    });
+    assert!(refused.is_err_and(|why| why.contains("Balanced: score")), "c alone is refused with its score");
+}
+
+#[test]
+fn balanced_is_a_consolidation_policy() {
+    let p: archer_api::nodepool::NodePool = archer_core::yaml::from_str("apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: b}\nspec:\n  disruption: {consolidationPolicy: Balanced, consolidateAfter: 1m}\n  template: {spec: {requirements: []}}\n").expect("pool");
+    let s = DisruptionSettings::of(&p).expect("Balanced is read");
+    assert!(s.underutilized && s.balanced);
+    let w: archer_api::nodepool::NodePool = archer_core::yaml::from_str("apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: w}\nspec:\n  disruption: {consolidationPolicy: WhenEmptyOrUnderutilized}\n  template: {spec: {requirements: []}}\n").expect("pool");
+    assert!(!DisruptionSettings::of(&w).expect("read").balanced);
 }
