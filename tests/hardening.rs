@@ -246,7 +246,10 @@ async fn an_insecure_registry_entry_covers_only_its_own_port() {
 
 #[tokio::test]
 async fn stalled_clients_are_released_by_the_timeouts_and_the_cap() {
-    let config = "limits:\n  maxConnections: 20\n  handshakeTimeoutSeconds: 1\n  headerReadTimeoutSeconds: 1\n  bodyReadTimeoutSeconds: 1\n  idleTimeoutSeconds: 2\n";
+    // The timeouts are long enough that no stalled connection times out before the 21st arrives,
+    // even with 20 TLS handshakes on a loaded machine (a parallel `cargo test`): with shorter ones
+    // the first connection's header timeout, or freed slots, came first there.
+    let config = "limits:\n  maxConnections: 20\n  handshakeTimeoutSeconds: 1\n  headerReadTimeoutSeconds: 4\n  bodyReadTimeoutSeconds: 3\n  idleTimeoutSeconds: 4\n";
     let archer = Archer::start(config, &[]).await;
     let mut stalled = Vec::new();
     for i in 0..20 {
@@ -270,24 +273,33 @@ async fn stalled_clients_are_released_by_the_timeouts_and_the_cap() {
     let ok = fresh.get(format!("{}/healthz", archer.https)).send().await.expect("the 21st connection is served");
     assert!(ok.status().is_success());
     assert!(started.elapsed() < Duration::from_secs(1), "served at once, not after a timeout: {:?}", started.elapsed());
-    assert_eq!(archer.metric("archer_connections_displaced_total{phase=\"headers\"}").await, 1.0, "{}", archer.metrics().await);
+    // One stalled connection (part way into its headers or its body) is displaced, never an
+    // idle one. Which stalled one is the stalest is the server's view of when each last made
+    // progress, and under load that order is not the order the test opened them in (measured:
+    // about one run in eight displaced a body-stalled connection on an idle machine).
+    let headers = archer.metric("archer_connections_displaced_total{phase=\"headers\"}").await;
+    let body = archer.metric("archer_connections_displaced_total{phase=\"body\"}").await;
+    assert_eq!(headers + body, 1.0, "{}", archer.metrics().await);
+    assert_eq!(archer.metric("archer_connections_displaced_total{phase=\"idle\"}").await, 0.0, "a stalled connection goes before an idle one");
     assert_eq!(archer.metric("archer_connections_refused_total").await, 0.0);
     drop(fresh);
-    // Every stalled connection is closed, by a timeout (the slow body with a 408) or, for the
-    // first, by the displacement.
+    // Every stalled connection is closed, by a timeout (the slow body with a 408) or by the
+    // displacement.
+    let mut answered_408 = 0;
     for (kind, mut s) in stalled {
         let said = read_until_closed(&mut s, Duration::from_secs(5)).await.unwrap_or_else(|| panic!("stalled connection of kind {kind} still open"));
         if kind == 1 {
-            assert!(said.starts_with("HTTP/1.1 408"), "{said}");
+            answered_408 += usize::from(said.starts_with("HTTP/1.1 408"));
         }
     }
+    assert_eq!(answered_408 as f64, 7.0 - body, "every slow body not displaced is answered 408");
     // Slots are free again: an ordinary request is served.
     let ok = archer.client().get(format!("{}/healthz", archer.https)).send().await.expect("healthz");
     assert!(ok.status().is_success());
     let metrics = archer.metrics().await;
     let timeouts: f64 = metrics.lines().filter(|l| l.starts_with("archer_connection_timeouts_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
     assert!(timeouts >= 12.0, "header and idle timeouts counted: {metrics}");
-    assert_eq!(archer.metric("archer_bad_requests_total{reason=\"body_timeout\"}").await, 7.0);
+    assert_eq!(archer.metric("archer_bad_requests_total{reason=\"body_timeout\"}").await, 7.0 - body);
 }
 
 #[tokio::test]
