@@ -14,6 +14,12 @@ pub const CAPACITY_TYPE: &str = "archer.dev/capacity-type";
 pub const EKS_CAPACITY_TYPE: &str = "eks.amazonaws.com/capacityType";
 /// AKS's capacity label (`spot`, `regular`), as Karpenter on Azure writes it.
 pub const AKS_SCALE_SET_PRIORITY: &str = "kubernetes.azure.com/scalesetpriority";
+/// The annotation a ReplicaSet's scale-down reads (lower goes first); Karpenter also counts it
+/// in a pod's eviction cost.
+pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// Archer's record of the deletion cost it wrote: a pod whose cost differs from it was set by
+/// someone else.
+pub const ARCHER_DELETION_COST: &str = "archer.dev/deletion-cost";
 /// Explicit hourly price of a node, overriding the catalog.
 pub const PRICE_ANNOTATION: &str = "archer.dev/price-per-hour";
 pub const KARPENTER_NODEPOOL: &str = "karpenter.sh/nodepool";

@@ -22,10 +22,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::objects;
 use crate::ClusterState;
 
-/// The annotation a ReplicaSet's scale-down reads (lower goes first).
-pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
-/// Archer's record of the cost it wrote: a pod whose cost differs from it was set by someone else.
-pub const ARCHER_DELETION_COST: &str = "archer.dev/deletion-cost";
+pub use archer_core::labels::{ARCHER_DELETION_COST, POD_DELETION_COST};
 
 /// Costs lie in [0, (MAX_PRICE_MILLIS + 1) * PRICE_STEP), inside an int32: price, then hash.
 const PRICE_STEP: i64 = 1000;

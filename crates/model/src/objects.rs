@@ -239,7 +239,7 @@ impl DisruptionSettings {
 pub fn eviction_cost(pod: &Pod) -> f64 {
     let annotations = pod.metadata.annotations.as_ref();
     let get = |k: &str| annotations.and_then(|a| a.get(k));
-    let deletion = get(crate::deletion_cost::POD_DELETION_COST).filter(|v| get(crate::deletion_cost::ARCHER_DELETION_COST) != Some(*v)).and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| v.is_finite()).unwrap_or(0.0);
+    let deletion = get(archer_core::labels::POD_DELETION_COST).filter(|v| get(archer_core::labels::ARCHER_DELETION_COST) != Some(*v)).and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| v.is_finite()).unwrap_or(0.0);
     let priority = pod.spec.as_ref().and_then(|s| s.priority).map_or(0.0, f64::from);
     (1.0 + deletion / 2f64.powi(27) + priority / 2f64.powi(25)).clamp(-10.0, 10.0)
 }
