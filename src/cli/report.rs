@@ -10,7 +10,6 @@ use anyhow::Context;
 use clap::Args;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::ListParams;
 use kube::Api;
 
 use super::inspect::Output;
@@ -51,21 +50,14 @@ fn read_dump(text: &str) -> anyhow::Result<ClusterState> {
     Ok(state)
 }
 
-/// Every page of a list (500 at a time, as kubectl does).
+/// Every object of a list, read page by page.
 async fn list_all<K>(api: Api<K>) -> anyhow::Result<Vec<K>>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut out = Vec::new();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = api.list(&params).await.context("listing")?;
-        out.extend(page.items);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(c) => params = params.continue_token(&c),
-            None => return Ok(out),
-        }
-    }
+    use futures::TryStreamExt;
+    let pages: Vec<Vec<K>> = crate::cluster::pages(api).try_collect().await.context("listing")?;
+    Ok(pages.into_iter().flatten().collect())
 }
 
 /// The live cluster's nodes and pods, and a view of it that reads pods' pull secrets.

@@ -59,6 +59,27 @@ where
     (store, stream)
 }
 
+/// Every page of a list, 500 objects at a time (as kubectl pages), one page an item.
+pub fn pages<K>(api: Api<K>) -> impl futures::Stream<Item = Result<Vec<K>, kube::Error>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let first = Some(kube::api::ListParams::default().limit(500));
+    futures::stream::unfold(first, move |params| {
+        let api = api.clone();
+        async move {
+            let params = params?;
+            match api.list(&params).await {
+                Ok(page) => {
+                    let next = page.metadata.continue_.filter(|c| !c.is_empty()).map(|c| params.continue_token(&c));
+                    Some((Ok(page.items), next))
+                }
+                Err(e) => Some((Err(e), None)),
+            }
+        }
+    })
+}
+
 /// The credentials for a pod's images: its namespace's pull secrets (pod's and service account's)
 /// first, then the mounted docker config. Standalone: the mounted config only.
 pub async fn pod_keyring(cluster: Option<&ClusterView>, base: &Keyring, namespace: &str, pod: &Pod) -> Keyring {

@@ -177,18 +177,14 @@ impl CostReporter {
         let volumes = cluster.volumes();
         self.ctx.learn_platforms(&mut cluster, &pods).await;
         let policy = self.ctx.settings.preference_policy;
-        let pending: Vec<_> = pods.iter().map(|p| model::pending_unbound(p, cluster.pod_platforms(p), &volumes, policy)).collect();
+        let platforms: Vec<_> = pods.iter().map(|p| cluster.pod_platforms(p)).collect();
+        let pending: Vec<_> = pods.iter().zip(&platforms).map(|(p, platforms)| model::pending_unbound(p, platforms.clone(), &volumes, policy)).collect();
         // The same pods as their owners would write them for amd64 (one rule with simulate's).
         let on_amd64: Vec<_> = pods
             .iter()
+            .zip(&platforms)
             .zip(&pending)
-            .map(|(p, pending)| {
-                let platforms = cluster.pod_platforms(p);
-                match archer_model::counterfactual::on_amd64(p, platforms.as_ref()) {
-                    Some(rewritten) => model::pending_unbound(&rewritten, platforms, &volumes, policy).with_id(&pending.packer.id),
-                    None => pending.clone(),
-                }
-            })
+            .map(|((p, platforms), as_is)| archer_model::counterfactual::pending_on_amd64(p, platforms.as_ref(), as_is, |rewritten| model::pending_unbound(rewritten, platforms.clone(), &volumes, policy)))
             .collect();
         let namespaces: Vec<_> = cluster.namespaces.iter().map(|n| n.as_ref().clone()).collect();
         let pools = counterfactual_pools(&cluster);

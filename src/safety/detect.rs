@@ -32,10 +32,6 @@ pub(super) fn failing(pod: &Pod) -> bool {
     admitted && pod.metadata.deletion_timestamp.is_none() && !exec_format_errors(pod).is_empty()
 }
 
-fn now_seconds() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
 impl SafetyNet {
     pub(super) async fn detect_loop(self: Arc<Self>, rx: tokio::sync::mpsc::Receiver<Pod>) {
         let handled: moka::sync::Cache<String, ()> =
@@ -71,7 +67,7 @@ impl SafetyNet {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let errors = self.with_digests(pod, exec_format_errors(pod)).await;
         let policy = self.policy(&namespace);
-        let (limits, now) = (self.config.limits(), now_seconds());
+        let (limits, now) = (self.config.limits(), super::unix_now());
         let finding = match self.cluster.safety_record().update(|r| on_exec_format_errors(pod, &arch, &errors, policy.replace_on_exec_format_error, r, now, &limits)).await {
             Ok(f) => f,
             Err(e) => {
@@ -92,9 +88,12 @@ impl SafetyNet {
 
     /// Errors without the digest kubelet resolved get the one the registry gives the image now.
     async fn with_digests(&self, pod: &Pod, mut errors: Vec<ExecFormatError>) -> Vec<ExecFormatError> {
+        if errors.iter().all(|e| e.digest.is_some()) {
+            return errors;
+        }
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let keyring = crate::cluster::pod_keyring(Some(&self.cluster), &self.base_keyring, namespace, pod).await;
         for e in errors.iter_mut().filter(|e| e.digest.is_none()) {
-            let keyring = crate::cluster::pod_keyring(Some(&self.cluster), &self.base_keyring, namespace, pod).await;
             if let Ok(Ok(found)) = tokio::time::timeout(DIGEST_LOOKUP, self.inspector.inspect(&e.image, &keyring)).await {
                 e.digest = Some(found.digest.clone());
             }

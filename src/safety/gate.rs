@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Client, Resource};
 
@@ -83,8 +83,7 @@ impl Gated {
 
 fn seconds_since_created(pod: &Pod) -> f64 {
     let created = pod.metadata.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    now.saturating_sub(created).max(0) as f64
+    super::unix_now().saturating_sub(created).max(0) as f64
 }
 
 async fn apply(api: &Api<Pod>, name: &str, ops: &[Op]) -> Result<Pod, kube::Error> {
@@ -174,11 +173,10 @@ impl SafetyNet {
 /// Remove Archer's gate from every pod that carries it (Helm's pre-delete hook runs this as
 /// `archer ungate --all`, so uninstalling Archer leaves no pod held). Returns how many.
 pub async fn ungate_all(client: Client) -> Result<usize, kube::Error> {
-    let mut params = ListParams::default().limit(500);
     let mut released = 0;
-    loop {
-        let list = Api::<Pod>::all(client.clone()).list(&params).await?;
-        for pod in list.items.iter().filter(|p| carries_gate(p)) {
+    let mut pages = std::pin::pin!(crate::cluster::pages(Api::<Pod>::all(client.clone())));
+    while let Some(page) = pages.next().await {
+        for pod in page?.iter().filter(|p| carries_gate(p)) {
             let (namespace, name) = Gated::key(pod);
             let Some(ops) = patch::remove_scheduling_gate(&mut pod.clone(), GATE) else { continue };
             match apply(&Api::namespaced(client.clone(), &namespace), &name, &ops).await {
@@ -186,9 +184,6 @@ pub async fn ungate_all(client: Client) -> Result<usize, kube::Error> {
                 Err(e) => tracing::warn!(%namespace, pod = %name, error = %e, "could not remove the gate"),
             }
         }
-        match list.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(released),
-        }
     }
+    Ok(released)
 }

@@ -33,6 +33,11 @@ pub use gate::ungate_all;
 /// status change: a crash-looping container changes its status at every restart).
 const DETECTION_QUEUE: usize = 1024;
 
+/// Now, in whole seconds since the Unix epoch (the record's and creationTimestamp's unit).
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
 /// Everything the safety net's controllers read and act with.
 pub struct SafetyNet {
     pub client: Client,

@@ -10,7 +10,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use super::provisioning::{archer_nodes, pool, DEFAULT_POOL};
+use super::provisioning::{archer_nodes, node_of, pool, DEFAULT_POOL};
 use super::{annotation, deployment, namespace, node, node_arch, nodes_ready, running_pods, wait, wait_running};
 use crate::cluster::Cluster;
 
@@ -22,12 +22,15 @@ fn gates(p: &Pod) -> Vec<String> {
     p.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).map(|g| g.iter().map(|g| g.name.clone()).collect()).unwrap_or_default()
 }
 
-fn node_of(p: &Pod) -> String {
-    p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
-}
-
 async fn pods_of(client: &Client, ns: &str, app: &str) -> Vec<Pod> {
     Api::<Pod>::namespaced(client.clone(), ns).list(&ListParams::default().labels(&format!("app={app}"))).await.map(|l| l.items).unwrap_or_default()
+}
+
+/// One amd64 and one arm64 node (tainted, as arm64 nodes are), Ready.
+async fn amd_and_arm_nodes(client: &Client) {
+    node(client, "amd", "m6i.xlarge", "us-east-1a", "on-demand").await;
+    node(client, "arm", "m7g.xlarge", "us-east-1a", "on-demand").await;
+    nodes_ready(client, 2).await;
 }
 
 /// Write the status kubelet writes for a container whose binary is for another architecture,
@@ -74,9 +77,7 @@ async fn safety_net_a_lying_image_is_replaced_once_onto_amd64() {
     let client = c.client().await;
     let digest = push_lying_index(&c, "apps/liar", "1").await;
     namespace(&client, "shop", json!({"archer.dev/prefer": "arm64,amd64"})).await;
-    node(&client, "amd", "m6i.xlarge", "us-east-1a", "on-demand").await;
-    node(&client, "arm", "m7g.xlarge", "us-east-1a", "on-demand").await;
-    nodes_ready(&client, 2).await;
+    amd_and_arm_nodes(&client).await;
     let image = c.registry.image("apps/liar:1");
     let image_id = format!("{}/apps/liar@{digest}", c.registry.host);
     Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &deployment("web", &image, 2, json!({}))).await.expect("create");
@@ -178,9 +179,7 @@ async fn safety_net_a_silent_registry_is_released_by_the_bound() {
     let client = c.client().await;
     c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
     namespace(&client, "shop", json!({"archer.dev/mode": "gate"})).await;
-    node(&client, "amd", "m6i.xlarge", "us-east-1a", "on-demand").await;
-    node(&client, "arm", "m7g.xlarge", "us-east-1a", "on-demand").await;
-    nodes_ready(&client, 2).await;
+    amd_and_arm_nodes(&client).await;
     c.registry.pause();
 
     let api: Api<Pod> = Api::namespaced(client.clone(), "shop");
@@ -233,9 +232,7 @@ async fn safety_net_a_pinned_pod_runs_the_digest_it_was_decided_on() {
     let first = c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
     namespace(&client, "pinned", json!({"archer.dev/pin-digests": "true"})).await;
     namespace(&client, "plain", json!({})).await;
-    node(&client, "amd", "m6i.xlarge", "us-east-1a", "on-demand").await;
-    node(&client, "arm", "m7g.xlarge", "us-east-1a", "on-demand").await;
-    nodes_ready(&client, 2).await;
+    amd_and_arm_nodes(&client).await;
     let image = c.registry.image("apps/web:1");
     for ns in ["pinned", "plain"] {
         Api::<Deployment>::namespaced(client.clone(), ns).create(&PostParams::default(), &deployment("web", &image, 1, json!({}))).await.expect("create");

@@ -125,8 +125,7 @@ pub fn require_node_expressions(pod: &mut Pod, groups: &[Vec<NodeSelectorRequire
     };
     let required = NodeSelector { node_selector_terms: merged };
     let ops = if existing_terms.is_some() {
-        let path = ptr(&[NODE_AFFINITY[0], NODE_AFFINITY[1], NODE_AFFINITY[2], REQUIRED, "nodeSelectorTerms"]);
-        vec![Op { op: OpKind::Replace, path, value: Some(raw(&required.node_selector_terms)) }]
+        vec![replace(&[NODE_AFFINITY[0], NODE_AFFINITY[1], NODE_AFFINITY[2], REQUIRED, "nodeSelectorTerms"], &required.node_selector_terms)]
     } else {
         let wanted = NodeAffinity { required_during_scheduling_ignored_during_execution: Some(required.clone()), ..Default::default() };
         node_affinity_ops(pod, wanted, REQUIRED)

@@ -8,6 +8,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use archer_core::labels::ARCH;
+use archer_core::planner::Pending;
 use archer_core::platform::PlatformSet;
 
 /// `pod` rewritten for amd64 when its own constraints pin it to arm64 and its images (when known)
@@ -33,6 +34,16 @@ pub fn on_amd64(pod: &Pod, platforms: Option<&PlatformSet>) -> Option<Pod> {
         }
     }
     pinned.then_some(out)
+}
+
+/// The comparison's pending pod for the amd64 plans: `pod` rewritten ([`on_amd64`]) and made by
+/// `make` (the caller's adapter call) under `as_is`'s id when it is pinned to arm64; `as_is`
+/// itself otherwise. Simulate and the savings metrics both build their lists with it.
+pub fn pending_on_amd64(pod: &Pod, platforms: Option<&PlatformSet>, as_is: &Pending, make: impl FnOnce(&Pod) -> Pending) -> Pending {
+    match on_amd64(pod, platforms) {
+        Some(rewritten) => make(&rewritten).with_id(&as_is.packer.id),
+        None => as_is.clone(),
+    }
 }
 
 #[cfg(test)]

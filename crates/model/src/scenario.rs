@@ -121,10 +121,7 @@ impl Scenario {
                 let platforms = self.state.pod_platforms(&p.pod);
                 assumed += usize::from(platforms.is_none());
                 let pending = adapter::pending(&p.pod, platforms.clone(), &volumes, policy).with_id(&p.id);
-                on_amd64.push(match crate::counterfactual::on_amd64(&p.pod, platforms.as_ref()) {
-                    Some(rewritten) => adapter::pending(&rewritten, platforms, &volumes, policy).with_id(&p.id),
-                    None => pending.clone(),
-                });
+                on_amd64.push(crate::counterfactual::pending_on_amd64(&p.pod, platforms.as_ref(), &pending, |rewritten| adapter::pending(rewritten, platforms.clone(), &volumes, policy)));
                 pending
             })
             .collect();
