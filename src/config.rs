@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use archer_core::placement::{ArchitectureTaint, PlacementSettings};
 use archer_core::policy::PolicyDefaults;
 use archer_registry::{AddressGuard, CacheSettings, ClientSettings};
-pub use archer_cloud::settings::AwsConfig;
+pub use archer_cloud::settings::{AwsConfig, AzureConfig};
 
 pub const DEFAULT_NAMESPACE: &str = "archer-system";
 
@@ -306,7 +306,7 @@ impl LimitsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct ProvisionerConfig {
-    /// `none` (the provisioner is off), `kwok` or `aws`.
+    /// `none` (the provisioner is off), `kwok`, `aws` or `azure`.
     pub cloud_provider: String,
     /// Zones the provider launches in (a pool's zone requirement narrows them).
     pub zones: Vec<String>,
@@ -364,6 +364,8 @@ pub struct ProvisionerConfig {
     pub pod_deletion_cost: bool,
     /// Settings of the `aws` provider.
     pub aws: AwsConfig,
+    /// Settings of the `azure` provider.
+    pub azure: AzureConfig,
 }
 
 impl Default for ProvisionerConfig {
@@ -390,6 +392,7 @@ impl Default for ProvisionerConfig {
             cost_interval_seconds: 60.0,
             pod_deletion_cost: true,
             aws: AwsConfig::default(),
+            azure: AzureConfig::default(),
         }
     }
 }
@@ -400,14 +403,14 @@ impl ProvisionerConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.cloud_provider == "azure" {
-            return Err(ConfigError::Invalid("provisioner.cloudProvider azure: the Azure VM provider is not built yet (Archer plans Azure pools offline: archer simulate, archer prices --region eastus)".into()));
-        }
-        if !["none", "kwok", "aws"].contains(&self.cloud_provider.as_str()) {
-            return Err(ConfigError::Invalid(format!("provisioner.cloudProvider {:?}: expected none, kwok or aws", self.cloud_provider)));
+        if !["none", "kwok", "aws", "azure"].contains(&self.cloud_provider.as_str()) {
+            return Err(ConfigError::Invalid(format!("provisioner.cloudProvider {:?}: expected none, kwok, aws or azure", self.cloud_provider)));
         }
         if self.cloud_provider == "aws" {
             self.aws.validate().map_err(ConfigError::Invalid)?;
+        }
+        if self.cloud_provider == "azure" {
+            self.azure.validate().map_err(ConfigError::Invalid)?;
         }
         if self.launch_attempts == 0 || self.registration_timeout_seconds < 30 {
             return Err(ConfigError::Invalid("provisioner: launchAttempts must be at least 1 and registrationTimeoutSeconds at least 30".into()));
@@ -690,7 +693,17 @@ webhook:
         assert!(archer_core::yaml::from_str::<Config>("provisioner: {preferencePolicy: Sometimes}").is_err(), "only Respect or Ignore");
         let parsed: Config = archer_core::yaml::from_str("provisioner: {schedulerNames: []}").expect("config");
         assert!(parsed.validate().is_ok() && parsed.provisioner.scheduler_names.is_empty(), "none: every pod waits for its scheduler's Unschedulable");
-        assert!(provisioner(ProvisionerConfig { cloud_provider: "azure".into(), ..Default::default() }).is_err_and(|e| e.contains("not built yet")), "said plainly, not 'unknown'");
+        assert!(provisioner(ProvisionerConfig { cloud_provider: "azure".into(), ..Default::default() }).is_err_and(|e| e.contains("provisioner.azure.clusterName is required")), "the first missing setting, named");
+        let azure = |extra: &str| {
+            let doc = format!("provisioner: {{cloudProvider: azure, azure: {{clusterName: c, subscriptionId: s, resourceGroup: MC_rg, location: eastus, sshPublicKey: ssh-ed25519 AAAA{extra}}}}}");
+            archer_core::yaml::from_str::<Config>(&doc).map_err(|e| e.to_string()).and_then(|c| c.validate().map_err(|e| e.to_string()))
+        };
+        assert!(azure("").is_ok());
+        assert!(azure(", zones: [eastus-1, eastus-3]").is_ok());
+        assert!(azure(", zones: [westus2-1]").is_err_and(|e| e.contains("not a zone of eastus")), "{:?}", azure(", zones: [westus2-1]"));
+        assert!(azure(", createTimeoutSeconds: 0").is_err());
+        let zones = AzureConfig { location: "eastus".into(), ..Default::default() }.zones();
+        assert_eq!(zones, ["eastus-1", "eastus-2", "eastus-3"], "three zones of the location by default");
     }
 
     #[test]

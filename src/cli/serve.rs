@@ -46,7 +46,7 @@ pub struct ServeArgs {
     /// Also serve /scheduler/* over plain HTTP on this loopback address (co-located scheduler).
     #[arg(long, env = "ARCHER_EXTENDER_LISTEN")]
     pub extender_listen: Option<String>,
-    /// Run the provisioning worker with this cloud provider: `none` (off), `kwok` or `aws`.
+    /// Run the provisioning worker with this cloud provider: `none` (off), `kwok`, `aws` or `azure`.
     /// Only the replica holding the provisioner Lease provisions.
     #[arg(long, env = "ARCHER_CLOUD_PROVIDER")]
     pub cloud_provider: Option<String>,
@@ -319,6 +319,16 @@ fn provisioner_task(
             }
             #[cfg(not(feature = "aws"))]
             "aws" => anyhow::bail!("cloudProvider aws: this archer was built without the aws feature (cargo build --features aws)"),
+            #[cfg(feature = "azure")]
+            "azure" => {
+                let provider = Arc::new(archer_cloud_azure::Azure::new(settings.azure.clone(), catalog.clone(), client.clone())?);
+                provider.refresh_classes().await;
+                tracing::info!(location = %settings.azure.location, resource_group = %settings.azure.resource_group, cluster = %settings.azure.cluster_name, offerings = provider.all_offerings().len(), "Azure provider ready");
+                tokio::spawn(provider.clone().run());
+                provider
+            }
+            #[cfg(not(feature = "azure"))]
+            "azure" => anyhow::bail!("cloudProvider azure: this archer was built without the azure feature (cargo build --features azure)"),
             other => anyhow::bail!("unknown cloud provider {other:?}"),
         };
         let lease = settings.lease_name.clone();

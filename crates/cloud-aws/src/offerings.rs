@@ -18,8 +18,7 @@ use archer_core::catalog::{CapacityType, Catalog, InstanceType};
 use archer_core::packer::Offering;
 use archer_cloud::CloudError;
 
-/// Key of an offering: instance type, zone, capacity type.
-pub type OfferingKey = (String, String, CapacityType);
+pub use archer_cloud::unavailable::OfferingKey;
 
 pub struct Book {
     catalog: Arc<Catalog>,
@@ -30,7 +29,7 @@ pub struct Book {
     spot: ArcSwap<HashMap<(String, String), f64>>,
     /// Every offering at current prices.
     all: ArcSwap<Vec<Offering>>,
-    unavailable: moka::sync::Cache<OfferingKey, String>,
+    unavailable: archer_cloud::unavailable::Unavailable,
 }
 
 impl Book {
@@ -41,17 +40,13 @@ impl Book {
             types: ArcSwap::from_pointee(Vec::new()),
             spot: ArcSwap::from_pointee(HashMap::new()),
             all: ArcSwap::from_pointee(Vec::new()),
-            unavailable: moka::sync::Cache::builder().time_to_live(unavailable_ttl).max_capacity(100_000).build(),
+            unavailable: archer_cloud::unavailable::Unavailable::new(unavailable_ttl),
         }
     }
 
     /// Offerings that can be launched now (the unavailable ones left out).
     pub fn offerings(&self) -> Arc<Vec<Offering>> {
-        let all = self.all.load_full();
-        if self.unavailable.iter().next().is_none() {
-            return all;
-        }
-        Arc::new(all.iter().filter(|o| !self.unavailable.contains_key(&(o.instance.name.clone(), o.zone.clone(), o.capacity))).cloned().collect())
+        self.unavailable.filter(self.all.load_full())
     }
 
     /// Every offering at current prices, the unavailable ones included.
@@ -61,8 +56,7 @@ impl Book {
 
     /// Leave an offering out of plans for the cache's TTL.
     pub fn mark_unavailable(&self, key: OfferingKey, why: &str) {
-        tracing::warn!(instance_type = %key.0, zone = %key.1, capacity = key.2.as_str(), reason = why, "offering unavailable for a while");
-        self.unavailable.insert(key, why.to_string());
+        self.unavailable.mark(key, why);
     }
 
     /// EC2's latest spot price of a type in a zone, if it gave one.
@@ -71,7 +65,7 @@ impl Book {
     }
 
     pub fn is_unavailable(&self, key: &OfferingKey) -> bool {
-        self.unavailable.contains_key(key)
+        self.unavailable.contains(key)
     }
 
     /// Read the region's instance types and their zones again.

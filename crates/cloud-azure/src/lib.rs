@@ -1,6 +1,33 @@
-//! Azure. Today: the `AKSNodeClass` custom resource ([`nodeclass`]), so a pool names its Azure
+//! Azure. Always: the `AKSNodeClass` custom resource ([`nodeclass`]), so a pool names its Azure
 //! settings the way Karpenter on Azure's do; the sizes, prices and labels are the catalog's
-//! (`archer_core::catalog`, `archer_core::cloud_labels`). The VM provider (launches through Azure
-//! Resource Manager) is not built yet: issue #30.
+//! (`archer_core::catalog`, `archer_core::cloud_labels`). With the `provider` feature (the
+//! binary's `azure`), the VM provider, which launches through Azure Resource Manager:
+//!
+//! - `auth`: workload identity tokens; `arm`: the thin ARM client (pages, long-running
+//!   operations, errors, retries, bounded answers); `models`: the resource bodies;
+//! - `image`: AKS node images per family and architecture; `classes`: AKSNodeClasses resolved
+//!   and their status;
+//! - `launch`: names, tags, NIC and VM bodies, the node's bootstrap, failure meanings (pure);
+//! - `provider`: the [`archer_cloud::CloudProvider`]; `preemption`: spot evictions.
 
 pub mod nodeclass;
+
+#[cfg(feature = "provider")]
+pub mod arm;
+#[cfg(feature = "provider")]
+pub mod auth;
+#[cfg(feature = "provider")]
+pub mod classes;
+#[cfg(feature = "provider")]
+pub mod image;
+#[cfg(feature = "provider")]
+pub mod launch;
+#[cfg(feature = "provider")]
+pub mod models;
+#[cfg(feature = "provider")]
+pub mod preemption;
+#[cfg(feature = "provider")]
+pub mod provider;
+
+#[cfg(feature = "provider")]
+pub use provider::Azure;

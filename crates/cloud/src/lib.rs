@@ -3,6 +3,7 @@
 //! by a cargo feature.
 
 pub mod settings;
+pub mod unavailable;
 
 use std::sync::Arc;
 

@@ -1,0 +1,214 @@
+//! What one claim's node is on Azure, built purely from the claim, its node class and the
+//! settings: the names, the tags, the NIC and VM bodies, and the node's bootstrap (custom data);
+//! and what a failed VM creation means for planning.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::models::*;
+use crate::nodeclass::{AKSNodeClassSpec, KubeletConfiguration};
+use archer_api::nodeclaim::NodeClaim;
+use archer_cloud::settings::AzureConfig;
+
+/// Tags on everything Archer creates (Azure tag names cannot hold `/`: Karpenter on Azure's
+/// convention replaces it with `_`).
+pub const CLUSTER_TAG: &str = "archer.dev_cluster";
+pub const NODECLAIM_TAG: &str = "archer.dev_nodeclaim";
+pub const NODEPOOL_TAG: &str = "archer.dev_nodepool";
+pub const NODECLASS_TAG: &str = "archer.dev_aksnodeclass";
+/// AKS bills a node by this tag, as on NAP's nodes.
+const BILLING_TAG: (&str, &str) = ("compute.aks.billing", "linux");
+/// Azure's limit on a Linux VM's name.
+const MAX_NAME: usize = 64;
+const DEFAULT_OS_DISK_GB: i32 = 128;
+
+/// The VM's name, which is also its NIC's and the Node's: `aks-<claim>` (64 characters at most,
+/// a hash of the claim's name keeping long ones apart). A retried launch finds the same VM.
+pub fn vm_name(claim: &str) -> String {
+    let name = format!("aks-{claim}");
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    let hash = hex::encode(Sha256::digest(claim.as_bytes()).get(..4).unwrap_or_default());
+    let keep: String = name.chars().take(MAX_NAME - 9).collect();
+    format!("{keep}-{hash}")
+}
+
+pub fn vm_path(settings: &AzureConfig, name: &str) -> String {
+    format!("/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Compute/virtualMachines/{name}", settings.subscription_id, settings.resource_group)
+}
+
+pub fn nic_path(settings: &AzureConfig, name: &str) -> String {
+    format!("/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Network/networkInterfaces/{name}", settings.subscription_id, settings.resource_group)
+}
+
+/// The class's own tags (`/` made `_`), under Archer's, which win.
+pub fn tags(settings: &AzureConfig, class_name: &str, spec: &AKSNodeClassSpec, claim: &NodeClaim) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = spec.tags.iter().map(|(k, v)| (k.replace('/', "_"), v.clone())).collect();
+    out.insert(BILLING_TAG.0.into(), BILLING_TAG.1.into());
+    out.insert(CLUSTER_TAG.into(), settings.cluster_name.clone());
+    out.insert(NODECLAIM_TAG.into(), claim.metadata.name.clone().unwrap_or_default());
+    out.insert(NODEPOOL_TAG.into(), claim.spec.node_pool.clone());
+    out.insert(NODECLASS_TAG.into(), class_name.to_string());
+    out
+}
+
+/// The zone number Azure takes (`eastus-2` -> `2`), if the claim's zone is one.
+pub fn zone_number(zone: &str) -> Option<String> {
+    let (_, n) = zone.rsplit_once('-')?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then(|| n.to_string())
+}
+
+pub fn nic_request(settings: &AzureConfig, subnet: &str, tags: BTreeMap<String, String>, accelerated: bool) -> NicRequest {
+    NicRequest {
+        location: settings.location.clone(),
+        tags,
+        properties: NicProperties {
+            ip_configurations: vec![IpConfiguration {
+                name: "ipconfig1".into(),
+                properties: IpConfigurationProperties { primary: true, private_ip_allocation_method: "Dynamic".into(), subnet: Id { id: subnet.to_string() } },
+            }],
+            enable_accelerated_networking: accelerated,
+        },
+    }
+}
+
+/// Everything of the VM but the NIC's id and the image: see [`vm_request`].
+pub struct VmShape<'a> {
+    pub settings: &'a AzureConfig,
+    pub spec: &'a AKSNodeClassSpec,
+    pub claim: &'a NodeClaim,
+    pub name: &'a str,
+    pub image_id: &'a str,
+    pub nic_id: &'a str,
+    pub tags: BTreeMap<String, String>,
+}
+
+pub fn vm_request(s: VmShape<'_>) -> VmRequest {
+    let spot = s.claim.spec.capacity_type == "spot";
+    VmRequest {
+        location: s.settings.location.clone(),
+        tags: s.tags,
+        zones: zone_number(&s.claim.spec.zone).into_iter().collect(),
+        properties: VmRequestProperties {
+            hardware_profile: HardwareProfile { vm_size: s.claim.spec.instance_type.clone() },
+            storage_profile: StorageProfile {
+                image_reference: ImageReference { community_gallery_image_id: Some(s.image_id.to_string()) },
+                os_disk: OsDisk {
+                    name: s.name.to_string(),
+                    create_option: "FromImage".into(),
+                    delete_option: "Delete".into(),
+                    caching: "ReadOnly".into(),
+                    os_type: "Linux".into(),
+                    disk_size_gb: s.spec.os_disk_size_gb.unwrap_or(DEFAULT_OS_DISK_GB),
+                    managed_disk: ManagedDisk { storage_account_type: "Premium_LRS".into() },
+                },
+            },
+            os_profile: OsProfile {
+                computer_name: s.name.to_string(),
+                admin_username: s.settings.admin_username.clone(),
+                custom_data: base64::engine::general_purpose::STANDARD.encode(custom_data(s.settings, s.spec, s.claim)),
+                linux_configuration: LinuxConfiguration {
+                    disable_password_authentication: true,
+                    ssh: Ssh { public_keys: vec![SshPublicKey { path: format!("/home/{}/.ssh/authorized_keys", s.settings.admin_username), key_data: s.settings.ssh_public_key.clone() }] },
+                },
+            },
+            network_profile: NetworkProfile { network_interfaces: vec![NicReference { id: s.nic_id.to_string(), properties: NicReferenceProperties { primary: true, delete_option: "Delete".into() } }] },
+            priority: if spot { "Spot" } else { "Regular" }.into(),
+            eviction_policy: spot.then(|| "Delete".into()),
+            billing_profile: spot.then_some(BillingProfile { max_price: -1.0 }),
+            security_profile: s.spec.security.as_ref().and_then(|sec| sec.encryption_at_host).map(|e| SecurityProfile { encryption_at_host: e }),
+        },
+    }
+}
+
+#[derive(Serialize)]
+struct CloudConfig {
+    write_files: Vec<WriteFile>,
+    runcmd: Vec<Vec<String>>,
+}
+
+#[derive(Serialize)]
+struct WriteFile {
+    path: String,
+    permissions: String,
+    content: String,
+}
+
+/// The node's bootstrap, a cloud-init `#cloud-config` (JSON, which YAML reads): the kubelet's
+/// labels, taints, max pods and the node class's kubelet settings in `/etc/default/kubelet`, and
+/// with `clusterEndpoint` set a bootstrap kubeconfig (TLS bootstrap token, the cluster's CA).
+pub fn custom_data(settings: &AzureConfig, spec: &AKSNodeClassSpec, claim: &NodeClaim) -> String {
+    let labels: Vec<String> = claim.spec.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let taints: Vec<String> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(|t| format!("{}={}:{}", t.key, t.value.clone().unwrap_or_default(), t.effect)).collect();
+    let mut flags = vec![format!("--max-pods={}", spec.max_pods.unwrap_or(250))];
+    if !taints.is_empty() {
+        flags.push(format!("--register-with-taints={}", taints.join(",")));
+    }
+    if let Some(k) = &spec.kubelet {
+        flags.extend(kubelet_flags(k));
+    }
+    let mut write_files = vec![WriteFile { path: "/etc/default/kubelet".into(), permissions: "0644".into(), content: format!("KUBELET_NODE_LABELS={}\nKUBELET_FLAGS={}\n", labels.join(","), flags.join(" ")) }];
+    if let (Some(endpoint), Some(token)) = (&settings.cluster_endpoint, &settings.bootstrap_token) {
+        write_files.push(WriteFile { path: "/etc/kubernetes/certs/ca.crt".into(), permissions: "0644".into(), content: settings.cluster_ca_bundle.as_deref().and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok()).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default() });
+        write_files.push(WriteFile {
+            path: "/var/lib/kubelet/bootstrap-kubeconfig".into(),
+            permissions: "0600".into(),
+            content: format!("apiVersion: v1\nkind: Config\nclusters:\n- name: cluster\n  cluster:\n    server: {endpoint}\n    certificate-authority: /etc/kubernetes/certs/ca.crt\nusers:\n- name: kubelet-bootstrap\n  user:\n    token: {token}\ncontexts:\n- name: bootstrap\n  context:\n    cluster: cluster\n    user: kubelet-bootstrap\ncurrent-context: bootstrap\n"),
+        });
+    }
+    let config = CloudConfig { write_files, runcmd: vec![vec!["systemctl".into(), "restart".into(), "kubelet".into()]] };
+    format!("#cloud-config\n{}\n", serde_json::to_string(&config).unwrap_or_default())
+}
+
+fn kubelet_flags(k: &KubeletConfiguration) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut flag = |name: &str, v: Option<String>| {
+        if let Some(v) = v {
+            out.push(format!("--{name}={v}"));
+        }
+    };
+    flag("cpu-manager-policy", k.cpu_manager_policy.clone());
+    flag("cpu-cfs-quota", k.cpu_cfs_quota.map(|b| b.to_string()));
+    flag("cpu-cfs-quota-period", k.cpu_cfs_quota_period.clone());
+    flag("image-gc-high-threshold", k.image_gc_high_threshold_percent.map(|p| p.to_string()));
+    flag("image-gc-low-threshold", k.image_gc_low_threshold_percent.map(|p| p.to_string()));
+    flag("topology-manager-policy", k.topology_manager_policy.clone());
+    flag("allowed-unsafe-sysctls", (!k.allowed_unsafe_sysctls.is_empty()).then(|| k.allowed_unsafe_sysctls.join(",")));
+    flag("container-log-max-size", k.container_log_max_size.clone());
+    flag("container-log-max-files", k.container_log_max_files.map(|n| n.to_string()));
+    flag("pod-max-pids", k.pod_pids_limit.map(|n| n.to_string()));
+    out
+}
+
+/// What a failed creation says about the offering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// This size in this zone (and capacity type) cannot be had now: `SkuNotAvailable`,
+    /// `AllocationFailed` and its zonal and over-constrained forms.
+    Offering,
+    /// The subscription's quota for the size's family (or for spot cores) is used up: every size
+    /// of the family, in every zone.
+    Family,
+}
+
+const CAPACITY_CODES: [&str; 5] = ["SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest"];
+
+pub fn unavailable(code: &str, message: &str) -> Option<Unavailable> {
+    if CAPACITY_CODES.contains(&code) {
+        return Some(Unavailable::Offering);
+    }
+    let quota = message.to_ascii_lowercase().contains("quota");
+    if code == "QuotaExceeded" || (code == "OperationNotAllowed" && quota) {
+        return Some(Unavailable::Family);
+    }
+    None
+}
+
+/// A hash of a node class's spec: a claim launched under another one has drifted.
+pub fn class_hash(spec: &AKSNodeClassSpec) -> String {
+    hex::encode(Sha256::digest(serde_json::to_string(spec).unwrap_or_default().as_bytes()).get(..8).unwrap_or_default())
+}

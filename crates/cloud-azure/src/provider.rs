@@ -1,0 +1,289 @@
+//! The Azure VM provider: offerings from the catalog's sizes priced in the region (in its
+//! zones, on-demand and spot), a NIC and a VM per claim through Azure Resource Manager, every
+//! resource tagged with the cluster, the claim, the pool and the class.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kube::Client;
+
+use crate::arm::{Arm, ArmError};
+use crate::auth::Credential;
+use crate::classes::{self, Class, Classes};
+use crate::launch::{self, Unavailable as Failure};
+use crate::models::{Nic, Vm, COMPUTE_API, NETWORK_API};
+use archer_api::nodeclaim::NodeClaim;
+use archer_cloud::settings::AzureConfig;
+use archer_cloud::unavailable::Unavailable;
+use archer_cloud::{CloudError, CloudProvider, Instance, InterruptionHandler, NodeClassReadiness};
+use archer_core::catalog::{CapacityType, Catalog};
+use archer_core::packer::Offering;
+
+pub(crate) const PROVIDER: &str = "azure";
+/// A claim younger than this with no status was just written by this process (see the AWS
+/// provider): it cannot have been launched yet, so no lookup first.
+const FRESH_CLAIM: Duration = Duration::from_secs(5);
+/// How long a NIC's creation or a deletion may take.
+const NETWORK_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn api_error(e: ArmError) -> CloudError {
+    CloudError::Api { provider: PROVIDER, message: e.to_string() }
+}
+
+pub struct Azure {
+    arm: Arm,
+    settings: AzureConfig,
+    kube: Client,
+    catalog: Arc<Catalog>,
+    /// Every offering of the region's zones at the catalog's prices.
+    all: Arc<Vec<Offering>>,
+    unavailable: Unavailable,
+    classes: Classes,
+}
+
+impl Azure {
+    /// A provider for the settings' subscription, resource group and region. Fails when the
+    /// catalog prices nothing there or no token source is configured.
+    pub fn new(settings: AzureConfig, catalog: Arc<Catalog>, kube: Client) -> Result<Azure, CloudError> {
+        let http = reqwest::Client::builder()
+            .use_rustls_tls()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| api_error(ArmError::Transport(e.to_string())))?;
+        let credential = Credential::workload_identity(http.clone(), &settings).map_err(api_error)?;
+        let arm = Arm::new(http, &settings.endpoint, credential).map_err(api_error)?;
+        let all: Vec<Offering> = archer_api::nodepool::offerings(&catalog, &settings.zones()).into_iter().filter(|o| o.instance.provider == PROVIDER).collect();
+        if all.is_empty() {
+            let known: Vec<String> = catalog.regions().into_iter().filter(|(_, p)| p.contains(PROVIDER)).map(|(r, _)| r).collect();
+            return Err(CloudError::Api { provider: PROVIDER, message: format!("the catalog prices no Azure size in {} (it knows {})", settings.location, known.join(", ")) });
+        }
+        let unavailable = Unavailable::new(Duration::from_secs(settings.insufficient_capacity_ttl_seconds.max(1)));
+        Ok(Azure { arm, settings, kube, catalog, all: Arc::new(all), unavailable, classes: Classes::default() })
+    }
+
+    pub fn settings(&self) -> &AzureConfig {
+        &self.settings
+    }
+
+    /// Every offering, the unavailable ones included.
+    pub fn all_offerings(&self) -> Arc<Vec<Offering>> {
+        self.all.clone()
+    }
+
+    /// Resolve the cluster's node classes once (the provider can launch when this returns).
+    pub async fn refresh_classes(&self) {
+        classes::refresh_all(&self.arm, &self.settings, &self.classes, &self.kube).await;
+    }
+
+    /// Resolve a node class against Azure and launch with it from now on (what the watch does
+    /// for each AKSNodeClass of the cluster).
+    pub async fn use_class(&self, name: &str, spec: &crate::nodeclass::AKSNodeClassSpec) -> Arc<Class> {
+        let class = Arc::new(classes::resolve(&self.arm, &self.settings, spec).await);
+        self.classes.insert(name.to_string(), class.clone());
+        class
+    }
+
+    /// Keep the node classes resolved (watch, and a periodic pass for new images), until dropped.
+    pub async fn run(self: Arc<Self>) {
+        let every = Duration::from_secs(self.settings.node_class_refresh_seconds);
+        let me = self.clone();
+        let refresh = async move {
+            loop {
+                tokio::time::sleep(every).await;
+                me.refresh_classes().await;
+            }
+        };
+        let watch = classes::watch(&self.arm, &self.settings, &self.classes, self.kube.clone());
+        futures::future::join(refresh, watch).await;
+    }
+
+    fn class_for(&self, claim: &NodeClaim) -> Result<(String, Arc<Class>), CloudError> {
+        let name = claim.spec.node_class_ref.as_ref().and_then(|r| r.get("name").cloned()).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("NodePool {} names no AKSNodeClass (spec.template.spec.nodeClassRef)", claim.spec.node_pool) })?;
+        let class = self.classes.get(&name).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {name} does not exist (or is not resolved yet)") })?;
+        if !class.ready() {
+            return Err(CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {name} is not ready: {}", class.problems.join("; ")) });
+        }
+        Ok((name, class))
+    }
+
+    /// The VM of a claim, if it was made.
+    async fn vm_of(&self, claim: &str) -> Result<Option<Vm>, CloudError> {
+        let vm: Option<Vm> = self.arm.get(&launch::vm_path(&self.settings, &launch::vm_name(claim)), COMPUTE_API).await.map_err(api_error)?;
+        Ok(vm.filter(|v| v.tags.get(launch::NODECLAIM_TAG).map(String::as_str) == Some(claim) && self.ours(v)))
+    }
+
+    fn ours(&self, vm: &Vm) -> bool {
+        vm.tags.get(launch::CLUSTER_TAG) == Some(&self.settings.cluster_name)
+    }
+
+    /// Make the claim's NIC and VM; on failure, take back what was made.
+    async fn launch(&self, claim: &NodeClaim) -> Result<Vm, CloudError> {
+        let (class_name, class) = self.class_for(claim)?;
+        let image = class.images.get(&claim.spec.arch).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {class_name} has no {} image", claim.spec.arch) })?;
+        let subnet = class.subnet.clone().unwrap_or_default();
+        let name = launch::vm_name(&claim.metadata.name.clone().unwrap_or_default());
+        let tags = launch::tags(&self.settings, &class_name, &class.spec, claim);
+        let accelerated = self.catalog.get(&claim.spec.instance_type).and_then(|t| t.facts.get("accelerated_networking").cloned()).as_deref() == Some("true");
+        let nic_body = launch::nic_request(&self.settings, &subnet, tags.clone(), accelerated);
+        let nic: Nic = self.arm.put(&launch::nic_path(&self.settings, &name), NETWORK_API, &nic_body, NETWORK_TIMEOUT).await.map_err(api_error)?;
+        let shape = launch::VmShape { settings: &self.settings, spec: &class.spec, claim, name: &name, image_id: image, nic_id: &nic.id, tags };
+        let body = launch::vm_request(shape);
+        let timeout = Duration::from_secs(self.settings.create_timeout_seconds);
+        match self.arm.put::<_, Vm>(&launch::vm_path(&self.settings, &name), COMPUTE_API, &body, timeout).await {
+            Ok(vm) => Ok(vm),
+            Err(e) => {
+                self.clean_up(&name).await;
+                Err(self.failed(claim, e))
+            }
+        }
+    }
+
+    /// What a failed creation means: an offering (or a family) left out for a while, and the
+    /// next batch plans the next one; any other error is the claim's to retry.
+    fn failed(&self, claim: &NodeClaim, e: ArmError) -> CloudError {
+        let (code, message) = (e.code().unwrap_or_default().to_string(), e.message());
+        let capacity = CapacityType::parse(&claim.spec.capacity_type).unwrap_or(CapacityType::OnDemand);
+        let why = format!("{code}: {message}");
+        match launch::unavailable(&code, &message) {
+            Some(Failure::Offering) => self.unavailable.mark((claim.spec.instance_type.clone(), claim.spec.zone.clone(), capacity), &why),
+            Some(Failure::Family) => {
+                let family = self.catalog.get(&claim.spec.instance_type).map(|t| t.family.clone()).unwrap_or_default();
+                for o in self.all.iter().filter(|o| o.instance.family == family && o.capacity == capacity) {
+                    self.unavailable.mark((o.instance.name.clone(), o.zone.clone(), capacity), &why);
+                }
+            }
+            None => return api_error(e),
+        }
+        CloudError::InsufficientCapacity { provider: PROVIDER, instance_type: claim.spec.instance_type.clone(), zone: claim.spec.zone.clone(), message: why }
+    }
+
+    /// Delete a VM (if any) and its NIC, best effort: garbage collection retries what is left.
+    async fn clean_up(&self, name: &str) {
+        if let Err(e) = self.arm.delete(&launch::vm_path(&self.settings, name), COMPUTE_API, NETWORK_TIMEOUT).await {
+            tracing::warn!(vm = name, error = %e, "could not delete the VM of a failed launch");
+        }
+        if let Err(e) = self.arm.delete(&launch::nic_path(&self.settings, name), NETWORK_API, NETWORK_TIMEOUT).await {
+            tracing::warn!(vm = name, error = %e, "could not delete the NIC of a failed launch");
+        }
+    }
+
+    /// The instance a VM is.
+    fn instance(&self, vm: &Vm) -> Instance {
+        let zone = vm.zones.first().map(|z| format!("{}-{z}", self.settings.location));
+        Instance {
+            provider_id: provider_id(&vm.id),
+            node_name: vm.properties.os_profile.as_ref().and_then(|o| o.computer_name.clone()).unwrap_or_else(|| vm.name.clone()),
+            claim: vm.tags.get(launch::NODECLAIM_TAG).cloned().unwrap_or_default(),
+            instance_type: Some(vm.properties.hardware_profile.vm_size.clone()).filter(|s| !s.is_empty()),
+            zone,
+            launched_at: vm.properties.time_created.as_deref().and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok()).map(std::time::SystemTime::from),
+            image_id: vm.properties.storage_profile.as_ref().and_then(|s| s.image_reference.as_ref()).and_then(|i| i.community_gallery_image_id.clone()),
+            node_class_hash: None,
+        }
+    }
+}
+
+/// The Node's provider id of a VM, as Azure's cloud provider writes it: `azure://` and the VM's
+/// resource id, its resource group in lower case.
+pub fn provider_id(vm_id: &str) -> String {
+    let mut parts: Vec<String> = vm_id.split('/').map(str::to_string).collect();
+    if let Some(i) = parts.iter().position(|p| p.eq_ignore_ascii_case("resourceGroups")) {
+        if let Some(rg) = parts.get_mut(i + 1) {
+            *rg = rg.to_ascii_lowercase();
+        }
+    }
+    format!("azure://{}", parts.join("/"))
+}
+
+#[async_trait]
+impl CloudProvider for Azure {
+    fn name(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn node_class_readiness(&self, node_class_ref: Option<&BTreeMap<String, String>>) -> NodeClassReadiness {
+        let not_ready = |reason: &str, message: String| NodeClassReadiness::NotReady { reason: reason.into(), message };
+        let Some(name) = node_class_ref.and_then(|r| r.get("name")) else {
+            return not_ready("NodeClassNotFound", "the pool names no AKSNodeClass (spec.template.spec.nodeClassRef)".into());
+        };
+        match self.classes.get(name) {
+            None => not_ready("NodeClassNotFound", format!("AKSNodeClass {name} not found on the cluster")),
+            Some(c) if !c.ready() => not_ready("NotResolved", format!("AKSNodeClass {name} is not ready: {}", c.problems.join("; "))),
+            Some(_) => NodeClassReadiness::Ready,
+        }
+    }
+
+    fn offerings(&self) -> Arc<Vec<Offering>> {
+        self.unavailable.filter(self.all.clone())
+    }
+
+    async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError> {
+        let claim_name = claim.metadata.name.clone().unwrap_or_default();
+        let fresh = claim.status.is_none() && claim.metadata.creation_timestamp.as_ref().is_some_and(|t| t.0.duration_until(k8s_openapi::jiff::Timestamp::now()).as_secs_f64() < FRESH_CLAIM.as_secs_f64());
+        if !fresh {
+            if let Some(vm) = self.vm_of(&claim_name).await? {
+                if vm.properties.provisioning_state.as_deref() != Some("Failed") {
+                    tracing::info!(claim = %claim_name, vm = %vm.name, "VM already made for this claim");
+                    return Ok(self.instance(&vm));
+                }
+                // A failed VM is made again by the PUT below (the same name).
+            }
+        }
+        let vm = self.launch(claim).await?;
+        let mut instance = self.instance(&vm);
+        if let Some(class) = claim.spec.node_class_ref.as_ref().and_then(|r| r.get("name")).and_then(|n| self.classes.get(n)) {
+            instance.node_class_hash = Some(launch::class_hash(&class.spec));
+        }
+        Ok(instance)
+    }
+
+    async fn delete(&self, claim: &NodeClaim) -> Result<(), CloudError> {
+        let name = launch::vm_name(&claim.metadata.name.clone().unwrap_or_default());
+        let Some(_) = self.vm_of(&claim.metadata.name.clone().unwrap_or_default()).await? else {
+            // Never made, already gone, or another's: only a NIC of ours may be left.
+            return self.arm.delete(&launch::nic_path(&self.settings, &name), NETWORK_API, NETWORK_TIMEOUT).await.map_err(api_error);
+        };
+        self.arm.delete(&launch::vm_path(&self.settings, &name), COMPUTE_API, NETWORK_TIMEOUT).await.map_err(api_error)?;
+        self.arm.delete(&launch::nic_path(&self.settings, &name), NETWORK_API, NETWORK_TIMEOUT).await.map_err(api_error)
+    }
+
+    async fn list(&self) -> Result<Vec<Instance>, CloudError> {
+        let path = format!("/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Compute/virtualMachines", self.settings.subscription_id, self.settings.resource_group);
+        let vms: Vec<Vm> = self.arm.list(&path, COMPUTE_API).await.map_err(api_error)?;
+        Ok(vms.iter().filter(|v| self.ours(v) && v.tags.contains_key(launch::NODECLAIM_TAG)).map(|v| self.instance(v)).collect())
+    }
+
+    fn interruptions(&self, handler: Arc<dyn InterruptionHandler>) -> Option<futures::future::BoxFuture<'static, ()>> {
+        Some(Box::pin(crate::preemption::run(self.kube.clone(), handler)))
+    }
+
+    fn drifted(&self, claim: &NodeClaim) -> Option<String> {
+        let name = claim.spec.node_class_ref.as_ref()?.get("name")?;
+        let class = self.classes.get(name)?;
+        let status = claim.status.as_ref()?;
+        if status.node_class_hash.as_deref().is_some_and(|h| h != launch::class_hash(&class.spec)) {
+            return Some(format!("AKSNodeClass {name} changed"));
+        }
+        let current = class.images.get(&claim.spec.arch)?;
+        match status.image_id.as_deref() {
+            Some(image) if image != current => Some(format!("image {image} was replaced by {current} in AKSNodeClass {name}")),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_ids_are_the_cloud_providers_with_the_resource_group_in_lower_case() {
+        assert_eq!(
+            provider_id("/subscriptions/s1/resourceGroups/MC_rg_aks_eastus/providers/Microsoft.Compute/virtualMachines/aks-default-x"),
+            "azure:///subscriptions/s1/resourceGroups/mc_rg_aks_eastus/providers/Microsoft.Compute/virtualMachines/aks-default-x"
+        );
+    }
+}

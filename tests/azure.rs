@@ -1,0 +1,259 @@
+//! The Azure VM provider against the local Azure Resource Manager (tests/common/arm.rs), which
+//! checks every request against the operation's schema from Azure's management SDKs: the token
+//! exchange, node class resolution (the newest AKS image per architecture), launches (NIC, then
+//! VM: spot, zone, image, tags, bootstrap), idempotency, the unavailable-offering fallthrough
+//! (SkuNotAvailable, AllocationFailed, quota), deletion, listing for garbage collection, drift,
+//! throttling, and answers no server should give.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use archer::catalog::{CapacityType, Catalog};
+use archer::provisioner::cloud::azure::nodeclass::AKSNodeClassSpec;
+use archer::provisioner::cloud::azure::Azure;
+use archer::provisioner::cloud::{CloudError, CloudProvider, NodeClassReadiness};
+use archer::provisioner::nodeclaim::NodeClaim;
+use base64::Engine;
+use common::arm::*;
+use serde_json::{json, Value};
+
+fn claim(name: &str, size: &str, arch: &str, zone: &str, capacity: &str) -> NodeClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "metadata": {"name": name},
+        "spec": {"nodePool": "general", "instanceType": size, "zone": zone, "capacityType": capacity, "arch": arch, "os": "linux",
+                 "labels": {"kubernetes.io/arch": arch, "karpenter.sh/capacity-type": capacity, "aks-karpenter": "demo", "karpenter.azure.com/sku-name": size},
+                 "taints": [{"key": "dedicated", "value": "demo", "effect": "NoSchedule"}], "pricePerHour": 0.05,
+                 "nodeClassRef": {"group": "archer.dev", "kind": "AKSNodeClass", "name": "default"}}
+    }))
+    .expect("claim")
+}
+
+/// The claim as the claim keeper retries it: written long ago, launched or not.
+fn retried(mut c: NodeClaim) -> NodeClaim {
+    c.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-01-01T00:00:00Z".parse().unwrap()));
+    c
+}
+
+fn spec() -> AKSNodeClassSpec {
+    serde_json::from_value(json!({"imageFamily": "Ubuntu2204", "osDiskSizeGB": 64, "tags": {"team/name": "platform"}, "maxPods": 110, "kubelet": {"cpuManagerPolicy": "static"}})).expect("spec")
+}
+
+fn kube() -> kube::Client {
+    kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).expect("client")
+}
+
+async fn provider(arm: &ArmServer) -> Azure {
+    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    let azure = Azure::new(arm.settings(), catalog, kube()).expect("provider");
+    let class = azure.use_class("default", &spec()).await;
+    assert!(class.ready(), "problems: {:?}", class.problems);
+    azure
+}
+
+fn custom_data(arm: &ArmServer, vm: &str) -> String {
+    let b64 = arm.state.custom_data.lock().unwrap().get(vm).cloned().expect("custom data");
+    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).expect("base64")).expect("utf8")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arm64_spot_claim_becomes_a_nic_and_a_vm_that_the_schemas_accept() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    assert_eq!(azure.node_class_readiness(Some(&[("name".to_string(), "default".to_string())].into())), NodeClassReadiness::Ready);
+    let c = claim("general-abcde", "Standard_D2pls_v6", "arm64", "eastus-2", "spot");
+    let i = azure.create(&c).await.expect("launched");
+    assert_eq!(i.node_name, "aks-general-abcde");
+    assert_eq!(i.provider_id, format!("azure:///subscriptions/{SUBSCRIPTION}/resourceGroups/mc_archer_test_eastus/providers/Microsoft.Compute/virtualMachines/aks-general-abcde"));
+    assert_eq!((i.instance_type.as_deref(), i.zone.as_deref(), i.claim.as_str()), (Some("Standard_D2pls_v6"), Some("eastus-2"), "general-abcde"));
+    assert_eq!(i.image_id.as_deref(), Some("/CommunityGalleries/AKSUbuntu-38d80f77-467a-481f-a8d4-09b6d4220bd2/images/2204gen2arm64containerd/versions/202611.10.0"));
+    assert!(i.node_class_hash.is_some() && i.launched_at.is_some());
+    assert_eq!(arm.violations(), Vec::<String>::new(), "every request as the schemas allow");
+
+    let nic = &arm.received("NetworkInterfaces_CreateOrUpdate")[0].body;
+    assert_eq!(nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"], SUBNET);
+    assert_eq!(nic["properties"]["enableAcceleratedNetworking"], true, "the catalog says Dpls_v6 has it");
+    let vm = &arm.received("VirtualMachines_CreateOrUpdate")[0].body;
+    let p = &vm["properties"];
+    assert_eq!((&p["priority"], &p["evictionPolicy"], &p["billingProfile"]["maxPrice"]), (&json!("Spot"), &json!("Delete"), &json!(-1.0)));
+    assert_eq!(vm["zones"], json!(["2"]));
+    assert_eq!(p["hardwareProfile"]["vmSize"], "Standard_D2pls_v6");
+    assert_eq!(p["storageProfile"]["osDisk"]["diskSizeGB"], 64);
+    assert_eq!(p["networkProfile"]["networkInterfaces"][0]["properties"]["deleteOption"], "Delete", "the NIC goes with the VM");
+    assert_eq!(p["osProfile"]["linuxConfiguration"]["disablePasswordAuthentication"], true);
+    let tags = &vm["tags"];
+    assert_eq!((&tags["archer.dev_cluster"], &tags["archer.dev_nodeclaim"], &tags["archer.dev_nodepool"], &tags["archer.dev_aksnodeclass"]), (&json!("archer-test"), &json!("general-abcde"), &json!("general"), &json!("default")));
+    assert_eq!(tags["team_name"], "platform", "the class's tags, '/' made '_'");
+
+    let boot = custom_data(&arm, "aks-general-abcde");
+    let config: Value = serde_json::from_str(boot.strip_prefix("#cloud-config\n").expect("cloud-config")).expect("JSON");
+    let kubelet = config["write_files"][0]["content"].as_str().unwrap();
+    assert!(kubelet.contains("aks-karpenter=demo") && kubelet.contains("kubernetes.io/arch=arm64"), "{kubelet}");
+    assert!(kubelet.contains("--register-with-taints=dedicated=demo:NoSchedule") && kubelet.contains("--max-pods=110") && kubelet.contains("--cpu-manager-policy=static"), "{kubelet}");
+    assert_eq!(*arm.state.tokens_issued.lock().unwrap(), 1, "one token exchange, kept for every request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_launch_finds_its_vm_and_makes_no_second_one() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    let c = claim("general-retry", "Standard_D4pls_v6", "arm64", "eastus-1", "on-demand");
+    let first = azure.create(&c).await.expect("launched");
+    let again = azure.create(&retried(c)).await.expect("found");
+    assert_eq!(first.provider_id, again.provider_id);
+    assert_eq!(arm.received("VirtualMachines_CreateOrUpdate").len(), 1, "looked up by name and tag, not made again");
+    let vm = &arm.received("VirtualMachines_CreateOrUpdate")[0].body;
+    assert_eq!((&vm["properties"]["priority"], vm["properties"].get("evictionPolicy")), (&json!("Regular"), None), "on-demand");
+    assert_eq!(arm.violations(), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_size_is_left_out_and_the_next_offering_planned() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    let key = |size: &str, zone: &str, cap| azure.offerings().iter().any(|o| o.instance.name == size && o.zone == zone && o.capacity == cap);
+    assert!(key("Standard_D2pls_v6", "eastus-1", CapacityType::Spot));
+
+    // At once: SkuNotAvailable in zone 1.
+    arm.state.faults.lock().unwrap().sku_not_available.insert(("Standard_D2pls_v6".into(), "1".into()));
+    let e = azure.create(&claim("general-sku", "Standard_D2pls_v6", "arm64", "eastus-1", "spot")).await.expect_err("not available");
+    assert!(matches!(&e, CloudError::InsufficientCapacity { message, .. } if message.starts_with("SkuNotAvailable")), "{e}");
+    assert!(!key("Standard_D2pls_v6", "eastus-1", CapacityType::Spot), "left out where it failed");
+    assert!(key("Standard_D2pls_v6", "eastus-2", CapacityType::Spot) && key("Standard_D2pls_v6", "eastus-1", CapacityType::OnDemand), "and only there");
+    assert!(arm.state.nics.lock().unwrap().is_empty(), "the NIC made for it is deleted");
+
+    // In the operation: AllocationFailed.
+    arm.state.faults.lock().unwrap().allocation_failed.insert("Standard_D4pls_v6".into());
+    let e = azure.create(&claim("general-alloc", "Standard_D4pls_v6", "arm64", "eastus-3", "on-demand")).await.expect_err("allocation failed");
+    assert!(matches!(&e, CloudError::InsufficientCapacity { message, .. } if message.starts_with("AllocationFailed")), "{e}");
+    assert!(!key("Standard_D4pls_v6", "eastus-3", CapacityType::OnDemand));
+    assert!(arm.state.vms.lock().unwrap().is_empty() && arm.state.nics.lock().unwrap().is_empty(), "the failed VM and its NIC are deleted");
+
+    // Quota: the whole family, every zone, this capacity type.
+    arm.state.faults.lock().unwrap().quota_exceeded.insert("Standard_D8pls_v6".into());
+    let e = azure.create(&claim("general-quota", "Standard_D8pls_v6", "arm64", "eastus-2", "on-demand")).await.expect_err("quota");
+    assert!(matches!(&e, CloudError::InsufficientCapacity { message, .. } if message.contains("quota")), "{e}");
+    for zone in ["eastus-1", "eastus-2", "eastus-3"] {
+        assert!(!key("Standard_D16pls_v6", zone, CapacityType::OnDemand), "every Dpls_v6 size in {zone}");
+        assert!(key("Standard_D16pls_v6", zone, CapacityType::Spot), "spot has its own quota");
+    }
+    assert!(key("Standard_D2pds_v6", "eastus-2", CapacityType::OnDemand), "another family is untouched");
+    assert_eq!(arm.violations(), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_failures_are_the_claims_to_retry_not_capacity() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    // The class's image is withdrawn from the gallery after it was resolved.
+    arm.state.images.lock().unwrap().clear();
+    let e = azure.create(&claim("general-img", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand")).await.expect_err("no image");
+    assert!(matches!(&e, CloudError::Api { message, .. } if message.contains("GalleryImageNotFound")), "{e}");
+    assert!(azure.offerings().iter().any(|o| o.instance.name == "Standard_D2pls_v6" && o.zone == "eastus-1"), "not marked unavailable");
+    // And a class resolved now is not ready, and says why.
+    let class = azure.use_class("default", &spec()).await;
+    assert!(!class.ready() && class.problems.iter().any(|p| p.contains("2204gen2arm64containerd")), "{:?}", class.problems);
+    assert!(matches!(azure.node_class_readiness(Some(&[("name".to_string(), "default".to_string())].into())), NodeClassReadiness::NotReady { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_removes_the_vm_and_its_nic_and_listing_finds_the_clusters_vms() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    let c = claim("general-del", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand");
+    azure.create(&c).await.expect("launched");
+    arm.plant_vm("aks-leaked", "gone-claim");
+    arm.plant_vm("other-tool-vm", "");
+    arm.state.vms.lock().unwrap().get_mut("other-tool-vm").unwrap()["tags"] = json!({"owner": "someone-else"});
+    let mut listed: Vec<(String, String)> = azure.list().await.expect("list").into_iter().map(|i| (i.node_name, i.claim)).collect();
+    listed.sort();
+    assert_eq!(listed, [("aks-general-del".to_string(), "general-del".to_string()), ("aks-leaked".to_string(), "gone-claim".to_string())], "the cluster's VMs only");
+
+    azure.delete(&c).await.expect("deleted");
+    assert!(!arm.state.vms.lock().unwrap().contains_key("aks-general-del") && arm.state.nics.lock().unwrap().is_empty());
+    azure.delete(&c).await.expect("gone already: not an error");
+    assert_eq!(arm.violations(), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_node_image_or_a_changed_class_makes_a_node_drifted() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    let c = claim("general-drift", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand");
+    let i = azure.create(&c).await.expect("launched");
+    let mut launched = c.clone();
+    launched.status = Some(archer::provisioner::nodeclaim::NodeClaimStatus { provider_id: Some(i.provider_id), image_id: i.image_id, node_class_hash: i.node_class_hash, ..Default::default() });
+    assert_eq!(azure.drifted(&launched), None);
+    arm.publish("2204gen2arm64containerd", "202612.01.0", "2026-12-01T00:00:00Z");
+    azure.use_class("default", &spec()).await;
+    let why = azure.drifted(&launched).expect("drifted");
+    assert!(why.contains("202611.10.0") && why.contains("202612.01.0"), "{why}");
+    let mut changed = spec();
+    changed.os_disk_size_gb = Some(128);
+    azure.use_class("default", &changed).await;
+    assert_eq!(azure.drifted(&launched).as_deref(), Some("AKSNodeClass default changed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_waited_out() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    arm.state.faults.lock().unwrap().throttle = 3;
+    azure.create(&claim("general-429", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand")).await.expect("launched after 429s");
+    assert_eq!(arm.state.faults.lock().unwrap().throttle, 0);
+}
+
+/// Answers no server should give end in an error, in bounded time and memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_answer_or_a_foreign_poll_link_is_an_error() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    arm.state.faults.lock().unwrap().endless_answers = true;
+    let c = retried(claim("general-endless", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand"));
+    let e = tokio::time::timeout(Duration::from_secs(30), azure.create(&c)).await.expect("bounded").expect_err("refused");
+    assert!(e.to_string().contains("more than 16777216 bytes"), "{e}");
+    arm.state.faults.lock().unwrap().endless_answers = false;
+    arm.state.faults.lock().unwrap().foreign_poll_links = true;
+    let e = azure.create(&claim("general-foreign", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand")).await.expect_err("refused");
+    assert!(e.to_string().contains("another origin"), "the token is never sent elsewhere: {e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_federated_token_is_said_plainly() {
+    let arm = ArmServer::start().await;
+    std::fs::write(arm.token_file.path(), "not-the-projected-token").unwrap();
+    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    let azure = Azure::new(arm.settings(), catalog, kube()).expect("provider");
+    let class = azure.use_class("default", &spec()).await;
+    assert!(class.problems.iter().any(|p| p.contains("Microsoft Entra ID refused the federated token")), "{:?}", class.problems);
+    assert!(arm.violations().iter().any(|v| v.contains("client_assertion")), "the server saw the wrong assertion");
+}
+
+/// The server's schema check is real: bodies the SDKs' schemas refuse are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_refuses_what_the_schemas_refuse() {
+    let arm = ArmServer::start().await;
+    let http = reqwest::Client::new();
+    let token = http.post(format!("{}/{TENANT}/oauth2/v2.0/token", arm.endpoint))
+        .form(&[("client_id", CLIENT_ID), ("grant_type", "client_credentials"), ("scope", "https://management.azure.com/.default"), ("client_assertion_type", "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"), ("client_assertion", ASSERTION)])
+        .send().await.unwrap().json::<Value>().await.unwrap()["access_token"].as_str().unwrap().to_string();
+    let put = |body: Value, api: &'static str| {
+        let url = format!("{}/subscriptions/{SUBSCRIPTION}/resourceGroups/{RESOURCE_GROUP}/providers/Microsoft.Compute/virtualMachines/x?api-version={api}", arm.endpoint);
+        http.put(url).bearer_auth(&token).json(&body).send()
+    };
+    for (body, why) in [
+        (json!({"properties": {"hardwareProfile": {"vmSize": "Standard_D2pls_v6"}}}), "location is required"),
+        (json!({"location": "eastus", "properties": {"hardwareProfile": {"vmSize": 2}}}), "vmSize is a string"),
+        (json!({"location": "eastus", "properties": {"hardwareProfile": {"size": "Standard_D2pls_v6"}}}), "no such member"),
+        (json!({"location": "eastus", "properties": {"provisioningState": "Succeeded"}}), "read-only"),
+        (json!({"location": "eastus", "properties": {"storageProfile": {"osDisk": {"diskSizeGB": 30}}}}), "osDisk needs createOption"),
+    ] {
+        let r = put(body, "2026-04-01").await.unwrap();
+        assert_eq!(r.status(), 400, "{why}");
+        assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "InvalidRequestContent", "{why}");
+    }
+    assert_eq!(put(json!({"location": "eastus"}), "2024-07-01").await.unwrap().status(), 400, "the SDK's api-version only");
+    assert_eq!(arm.violations().len(), 6);
+}
