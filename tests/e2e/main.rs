@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod aws;
+mod azure;
 mod cluster;
 mod compare;
 mod helm;
