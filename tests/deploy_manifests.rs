@@ -107,6 +107,7 @@ fn rbac_is_least_privilege() {
         ("nodeclaims/status", &["patch"]),
         ("nodepools/status", &["patch"]),
         ("ec2nodeclasses/status", &["patch"]),
+        ("aksnodeclasses/status", &["patch"]),
         ("events", &["create", "patch"]),
         // `archer ungate --all --delete-webhook-configuration archer` (the uninstall hook).
         ("mutatingwebhookconfigurations", &["delete"]),

@@ -323,7 +323,7 @@ async fn handle(State(arm): State<Arc<Arm>>, method: Method, uri: Uri, headers: 
         },
         "VirtualMachines_CreateOrUpdate" => match put_vm(&arm, &params, doc) {
             Ok(r) => r,
-            Err(resp) => return resp,
+            Err(resp) => return *resp,
         },
         "VirtualMachines_Get" => {
             if arm.faults.lock().unwrap().endless_answers {
@@ -450,29 +450,29 @@ fn delete_nic(arm: &Arm, params: &BTreeMap<String, String>) -> Answer {
     (StatusCode::OK, vec![], Value::Null)
 }
 
-fn put_vm(arm: &Arm, params: &BTreeMap<String, String>, mut doc: Value) -> Result<Answer, Response> {
+fn put_vm(arm: &Arm, params: &BTreeMap<String, String>, mut doc: Value) -> Result<Answer, Box<Response>> {
     let name = params["vmName"].clone();
     let size = doc["properties"]["hardwareProfile"]["vmSize"].as_str().unwrap_or_default().to_string();
     let zone = doc["zones"][0].as_str().unwrap_or_default().to_string();
     let nic_id = doc["properties"]["networkProfile"]["networkInterfaces"][0]["id"].as_str().unwrap_or_default().to_string();
     let nic_name = nic_id.rsplit('/').next().unwrap_or_default().to_string();
     if !arm.nics.lock().unwrap().contains_key(&nic_name) {
-        return Err(error(StatusCode::BAD_REQUEST, "InvalidResourceReference", &format!("Resource {nic_id} referenced by resource {name} was not found.")));
+        return Err(Box::new(error(StatusCode::BAD_REQUEST, "InvalidResourceReference", &format!("Resource {nic_id} referenced by resource {name} was not found."))));
     }
     let image = doc["properties"]["storageProfile"]["imageReference"]["communityGalleryImageId"].as_str().unwrap_or_default().to_string();
     let published = arm.images.lock().unwrap().iter().any(|(def, versions)| versions.iter().any(|(v, _)| image.ends_with(&format!("/images/{def}/versions/{v}"))));
     if !published {
-        return Err(error(StatusCode::NOT_FOUND, "GalleryImageNotFound", &format!("The gallery image {image} is not available.")));
+        return Err(Box::new(error(StatusCode::NOT_FOUND, "GalleryImageNotFound", &format!("The gallery image {image} is not available."))));
     }
     let (allocation_fails, quota) = {
         let f = arm.faults.lock().unwrap();
         if f.sku_not_available.contains(&(size.clone(), zone.clone())) {
-            return Err(error(StatusCode::CONFLICT, "SkuNotAvailable", &format!("The requested VM size for resource 'Following SKUs have failed for Capacity Restrictions: {size}' is currently not available in location '{LOCATION}' zones '{zone}'. Please try another size or deploy to a different location or zones.")));
+            return Err(Box::new(error(StatusCode::CONFLICT, "SkuNotAvailable", &format!("The requested VM size for resource 'Following SKUs have failed for Capacity Restrictions: {size}' is currently not available in location '{LOCATION}' zones '{zone}'. Please try another size or deploy to a different location or zones."))));
         }
         (f.allocation_failed.contains(&size), f.quota_exceeded.contains(&size))
     };
     if quota {
-        return Err(error(StatusCode::CONFLICT, "OperationNotAllowed", &format!("Operation could not be completed as it results in exceeding approved standardDPLSv6Family Cores quota. Location: {LOCATION}, Current Limit: 0, Current Usage: 0, Additional Required: 2.")));
+        return Err(Box::new(error(StatusCode::CONFLICT, "OperationNotAllowed", &format!("Operation could not be completed as it results in exceeding approved standardDPLSv6Family Cores quota. Location: {LOCATION}, Current Limit: 0, Current Usage: 0, Additional Required: 2."))));
     }
     let custom_data = doc["properties"]["osProfile"]["customData"].as_str().unwrap_or_default().to_string();
     if let Some(os) = doc["properties"]["osProfile"].as_object_mut() {

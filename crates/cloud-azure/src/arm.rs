@@ -11,7 +11,8 @@
 //! - errors read from ARM's `{"error": {"code", "message"}}`;
 //! - throttling (429) and server errors (5xx) retried a few times, after `Retry-After`.
 //!
-//! Every answer is read up to [`MAX_BODY`] bytes; a longer one is an error, never a buffer.
+//! Every answer is read up to [`crate::wire::MAX_BODY`] bytes; a longer one is an error, never a
+//! buffer.
 
 use std::time::{Duration, Instant};
 
@@ -21,47 +22,15 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Credential;
+pub use crate::wire::ArmError;
+use crate::wire::{error_chain, read_limited};
 
-/// The largest answer read (a page of 1,000 VMs is about 5 MiB).
-pub const MAX_BODY: usize = 16 << 20;
 /// Attempts of a request answered 429 or 5xx (or not answered).
 const ATTEMPTS: u32 = 4;
 /// The longest wait between attempts or polls, whatever `Retry-After` says.
 const MAX_WAIT: Duration = Duration::from_secs(30);
 /// Pages followed at most (`nextLink`), against a server that never stops.
 const MAX_PAGES: usize = 1000;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ArmError {
-    /// ARM answered with an error (its code and message), or an operation ended `Failed`.
-    #[error("{code}: {message} (HTTP {status})")]
-    Service { status: u16, code: String, message: String },
-    #[error("Azure Resource Manager could not be reached: {0}")]
-    Transport(String),
-    #[error("unexpected answer from Azure Resource Manager: {0}")]
-    Decode(String),
-    #[error("no token for Azure Resource Manager: {0}")]
-    Auth(String),
-    #[error("{0} did not finish in time")]
-    Timeout(String),
-}
-
-impl ArmError {
-    /// ARM's error code (`SkuNotAvailable`, `AllocationFailed`, ...), if ARM gave one.
-    pub fn code(&self) -> Option<&str> {
-        match self {
-            ArmError::Service { code, .. } => Some(code),
-            _ => None,
-        }
-    }
-
-    pub fn message(&self) -> String {
-        match self {
-            ArmError::Service { message, .. } => message.clone(),
-            other => other.to_string(),
-        }
-    }
-}
 
 /// ARM's error body (`CloudError`).
 #[derive(Debug, Default, Deserialize)]
@@ -276,30 +245,4 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ArmError> {
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let secs: f64 = headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
     Some(Duration::from_secs_f64(secs.clamp(0.05, MAX_WAIT.as_secs_f64())))
-}
-
-/// The body, or an error once it passes [`MAX_BODY`] (read as it arrives, never whole first).
-pub(crate) async fn read_limited(mut resp: reqwest::Response) -> Result<Vec<u8>, ArmError> {
-    if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(ArmError::Decode(format!("an answer of more than {MAX_BODY} bytes")));
-    }
-    let mut out = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| ArmError::Transport(error_chain(&e)))? {
-        if out.len() + chunk.len() > MAX_BODY {
-            return Err(ArmError::Decode(format!("an answer of more than {MAX_BODY} bytes")));
-        }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(out)
-}
-
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
-use crate::arm::{error_chain, read_limited, ArmError};
+use crate::wire::{error_chain, read_limited, ArmError};
 use archer_cloud::settings::AzureConfig;
 
 const PUBLIC_AUTHORITY: &str = "https://login.microsoftonline.com/";

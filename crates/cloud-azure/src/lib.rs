@@ -4,7 +4,8 @@
 //! binary's `azure`), the VM provider, which launches through Azure Resource Manager:
 //!
 //! - `auth`: workload identity tokens; `arm`: the thin ARM client (pages, long-running
-//!   operations, errors, retries, bounded answers); `models`: the resource bodies;
+//!   operations, errors, retries); `wire`: their error and bounded answers; `models`: the
+//!   resource bodies;
 //! - `image`: AKS node images per family and architecture; `classes`: AKSNodeClasses resolved
 //!   and their status;
 //! - `launch`: names, tags, NIC and VM bodies, the node's bootstrap, failure meanings (pure);
@@ -28,6 +29,8 @@ pub mod models;
 pub mod preemption;
 #[cfg(feature = "provider")]
 pub mod provider;
+#[cfg(feature = "provider")]
+mod wire;
 
 #[cfg(feature = "provider")]
 pub use provider::Azure;
