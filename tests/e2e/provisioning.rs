@@ -1057,26 +1057,7 @@ async fn the_aks_arm64_module_runs_on_arm64_d_series_with_azures_labels() {
     let class: archer::provisioner::cloud::azure::nodeclass::AKSNodeClass =
         serde_json::from_value(json!({"apiVersion": "archer.dev/v1alpha1", "kind": "AKSNodeClass", "metadata": {"name": "default"}, "spec": {"imageFamily": "Ubuntu2204", "osDiskSizeGB": 100}})).expect("class");
     Api::all(client.clone()).create(&PostParams::default(), &class).await.expect("create class");
-    let text = std::fs::read_to_string(format!("{}/examples/aks-arm64.yaml", env!("CARGO_MANIFEST_DIR"))).expect("example");
-    for mut doc in archer::yaml::from_multiple::<serde_json::Value>(&text).expect("yaml") {
-        match doc["kind"].as_str() {
-            Some("NodePool") => {
-                doc["apiVersion"] = json!("archer.dev/v1alpha1");
-                doc["spec"]["template"]["spec"]["nodeClassRef"] = json!({"group": "archer.dev", "kind": "AKSNodeClass", "name": "default"});
-                if let Some(spec) = doc["spec"]["template"]["spec"].as_object_mut() {
-                    spec.remove("startupTaints");
-                }
-                let p: NodePool = serde_json::from_value(doc).expect("pool");
-                Api::<NodePool>::all(client.clone()).create(&PostParams::default(), &p).await.expect("create pool");
-            }
-            Some("Deployment") => {
-                doc["spec"]["template"]["spec"]["containers"][0]["image"] = json!(c.registry.image("oss/kubernetes/pause:3.6"));
-                let d: Deployment = serde_json::from_value(doc).expect("deployment");
-                Api::<Deployment>::namespaced(client.clone(), "workshop").create(&PostParams::default(), &d).await.expect("create deployment");
-            }
-            _ => {}
-        }
-    }
+    apply_aks_module(&client, &c, json!(null)).await;
     let pods = wait_running(&client, "workshop", "inflate", 4, Duration::from_secs(120)).await;
     let nodes: BTreeSet<String> = pods.iter().map(node_of).collect();
     let all = archer_nodes(&client).await;
@@ -1101,4 +1082,33 @@ async fn the_aks_arm64_module_runs_on_arm64_d_series_with_azures_labels() {
     }
     let cost: f64 = nodes.iter().map(|n| all.iter().find(|x| x.metadata.name.as_ref() == Some(n)).map(|x| label(x, "node.kubernetes.io/instance-type").to_string()).unwrap_or_default()).map(|t| archer::catalog::Catalog::embedded().expect("catalog").price(&t, Some("eastus"), archer::catalog::CapacityType::OnDemand).expect("priced")).sum();
     assert!((cost - 0.186).abs() < 1e-9, "the plan simulate makes: D4pls_v6 + D2pls_v6 ({cost})");
+}
+
+/// The AKS arm64 module's NodePool (ported to Archer's by its apiVersion, naming the AKSNodeClass
+/// `default`, without cilium's startup taint: no cilium runs here to lift it; `disruption` replaced
+/// when given) and its `inflate` Deployment in `workshop`, its image from the test registry.
+pub(crate) async fn apply_aks_module(client: &Client, c: &Cluster, disruption: serde_json::Value) {
+    let text = std::fs::read_to_string(format!("{}/examples/aks-arm64.yaml", env!("CARGO_MANIFEST_DIR"))).expect("example");
+    for mut doc in archer::yaml::from_multiple::<serde_json::Value>(&text).expect("yaml") {
+        match doc["kind"].as_str() {
+            Some("NodePool") => {
+                doc["apiVersion"] = json!("archer.dev/v1alpha1");
+                doc["spec"]["template"]["spec"]["nodeClassRef"] = json!({"group": "archer.dev", "kind": "AKSNodeClass", "name": "default"});
+                if let Some(spec) = doc["spec"]["template"]["spec"].as_object_mut() {
+                    spec.remove("startupTaints");
+                }
+                if !disruption.is_null() {
+                    doc["spec"]["disruption"] = disruption.clone();
+                }
+                let p: NodePool = serde_json::from_value(doc).expect("pool");
+                Api::<NodePool>::all(client.clone()).create(&PostParams::default(), &p).await.expect("create pool");
+            }
+            Some("Deployment") => {
+                doc["spec"]["template"]["spec"]["containers"][0]["image"] = json!(c.registry.image("oss/kubernetes/pause:3.6"));
+                let d: Deployment = serde_json::from_value(doc).expect("deployment");
+                Api::<Deployment>::namespaced(client.clone(), "workshop").create(&PostParams::default(), &d).await.expect("create deployment");
+            }
+            _ => {}
+        }
+    }
 }
