@@ -190,11 +190,12 @@ async fn azure_the_aks_arm64_module_runs_on_arm64_vms_launched_through_arm() {
     assert_eq!(arm.violations(), Vec::<String>::new());
 }
 
-/// A spot VM whose preemption is scheduled (the node agent's `PreemptionScheduled=True`): its
-/// pods are moved at once onto a replacement VM, and the preempted VM is deleted.
+/// Spot: the cheapest arm64 sizes answer `SkuNotAvailable` in every zone, so the launches fall
+/// through to the next offering; then a spot VM whose preemption is scheduled (the node agent's
+/// `PreemptionScheduled=True`) has its pods moved at once onto a new VM, and is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
-async fn azure_a_scheduled_spot_preemption_moves_the_pods_to_a_new_vm() {
+async fn azure_spot_falls_through_unavailable_sizes_and_a_scheduled_preemption_moves_the_pods() {
     let (c, arm) = azure_cluster("azure-spot").await;
     c.register_webhook(c.archer_port).await;
     let client = c.client().await;
@@ -206,10 +207,20 @@ async fn azure_a_scheduled_spot_preemption_moves_the_pods_to_a_new_vm() {
     )
     .expect("pool");
     Api::<NodePool>::all(client.clone()).create(&PostParams::default(), &pool).await.expect("create pool");
+    // The cheapest arm64 sizes cannot be had in any zone: the launches fall through to the next.
+    let scarce = ["Standard_D2pls_v5", "Standard_D2pls_v6"];
+    for size in scarce {
+        for zone in ["1", "2", "3"] {
+            arm.state.faults.lock().unwrap_or_else(|e| e.into_inner()).sku_not_available.insert((size.to_string(), zone.to_string()));
+        }
+    }
     let image = c.registry.image("apps/inflate:1");
     let d = super::deployment("inflate", "unused", 2, json!({"containers": [{"name": "app", "image": image, "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]}));
     Api::<Deployment>::namespaced(client.clone(), "workshop").create(&PostParams::default(), &d).await.expect("create deployment");
     let pods = wait_running(&client, "workshop", "inflate", 2, Duration::from_secs(180)).await;
+    let refused = arm.received("VirtualMachines_CreateOrUpdate").iter().filter(|r| scarce.iter().any(|s| r.body["properties"]["hardwareProfile"]["vmSize"] == *s)).count();
+    assert!(refused >= 1, "the plan asked for a scarce size first");
+    assert!(arm.running().values().all(|vm| !scarce.iter().any(|s| vm["properties"]["hardwareProfile"]["vmSize"] == *s)), "and fell through to another");
     let victim = pods[0].spec.as_ref().and_then(|s| s.node_name.clone()).expect("scheduled");
     let vm = arm.running().get(&victim).cloned().expect("a VM");
     assert_eq!((vm["properties"]["priority"].as_str(), vm["properties"]["evictionPolicy"].as_str()), (Some("Spot"), Some("Delete")));
