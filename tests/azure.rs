@@ -116,30 +116,35 @@ async fn an_unavailable_size_is_left_out_and_the_next_offering_planned() {
     let key = |size: &str, zone: &str, cap| azure.offerings().iter().any(|o| o.instance.name == size && o.zone == zone && o.capacity == cap);
     assert!(key("Standard_D2pls_v6", "eastus-1", CapacityType::Spot));
 
-    // At once: SkuNotAvailable in zone 1.
+    // At once: SkuNotAvailable (asked for in zone 1): the size for spot in every zone, as
+    // Karpenter on Azure (spot capacity or the subscription's offer, not a zone's).
     arm.state.faults.lock().unwrap().sku_not_available.insert(("Standard_D2pls_v6".into(), "1".into()));
     let e = azure.create(&claim("general-sku", "Standard_D2pls_v6", "arm64", "eastus-1", "spot")).await.expect_err("not available");
     assert!(matches!(&e, CloudError::InsufficientCapacity { message, .. } if message.starts_with("SkuNotAvailable")), "{e}");
-    assert!(!key("Standard_D2pls_v6", "eastus-1", CapacityType::Spot), "left out where it failed");
-    assert!(key("Standard_D2pls_v6", "eastus-2", CapacityType::Spot) && key("Standard_D2pls_v6", "eastus-1", CapacityType::OnDemand), "and only there");
+    for zone in ["eastus-1", "eastus-2", "eastus-3"] {
+        assert!(!key("Standard_D2pls_v6", zone, CapacityType::Spot), "left out for spot in {zone}");
+        assert!(key("Standard_D2pls_v6", zone, CapacityType::OnDemand), "not for on-demand");
+    }
     assert!(arm.state.nics.lock().unwrap().is_empty(), "the NIC made for it is deleted");
 
-    // In the operation: AllocationFailed.
+    // In the operation: AllocationFailed: the size in every zone, spot and on-demand.
     arm.state.faults.lock().unwrap().allocation_failed.insert("Standard_D4pls_v6".into());
     let e = azure.create(&claim("general-alloc", "Standard_D4pls_v6", "arm64", "eastus-3", "on-demand")).await.expect_err("allocation failed");
     assert!(matches!(&e, CloudError::InsufficientCapacity { message, .. } if message.starts_with("AllocationFailed")), "{e}");
-    assert!(!key("Standard_D4pls_v6", "eastus-3", CapacityType::OnDemand));
+    for zone in ["eastus-1", "eastus-2", "eastus-3"] {
+        assert!(!key("Standard_D4pls_v6", zone, CapacityType::OnDemand) && !key("Standard_D4pls_v6", zone, CapacityType::Spot));
+    }
     assert!(arm.state.vms.lock().unwrap().is_empty() && arm.state.nics.lock().unwrap().is_empty(), "the failed VM and its NIC are deleted");
 
-    // Quota: the whole family, every zone, this capacity type.
+    // The family's quota: this size, every zone, this capacity type; the family's smaller sizes
+    // are tried meanwhile (Karpenter on Azure's rule), and spot has a quota of its own.
     arm.state.faults.lock().unwrap().quota_exceeded.insert("Standard_D8pls_v6".into());
     let e = azure.create(&claim("general-quota", "Standard_D8pls_v6", "arm64", "eastus-2", "on-demand")).await.expect_err("quota");
-    assert!(matches!(&e, CloudError::InsufficientCapacity { message, .. } if message.contains("quota")), "{e}");
+    assert!(matches!(&e, CloudError::InsufficientCapacity { message, .. } if message.contains("Family Cores quota")), "{e}");
     for zone in ["eastus-1", "eastus-2", "eastus-3"] {
-        assert!(!key("Standard_D16pls_v6", zone, CapacityType::OnDemand), "every Dpls_v6 size in {zone}");
-        assert!(key("Standard_D16pls_v6", zone, CapacityType::Spot), "spot has its own quota");
+        assert!(!key("Standard_D8pls_v6", zone, CapacityType::OnDemand), "{zone}");
+        assert!(key("Standard_D8pls_v6", zone, CapacityType::Spot) && key("Standard_D2pls_v6", zone, CapacityType::OnDemand));
     }
-    assert!(key("Standard_D2pds_v6", "eastus-2", CapacityType::OnDemand), "another family is untouched");
     assert_eq!(arm.violations(), Vec::<String>::new());
 }
 

@@ -218,7 +218,6 @@ impl ArmServer {
             federated_token_file: Some(self.token_file.path().display().to_string()),
             subnet_id: Some(SUBNET.into()),
             ssh_public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIArcherTestKey archer@test".into(),
-            insufficient_capacity_ttl_seconds: 60,
             create_timeout_seconds: 30,
             ..Default::default()
         }

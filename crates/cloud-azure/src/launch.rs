@@ -3,6 +3,7 @@
 //! and what a failed VM creation means for planning.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use base64::Engine;
 use serde::Serialize;
@@ -184,31 +185,83 @@ fn kubelet_flags(k: &KubeletConfiguration) -> Vec<String> {
     out
 }
 
-/// What a failed creation says about the offering.
+/// What a failed creation says about the offerings, as Karpenter on Azure reads ARM's errors
+/// (its offerings error handlers; the codes and the terms its SDK extensions match on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unavailable {
-    /// This size in this zone (and capacity type) cannot be had now: `SkuNotAvailable`,
-    /// `AllocationFailed` and its zonal and over-constrained forms.
-    Offering,
-    /// The subscription's quota for the size's family (or for spot cores) is used up: every size
-    /// of the family, in every zone.
-    Family,
+pub enum Failure {
+    /// The size is unavailable: in the claim's zone or in all, for the claim's capacity type or
+    /// for both, for `ttl`.
+    Size { all_zones: bool, both_capacities: bool, ttl: Duration },
+    /// The subscription's spot cores quota (`LowPriorityCores`): every spot offering.
+    AllSpot { ttl: Duration },
+    /// The region's cores quota for the capacity type: no other size helps. Karpenter on Azure
+    /// marks nothing; Archer leaves the capacity type's offerings out for [`LOW_QUOTA_TTL`]
+    /// rather than asking ARM again at every batch.
+    RegionalQuota { ttl: Duration },
 }
 
-const CAPACITY_CODES: [&str; 5] = ["SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest", "OverconstrainedZonalAllocationRequest"];
+const HOUR: Duration = Duration::from_secs(3600);
+/// A family quota not used up entirely: the smaller sizes of the family are tried meanwhile.
+pub const LOW_QUOTA_TTL: Duration = Duration::from_secs(600);
 
-pub fn unavailable(code: &str, message: &str) -> Option<Unavailable> {
-    if CAPACITY_CODES.contains(&code) {
-        return Some(Unavailable::Offering);
+pub fn classify(code: &str, message: &str, spot: bool) -> Option<Failure> {
+    let quota = |term: &str| code == "OperationNotAllowed" && message.contains(term);
+    let size = |all_zones, both_capacities, ttl| Some(Failure::Size { all_zones, both_capacities, ttl });
+    if quota("LowPriorityCores") {
+        return Some(Failure::AllSpot { ttl: HOUR });
     }
-    let quota = message.to_ascii_lowercase().contains("quota");
-    if code == "QuotaExceeded" || (code == "OperationNotAllowed" && quota) {
-        return Some(Unavailable::Family);
+    if quota("Family Cores quota") {
+        // A limit of 0: the subscription has no quota for the family at all.
+        return size(true, false, if message.contains("Current Limit: 0") { HOUR } else { LOW_QUOTA_TTL });
     }
-    None
+    match code {
+        // Not offered to the subscription here, or out of spot capacity.
+        "SkuNotAvailable" => size(true, false, if spot { HOUR } else { 23 * HOUR }),
+        "ZonalAllocationFailed" => size(false, true, HOUR),
+        "AllocationFailed" => size(true, true, HOUR),
+        "OverconstrainedZonalAllocationRequest" => size(false, false, HOUR),
+        "OverconstrainedAllocationRequest" => size(true, false, HOUR),
+        _ if quota("exceeding approved Total Regional Cores quota") => Some(Failure::RegionalQuota { ttl: LOW_QUOTA_TTL }),
+        _ => None,
+    }
 }
 
 /// A hash of a node class's spec: a claim launched under another one has drifted.
 pub fn class_hash(spec: &AKSNodeClassSpec) -> String {
     hex::encode(Sha256::digest(serde_json::to_string(spec).unwrap_or_default().as_bytes()).get(..8).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Karpenter on Azure's offerings error handlers' cases: what each error leaves out, and for
+    /// how long.
+    #[test]
+    fn arms_errors_leave_out_what_karpenter_on_azure_leaves_out() {
+        let f = |code: &str, message: &str, spot: bool| classify(code, message, spot);
+        assert_eq!(f("OperationNotAllowed", "Operation could not be completed as it results in exceeding approved LowPriorityCores quota.", true), Some(Failure::AllSpot { ttl: HOUR }));
+        let family = "Operation could not be completed as it results in exceeding approved standardDPLSv6Family Cores quota. Location: eastus, Current Limit: 10, Current Usage: 8, Additional Required: 4.";
+        assert_eq!(f("OperationNotAllowed", family, false), Some(Failure::Size { all_zones: true, both_capacities: false, ttl: LOW_QUOTA_TTL }));
+        assert_eq!(f("OperationNotAllowed", &family.replace("Limit: 10", "Limit: 0"), false), Some(Failure::Size { all_zones: true, both_capacities: false, ttl: HOUR }), "no quota at all");
+        assert_eq!(f("SkuNotAvailable", "", true), Some(Failure::Size { all_zones: true, both_capacities: false, ttl: HOUR }));
+        assert_eq!(f("SkuNotAvailable", "", false), Some(Failure::Size { all_zones: true, both_capacities: false, ttl: 23 * HOUR }));
+        assert_eq!(f("ZonalAllocationFailed", "", false), Some(Failure::Size { all_zones: false, both_capacities: true, ttl: HOUR }));
+        assert_eq!(f("AllocationFailed", "", true), Some(Failure::Size { all_zones: true, both_capacities: true, ttl: HOUR }));
+        assert_eq!(f("OverconstrainedZonalAllocationRequest", "", false), Some(Failure::Size { all_zones: false, both_capacities: false, ttl: HOUR }));
+        assert_eq!(f("OverconstrainedAllocationRequest", "", false), Some(Failure::Size { all_zones: true, both_capacities: false, ttl: HOUR }));
+        assert_eq!(f("OperationNotAllowed", "results in exceeding approved Total Regional Cores quota", false), Some(Failure::RegionalQuota { ttl: LOW_QUOTA_TTL }));
+        assert_eq!(f("OperationNotAllowed", "the VM is being deleted", false), None, "not every OperationNotAllowed is a quota");
+        assert_eq!(f("InvalidParameter", "", false), None);
+    }
+
+    #[test]
+    fn long_claim_names_make_distinct_vm_names_within_azures_limit() {
+        assert_eq!(vm_name("default-abcde"), "aks-default-abcde");
+        let long = "a".repeat(80);
+        let (one, two) = (vm_name(&long), vm_name(&format!("{long}b")));
+        assert!(one.len() <= 64 && two.len() <= 64 && one != two);
+        assert_eq!(zone_number("eastus-2").as_deref(), Some("2"));
+        assert_eq!(zone_number("eastus"), None);
+    }
 }

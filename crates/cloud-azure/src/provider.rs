@@ -12,7 +12,7 @@ use kube::Client;
 use crate::arm::{Arm, ArmError};
 use crate::auth::Credential;
 use crate::classes::{self, Class, Classes};
-use crate::launch::{self, Unavailable as Failure};
+use crate::launch::{self, Failure};
 use crate::models::{Nic, Vm, COMPUTE_API, NETWORK_API};
 use archer_api::nodeclaim::NodeClaim;
 use archer_cloud::settings::AzureConfig;
@@ -60,7 +60,7 @@ impl Azure {
             let known: Vec<String> = catalog.regions().into_iter().filter(|(_, p)| p.contains(PROVIDER)).map(|(r, _)| r).collect();
             return Err(CloudError::Api { provider: PROVIDER, message: format!("the catalog prices no Azure size in {} (it knows {})", settings.location, known.join(", ")) });
         }
-        let unavailable = Unavailable::new(Duration::from_secs(settings.insufficient_capacity_ttl_seconds.max(1)));
+        let unavailable = Unavailable::new(Duration::from_secs(3600));
         Ok(Azure { arm, settings, kube, catalog, all: Arc::new(all), unavailable, classes: Classes::default() })
     }
 
@@ -141,23 +141,28 @@ impl Azure {
         }
     }
 
-    /// What a failed creation means: an offering (or a family) left out for a while, and the
-    /// next batch plans the next one; any other error is the claim's to retry.
+    /// What a failed creation means: offerings left out for a while (Karpenter on Azure's
+    /// table, [`launch::classify`]), and the next batch plans the next one; any other error is
+    /// the claim's to retry.
     fn failed(&self, claim: &NodeClaim, e: ArmError) -> CloudError {
         let (code, message) = (e.code().unwrap_or_default().to_string(), e.message());
         let capacity = CapacityType::parse(&claim.spec.capacity_type).unwrap_or(CapacityType::OnDemand);
         let why = format!("{code}: {message}");
-        match launch::unavailable(&code, &message) {
-            Some(Failure::Offering) => self.unavailable.mark((claim.spec.instance_type.clone(), claim.spec.zone.clone(), capacity), &why),
-            Some(Failure::Family) => {
-                let family = self.catalog.get(&claim.spec.instance_type).map(|t| t.family.clone()).unwrap_or_default();
-                for o in self.all.iter().filter(|o| o.instance.family == family && o.capacity == capacity) {
-                    self.unavailable.mark((o.instance.name.clone(), o.zone.clone(), capacity), &why);
-                }
+        let Some(failure) = launch::classify(&code, &message, capacity == CapacityType::Spot) else {
+            return api_error(e);
+        };
+        let size = &claim.spec.instance_type;
+        let (marked, ttl): (Vec<&Offering>, Duration) = match failure {
+            Failure::Size { all_zones, both_capacities, ttl } => {
+                (self.all.iter().filter(|o| &o.instance.name == size && (all_zones || o.zone == claim.spec.zone) && (both_capacities || o.capacity == capacity)).collect(), ttl)
             }
-            None => return api_error(e),
+            Failure::AllSpot { ttl } => (self.all.iter().filter(|o| o.capacity == CapacityType::Spot).collect(), ttl),
+            Failure::RegionalQuota { ttl } => (self.all.iter().filter(|o| o.capacity == capacity).collect(), ttl),
+        };
+        for o in marked {
+            self.unavailable.mark_for((o.instance.name.clone(), o.zone.clone(), o.capacity), &why, ttl);
         }
-        CloudError::InsufficientCapacity { provider: PROVIDER, instance_type: claim.spec.instance_type.clone(), zone: claim.spec.zone.clone(), message: why }
+        CloudError::InsufficientCapacity { provider: PROVIDER, instance_type: size.clone(), zone: claim.spec.zone.clone(), message: why }
     }
 
     /// Delete a VM (if any) and its NIC, best effort: garbage collection retries what is left.

@@ -113,9 +113,6 @@ pub struct AzureConfig {
     #[serde(rename = "clusterCABundle")]
     pub cluster_ca_bundle: Option<String>,
     pub bootstrap_token: Option<String>,
-    /// How long a size that answered `SkuNotAvailable`, `AllocationFailed` or a quota error is
-    /// left out of plans.
-    pub insufficient_capacity_ttl_seconds: u64,
     /// How often AKSNodeClasses are resolved again (the newest node image of each).
     pub node_class_refresh_seconds: u64,
     /// How long a VM's creation may take before the launch is given up.
@@ -141,7 +138,6 @@ impl Default for AzureConfig {
             cluster_endpoint: None,
             cluster_ca_bundle: None,
             bootstrap_token: None,
-            insufficient_capacity_ttl_seconds: 180,
             node_class_refresh_seconds: 300,
             create_timeout_seconds: 600,
         }
@@ -162,8 +158,8 @@ impl AzureConfig {
         if !(self.endpoint.starts_with("https://") || self.endpoint.starts_with("http://")) {
             return Err("provisioner.azure.endpoint must be an http(s) URL".into());
         }
-        if self.insufficient_capacity_ttl_seconds == 0 || self.node_class_refresh_seconds == 0 || self.create_timeout_seconds == 0 {
-            return Err("provisioner.azure: insufficientCapacityTtlSeconds, nodeClassRefreshSeconds and createTimeoutSeconds must be at least 1".into());
+        if self.node_class_refresh_seconds == 0 || self.create_timeout_seconds == 0 {
+            return Err("provisioner.azure: nodeClassRefreshSeconds and createTimeoutSeconds must be at least 1".into());
         }
         Ok(())
     }
