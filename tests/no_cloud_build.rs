@@ -24,6 +24,17 @@ fn without_a_cloud_no_sdk_is_in_the_dependency_graph() {
     // With the default features, the AWS provider is there (the image and the chart use them).
     let out = cargo().args(["tree", "--locked", "-p", "archer", "-e", "normal", "--prefix", "none"]).output().expect("cargo tree");
     assert!(String::from_utf8_lossy(&out.stdout).lines().any(|l| l.starts_with("aws-sdk-ec2")));
+    // The Azure crate is there either way (its AKSNodeClass plans Azure pools), its VM provider
+    // only with the default features.
+    let provider = |args: &[&str]| {
+        let out = cargo().args(["tree", "--locked", "-p", "archer", "-e", "normal", "-f", "{p} [{f}]", "--prefix", "none"]).args(args).output().expect("cargo tree");
+        let tree = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = tree.lines().find(|l| l.starts_with("archer-cloud-azure ")).map(str::to_string);
+        assert!(line.is_some(), "the Azure crate is in the graph: {tree}");
+        line.is_some_and(|l| l.contains("provider"))
+    };
+    assert!(!provider(&["--no-default-features"]), "no ARM client without a cloud");
+    assert!(provider(&[]), "the default build has the Azure VM provider");
 }
 
 #[test]
