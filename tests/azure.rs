@@ -179,6 +179,10 @@ async fn deleting_removes_the_vm_and_its_nic_and_listing_finds_the_clusters_vms(
     azure.delete(&c).await.expect("deleted");
     assert!(!arm.state.vms.lock().unwrap().contains_key("aks-general-del") && arm.state.nics.lock().unwrap().is_empty());
     azure.delete(&c).await.expect("gone already: not an error");
+    // A NIC of the name another claim would use, not tagged as Archer's: left alone.
+    arm.state.nics.lock().unwrap().insert("aks-general-other".into(), json!({"id": "/subscriptions/x/resourceGroups/y/providers/Microsoft.Network/networkInterfaces/aks-general-other", "name": "aks-general-other", "tags": {"owner": "someone-else"}}));
+    azure.delete(&claim("general-other", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand")).await.expect("nothing of ours");
+    assert!(arm.state.nics.lock().unwrap().contains_key("aks-general-other"), "not Archer's: kept");
     assert_eq!(arm.violations(), Vec::<String>::new());
 }
 

@@ -132,7 +132,8 @@ fn kubelet_node(name: &str, vm: &Value, custom_data_b64: &str) -> Node {
 /// cilium's startup taint) and `inflate` Deployment. All 4 pods end up Running on arm64 D-series
 /// VMs of at most 4 vCPU, launched through ARM with requests the SDKs' schemas accept, on Nodes
 /// labelled as Karpenter on Azure labels them; a leaked VM of the cluster (no claim) is deleted;
-/// scaled to 0, the VMs and their NICs are deleted.
+/// a newer node image published replaces every node as drifted; scaled to 0, the VMs and their
+/// NICs are deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn azure_the_aks_arm64_module_runs_on_arm64_vms_launched_through_arm() {
@@ -172,6 +173,16 @@ async fn azure_the_aks_arm64_module_runs_on_arm64_vms_launched_through_arm() {
     }
     assert_eq!(arm.violations(), Vec::<String>::new(), "every ARM request as the SDKs' schemas allow");
     wait("the leaked VM garbage-collected", Duration::from_secs(60), || async { !arm.state.vms.lock().unwrap_or_else(|e| e.into_inner()).contains_key("aks-gone-claim") }).await;
+
+    // AKS publishes a newer arm64 node image: every node is replaced as drifted, onto it.
+    arm.publish("2204gen2arm64containerd", "202612.01.0", "2026-12-01T00:00:00Z");
+    let t2 = Instant::now();
+    let on_new_image = || async {
+        let running = arm.running();
+        !running.is_empty() && running.values().all(|vm| vm["properties"]["storageProfile"]["imageReference"]["communityGalleryImageId"].as_str().is_some_and(|i| i.ends_with("/versions/202612.01.0"))) && super::running_pods(&client, "workshop", "inflate").await.len() == 4
+    };
+    wait("every VM replaced onto the new image, the 4 pods Running", Duration::from_secs(180), on_new_image).await;
+    eprintln!("azure: drifted nodes replaced onto the new node image in {:?}", t2.elapsed());
 
     scale(&client, "workshop", "inflate", 0).await;
     let t1 = Instant::now();

@@ -53,6 +53,8 @@ pub struct IpConfigurationProperties {
 pub struct Nic {
     #[serde(default)]
     pub id: String,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
 }
 
 // ---- Virtual machine (PUT) ----

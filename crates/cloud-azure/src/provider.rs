@@ -246,13 +246,18 @@ impl CloudProvider for Azure {
     }
 
     async fn delete(&self, claim: &NodeClaim) -> Result<(), CloudError> {
-        let name = launch::vm_name(&claim.metadata.name.clone().unwrap_or_default());
-        let Some(_) = self.vm_of(&claim.metadata.name.clone().unwrap_or_default()).await? else {
-            // Never made, already gone, or another's: only a NIC of ours may be left.
-            return self.arm.delete(&launch::nic_path(&self.settings, &name), NETWORK_API, NETWORK_TIMEOUT).await.map_err(api_error);
-        };
-        self.arm.delete(&launch::vm_path(&self.settings, &name), COMPUTE_API, NETWORK_TIMEOUT).await.map_err(api_error)?;
-        self.arm.delete(&launch::nic_path(&self.settings, &name), NETWORK_API, NETWORK_TIMEOUT).await.map_err(api_error)
+        let claim_name = claim.metadata.name.clone().unwrap_or_default();
+        let name = launch::vm_name(&claim_name);
+        if self.vm_of(&claim_name).await?.is_some() {
+            self.arm.delete(&launch::vm_path(&self.settings, &name), COMPUTE_API, NETWORK_TIMEOUT).await.map_err(api_error)?;
+        }
+        // The NIC goes with the VM; one left by a failed launch goes now. Only ours: a resource
+        // of the same name without the claim's tags is someone else's.
+        let nic: Option<Nic> = self.arm.get(&launch::nic_path(&self.settings, &name), NETWORK_API).await.map_err(api_error)?;
+        if nic.is_some_and(|n| n.tags.get(launch::NODECLAIM_TAG) == Some(&claim_name) && n.tags.get(launch::CLUSTER_TAG) == Some(&self.settings.cluster_name)) {
+            self.arm.delete(&launch::nic_path(&self.settings, &name), NETWORK_API, NETWORK_TIMEOUT).await.map_err(api_error)?;
+        }
+        Ok(())
     }
 
     async fn list(&self) -> Result<Vec<Instance>, CloudError> {
