@@ -166,6 +166,8 @@ pub struct Arm {
     pub received: Mutex<Vec<Received>>,
     pub violations: Mutex<Vec<String>>,
     pub tokens_issued: Mutex<u32>,
+    /// Long-running operation polls answered.
+    pub polls: Mutex<usize>,
     ops: Mutex<HashMap<String, AsyncOp>>,
     next: Mutex<u64>,
     endpoint: OnceLock<String>,
@@ -388,6 +390,7 @@ fn start_op(arm: &Arm, provider: &str, polls: u32, error: Option<(String, String
 }
 
 fn poll(arm: &Arm, path: &str) -> Response {
+    *arm.polls.lock().unwrap() += 1;
     let id = path.rsplit('/').next().unwrap_or_default().to_string();
     let mut ops = arm.ops.lock().unwrap();
     let Some(op) = ops.get_mut(&id) else { return error(StatusCode::NOT_FOUND, "OperationNotFound", &id) };
