@@ -39,7 +39,7 @@ async fn azure_cluster(name: &str) -> (Cluster, ArmServer) {
     let classes: Api<AKSNodeClass> = Api::all(client.clone());
     classes.create(&PostParams::default(), &class).await.expect("create class");
     wait("the AKSNodeClass Ready with an image per architecture", Duration::from_secs(60), || async {
-        classes.get("default").await.ok().and_then(|n| n.status).is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True") && s.images.len() == 2)
+        classes.get("default").await.ok().and_then(|n| n.status).is_some_and(|s| ["Ready", "ImagesReady", "SubnetsReady"].iter().all(|t| s.conditions.iter().any(|c| c.type_ == *t && c.status == "True")) && s.images.len() == 2)
     })
     .await;
     (c, arm)

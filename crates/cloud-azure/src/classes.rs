@@ -26,14 +26,22 @@ pub struct Class {
     /// The image id per architecture.
     pub images: BTreeMap<String, String>,
     pub subnet: Option<String>,
-    pub problems: Vec<String>,
+    /// Why an architecture has no image (`ImagesReady`) ...
+    pub image_problems: Vec<String>,
+    /// ... and why there is no subnet (`SubnetsReady`).
+    pub subnet_problems: Vec<String>,
     /// When it was resolved.
     pub at: Instant,
 }
 
 impl Class {
     pub fn ready(&self) -> bool {
-        self.problems.is_empty()
+        self.image_problems.is_empty() && self.subnet_problems.is_empty()
+    }
+
+    /// Every problem, said in one line.
+    pub fn problems(&self) -> String {
+        self.image_problems.iter().chain(&self.subnet_problems).cloned().collect::<Vec<_>>().join("; ")
     }
 }
 
@@ -70,19 +78,17 @@ impl Classes {
 pub async fn resolve(arm: &Arm, settings: &AzureConfig, spec: &AKSNodeClassSpec) -> Class {
     let family = spec.image_family.unwrap_or(ImageFamily::Ubuntu);
     let mut images = BTreeMap::new();
-    let mut problems = Vec::new();
+    let mut image_problems = Vec::new();
     for arch in ARCHES {
         let (gallery, definition) = image::definition(family, arch);
         match image::newest(arm, &settings.subscription_id, &settings.location, gallery, definition).await {
             Ok(id) => drop(images.insert(arch.to_string(), id)),
-            Err(e) => problems.push(format!("no {arch} image of {definition}: {e}")),
+            Err(e) => image_problems.push(format!("no {arch} image of {definition}: {e}")),
         }
     }
     let subnet = spec.vnet_subnet_id.clone().or_else(|| settings.subnet_id.clone());
-    if subnet.is_none() {
-        problems.push("no subnet: set the class's vnetSubnetID or provisioner.azure.subnetID".into());
-    }
-    Class { spec: spec.clone(), images, subnet, problems, at: Instant::now() }
+    let subnet_problems = if subnet.is_none() { vec!["no subnet: set the class's vnetSubnetID or provisioner.azure.subnetID".to_string()] } else { Vec::new() };
+    Class { spec: spec.clone(), images, subnet, image_problems, subnet_problems, at: Instant::now() }
 }
 
 /// Resolve a class, keep it, and write its status.
@@ -146,15 +152,13 @@ async fn write_status(api: &Api<AKSNodeClass>, nc: &AKSNodeClass, class: &Class)
     let old = nc.status.clone().unwrap_or_default();
     let mut conditions = old.conditions.clone();
     let generation = nc.metadata.generation;
-    let image_problems: Vec<&String> = class.problems.iter().filter(|p| p.contains("image")).collect();
-    let set = |conditions: &mut Vec<_>, kind: &str, problems: &[&String], reason_ok: &str, reason_bad: &str| {
-        let (status, reason, message) = if problems.is_empty() { ("True", reason_ok, String::new()) } else { ("False", reason_bad, problems.iter().map(|p| p.as_str()).collect::<Vec<_>>().join("; ")) };
+    let set = |conditions: &mut Vec<_>, kind: &str, problems: &[String], reason_ok: &str, reason_bad: &str| {
+        let (status, reason, message) = if problems.is_empty() { ("True", reason_ok, String::new()) } else { ("False", reason_bad, problems.join("; ")) };
         archer_api::conditions::set(conditions, kind, status, reason, &message, generation);
     };
-    set(&mut conditions, "ImagesReady", &image_problems, "ImagesResolved", "ImagesNotFound");
-    let subnet_problems: Vec<&String> = class.problems.iter().filter(|p| p.contains("subnet")).collect();
-    set(&mut conditions, "SubnetsReady", &subnet_problems, "SubnetsReady", "SubnetNotSet");
-    let all: Vec<&String> = class.problems.iter().collect();
+    set(&mut conditions, "ImagesReady", &class.image_problems, "ImagesResolved", "ImagesNotFound");
+    set(&mut conditions, "SubnetsReady", &class.subnet_problems, "SubnetsReady", "SubnetNotSet");
+    let all: Vec<String> = class.image_problems.iter().chain(&class.subnet_problems).cloned().collect();
     set(&mut conditions, "Ready", &all, "Ready", "NotReady");
     let images = class
         .images

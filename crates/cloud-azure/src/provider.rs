@@ -104,7 +104,7 @@ impl Azure {
         let name = claim.spec.node_class_ref.as_ref().and_then(|r| r.get("name").cloned()).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("NodePool {} names no AKSNodeClass (spec.template.spec.nodeClassRef)", claim.spec.node_pool) })?;
         let class = self.classes.get(&name).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {name} does not exist (or is not resolved yet)") })?;
         if !class.ready() {
-            return Err(CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {name} is not ready: {}", class.problems.join("; ")) });
+            return Err(CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {name} is not ready: {}", class.problems()) });
         }
         Ok((name, class))
     }
@@ -216,7 +216,7 @@ impl CloudProvider for Azure {
         };
         match self.classes.get(name) {
             None => not_ready("NodeClassNotFound", format!("AKSNodeClass {name} not found on the cluster")),
-            Some(c) if !c.ready() => not_ready("NotResolved", format!("AKSNodeClass {name} is not ready: {}", c.problems.join("; "))),
+            Some(c) if !c.ready() => not_ready("NotResolved", format!("AKSNodeClass {name} is not ready: {}", c.problems())),
             Some(_) => NodeClassReadiness::Ready,
         }
     }
