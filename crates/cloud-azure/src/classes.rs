@@ -169,6 +169,5 @@ async fn write_status(api: &Api<AKSNodeClass>, nc: &AKSNodeClass, class: &Class)
     if new == old {
         return Ok(());
     }
-    let patch = serde_json::to_value(serde_json::Map::from_iter([("status".to_string(), serde_json::to_value(&new).unwrap_or_default())])).unwrap_or_default();
-    api.patch_status(&nc.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ())
+    api.patch_status(&nc.name_any(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": new}))).await.map(|_| ())
 }

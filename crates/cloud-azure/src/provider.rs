@@ -119,8 +119,9 @@ impl Azure {
         vm.tags.get(launch::CLUSTER_TAG) == Some(&self.settings.cluster_name)
     }
 
-    /// Make the claim's NIC and VM; on failure, take back what was made.
-    async fn launch(&self, claim: &NodeClaim) -> Result<Vm, CloudError> {
+    /// Make the claim's NIC and VM; on failure, take back what was made. Also the hash of the
+    /// node class it was made with (drift).
+    async fn launch(&self, claim: &NodeClaim) -> Result<(Vm, String), CloudError> {
         let (class_name, class) = self.class_for(claim)?;
         let image = class.images.get(&claim.spec.arch).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {class_name} has no {} image", claim.spec.arch) })?;
         let subnet = class.subnet.clone().unwrap_or_default();
@@ -133,7 +134,7 @@ impl Azure {
         let body = launch::vm_request(shape);
         let timeout = Duration::from_secs(self.settings.create_timeout_seconds);
         match self.arm.put::<_, Vm>(&launch::vm_path(&self.settings, &name), COMPUTE_API, &body, timeout).await {
-            Ok(vm) => Ok(vm),
+            Ok(vm) => Ok((vm, launch::class_hash(&class.spec))),
             Err(e) => {
                 self.clean_up(&name).await;
                 Err(self.failed(claim, e))
@@ -237,12 +238,8 @@ impl CloudProvider for Azure {
                 // A failed VM is made again by the PUT below (the same name).
             }
         }
-        let vm = self.launch(claim).await?;
-        let mut instance = self.instance(&vm);
-        if let Some(class) = claim.spec.node_class_ref.as_ref().and_then(|r| r.get("name")).and_then(|n| self.classes.get(n)) {
-            instance.node_class_hash = Some(launch::class_hash(&class.spec));
-        }
-        Ok(instance)
+        let (vm, class_hash) = self.launch(claim).await?;
+        Ok(Instance { node_class_hash: Some(class_hash), ..self.instance(&vm) })
     }
 
     async fn delete(&self, claim: &NodeClaim) -> Result<(), CloudError> {
