@@ -220,8 +220,9 @@ async fn api_shop(c: &Cluster, pool_name: &str, requirement: &str) -> Client {
     client
 }
 
-/// Scenario 4: 10 replicas, then 3: Archer removes and replaces nodes until the 3 pods sit on the
-/// cheapest capacity for them, never taking the Deployment below its PodDisruptionBudget.
+/// Scenario 4: 10 replicas, then 3: Archer removes and replaces nodes until the 3 pods cost no
+/// more than the cheapest single node that holds them, never taking the Deployment below its
+/// PodDisruptionBudget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn scenario_4_consolidation_respects_the_pdb() {
@@ -236,8 +237,11 @@ async fn scenario_4_consolidation_respects_the_pdb() {
     let catalog = Catalog::embedded().expect("catalog");
     let price_at_10: f64 = archer_nodes(&client).await.iter().map(|n| price(&catalog, n)).sum();
 
-    // The cheapest capacity for 3 such pods in this pool, by the same packer on fresh nodes.
-    let p3 = {
+    // The cheapest single node of this pool for 3 such pods (the packer with the 3 pods bound to
+    // share a node). Whichever pods the ReplicaSet keeps, consolidation can always get there
+    // under Karpenter's rule that a set of nodes is replaced by at most one node (all the nodes
+    // as one set); it may get lower (two pods stay on a small node, the third moves).
+    let p1 = {
         let pool: NodePool = archer::yaml::from_str("apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: general}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64]}\n        - {key: karpenter.k8s.aws/instance-category, operator: In, values: [c, m, r]}\n").expect("pool");
         let offers = archer::provisioner::nodepool::offerings(&catalog, &["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()]);
         let pods: Vec<_> = (0..3)
@@ -253,12 +257,14 @@ async fn scenario_4_consolidation_respects_the_pdb() {
                 preferred: vec![],
                 spread_group: None,
                 one_per_zone: false,
-                colocate: false,
+                colocate: true,
                 spread_keys: Vec::new(),
                 extended: Default::default(),
             })
             .collect();
-        archer::core::packer::pack(&pods, &[pool.to_pool().expect("pool")], &offers, &[]).total_price_per_hour
+        let plan = archer::core::packer::pack(&pods, &[pool.to_pool().expect("pool")], &offers, &[]);
+        assert_eq!(plan.nodes.len(), 1, "one node for the three: {plan:?}");
+        plan.total_price_per_hour
     };
 
     let t0 = Instant::now();
@@ -274,12 +280,12 @@ async fn scenario_4_consolidation_respects_the_pdb() {
         let nodes = archer_nodes(&client).await;
         let live: Vec<&Node> = nodes.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).collect();
         let total: f64 = live.iter().map(|n| price(&catalog, n)).sum();
-        let settled = ready == 3 && total <= p3 + 1e-9 && claims(&client).await.len() == live.len();
+        let settled = ready == 3 && total <= p1 + 1e-9 && claims(&client).await.len() == live.len();
         if settled {
             eprintln!("scenario 4: 10 -> 3 replicas; ${price_at_10:.4}/h -> ${total:.4}/h ({} node(s)) in {:?}", live.len(), t0.elapsed());
             break;
         }
-        assert!(t0.elapsed() < deadline, "not consolidated after {deadline:?}: {} node(s) at ${total:.4}/h, target ${p3:.4}/h, {ready} pods ready", live.len());
+        assert!(t0.elapsed() < deadline, "not consolidated after {deadline:?}: {} node(s) at ${total:.4}/h, target at most ${p1:.4}/h, {ready} pods ready", live.len());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(min_running >= 2, "the PodDisruptionBudget (minAvailable 2) held: lowest Running count was {min_running}");

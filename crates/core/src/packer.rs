@@ -646,7 +646,7 @@ fn right_size(drafts: &mut [Draft], classes: &[Class], offerings: &[Offering], r
 }
 
 /// Would `count` more nodes of `o` stay within the pool's limits?
-fn within_limits(pool: &Pool, (cpu_used, mem_used, nodes_used): (i64, i64, i64), o: &Offering, count: usize) -> bool {
+pub(crate) fn within_limits(pool: &Pool, (cpu_used, mem_used, nodes_used): (i64, i64, i64), o: &Offering, count: usize) -> bool {
     let k = count as i64;
     !(pool.limit_nodes.is_some_and(|l| nodes_used + k > l)
         || pool.limit_cpu_millis.is_some_and(|l| cpu_used + k * i64::from(o.instance.vcpu) * 1000 > l)

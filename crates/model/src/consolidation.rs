@@ -14,7 +14,7 @@ use crate::objects::{self, DisruptionSettings};
 use crate::ClusterState;
 use archer_core::packer::{Plan, PlannedNode, Pool};
 use archer_core::packer::batch_budget;
-use archer_core::planner::{plan_batch_within, Pending};
+use archer_core::planner::{onto_one_new_node, plan_batch_within, Pending};
 use archer_core::sched::Volumes;
 
 /// A node that may be disrupted, with the live pods bound to it and its hourly price.
@@ -193,7 +193,8 @@ pub fn empty(pool: &str, candidates: &[&Candidate<'_>], budget: usize) -> Option
 }
 
 /// Where the pods of `set` would go if its nodes were removed: other nodes first, then new
-/// nodes, by the provisioner's own planner. `None` when some pod would have nowhere to go.
+/// nodes, by the provisioner's own planner, on one new node when one holds all the pods that need
+/// one. `None` when some pod would have nowhere to go.
 pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
     let leaving: Vec<&str> = set.iter().map(|c| c.name()).collect();
     // The moving pods as kube-scheduler will see them once evicted: unbound replicas.
@@ -204,7 +205,12 @@ pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
         .collect();
     let snapshot = world.state.snapshot(world.pools, &|n: &str| leaving.contains(&n));
     let plan = plan_batch_within(&snapshot, &batch, world.pools, &world.state.offerings, batch_budget(world.budget, batch.len()));
-    plan.unschedulable.is_empty().then_some(plan)
+    if !plan.unschedulable.is_empty() {
+        return None;
+    }
+    // As Karpenter's simulation: the pods go onto one new node when one holds them all, though
+    // two smaller ones may cost less (a set is replaced by at most one node, [`decide`]).
+    Some(onto_one_new_node(&snapshot, &batch, world.pools, &world.state.offerings, &plan).unwrap_or(plan))
 }
 
 /// How consolidation searches and what it must save.
@@ -235,8 +241,9 @@ impl Search {
 /// Candidates are ordered by what disrupting them costs (fewest pods to move first, as
 /// Karpenter's disruption cost; the priciest first among equals). First the largest
 /// prefix of that order (2 up to the budget, at most [`MAX_SET`]) that can go, found by binary
-/// search; then each node alone, from `search.start` on. At most `search.max_evaluations` sets
-/// are planned. A set can go when its pods all have a place (on the other nodes plus at most one
+/// search; then each node alone, from `search.start` on: with no such set, the first that can go;
+/// with one, the set unless a node alone saves more. At most `search.max_evaluations` sets are
+/// planned. A set can go when its pods all have a place (on the other nodes plus at most one
 /// replacement) and the re-plan saves more than the margin.
 pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>], budget: usize, search: Search) -> Option<Decision> {
     let mut order: Vec<&Candidate> = eligible.iter().copied().filter(|c| !c.pods.is_empty()).collect();
@@ -265,11 +272,18 @@ pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>],
             None => hi = mid - 1,
         }
     }
-    if best.is_some() {
-        return best;
-    }
     let n = order.len();
-    (0..n).find_map(|i| order.get((search.start + i) % n).and_then(|o| try_set(std::slice::from_ref(o))))
+    let Some(set) = best else {
+        return (0..n).find_map(|i| order.get((search.start + i) % n).and_then(|o| try_set(std::slice::from_ref(o))));
+    };
+    // A set is replaced by one node, which may hold its pods at a higher price than the nodes a
+    // single member's few pods need: a node alone goes instead when it saves more (within the
+    // evaluations left).
+    let alone = (0..n).filter_map(|i| order.get((search.start + i) % n)).filter_map(|o| try_set(std::slice::from_ref(o))).max_by(|a, b| a.saving_per_hour.total_cmp(&b.saving_per_hour));
+    Some(match alone {
+        Some(one) if one.saving_per_hour > set.saving_per_hour => one,
+        _ => set,
+    })
 }
 
 /// The most nodes one decision takes (Karpenter's multi-node consolidation looks at 100).

@@ -7,7 +7,9 @@ use super::packer::{pack_within, Offering, PendingPod, Plan, Pool, DEFAULT_BUDGE
 use super::sched::{NodeInfo, PodInfo, Snapshot};
 
 pub mod compare;
+pub use one_node::onto_one_new_node;
 mod domains;
+mod one_node;
 mod order;
 mod variants;
 mod verify;

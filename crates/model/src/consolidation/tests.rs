@@ -343,3 +343,70 @@ fn balanced_is_a_consolidation_policy() {
     let w: archer_api::nodepool::NodePool = archer_core::yaml::from_str("apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {name: w}\nspec:\n  disruption: {consolidationPolicy: WhenEmptyOrUnderutilized}\n  template: {spec: {requirements: []}}\n").expect("pool");
     assert!(!DisruptionSettings::of(&w).expect("read").balanced);
 }
+
+#[test]
+fn pods_that_two_small_nodes_hold_most_cheaply_go_onto_one_cheaper_node() {
+    // Karpenter's consolidation simulation opens one new NodeClaim for pods one instance type
+    // holds together, so it replaces a node with one cheaper node though two smaller ones would
+    // cost less still; Archer's cost-optimal plan buys the two, which a set may not trade for.
+    let nodes = [node("a", "8")];
+    let pods = [pod("p1", "a", "900m", json!({})), pod("p2", "a", "900m", json!({})), pod("p3", "a", "900m", json!({}))];
+    let pools = [pool(None)];
+    let cheapest = with_world(&nodes, &pods, &pools, |w, c| {
+        let batch: Vec<Pending> = c[0].pods.iter().map(|p| adapter::pending_unbound(p, w.state.pod_platforms(p), w.volumes, w.preferences)).collect();
+        plan_batch_within(&w.state.snapshot(w.pools, &|n: &str| n == "a"), &batch, w.pools, &w.state.offerings, w.budget)
+    });
+    assert_eq!(cheapest.nodes.len(), 2, "the cost-optimal plan buys two nodes: {cheapest:?}");
+    let d = consolidate(&nodes, &pods, &pools, 1, MARGIN).expect("one cheaper node");
+    assert_eq!(d.replacements.len(), 1, "{d:?}");
+    let one = &d.replacements[0];
+    let mut held = one.pods.clone();
+    held.sort();
+    assert_eq!(held, ["default/p1", "default/p2", "default/p3"]);
+    assert!(one.price_per_hour < 0.20 * (1.0 - MARGIN) && one.price_per_hour >= cheapest.total_price_per_hour, "{one:?}");
+    // The cheapest such node: no cheaper offering has room for all three.
+    let cpu_needed = 2700;
+    for o in offerings().iter().filter(|o| o.price < one.price_per_hour) {
+        assert!(pools[0].room(&o.labels(&pools[0]), o.instance.allocatable).cpu_millis < cpu_needed || o.instance.arch != one.arch, "{} at ${}/h holds them for less", o.instance.name, o.price);
+    }
+}
+
+#[test]
+fn no_single_node_holding_the_pods_means_no_replacement() {
+    // The same three pods under a pool whose types are at most 2 vCPU: only two nodes hold them.
+    let nodes = [node("a", "8")];
+    let pods = [pod("p1", "a", "900m", json!({})), pod("p2", "a", "900m", json!({})), pod("p3", "a", "900m", json!({}))];
+    let mut small = pool(None);
+    small.requirements = Requirements::from_expressions(&serde_json::from_value::<Vec<_>>(json!([{"key": "karpenter.k8s.aws/instance-cpu", "operator": "Lt", "values": ["3"]}])).expect("terms")).expect("requirements");
+    assert_eq!(consolidate(&nodes, &pods, &[small], 1, MARGIN), None);
+}
+
+#[test]
+fn a_node_alone_goes_instead_of_the_set_when_it_saves_more() {
+    // Two 900m pods on a small node and one on a large one: the set of both needs one node for all
+    // three (4 vCPU), while the large node alone needs only a 1-pod node for its pod.
+    let nodes = [node("small", "2"), node("large", "8")];
+    let pods = [pod("p1", "small", "900m", json!({})), pod("p2", "small", "900m", json!({})), pod("p3", "large", "900m", json!({}))];
+    let pools = [pool(None)];
+    let prices = [("small", 0.0765), ("large", 0.306)];
+    let decide_on = |search: Search| {
+        let state = state_of(&nodes, &pods);
+        let volumes = Volumes::default();
+        let world = World { state: &state, pools: &pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
+        let candidates: Vec<Candidate> = nodes
+            .iter()
+            .zip(prices)
+            .map(|(n, (name, price))| Candidate { node: n, pods: pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)).collect(), price })
+            .collect();
+        let refs: Vec<&Candidate> = candidates.iter().collect();
+        let set = decide(&world, "default", &refs, "underutilized", MARGIN, None).expect("the set can go");
+        (set, underutilized(&world, "default", &refs, 2, search))
+    };
+    let (set, d) = decide_on(Search::exhaustive(MARGIN));
+    let d = d.expect("a decision");
+    assert_eq!(d.nodes, ["large"], "{d:?}");
+    assert!(d.saving_per_hour > set.saving_per_hour, "alone {} against the set's {}", d.saving_per_hour, set.saving_per_hour);
+    // With evaluations for the set search only, the set goes.
+    let (_, d) = decide_on(Search { max_evaluations: 1, ..Search::exhaustive(MARGIN) });
+    assert_eq!(d.expect("the set").nodes, ["large", "small"]);
+}
