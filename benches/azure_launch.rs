@@ -49,7 +49,7 @@ async fn main() {
         let kube = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().expect("url"))).expect("client");
         let azure = Azure::new(arm.settings(), Arc::new(Catalog::embedded().expect("catalog")), kube).expect("provider");
         let spec = serde_json::from_value(serde_json::json!({"imageFamily": "Ubuntu2204"})).expect("spec");
-        assert!(azure.use_class("bench", &spec).await.ready());
+        assert!(azure.use_class("bench", &spec).await.resolved.ready());
         arm.state.received.lock().unwrap().clear();
         *arm.state.polls.lock().unwrap() = 0;
         *arm.state.tokens_issued.lock().unwrap() = 0;

@@ -49,7 +49,7 @@ async fn provider(arm: &ArmServer) -> Azure {
     let catalog = Arc::new(Catalog::embedded().expect("catalog"));
     let azure = Azure::new(arm.settings(), catalog, kube()).expect("provider");
     let class = azure.use_class("default", &spec()).await;
-    assert!(class.ready(), "problems: {}", class.problems());
+    assert!(class.resolved.ready(), "problems: {}", class.resolved.problems());
     azure
 }
 
@@ -159,7 +159,7 @@ async fn other_failures_are_the_claims_to_retry_not_capacity() {
     assert!(azure.offerings().iter().any(|o| o.instance.name == "Standard_D2pls_v6" && o.zone == "eastus-1"), "not marked unavailable");
     // And a class resolved now is not ready, and says why.
     let class = azure.use_class("default", &spec()).await;
-    assert!(!class.ready() && class.image_problems.iter().any(|p| p.contains("2204gen2arm64containerd")) && class.subnet_problems.is_empty(), "{}", class.problems());
+    assert!(!class.resolved.ready() && class.resolved.image_problems.iter().any(|p| p.contains("2204gen2arm64containerd")) && class.resolved.subnet_problems.is_empty(), "{}", class.resolved.problems());
     assert!(matches!(azure.node_class_readiness(Some(&[("name".to_string(), "default".to_string())].into())), NodeClassReadiness::NotReady { .. }));
 }
 
@@ -236,7 +236,7 @@ async fn a_refused_federated_token_is_said_plainly() {
     let catalog = Arc::new(Catalog::embedded().expect("catalog"));
     let azure = Azure::new(arm.settings(), catalog, kube()).expect("provider");
     let class = azure.use_class("default", &spec()).await;
-    assert!(class.problems().contains("Microsoft Entra ID refused the federated token"), "{}", class.problems());
+    assert!(class.resolved.problems().contains("Microsoft Entra ID refused the federated token"), "{}", class.resolved.problems());
     assert!(arm.violations().iter().any(|v| v.contains("client_assertion")), "the server saw the wrong assertion");
 }
 

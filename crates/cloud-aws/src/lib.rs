@@ -22,11 +22,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 
+use archer_cloud_classes::{NodeClasses, ResolvedClass, Resolver};
 use archer_cloud::{CloudError, CloudProvider, Instance, NodeClassReadiness};
 use archer_core::catalog::Catalog;
 use archer_cloud::settings::AwsConfig;
@@ -106,12 +106,7 @@ pub async fn read_book(settings: &AwsConfig, catalog: Arc<Catalog>) -> Result<(B
 }
 
 /// A node class and what it resolved to.
-pub struct Class {
-    pub spec: EC2NodeClassSpec,
-    pub resolved: Resolved,
-    /// When it was resolved.
-    at: std::time::Instant,
-}
+pub type Class = ResolvedClass<EC2NodeClassSpec, Resolved>;
 
 pub struct Aws {
     ec2: aws_sdk_ec2::Client,
@@ -120,8 +115,8 @@ pub struct Aws {
     settings: AwsConfig,
     region: String,
     book: Book,
-    /// Resolved node classes by name (kept by [`Aws::refresh_classes`]).
-    classes: ArcSwap<HashMap<String, Arc<Class>>>,
+    /// Resolved node classes by name (kept by [`Aws::refresh_classes`] and the watch).
+    classes: NodeClasses<EC2NodeClassSpec, Resolved>,
     /// Launch templates known to exist, and when a launch last used each.
     templates: Mutex<HashMap<String, std::time::Instant>>,
     /// Launch templates known to exist (one lookup or creation per name at a time).
@@ -137,7 +132,7 @@ impl Aws {
         let sqs = aws_sdk_sqs::Client::new(sdk);
         let iam = aws_sdk_iam::Client::new(sdk);
         let book = Book::new(catalog, region.clone(), Duration::from_secs(settings.insufficient_capacity_ttl_seconds));
-        let aws = Aws { ec2, sqs, iam, settings, region, book, classes: ArcSwap::from_pointee(HashMap::new()), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
+        let aws = Aws { ec2, sqs, iam, settings, region, book, classes: NodeClasses::default(), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
         aws.book.refresh_types(&aws.ec2).await?;
         aws.book.refresh_spot(&aws.ec2).await?;
         Ok(aws)
@@ -182,42 +177,35 @@ impl Aws {
                 }
             }
         };
-        futures::future::join3(spot_loop, class_loop, me_watch.watch_classes(kube_watch)).await;
-    }
-
-    /// Resolve a node class as soon as it appears or its spec changes, and forget one deleted,
-    /// so that a NodePool naming it opens or closes at once rather than at the next refresh
-    /// (which still runs, for what changes on EC2's side). A status write is not a spec change.
-    async fn watch_classes(self: Arc<Self>, kube: Client) {
-        use futures::StreamExt;
-        use kube::runtime::{watcher, WatchStreamExt};
-        let api: Api<EC2NodeClass> = Api::all(kube);
-        let mut events = std::pin::pin!(watcher(api.clone(), watcher::Config::default()).default_backoff());
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(watcher::Event::Apply(nc) | watcher::Event::InitApply(nc)) => {
-                    if self.classes.load().get(&nc.name()).is_some_and(|c| c.spec == nc.spec) {
-                        continue;
-                    }
-                    tracing::info!(nodeclass = %nc.name(), "node class added or changed; resolving it");
-                    let class = self.use_class(&nc).await;
-                    if let Err(e) = write_status(&api, &nc, &class.resolved).await {
-                        tracing::warn!(nodeclass = %nc.name(), error = %e, "could not write the node class status");
-                    }
-                }
-                Ok(watcher::Event::Delete(nc)) => {
-                    tracing::info!(nodeclass = %nc.name(), "node class deleted; its pools launch nothing");
-                    let name = nc.name();
-                    self.classes.rcu(|all| all.iter().filter(|(k, _)| **k != name).map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>());
-                }
-                Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
-                Err(e) => tracing::warn!(error = %e, "EC2NodeClass watch error; retrying"),
-            }
-        }
+        futures::future::join3(spot_loop, class_loop, me_watch.classes.watch(me_watch.as_ref(), kube_watch)).await;
     }
 
     /// Resolve a node class against EC2 and launch with it from now on.
     pub async fn use_class(&self, nc: &EC2NodeClass) -> Arc<Class> {
+        self.classes.resolve(self, nc).await
+    }
+
+    /// Resolve every EC2NodeClass of the cluster and write what it resolved to into its status;
+    /// node classes gone from the cluster (and not resolved since the list) are forgotten.
+    pub async fn refresh_classes(&self, kube: &Client) {
+        self.classes.refresh(self, kube).await;
+    }
+}
+
+#[async_trait]
+impl Resolver for Aws {
+    type Class = EC2NodeClass;
+    type Spec = EC2NodeClassSpec;
+    type Resolved = Resolved;
+    const KIND: &'static str = "EC2NodeClass";
+    const PROVIDER: &'static str = PROVIDER;
+
+    fn spec(class: &EC2NodeClass) -> &EC2NodeClassSpec {
+        &class.spec
+    }
+
+    /// Its selectors against EC2, and the instance profile of its role.
+    async fn resolve(&self, nc: &EC2NodeClass) -> Resolved {
         let mut resolved = match resolve::resolve(&self.ec2, &nc.spec, &self.settings.ami_owners).await {
             Ok(r) => r,
             Err(e) => Resolved { problems: vec![format!("EC2 could not be asked: {e}")], ..Default::default() },
@@ -228,59 +216,18 @@ impl Aws {
                 Err(e) => resolved.problems.push(format!("no instance profile for role {role}: {e}")),
             }
         }
-        let class = Arc::new(Class { spec: nc.spec.clone(), resolved, at: std::time::Instant::now() });
-        self.classes.rcu(|all| {
-            let mut all = (**all).clone();
-            all.insert(nc.name(), class.clone());
-            all
-        });
-        class
+        resolved
     }
 
-    /// Resolve every EC2NodeClass of the cluster and write what it resolved to into its status;
-    /// node classes gone from the cluster (and not resolved since the list) are forgotten.
-    pub async fn refresh_classes(&self, kube: &Client) {
-        let api: Api<EC2NodeClass> = Api::all(kube.clone());
-        let listed_at = std::time::Instant::now();
-        let list = match api.list(&ListParams::default()).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list EC2NodeClasses");
-                return;
-            }
-        };
-        for nc in &list.items {
-            // The watch resolved it since the list was taken, from a spec at least as new.
-            if self.classes.load().get(&nc.name()).is_some_and(|c| c.at > listed_at) {
-                continue;
-            }
-            let class = self.use_class(nc).await;
-            if let Err(e) = write_status(&api, nc, &class.resolved).await {
-                tracing::warn!(nodeclass = %nc.name(), error = %e, "could not write the node class status");
-            }
-        }
-        let names: Vec<String> = list.items.iter().map(|n| n.name()).collect();
-        // A class the watch resolved after the list was taken is newer than the list: kept.
-        self.classes.rcu(|all| all.iter().filter(|(k, c)| names.contains(k) || c.at > listed_at).map(|(k, v)| (k.clone(), v.clone())).collect::<HashMap<_, _>>());
+    fn problems(resolved: &Resolved) -> Vec<String> {
+        resolved.problems.clone()
     }
 
-    /// The node class a claim launches with.
-    fn class_for(&self, claim: &NodeClaim) -> Result<(String, Arc<Class>), CloudError> {
-        let name = claim.spec.node_class_ref.as_ref().and_then(|r| r.get("name").cloned()).ok_or_else(|| api_error(format!("NodePool {} names no EC2NodeClass (spec.template.spec.nodeClassRef)", claim.spec.node_pool)))?;
-        let class = self.classes.load().get(&name).cloned().ok_or_else(|| api_error(format!("EC2NodeClass {name} does not exist (or is not resolved yet)")))?;
-        if !class.resolved.ready() {
-            return Err(api_error(format!("EC2NodeClass {name} is not ready: {}", class.resolved.problems.join("; "))));
-        }
-        Ok((name, class))
-    }
-}
-
-/// The node class's status: what it resolved to and a Ready condition (its transition time kept
-/// while the status stays the same); written only when it changed.
-async fn write_status(api: &Api<EC2NodeClass>, nc: &EC2NodeClass, r: &Resolved) -> Result<(), kube::Error> {
+    /// What it resolved to and a Ready condition (its transition time kept while the status
+    /// stays the same); written only when it changed.
+    async fn write_status(&self, api: &Api<EC2NodeClass>, nc: &EC2NodeClass, r: &Resolved) -> Result<(), kube::Error> {
         let old = nc.status.clone().unwrap_or_default();
-        let ready = r.ready();
-        let (status, reason, message) = if ready { ("True", "Resolved", "every selector resolved".to_string()) } else { ("False", "NotResolved", r.problems.join("; ")) };
+        let (status, reason, message) = if r.ready() { ("True", "Resolved", "every selector resolved".to_string()) } else { ("False", "NotResolved", r.problems.join("; ")) };
         let mut conditions = old.conditions.clone();
         archer_api::conditions::set(&mut conditions, READY_CONDITION, status, reason, &message, nc.metadata.generation);
         let new = EC2NodeClassStatus { subnets: r.subnets.clone(), security_groups: r.security_groups.clone(), amis: r.amis.clone(), instance_profile: r.instance_profile.clone(), conditions };
@@ -288,9 +235,8 @@ async fn write_status(api: &Api<EC2NodeClass>, nc: &EC2NodeClass, r: &Resolved) 
             return Ok(());
         }
         api.patch_status(&nc.name(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": new}))).await.map(|_| ())
+    }
 }
-
-
 
 #[async_trait]
 impl CloudProvider for Aws {
@@ -299,15 +245,7 @@ impl CloudProvider for Aws {
     }
 
     fn node_class_readiness(&self, node_class_ref: Option<&BTreeMap<String, String>>) -> NodeClassReadiness {
-        let not_ready = |reason: &str, message: String| NodeClassReadiness::NotReady { reason: reason.into(), message };
-        let Some(name) = node_class_ref.and_then(|r| r.get("name")) else {
-            return not_ready("NodeClassNotFound", "the pool names no EC2NodeClass (spec.template.spec.nodeClassRef)".into());
-        };
-        match self.classes.load().get(name) {
-            None => not_ready("NodeClassNotFound", format!("EC2NodeClass {name} not found on the cluster")),
-            Some(c) if !c.resolved.ready() => not_ready("NotResolved", format!("EC2NodeClass {name} is not ready: {}", c.resolved.problems.join("; "))),
-            Some(_) => NodeClassReadiness::Ready,
-        }
+        self.classes.readiness::<Aws>(node_class_ref)
     }
 
     fn offerings(&self) -> Arc<Vec<Offering>> {
@@ -325,7 +263,7 @@ impl CloudProvider for Aws {
                 return Ok(i);
             }
         }
-        let (class_name, class) = self.class_for(claim)?;
+        let (class_name, class) = self.classes.for_claim::<Aws>(claim)?;
         let template = launch::ensure_template(self, &class_name, &class, claim).await?;
         let mut instance = launch::fleet(self, &template, &class.resolved, claim).await?;
         instance.node_class_hash = Some(launch::class_hash(&class.spec));
@@ -342,7 +280,7 @@ impl CloudProvider for Aws {
 
     fn drifted(&self, claim: &NodeClaim) -> Option<String> {
         let name = claim.spec.node_class_ref.as_ref()?.get("name")?;
-        let class = self.classes.load().get(name).cloned()?;
+        let class = self.classes.get(name)?;
         let status = claim.status.as_ref()?;
         if status.node_class_hash.as_deref().is_some_and(|h| h != launch::class_hash(&class.spec)) {
             return Some(format!("EC2NodeClass {name} changed"));

@@ -11,10 +11,12 @@ use kube::Client;
 
 use crate::arm::{Arm, ArmError};
 use crate::auth::Credential;
-use crate::classes::{self, Class, Classes};
+use crate::classes::{self, Class, Resolution};
+use crate::nodeclass::{AKSNodeClass, AKSNodeClassSpec};
 use crate::launch::{self, Failure};
 use crate::models::{Nic, Vm, COMPUTE_API, NETWORK_API};
 use archer_api::nodeclaim::NodeClaim;
+use archer_cloud_classes::{NodeClasses, Resolver};
 use archer_cloud::settings::AzureConfig;
 use archer_cloud::unavailable::Unavailable;
 use archer_cloud::{CloudError, CloudProvider, Instance, InterruptionHandler, NodeClassReadiness};
@@ -40,7 +42,7 @@ pub struct Azure {
     /// Every offering of the region's zones at the catalog's prices.
     all: Arc<Vec<Offering>>,
     unavailable: Unavailable,
-    classes: Classes,
+    classes: NodeClasses<AKSNodeClassSpec, Resolution>,
 }
 
 impl Azure {
@@ -61,7 +63,7 @@ impl Azure {
             return Err(CloudError::Api { provider: PROVIDER, message: format!("the catalog prices no Azure size in {} (it knows {})", settings.location, known.join(", ")) });
         }
         let unavailable = Unavailable::new(Duration::from_secs(3600));
-        Ok(Azure { arm, settings, kube, catalog, all: Arc::new(all), unavailable, classes: Classes::default() })
+        Ok(Azure { arm, settings, kube, catalog, all: Arc::new(all), unavailable, classes: NodeClasses::default() })
     }
 
     pub fn settings(&self) -> &AzureConfig {
@@ -75,15 +77,13 @@ impl Azure {
 
     /// Resolve the cluster's node classes once (the provider can launch when this returns).
     pub async fn refresh_classes(&self) {
-        classes::refresh_all(&self.arm, &self.settings, &self.classes, &self.kube).await;
+        self.classes.refresh(self, &self.kube).await;
     }
 
     /// Resolve a node class against Azure and launch with it from now on (what the watch does
     /// for each AKSNodeClass of the cluster).
-    pub async fn use_class(&self, name: &str, spec: &crate::nodeclass::AKSNodeClassSpec) -> Arc<Class> {
-        let class = Arc::new(classes::resolve(&self.arm, &self.settings, spec).await);
-        self.classes.insert(name.to_string(), class.clone());
-        class
+    pub async fn use_class(&self, name: &str, spec: &AKSNodeClassSpec) -> Arc<Class> {
+        self.classes.resolve(self, &AKSNodeClass::new(name, spec.clone())).await
     }
 
     /// Keep the node classes resolved (watch, and a periodic pass for new images), until dropped.
@@ -96,17 +96,8 @@ impl Azure {
                 me.refresh_classes().await;
             }
         };
-        let watch = classes::watch(&self.arm, &self.settings, &self.classes, self.kube.clone());
+        let watch = self.classes.watch(self.as_ref(), self.kube.clone());
         futures::future::join(refresh, watch).await;
-    }
-
-    fn class_for(&self, claim: &NodeClaim) -> Result<(String, Arc<Class>), CloudError> {
-        let name = claim.spec.node_class_ref.as_ref().and_then(|r| r.get("name").cloned()).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("NodePool {} names no AKSNodeClass (spec.template.spec.nodeClassRef)", claim.spec.node_pool) })?;
-        let class = self.classes.get(&name).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {name} does not exist (or is not resolved yet)") })?;
-        if !class.ready() {
-            return Err(CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {name} is not ready: {}", class.problems()) });
-        }
-        Ok((name, class))
     }
 
     /// The VM of a claim, if it was made.
@@ -122,9 +113,9 @@ impl Azure {
     /// Make the claim's NIC and VM; on failure, take back what was made. Also the hash of the
     /// node class it was made with (drift).
     async fn launch(&self, claim: &NodeClaim) -> Result<(Vm, String), CloudError> {
-        let (class_name, class) = self.class_for(claim)?;
-        let image = class.images.get(&claim.spec.arch).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {class_name} has no {} image", claim.spec.arch) })?;
-        let subnet = class.subnet.clone().unwrap_or_default();
+        let (class_name, class) = self.classes.for_claim::<Azure>(claim)?;
+        let image = class.resolved.images.get(&claim.spec.arch).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {class_name} has no {} image", claim.spec.arch) })?;
+        let subnet = class.resolved.subnet.clone().unwrap_or_default();
         let name = launch::vm_name(&claim.metadata.name.clone().unwrap_or_default());
         let tags = launch::tags(&self.settings, &class_name, &class.spec, claim);
         let accelerated = self.catalog.get(&claim.spec.instance_type).and_then(|t| t.facts.get("accelerated_networking").cloned()).as_deref() == Some("true");
@@ -205,21 +196,38 @@ pub fn provider_id(vm_id: &str) -> String {
 }
 
 #[async_trait]
+impl Resolver for Azure {
+    type Class = AKSNodeClass;
+    type Spec = AKSNodeClassSpec;
+    type Resolved = Resolution;
+    const KIND: &'static str = "AKSNodeClass";
+    const PROVIDER: &'static str = PROVIDER;
+
+    fn spec(class: &AKSNodeClass) -> &AKSNodeClassSpec {
+        &class.spec
+    }
+
+    async fn resolve(&self, class: &AKSNodeClass) -> Resolution {
+        classes::resolve(&self.arm, &self.settings, &class.spec).await
+    }
+
+    fn problems(resolved: &Resolution) -> Vec<String> {
+        resolved.all_problems()
+    }
+
+    async fn write_status(&self, api: &kube::Api<AKSNodeClass>, class: &AKSNodeClass, resolved: &Resolution) -> Result<(), kube::Error> {
+        classes::write_status(api, class, resolved).await
+    }
+}
+
+#[async_trait]
 impl CloudProvider for Azure {
     fn name(&self) -> &'static str {
         PROVIDER
     }
 
     fn node_class_readiness(&self, node_class_ref: Option<&BTreeMap<String, String>>) -> NodeClassReadiness {
-        let not_ready = |reason: &str, message: String| NodeClassReadiness::NotReady { reason: reason.into(), message };
-        let Some(name) = node_class_ref.and_then(|r| r.get("name")) else {
-            return not_ready("NodeClassNotFound", "the pool names no AKSNodeClass (spec.template.spec.nodeClassRef)".into());
-        };
-        match self.classes.get(name) {
-            None => not_ready("NodeClassNotFound", format!("AKSNodeClass {name} not found on the cluster")),
-            Some(c) if !c.ready() => not_ready("NotResolved", format!("AKSNodeClass {name} is not ready: {}", c.problems())),
-            Some(_) => NodeClassReadiness::Ready,
-        }
+        self.classes.readiness::<Azure>(node_class_ref)
     }
 
     fn offerings(&self) -> Arc<Vec<Offering>> {
@@ -274,7 +282,7 @@ impl CloudProvider for Azure {
         if status.node_class_hash.as_deref().is_some_and(|h| h != launch::class_hash(&class.spec)) {
             return Some(format!("AKSNodeClass {name} changed"));
         }
-        let current = class.images.get(&claim.spec.arch)?;
+        let current = class.resolved.images.get(&claim.spec.arch)?;
         match status.image_id.as_deref() {
             Some(image) if image != current => Some(format!("image {image} was replaced by {current} in AKSNodeClass {name}")),
             _ => None,
