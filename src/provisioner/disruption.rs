@@ -67,10 +67,6 @@ impl Tracker {
     }
 }
 
-/// Candidate sets one disruption pass evaluates for underutilisation (each is one planning run);
-/// the next pass goes on where this one stopped.
-const EVALUATIONS_PER_PASS: usize = 16;
-
 /// The disruption executor: decides per pool with `archer_model::consolidation`, then taints,
 /// launches replacements through the launcher, drains and deletes.
 pub struct Disrupter {
@@ -149,8 +145,8 @@ impl Disrupter {
             None => Default::default(),
         };
         let moving: Vec<&Pod> = nodes.candidates.iter().filter(|c| settled.contains(c.name()) && consolidation::disruptable(c)).flat_map(|c| state::evictable(&c.pods)).collect();
-        let start = if moving.is_empty() { 0 } else { self.tracker.next_start(EVALUATIONS_PER_PASS) };
-        let search = consolidation::Search { min_saving_fraction: self.ctx.settings.min_saving_fraction(), max_evaluations: EVALUATIONS_PER_PASS, start, balance: None };
+        let start = if moving.is_empty() { 0 } else { self.tracker.next_start(consolidation::EVALUATIONS_PER_PASS) };
+        let search = consolidation::Search { min_saving_fraction: self.ctx.settings.min_saving_fraction(), max_evaluations: consolidation::EVALUATIONS_PER_PASS, start, balance: None };
         let hold = self.ctx.hold(&state, &pool);
         if let Some(why) = &hold {
             tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");

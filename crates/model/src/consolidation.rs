@@ -278,13 +278,22 @@ pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>],
     };
     // A set is replaced by one node, which may hold its pods at a higher price than the nodes a
     // single member's few pods need: a node alone goes instead when it saves more (within the
-    // evaluations left).
-    let alone = (0..n).filter_map(|i| order.get((search.start + i) % n)).filter_map(|o| try_set(std::slice::from_ref(o))).max_by(|a, b| a.saving_per_hour.total_cmp(&b.saving_per_hour));
+    // evaluations left). Only a node priced above the set's saving can: alone, it saves at most
+    // its price.
+    let alone = (0..n)
+        .filter_map(|i| order.get((search.start + i) % n))
+        .filter(|o| o.price > set.saving_per_hour)
+        .filter_map(|o| try_set(std::slice::from_ref(o)))
+        .max_by(|a, b| a.saving_per_hour.total_cmp(&b.saving_per_hour));
     Some(match alone {
         Some(one) if one.saving_per_hour > set.saving_per_hour => one,
         _ => set,
     })
 }
+
+/// Candidate sets one pass of the worker evaluates for underutilisation (each is one planning
+/// run); the next pass goes on where this one stopped.
+pub const EVALUATIONS_PER_PASS: usize = 16;
 
 /// The most nodes one decision takes (Karpenter's multi-node consolidation looks at 100).
 const MAX_SET: usize = 100;
