@@ -29,6 +29,9 @@ pub(super) struct Activity {
     read_bytes: AtomicU64,
     read_at_progress: AtomicU64,
     in_flight: AtomicUsize,
+    /// Whether it has answered a request: a client that has been served (kube-apiserver's
+    /// keep-alive connection) goes after every stalled connection that never was.
+    served: AtomicBool,
     /// Requests in flight whose body has not all arrived.
     bodies_open: AtomicUsize,
     handshaking: AtomicBool,
@@ -57,6 +60,7 @@ impl Activity {
             read_bytes: AtomicU64::new(0),
             read_at_progress: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
             bodies_open: AtomicUsize::new(0),
             handshaking: AtomicBool::new(handshaking),
             displaced: AtomicBool::new(false),
@@ -151,6 +155,7 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.touch();
         self.0.progressed();
+        self.0.served.store(true, Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -241,17 +246,19 @@ impl Table {
 
     /// Choose and signal the connection a new one displaces: the stalled connection (in its
     /// handshake, or part way into a request's headers or body) that has gone longest without
-    /// progress; failing that, the keep-alive connection idle longest. A connection answering a
+    /// progress, one that never answered a request before one that has (a served client sending
+    /// its next request on a kept-alive connection is caught part way into its headers for a
+    /// moment); failing that, the keep-alive connection idle longest. A connection answering a
     /// request is never chosen. Returns what the chosen one was doing.
     pub(super) fn displace_one(&self) -> Option<&'static str> {
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let candidates = open.values().filter(|a| !a.displaced.load(Ordering::SeqCst));
-        let mut stalled: Option<(Duration, &'static str, &Arc<Activity>)> = None;
+        let mut stalled: Option<((bool, Duration), &'static str, &Arc<Activity>)> = None;
         let mut idle: Option<(Duration, &Arc<Activity>)> = None;
         for a in candidates {
             match a.state() {
                 State::Stalled(phase) => {
-                    let d = a.stalled_for();
+                    let d = (!a.served.load(Ordering::Relaxed), a.stalled_for());
                     if stalled.as_ref().is_none_or(|(best, _, _)| d > *best) {
                         stalled = Some((d, phase, a));
                     }
@@ -350,6 +357,24 @@ mod tests {
         assert_eq!(table.displace_one(), Some("idle"), "idle keep-alive connections go only when no stalled one is left");
         assert_eq!(table.displace_one(), None, "a connection answering a request is never displaced");
         assert!(!busy.displaced.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_stalled_connection_that_was_never_served_goes_before_one_that_was() {
+        // A served keep-alive connection part way into its next request's headers, stalled
+        // longer than a fresh attacker's handshake: the attacker goes first.
+        let served = Activity::new(false);
+        served.handshake_done();
+        drop(served.request(true));
+        served.read_bytes.fetch_add(10, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let attacker = Activity::new(true);
+        assert_eq!((served.state(), attacker.state()), (State::Stalled("headers"), State::Stalled("handshake")));
+        assert!(served.stalled_for() > attacker.stalled_for());
+        let (table, _regs) = table_with(&[("served", served.clone()), ("attacker", attacker.clone())]);
+        assert_eq!(table.displace_one(), Some("handshake"));
+        assert!(attacker.displaced.load(Ordering::SeqCst) && !served.displaced.load(Ordering::SeqCst));
+        assert_eq!(table.displace_one(), Some("headers"), "with no other left, a served stalled connection goes too");
     }
 
     #[tokio::test]
