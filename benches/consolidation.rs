@@ -22,20 +22,9 @@ use serde_json::json;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// A small fixed-seed generator (xorshift64*), so every run builds the same cluster.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[(self.next() % from.len() as u64) as usize]
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// The scenario's text: the NodePool, then the nodes and their pods as one `List` (a scenario
 /// reads at most 1,024 documents).

@@ -50,20 +50,9 @@ const MIB: i64 = 1024 * 1024;
 const ZONE: &str = "topology.kubernetes.io/zone";
 const HOSTNAME: &str = "kubernetes.io/hostname";
 
-/// A small fixed-seed generator (xorshift64*), so every run packs the same pods.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[(self.next() % from.len() as u64) as usize]
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 fn proc_status_kib(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
