@@ -41,6 +41,7 @@ pub async fn decide(d: &Deciding<'_>, pod: &Pod, namespace: &str, policy: &Polic
     };
     let results = d.inspector.inspect_all(&images, &keyring, deadline).await;
     let record = d.cluster.map(|c| c.safety_record().get()).unwrap_or_default();
+    let now = crate::cluster::unix_now();
     let timed_out = results.iter().any(|r| matches!(r, Err(RegistryError::Timeout(_))));
     let mut digests = BTreeMap::new();
     let mut learned = Vec::new();
@@ -50,7 +51,7 @@ pub async fn decide(d: &Deciding<'_>, pod: &Pod, namespace: &str, policy: &Polic
         .map(|(image, r)| {
             let platforms = r.map(|found| {
                 digests.insert(image.clone(), found.digest.clone());
-                let (left, removed) = record.exclude(&found.digest, &found.platforms);
+                let (left, removed) = record.exclude(&found.digest, namespace, now, &found.platforms);
                 if !removed.is_empty() {
                     learned.push(format!("archer excludes {} for image {image}: its binary ({}) failed there with an exec format error", removed.join(","), found.digest));
                 }

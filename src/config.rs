@@ -86,12 +86,20 @@ pub struct SafetyNetConfig {
     pub config_map: String,
     pub lease_name: String,
     pub lease_duration_seconds: u64,
-    /// Broken (digest, architecture) pairs kept at most (the oldest leave first).
+    /// Broken (digest, architecture) pairs kept at most, all namespaces together (when full, the
+    /// namespace holding the most loses its oldest).
     pub max_broken: usize,
-    /// Open re-placements kept at most (a full record refuses new ones).
+    /// Broken pairs learned from one namespace's pods kept at most (its oldest leave first).
+    pub max_broken_per_namespace: usize,
+    /// Open re-placements kept at most, all namespaces together.
     pub max_replacements: usize,
+    /// Open re-placements of one namespace's templates at most (then it is refused new ones).
+    pub max_replacements_per_namespace: usize,
     /// At most one re-placement per pod template and architecture in this long.
     pub replacement_ttl_seconds: u64,
+    /// How long a broken pair holds after it was learned (then the architecture is trusted
+    /// again until the next failure).
+    pub broken_ttl_seconds: u64,
     /// The longest a pod stays behind `archer.dev/inspecting`; then the namespace's failure policy
     /// decides (see the README).
     pub gate_max_seconds: f64,
@@ -109,8 +117,11 @@ impl Default for SafetyNetConfig {
             lease_name: "archer-safety-net".into(),
             lease_duration_seconds: 15,
             max_broken: 1000,
+            max_broken_per_namespace: 50,
             max_replacements: 1000,
+            max_replacements_per_namespace: 50,
             replacement_ttl_seconds: 3600,
+            broken_ttl_seconds: 7 * 24 * 3600,
             gate_max_seconds: 120.0,
             gate_inspection_timeout_seconds: 10.0,
             gate_retry_seconds: 2.0,
@@ -124,12 +135,16 @@ impl SafetyNetConfig {
         if !within(self.gate_max_seconds, 0.0, 3600.0) || !within(self.gate_inspection_timeout_seconds, 0.0, 60.0) || !within(self.gate_retry_seconds, 0.0, 60.0) {
             return Err(ConfigError::Invalid("safetyNet: gateMaxSeconds must be in (0, 3600], gateInspectionTimeoutSeconds and gateRetrySeconds in (0, 60]".into()));
         }
-        // One ConfigMap holds the record: about 300 bytes an entry, under its 1 MiB limit.
+        // One ConfigMap holds the record: about 300 bytes an entry; it is also cut to its byte
+        // bound before every write.
         if !(1..=1500).contains(&self.max_broken) || !(1..=1500).contains(&self.max_replacements) {
             return Err(ConfigError::Invalid("safetyNet: maxBroken and maxReplacements must be in [1, 1500]".into()));
         }
-        if self.replacement_ttl_seconds == 0 || self.lease_duration_seconds < 2 || self.config_map.is_empty() || self.lease_name.is_empty() {
-            return Err(ConfigError::Invalid("safetyNet: replacementTtlSeconds must be positive, leaseDurationSeconds at least 2, configMap and leaseName set".into()));
+        if !(1..=self.max_broken).contains(&self.max_broken_per_namespace) || !(1..=self.max_replacements).contains(&self.max_replacements_per_namespace) {
+            return Err(ConfigError::Invalid("safetyNet: maxBrokenPerNamespace and maxReplacementsPerNamespace must be in [1, maxBroken] and [1, maxReplacements]".into()));
+        }
+        if self.replacement_ttl_seconds == 0 || self.broken_ttl_seconds == 0 || self.lease_duration_seconds < 2 || self.config_map.is_empty() || self.lease_name.is_empty() {
+            return Err(ConfigError::Invalid("safetyNet: replacementTtlSeconds and brokenTtlSeconds must be positive, leaseDurationSeconds at least 2, configMap and leaseName set".into()));
         }
         Ok(())
     }
@@ -138,8 +153,11 @@ impl SafetyNetConfig {
     pub fn limits(&self) -> archer_core::safety_net::Limits {
         archer_core::safety_net::Limits {
             max_broken: self.max_broken,
+            max_broken_per_namespace: self.max_broken_per_namespace,
             max_replaced: self.max_replacements,
+            max_replaced_per_namespace: self.max_replacements_per_namespace,
             replacement_ttl_seconds: i64::try_from(self.replacement_ttl_seconds).unwrap_or(i64::MAX),
+            broken_ttl_seconds: i64::try_from(self.broken_ttl_seconds).unwrap_or(i64::MAX),
         }
     }
 }
@@ -167,6 +185,9 @@ pub struct RegistryConfig {
     /// How long a lookup that failed for a reason of the image's own (not found, unauthorized,
     /// refused address, malformed manifest) is remembered; timeouts and busy answers are not.
     pub failure_cache_ttl_seconds: f64,
+    /// How long a lookup that timed out is remembered (answered as a timeout at once), so
+    /// images that never answer cannot hold the gate controller or admission (0: never).
+    pub timeout_cache_ttl_seconds: f64,
     pub max_manifest_bytes: usize,
     /// Distinct images of one pod inspected at the same time.
     pub max_concurrent_lookups_per_pod: usize,
@@ -191,6 +212,7 @@ impl Default for RegistryConfig {
             cache_max_bytes: 12 * 1024 * 1024,
             failure_cache_max_bytes: 1024 * 1024,
             failure_cache_ttl_seconds: 10.0,
+            timeout_cache_ttl_seconds: 5.0,
             max_manifest_bytes: 8 * 1024 * 1024,
             max_concurrent_lookups_per_pod: 8,
             max_bytes_per_pod: 16 * 1024 * 1024,
@@ -512,6 +534,9 @@ impl Config {
         if !(r.failure_cache_ttl_seconds.is_finite() && (0.0..=3600.0).contains(&r.failure_cache_ttl_seconds)) {
             return Err(ConfigError::Invalid("registry.failureCacheTtlSeconds must be in [0, 3600]".into()));
         }
+        if !(r.timeout_cache_ttl_seconds.is_finite() && (0.0..=60.0).contains(&r.timeout_cache_ttl_seconds)) {
+            return Err(ConfigError::Invalid("registry.timeoutCacheTtlSeconds must be in [0, 60]".into()));
+        }
         if !(self.shutdown_delay_seconds.is_finite() && (0.0..=300.0).contains(&self.shutdown_delay_seconds)) {
             return Err(ConfigError::Invalid("shutdownDelaySeconds must be in [0, 300]".into()));
         }
@@ -560,6 +585,7 @@ impl Config {
             max_bytes: self.registry.cache_max_bytes,
             failure_max_bytes: self.registry.failure_cache_max_bytes,
             failure_ttl: Duration::from_secs_f64(self.registry.failure_cache_ttl_seconds),
+            timeout_ttl: Duration::from_secs_f64(self.registry.timeout_cache_ttl_seconds),
             tag_ttl: Duration::from_secs(self.registry.tag_cache_ttl_seconds),
             lookup_timeout: Duration::from_secs_f64(self.registry.timeout_seconds),
             per_pod_concurrency: self.registry.max_concurrent_lookups_per_pod,
@@ -586,7 +612,7 @@ impl Config {
     /// each at its byte budget (entries are weighed by what they hold), and each cache's own
     /// structure.
     pub fn image_cache_bytes(&self) -> u64 {
-        2 * self.registry.cache_max_bytes + self.registry.failure_cache_max_bytes + 3 * archer_registry::inspector::CACHE_STRUCTURE_BYTES
+        2 * self.registry.cache_max_bytes + 2 * self.registry.failure_cache_max_bytes + 4 * archer_registry::inspector::CACHE_STRUCTURE_BYTES
     }
 
     /// The most the webhook's decision memo holds: its byte budget and its structure.
@@ -714,6 +740,8 @@ webhook:
         assert!(net(SafetyNetConfig { gate_retry_seconds: f64::NAN, ..Default::default() }).is_err());
         assert!(net(SafetyNetConfig { max_broken: 5000, ..Default::default() }).is_err_and(|e| e.contains("maxBroken")), "one ConfigMap holds it");
         assert!(net(SafetyNetConfig { replacement_ttl_seconds: 0, ..Default::default() }).is_err());
+        assert!(net(SafetyNetConfig { broken_ttl_seconds: 0, ..Default::default() }).is_err());
+        assert!(net(SafetyNetConfig { max_broken_per_namespace: 2000, ..Default::default() }).is_err_and(|e| e.contains("maxBrokenPerNamespace")), "a share is at most the whole");
         let parsed: Config = archer_core::yaml::from_str("safetyNet: {gateMaxSeconds: 30, replacementTtlSeconds: 600}").expect("config");
         assert_eq!((parsed.safety_net.gate_max_seconds, parsed.safety_net.limits().replacement_ttl_seconds), (30.0, 600));
     }

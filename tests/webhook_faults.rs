@@ -58,7 +58,7 @@ async fn registry_down_fails_open_by_default_and_closed_when_asked() {
 async fn slow_registry_times_out_within_the_lookup_bound() {
     let reg = Registry::start().await;
     reg.push_index("app/slow", "1", &["linux/amd64", "linux/arm64"], true, false).await;
-    let archer = Archer::start(&insecure(&[&reg.host], ""), &[]).await;
+    let archer = Archer::start(&insecure(&[&reg.host], "  timeoutCacheTtlSeconds: 2\n"), &[]).await;
     reg.pause();
     let (resp, p) = archer.admit(&pod("slow", &[&reg.image("app/slow:1")])).await;
     reg.resume();
@@ -66,7 +66,15 @@ async fn slow_registry_times_out_within_the_lookup_bound() {
     assert!(warning(&resp).contains("timed out"), "{resp}");
     assert_eq!(p["metadata"]["annotations"]["archer.dev/decision"], "inspection-failed");
     assert_eq!(archer.metric("archer_image_inspection_failures_total{reason=\"timeout\"}").await, 1.0);
-    // Failures are not cached: once the registry answers again, the pod is placed.
+    // A timeout is remembered briefly: the next pod naming the image within the TTL is answered
+    // at once, without another whole lookup timeout (images that never answer cannot hold the
+    // gate controller or admission)...
+    let started = std::time::Instant::now();
+    let (resp, _) = archer.admit(&pod("slow-soon", &[&reg.image("app/slow:1")])).await;
+    assert!(warning(&resp).contains("timed out") && started.elapsed() < Duration::from_millis(800), "{resp} after {:?}", started.elapsed());
+    assert_eq!(archer.metric("archer_image_lookups_total{result=\"timeout_hit\"}").await, 1.0);
+    // ...and once the TTL has passed and the registry answers again, the pod is placed.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     let (_, p) = archer.admit(&pod("slow-again", &[&reg.image("app/slow:1")])).await;
     assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/amd64,linux/arm64");
 }

@@ -93,6 +93,11 @@ pub async fn pod_keyring(cluster: Option<&ClusterView>, base: &Keyring, namespac
     }
 }
 
+/// Now, in whole seconds since the Unix epoch (the safety record's and creationTimestamp's unit).
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
 /// Where a pod's pull credentials come from: its service account (`default` when unnamed) and
 /// its own `imagePullSecrets`, in order.
 pub fn pull_secret_refs(pod: &Pod) -> (String, Vec<String>) {
@@ -116,16 +121,17 @@ pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>,
     let record = cluster.map(|c| c.safety.get()).unwrap_or_default();
     let images = pod_images(pod);
     let recorded = recorded_platforms(pod);
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let now = unix_now();
     // A recorded pod is inspected only when the record names one of its images (for the digest).
     if let Some(all) = &recorded {
-        if !images.iter().any(|i| record.mentions_image(i)) {
+        if !images.iter().any(|i| record.mentions_image(i, namespace, now)) {
             return PodPlatforms::Known { all: all.clone(), per_image: Vec::new() };
         }
     }
     if images.is_empty() {
         return PodPlatforms::Unknown("the pod names no images".into());
     }
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let keyring = pod_keyring(cluster, base, namespace, pod).await;
     let results = inspector.inspect_all(&images, &keyring, tokio::time::Instant::now() + timeout).await;
     let mut per_image = Vec::new();
@@ -133,7 +139,7 @@ pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>,
     for (image, r) in images.into_iter().zip(results) {
         match r {
             Ok(found) => {
-                let (left, removed) = record.exclude(&found.digest, &found.platforms);
+                let (left, removed) = record.exclude(&found.digest, namespace, now, &found.platforms);
                 broken.extend(removed);
                 per_image.push((image, left));
             }

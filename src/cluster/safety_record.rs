@@ -4,10 +4,10 @@
 //! only by the replica holding the safety net's lease.
 //!
 //! Why a ConfigMap: it is shared between replicas and kept across restarts by the API server
-//! itself (no volume, no other datastore to run), its size is bounded by the API (1 MiB, and
-//! the record's own bounds keep it near 300 KiB), a watch delivers each change to every replica
-//! at once, and writes are safe with optimistic concurrency (`resourceVersion`). RBAC can
-//! narrow Archer to this one object.
+//! itself (no volume, no other datastore to run), its size is bounded by the API (1 MiB; the
+//! record is cut to [`MAX_RECORD_BYTES`] of JSON before every write, whatever its entries hold),
+//! a watch delivers each change to every replica at once, and writes are safe with optimistic
+//! concurrency (`resourceVersion`). RBAC narrows Archer to this one object.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use kube::Client;
 
-use archer_core::safety_net::SafetyRecord;
+use archer_core::safety_net::{SafetyRecord, MAX_RECORD_BYTES};
 
 /// The ConfigMap key holding the record as JSON.
 pub const DATA_KEY: &str = "record.json";
@@ -85,6 +85,10 @@ impl SharedRecord {
             let stored = api.get_opt(&self.name).await.map_err(failed)?;
             let mut record = stored.as_ref().map(parse).unwrap_or_default();
             let out = change(&mut record);
+            let dropped = record.fit(MAX_RECORD_BYTES);
+            if dropped > 0 {
+                tracing::warn!(configmap = %self.name, dropped, "the safety net's record reached its size bound; the largest namespace's oldest entries went");
+            }
             let text = serde_json::to_string(&record).unwrap_or_else(|_| "{}".into());
             let written = match stored {
                 Some(mut cm) => {

@@ -1,30 +1,45 @@
-//! Pods failing with an exec format error: learn, tell, re-place once.
+//! Pods failing with an exec format error: learn (for the pod's namespace, or for every
+//! namespace when the image itself shows it), tell, re-place once.
+//!
+//! One tenant cannot hold the detector: failing pods wait in per-namespace queues taken in
+//! turn ([`super::fair::FairQueue`]), a namespace handles at most [`SLOTS_PER_NAMESPACE`] pods at
+//! once, and an eviction a PodDisruptionBudget refuses gives its slot back and is tried again
+//! later from the eviction queue (also per namespace).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::EvictParams;
+use kube::api::{DeleteParams, EvictParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource};
+use tokio::time::Instant;
 
 use archer_core::exec_format::{exec_format_errors, ExecFormatError};
 use archer_core::placement::DECISION_ANNOTATION;
-use archer_core::safety_net::{on_exec_format_errors, Finding, Verdict};
+use archer_core::safety_net::{on_exec_format_errors, scope, unverifiable, Detection, Entrypoint, Finding, Verdict, MAX_RECORD_BYTES};
 use archer_metrics::{label, labels2};
 
+use super::fair::FairQueue;
 use super::SafetyNet;
 
-/// Failing pods handled at the same time.
+/// Failing pods handled at the same time, all namespaces together...
 const CONCURRENCY: usize = 8;
+/// ...and of one namespace.
+pub(super) const SLOTS_PER_NAMESPACE: usize = 2;
+/// Failing pods waiting, per namespace and in all (a pod dropped here is seen again at its next
+/// status change: a crash-looping container changes its status at every restart).
+pub(super) const QUEUE_PER_NAMESPACE: usize = 64;
+pub(super) const QUEUE_TOTAL: usize = 1024;
 /// Pods handled are remembered (by uid) this many at most, so each is handled once.
 const MAX_HANDLED: u64 = 100_000;
-/// A PodDisruptionBudget refusing the eviction is asked again this often, this many times.
+/// A PodDisruptionBudget refusing the eviction: asked again this often, for this long.
 const EVICTION_RETRY: Duration = Duration::from_secs(5);
-const EVICTION_ATTEMPTS: usize = 60;
+const EVICTION_PATIENCE: Duration = Duration::from_secs(300);
 /// Bound on resolving the digest of an image kubelet reported none for.
 const DIGEST_LOOKUP: Duration = Duration::from_secs(10);
+/// Bound on reading an image's entrypoint binary to verify a detection.
+const VERIFY_LOOKUP: Duration = Duration::from_secs(30);
 
 /// A pod Archer admitted, not going away, with a container failing for its architecture.
 pub(super) fn failing(pod: &Pod) -> bool {
@@ -32,58 +47,118 @@ pub(super) fn failing(pod: &Pod) -> bool {
     admitted && pod.metadata.deletion_timestamp.is_none() && !exec_format_errors(pod).is_empty()
 }
 
+/// An eviction waiting for its PodDisruptionBudget.
+#[derive(Debug, Clone)]
+pub(super) struct Eviction {
+    namespace: String,
+    name: String,
+    uid: Option<String>,
+    give_up: Instant,
+    next: Instant,
+}
+
+fn ns_of(pod: &Pod) -> String {
+    pod.metadata.namespace.clone().unwrap_or_default()
+}
+
 impl SafetyNet {
-    pub(super) async fn detect_loop(self: Arc<Self>, rx: tokio::sync::mpsc::Receiver<Pod>) {
+    /// Take failing pods from `queue` in turn by namespace, at most [`CONCURRENCY`] at once and
+    /// [`SLOTS_PER_NAMESPACE`] of one namespace.
+    pub(super) async fn detect_loop(self: Arc<Self>, queue: Arc<FairQueue<Pod>>, evictions: Arc<FairQueue<Eviction>>) {
         let handled: moka::sync::Cache<String, ()> =
             moka::sync::Cache::builder().max_capacity(MAX_HANDLED).time_to_live(Duration::from_secs(self.config.replacement_ttl_seconds)).build();
-        let pods = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
-        pods.for_each_concurrent(CONCURRENCY, |pod| {
-            let this = self.clone();
-            let handled = handled.clone();
+        let workers = (0..CONCURRENCY).map(|_| {
+            let (this, queue, evictions, handled) = (self.clone(), queue.clone(), evictions.clone(), handled.clone());
             async move {
-                let Some(uid) = pod.metadata.uid.clone() else { return };
-                if handled.contains_key(&uid) {
-                    return;
-                }
-                // Marked first: a second event for the same pod while this one runs is skipped.
-                handled.insert(uid.clone(), ());
-                if !this.handle(&pod).await {
-                    handled.invalidate(&uid);
+                loop {
+                    let (namespace, pod) = queue.take(SLOTS_PER_NAMESPACE).await;
+                    if let Some(uid) = pod.metadata.uid.clone() {
+                        // Marked first: a second event for the same pod while this one runs is skipped.
+                        if !handled.contains_key(&uid) {
+                            handled.insert(uid.clone(), ());
+                            if !this.handle(&pod, &evictions).await {
+                                handled.invalidate(&uid);
+                            }
+                        }
+                    }
+                    queue.done(&namespace);
                 }
             }
-        })
-        .await;
+        });
+        futures::future::join_all(workers).await;
     }
 
     /// Handle one failing pod; false when it should be tried again at its next change.
     #[tracing::instrument(skip_all, fields(pod = pod.metadata.name.as_deref().unwrap_or(""), namespace = pod.metadata.namespace.as_deref().unwrap_or(""), node = tracing::field::Empty, arch = tracing::field::Empty))]
-    async fn handle(&self, pod: &Pod) -> bool {
+    async fn handle(&self, pod: &Pod, evictions: &FairQueue<Eviction>) -> bool {
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
         let Some(arch) = self.cluster.node_arch(&node) else {
             tracing::warn!(%node, "exec format error on a node whose architecture is unknown; not learned");
             return false;
         };
         tracing::Span::current().record("node", node.as_str()).record("arch", arch.as_str());
-        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let namespace = ns_of(pod);
         let errors = self.with_digests(pod, exec_format_errors(pod)).await;
+        let detections = self.scoped(pod, &arch, errors).await;
         let policy = self.policy(&namespace);
         let (limits, now) = (self.config.limits(), super::unix_now());
-        let finding = match self.cluster.safety_record().update(|r| on_exec_format_errors(pod, &arch, &errors, policy.replace_on_exec_format_error, r, now, &limits)).await {
+        let update = self.cluster.safety_record().update(|r| {
+            let finding = on_exec_format_errors(pod, &arch, &detections, policy.replace_on_exec_format_error, r, now, &limits);
+            (finding, r.fit(MAX_RECORD_BYTES))
+        });
+        let (finding, dropped) = match update.await {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(error = %e, "could not record the exec format error; tried again at the pod's next change");
                 return false;
             }
         };
+        self.metrics.safety.record_entries_dropped.inc_by(dropped as u64);
         self.metrics.safety.exec_format_errors.get_or_create(&labels2("namespace", namespace.as_str(), "arch", arch.as_str())).inc();
+        for b in &finding.learned {
+            self.metrics.safety.learned.get_or_create(&label("scope", if b.verified { "cluster" } else { "namespace" })).inc();
+        }
         tracing::warn!(verdict = finding.verdict.as_str(), learned = finding.learned.len(), "exec format error: the image's binary does not run on this architecture");
-        self.tell(pod, &arch, &node, &errors, &finding).await;
-        let outcome = match finding.verdict {
-            Verdict::Replace => self.evict(pod).await,
-            skipped => skipped.as_str(),
-        };
-        self.metrics.safety.replacements.get_or_create(&label("outcome", outcome)).inc();
+        self.tell(pod, &arch, &node, &detections, &finding).await;
+        match finding.verdict {
+            Verdict::Replace => {
+                let now = Instant::now();
+                let eviction = Eviction { namespace: namespace.clone(), name: pod.metadata.name.clone().unwrap_or_default(), uid: pod.metadata.uid.clone(), give_up: now + EVICTION_PATIENCE, next: now };
+                if !evictions.push(&namespace, eviction) {
+                    tracing::warn!("the eviction queue of this namespace is full; the pod is left as it is");
+                    self.metrics.safety.replacements.get_or_create(&label("outcome", "eviction_queue_full")).inc();
+                }
+            }
+            skipped => {
+                self.metrics.safety.replacements.get_or_create(&label("outcome", skipped.as_str())).inc();
+            }
+        }
         true
+    }
+
+    /// Where each error's evidence holds: the image's entrypoint binary is read only when
+    /// nothing the pod chose could have made the error.
+    async fn scoped(&self, pod: &Pod, arch: &str, errors: Vec<ExecFormatError>) -> Vec<Detection> {
+        let mut out = Vec::with_capacity(errors.len());
+        for error in errors {
+            let entrypoint = match unverifiable(pod, &error) {
+                Some(_) => None,
+                None => self.entrypoint(pod, &error, arch).await,
+            };
+            let scope = scope(pod, &error, arch, entrypoint.as_ref());
+            tracing::info!(container = %error.container, image = %error.image, scope = scope.as_str(), why = scope.why(), "where the evidence holds");
+            out.push(Detection { error, scope });
+        }
+        out
+    }
+
+    /// The failing image's entrypoint binary for `arch` as the registry holds it (the digest
+    /// kubelet ran), or `None` when it could not be read within the bounds.
+    async fn entrypoint(&self, pod: &Pod, error: &ExecFormatError, arch: &str) -> Option<Entrypoint> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let keyring = crate::cluster::pod_keyring(Some(&self.cluster), &self.base_keyring, namespace, pod).await;
+        let _ = (keyring, error, arch, VERIFY_LOOKUP); // TEMP-STUB
+        None
     }
 
     /// Errors without the digest kubelet resolved get the one the registry gives the image now.
@@ -102,13 +177,23 @@ impl SafetyNet {
     }
 
     /// The Event on the pod and on its owner.
-    async fn tell(&self, pod: &Pod, arch: &str, node: &str, errors: &[ExecFormatError], finding: &Finding) {
-        let what: Vec<String> = errors.iter().map(|e| format!("container {} (image {}, {})", e.container, e.image, e.digest.as_deref().unwrap_or("digest unknown"))).collect();
+    async fn tell(&self, pod: &Pod, arch: &str, node: &str, detections: &[Detection], finding: &Finding) {
+        let what: Vec<String> = detections
+            .iter()
+            .map(|d| {
+                let e = &d.error;
+                let scope = match d.scope {
+                    archer_core::safety_net::Scope::Cluster => "for every namespace".to_string(),
+                    other => format!("for this namespace only: {}", other.why()),
+                };
+                format!("container {} (image {}, {}; excluded {scope})", e.container, e.image, e.digest.as_deref().unwrap_or("digest unknown"))
+            })
+            .collect();
         let action = match finding.verdict {
             Verdict::Replace => format!("the pod is evicted once so its replacement is admitted without {arch}"),
             Verdict::Skip(_) => format!("the pod is left as it is ({})", finding.verdict.as_str().replace('_', " ")),
         };
-        let note = format!("{} failed on {arch} node {node} with an exec format error: the binary is not for {arch}. Archer excludes {arch} for these digests from now on; {action}.", what.join(", "));
+        let note = format!("{} failed on {arch} node {node} with an exec format error: the binary is not for {arch}. Archer excludes {arch} for these digests; {action}.", what.join(", "));
         let pod_ref = pod.object_ref(&());
         crate::cluster::events::post(&self.recorder, &pod_ref, EventType::Warning, "ExecFormatError", "Detected", &note).await;
         let owner = pod.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
@@ -119,25 +204,69 @@ impl SafetyNet {
         }
     }
 
-    /// Evict through the Eviction API (PodDisruptionBudgets hold), retried while a budget
-    /// refuses; the outcome label.
-    async fn evict(&self, pod: &Pod) -> &'static str {
-        let (namespace, name) = (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        for _ in 0..EVICTION_ATTEMPTS {
-            match api.evict(&name, &EvictParams::default()).await {
-                Ok(_) => {
-                    self.metrics.pod_evictions.get_or_create(&label("reason", "exec_format_error")).inc();
-                    tracing::info!("evicted: its replacement is admitted without this architecture");
-                    return "evicted";
+    /// Carry out the evictions decided, in turn by namespace: each is one request (PodDisruption
+    /// Budgets hold); one a budget refuses waits [`EVICTION_RETRY`] in the queue, holding no
+    /// slot, until [`EVICTION_PATIENCE`] has passed.
+    pub(super) async fn evict_loop(self: Arc<Self>, queue: Arc<FairQueue<Eviction>>) {
+        let workers = (0..CONCURRENCY / 2).map(|_| {
+            let (this, queue) = (self.clone(), queue.clone());
+            async move {
+                loop {
+                    let (namespace, e) = queue.take(SLOTS_PER_NAMESPACE).await;
+                    let wait = e.next.saturating_duration_since(Instant::now());
+                    if !wait.is_zero() {
+                        // Not due: back to the end of its namespace's line, and a pause so a
+                        // queue of waiting evictions does not spin.
+                        queue.done(&namespace);
+                        if !queue.push(&namespace, e) {
+                            this.metrics.safety.replacements.get_or_create(&label("outcome", "eviction_queue_full")).inc();
+                        }
+                        tokio::time::sleep(wait.min(Duration::from_millis(500))).await;
+                        continue;
+                    }
+                    let outcome = this.evict_once(&e).await;
+                    queue.done(&namespace);
+                    match outcome {
+                        None if Instant::now() < e.give_up => {
+                            if !queue.push(&namespace, Eviction { next: Instant::now() + EVICTION_RETRY, ..e }) {
+                                this.metrics.safety.replacements.get_or_create(&label("outcome", "eviction_queue_full")).inc();
+                            }
+                        }
+                        None => {
+                            tracing::warn!(namespace = %e.namespace, pod = %e.name, "the pod could not be evicted in time (a PodDisruptionBudget?); it is left as it is");
+                            this.metrics.safety.replacements.get_or_create(&label("outcome", "eviction_refused")).inc();
+                        }
+                        Some(outcome) => {
+                            this.metrics.safety.replacements.get_or_create(&label("outcome", outcome)).inc();
+                        }
+                    }
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => return "gone",
-                Err(kube::Error::Api(s)) if s.code == 429 => tracing::debug!("eviction refused by a PodDisruptionBudget; retrying"),
-                Err(e) => tracing::warn!(error = %e, "eviction failed; retrying"),
             }
-            tokio::time::sleep(EVICTION_RETRY).await;
+        });
+        futures::future::join_all(workers).await;
+    }
+
+    /// One eviction request: the outcome label, or `None` to try again later.
+    #[tracing::instrument(skip_all, fields(namespace = %e.namespace, pod = %e.name))]
+    async fn evict_once(&self, e: &Eviction) -> Option<&'static str> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &e.namespace);
+        // Only the pod that failed: a StatefulSet's replacement of the same name is another pod.
+        let params = EvictParams { delete_options: Some(DeleteParams { preconditions: Some(Preconditions { uid: e.uid.clone(), resource_version: None }), ..Default::default() }), ..Default::default() };
+        match api.evict(&e.name, &params).await {
+            Ok(_) => {
+                self.metrics.pod_evictions.get_or_create(&label("reason", "exec_format_error")).inc();
+                tracing::info!("evicted: its replacement is admitted without this architecture");
+                Some("evicted")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Some("gone"),
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                tracing::debug!("eviction refused by a PodDisruptionBudget; tried again later");
+                None
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "eviction failed; tried again later");
+                None
+            }
         }
-        tracing::warn!("the pod could not be evicted in time (a PodDisruptionBudget?); it is left as it is");
-        "eviction_refused"
     }
 }

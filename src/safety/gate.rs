@@ -27,18 +27,30 @@ use super::SafetyNet;
 const CONCURRENCY: usize = 8;
 /// Gated pods tracked at most; beyond it the newest wait until tracked ones are released.
 const MAX_TRACKED: usize = 100_000;
+/// Pods of one namespace tried in one round at most (those tried longest ago first), so a
+/// namespace whose images never answer delays no other namespace's release.
+const PER_NAMESPACE_PER_ROUND: usize = 4;
 
 /// Whether the pod is held by Archer's gate.
 fn carries_gate(pod: &Pod) -> bool {
     pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| g.iter().any(|g| g.name == GATE))
 }
 
-/// The gated pods the watch has seen: (namespace, name) -> whether the fail-closed Event was posted.
+/// What is kept of one gated pod.
+#[derive(Debug, Clone, Copy, Default)]
+struct Held {
+    /// The fail-closed Event was posted.
+    warned: bool,
+    /// The round it was last tried in.
+    tried: u64,
+}
+
+/// The gated pods the watch has seen, by (namespace, name).
 #[derive(Clone, Default)]
-pub(super) struct Gated(Arc<Mutex<BTreeMap<(String, String), bool>>>);
+pub(super) struct Gated(Arc<Mutex<BTreeMap<(String, String), Held>>>);
 
 impl Gated {
-    fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<(String, String), bool>) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<(String, String), Held>) -> T) -> T {
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -53,7 +65,7 @@ impl Gated {
             if !held {
                 m.remove(&key);
             } else if m.len() < MAX_TRACKED || m.contains_key(&key) {
-                m.entry(key).or_insert(false);
+                m.entry(key).or_default();
             }
         });
     }
@@ -71,13 +83,37 @@ impl Gated {
         self.with(|m| m.len())
     }
 
-    fn keys(&self) -> Vec<(String, String)> {
-        self.with(|m| m.keys().cloned().collect())
+    /// The pods to try in round `round`: at most [`PER_NAMESPACE_PER_ROUND`] of each namespace,
+    /// those tried longest ago first, the namespaces interleaved; each is marked tried.
+    fn round(&self, round: u64) -> Vec<(String, String)> {
+        self.with(|m| {
+            let mut by_namespace: BTreeMap<&str, Vec<(u64, &(String, String))>> = BTreeMap::new();
+            for (key, held) in m.iter() {
+                by_namespace.entry(key.0.as_str()).or_default().push((held.tried, key));
+            }
+            let mut picked: Vec<Vec<(String, String)>> = by_namespace
+                .into_values()
+                .map(|mut pods| {
+                    pods.sort_by_key(|(tried, _)| *tried);
+                    pods.into_iter().take(PER_NAMESPACE_PER_ROUND).map(|(_, k)| k.clone()).collect()
+                })
+                .collect();
+            let mut out = Vec::new();
+            for i in 0..PER_NAMESPACE_PER_ROUND {
+                out.extend(picked.iter_mut().filter_map(|p| p.get(i).cloned()));
+            }
+            for key in &out {
+                if let Some(h) = m.get_mut(key) {
+                    h.tried = round;
+                }
+            }
+            out
+        })
     }
 
     /// Mark the fail-closed Event posted; true the first time.
     fn first_warning(&self, key: &(String, String)) -> bool {
-        self.with(|m| m.get_mut(key).is_some_and(|warned| !std::mem::replace(warned, true)))
+        self.with(|m| m.get_mut(key).is_some_and(|h| !std::mem::replace(&mut h.warned, true)))
     }
 }
 
@@ -96,9 +132,9 @@ impl SafetyNet {
     pub(super) async fn gate_loop(self: Arc<Self>, gated: Gated) {
         let mut tick = tokio::time::interval(Duration::from_secs_f64(self.config.gate_retry_seconds));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
+        for round in 1u64.. {
             tick.tick().await;
-            futures::stream::iter(gated.keys())
+            futures::stream::iter(gated.round(round))
                 .for_each_concurrent(CONCURRENCY, |key| {
                     let (this, gated) = (self.clone(), gated.clone());
                     async move { this.try_release(&gated, key).await }
@@ -121,6 +157,9 @@ impl SafetyNet {
             Err(e) => return tracing::warn!(error = %e, "could not read the gated pod; tried again"),
         };
         let policy = self.policy(&key.0);
+        if let Some(why) = self.not_decided(&pod, &key.0, &policy) {
+            return self.release_undecided(gated, &api, &key, &pod, why).await;
+        }
         let deciding = crate::admission::Deciding { inspector: &self.inspector, cluster: Some(&self.cluster), base_keyring: &self.base_keyring, settings: &self.settings };
         let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(self.config.gate_inspection_timeout_seconds);
         let decided = crate::admission::decide(&deciding, &pod, &key.0, &policy, deadline).await;
@@ -170,6 +209,40 @@ impl SafetyNet {
     }
 }
 
+impl SafetyNet {
+    /// Why Archer does not decide this pod at all, as the webhook would not: its namespace is
+    /// excluded, the pod opts out (`archer.dev/ignore`), or the namespace's mode is `off`.
+    fn not_decided(&self, pod: &Pod, namespace: &str, policy: &archer_core::policy::Policy) -> Option<&'static str> {
+        if self.excluded_namespaces.contains(namespace) {
+            return Some("its namespace is excluded from Archer");
+        }
+        let ignored = pod.metadata.labels.as_ref().and_then(|l| l.get(archer_core::policy::IGNORE_LABEL)).is_some_and(|v| v == "true");
+        if ignored {
+            return Some("it carries archer.dev/ignore");
+        }
+        (policy.mode == archer_core::policy::Mode::Off).then_some("its namespace's mode is off")
+    }
+
+    /// Remove only the gate from a pod Archer does not decide: nothing else of it is touched.
+    async fn release_undecided(&self, gated: &Gated, api: &Api<Pod>, key: &(String, String), pod: &Pod, why: &str) {
+        let Some(ungate) = patch::remove_scheduling_gate(&mut pod.clone(), GATE) else { return };
+        let result = match apply(api, &key.1, &ungate).await {
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            other => other.map(drop),
+        };
+        match result {
+            Ok(()) => {
+                gated.with(|m| m.remove(key));
+                self.metrics.safety.gate_releases.get_or_create(&label("outcome", "not_decided")).inc();
+                tracing::info!(why, "gate removed from a pod Archer does not decide");
+                let note = format!("Archer does not decide this pod ({why}): its scheduling gate {GATE} was removed and nothing else changed.");
+                crate::cluster::events::post(&self.recorder, &pod.object_ref(&()), EventType::Normal, "NotDecided", "Released", &note).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "could not release the gated pod; tried again"),
+        }
+    }
+}
+
 /// Remove Archer's gate from every pod that carries it (Helm's pre-delete hook runs this as
 /// `archer ungate --all`, so uninstalling Archer leaves no pod held). Returns how many.
 pub async fn ungate_all(client: Client) -> Result<usize, kube::Error> {
@@ -186,4 +259,30 @@ pub async fn ungate_all(client: Client) -> Result<usize, kube::Error> {
         }
     }
     Ok(released)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Gated, PER_NAMESPACE_PER_ROUND};
+
+    fn gated_pod(namespace: &str, name: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name, "namespace": namespace}, "spec": {"containers": [], "schedulingGates": [{"name": "archer.dev/inspecting"}]}})).expect("pod")
+    }
+
+    #[test]
+    fn a_namespace_of_unanswerable_pods_delays_no_other_namespaces_release() {
+        let gated = Gated::default();
+        for i in 0..1000 {
+            gated.observe(&gated_pod("evil", &format!("stuck-{i:04}")));
+        }
+        gated.observe(&gated_pod("victim", "web"));
+        let first = gated.round(1);
+        assert_eq!(first.len(), PER_NAMESPACE_PER_ROUND + 1, "a round takes a few of each namespace");
+        assert_eq!(first[0].0, "evil");
+        assert_eq!(first[1], ("victim".to_string(), "web".to_string()), "the victim is tried in the first round, second in line");
+        // Rounds go through the flood's pods, those tried longest ago first.
+        let second = gated.round(2);
+        assert!(second.iter().filter(|k| k.0 == "evil").all(|k| !first.contains(k)), "{second:?}");
+        assert!(second.contains(&("victim".to_string(), "web".to_string())));
+    }
 }

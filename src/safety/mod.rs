@@ -5,11 +5,14 @@
 //!   architecture excluded (the pure rule: `archer_core::safety_net`);
 //! - `gate`: pods the webhook held behind `archer.dev/inspecting` are inspected again, patched
 //!   and released; past `safetyNet.gateMaxSeconds` the namespace's failure policy decides; on
-//!   start every gated pod is swept the same way; `archer ungate --all` releases them all.
+//!   start every gated pod is swept the same way; `archer ungate --all` releases them all. Pods
+//!   Archer does not decide (excluded namespaces, `archer.dev/ignore`, mode `off`) only lose the
+//!   gate; namespaces are served in turn.
 //!
 //! One pod watch feeds both (no cache of pods is kept: each event is looked at and dropped).
 
 mod detect;
+mod fair;
 mod gate;
 
 use std::sync::Arc;
@@ -29,14 +32,7 @@ use archer_registry::{Inspector, Keyring};
 
 pub use gate::ungate_all;
 
-/// Detections waiting for the detector, at most (a pod dropped here is seen again at its next
-/// status change: a crash-looping container changes its status at every restart).
-const DETECTION_QUEUE: usize = 1024;
-
-/// Now, in whole seconds since the Unix epoch (the record's and creationTimestamp's unit).
-fn unix_now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
+use crate::cluster::unix_now;
 
 /// Everything the safety net's controllers read and act with.
 pub struct SafetyNet {
@@ -48,6 +44,8 @@ pub struct SafetyNet {
     pub settings: PlacementSettings,
     pub config: SafetyNetConfig,
     pub metrics: Arc<Metrics>,
+    /// Namespaces Archer never decides (config `excludedNamespaces` and its own).
+    excluded_namespaces: std::collections::BTreeSet<String>,
     recorder: Recorder,
 }
 
@@ -59,7 +57,7 @@ impl SafetyNet {
         let reporter = Reporter { controller: "archer-safety-net".into(), instance: std::env::var("POD_NAME").ok() };
         let recorder = Recorder::new(client.clone(), reporter);
         let (defaults, settings, config) = (cfg.defaults.clone(), cfg.placement_settings(), cfg.safety_net.clone());
-        Arc::new(SafetyNet { client, cluster, inspector, base_keyring, defaults, settings, config, metrics, recorder })
+        Arc::new(SafetyNet { client, cluster, inspector, base_keyring, defaults, settings, config, metrics, excluded_namespaces: cfg.excluded(), recorder })
     }
 
     /// The namespace's policy now.
@@ -71,13 +69,18 @@ impl SafetyNet {
     /// until the lease is lost (the caller drops it).
     pub async fn run(self: Arc<Self>) {
         let gated = gate::Gated::default();
-        let (tx, rx) = tokio::sync::mpsc::channel::<Pod>(DETECTION_QUEUE);
+        let failing = Arc::new(fair::FairQueue::<Pod>::new(detect::QUEUE_PER_NAMESPACE, detect::QUEUE_TOTAL));
+        let evictions = Arc::new(fair::FairQueue::new(detect::QUEUE_PER_NAMESPACE, detect::QUEUE_TOTAL));
         let watch = watcher(Api::<Pod>::all(self.client.clone()), watcher::Config::default().any_semantic()).default_backoff().for_each(|event| {
             match event {
                 Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
                     gated.observe(&pod);
-                    if detect::failing(&pod) && tx.try_send(pod).is_err() {
-                        tracing::warn!("the detector is behind; a failing pod waits for its next status change");
+                    if detect::failing(&pod) {
+                        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+                        if !failing.push(&namespace, pod) {
+                            self.metrics.safety.detections_dropped.inc();
+                            tracing::warn!(%namespace, "the detector is behind for this namespace; a failing pod waits for its next status change");
+                        }
                     }
                 }
                 Ok(watcher::Event::Delete(pod)) => gated.forget(&pod),
@@ -90,7 +93,8 @@ impl SafetyNet {
         });
         tokio::select! {
             _ = watch => tracing::error!("the safety net's pod watch ended"),
-            _ = self.clone().detect_loop(rx) => tracing::error!("the safety net's detector ended"),
+            _ = self.clone().detect_loop(failing.clone(), evictions.clone()) => tracing::error!("the safety net's detector ended"),
+            _ = self.clone().evict_loop(evictions.clone()) => tracing::error!("the safety net's evictions ended"),
             _ = self.clone().gate_loop(gated.clone()) => tracing::error!("the safety net's gate loop ended"),
         }
     }

@@ -237,7 +237,7 @@ pub fn pod_view(raw: &str) -> Result<PodView<'_>, serde_json::Error> {
 
 impl PodView<'_> {
     fn constraint_bytes(&self) -> usize {
-        self.spec.as_ref().map_or(0, |s| [s.node_selector, s.affinity, s.tolerations, s.image_pull_secrets].iter().flatten().map(|r| r.get().len()).sum())
+        self.spec.as_ref().map_or(0, |s| [s.node_selector, s.affinity, s.tolerations, s.image_pull_secrets, s.scheduling_gates].iter().flatten().map(|r| r.get().len()).sum())
     }
 
     /// Why this pod is too large to decide on, if it is.
@@ -283,7 +283,7 @@ impl PodView<'_> {
         let spec = self.spec.as_ref();
         k.optional(spec.map(|_| &b""[..]));
         if let Some(s) = spec {
-            for raw in [s.node_selector, s.affinity, s.tolerations, s.image_pull_secrets] {
+            for raw in [s.node_selector, s.affinity, s.tolerations, s.image_pull_secrets, s.scheduling_gates] {
                 k.optional(raw.map(|r| r.get().as_bytes()));
             }
             k.optional(s.service_account_name.as_deref().map(str::as_bytes));
@@ -321,6 +321,7 @@ impl PodView<'_> {
                 affinity: typed(s.affinity)?,
                 tolerations: typed(s.tolerations)?,
                 image_pull_secrets: typed(s.image_pull_secrets)?,
+                scheduling_gates: typed(s.scheduling_gates)?,
                 service_account_name: s.service_account_name,
                 containers: s.containers.into_iter().map(container).collect(),
                 init_containers: s.init_containers.map(|cs| cs.into_iter().map(container).collect()),
@@ -387,6 +388,9 @@ struct SpecView<'a> {
     tolerations: Option<&'a RawValue>,
     #[serde(borrow, default)]
     image_pull_secrets: Option<&'a RawValue>,
+    /// Other controllers' gates: gate mode appends Archer's after them, never in their place.
+    #[serde(borrow, default)]
+    scheduling_gates: Option<&'a RawValue>,
     #[serde(default)]
     service_account_name: Option<String>,
     #[serde(default)]
@@ -488,6 +492,7 @@ mod view_tests {
             POD.replace("\"spec\":{", "\"spec\":{\"serviceAccountName\":\"builder\","),
             POD.replace("\"spec\":{", "\"spec\":{\"imagePullSecrets\":[{\"name\":\"s\"}],"),
             POD.replace("\"spec\":{", "\"spec\":{\"initContainers\":[],"),
+            POD.replace("\"spec\":{", "\"spec\":{\"schedulingGates\":[{\"name\":\"example.com/quota\"}],"),
             POD.replace(",\"annotations\":{\"note\":\"x\"}", ""),
         ];
         for c in &changed {
@@ -527,5 +532,17 @@ mod view_tests {
         let pod = decision_pod(r#"{"metadata":{"annotations":{"a":"b"}},"spec":{"containers":[]}}"#).expect("pod");
         assert_eq!(pod.metadata.annotations.map(|a| a.len()), Some(0));
         assert!(decision_pod(r#"{"spec":{"containers":"nope"}}"#).is_err());
+    }
+
+    #[test]
+    fn gate_mode_keeps_another_controllers_gate_and_appends_its_own() {
+        let raw = r#"{"metadata":{"name":"p","namespace":"ns"},"spec":{"schedulingGates":[{"name":"example.com/quota"}],"containers":[{"name":"c","image":"nginx"}]}}"#;
+        let mut pod = decision_pod(raw).expect("pod");
+        let ops = archer_core::patch::add_scheduling_gate(&mut pod, archer_core::safety_net::GATE);
+        // Applied to the pod as the API server holds it, as the API server applies a JSON patch.
+        let mut stored: serde_json::Value = serde_json::from_str(raw).expect("json");
+        let patch: json_patch::Patch = serde_json::from_slice(&archer_core::patch::to_json(&ops)).expect("patch");
+        json_patch::patch(&mut stored, &patch).expect("applies");
+        assert_eq!(stored["spec"]["schedulingGates"], serde_json::json!([{"name": "example.com/quota"}, {"name": "archer.dev/inspecting"}]), "both gates, the other controller's first");
     }
 }

@@ -10,6 +10,7 @@ mod cluster;
 mod compare;
 mod helm;
 mod karpenter;
+mod multi_tenant;
 mod provisioning;
 mod safety_net;
 mod scale;

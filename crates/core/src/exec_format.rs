@@ -23,6 +23,41 @@ pub struct ExecFormatError {
     /// What showed it: the state's reason (`StartError`, `RunContainerError`, `Error`, ...).
     pub reason: String,
     pub message: String,
+    /// Who wrote the text that says it.
+    pub evidence: Evidence,
+}
+
+/// Who wrote the message that says "exec format error". Only the runtime's own report can be
+/// evidence about an image; a container's termination message and log tail are whatever the
+/// container (its tenant) chose to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// The runtime could not start the process: kubelet's `StartError` termination or
+    /// `RunContainerError` wait, with the runtime's message.
+    Runtime,
+    /// The container ran and wrote it: its termination message or, under
+    /// `FallbackToLogsOnError`, its log tail.
+    Container,
+}
+
+impl Evidence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evidence::Runtime => "runtime",
+            Evidence::Container => "container",
+        }
+    }
+}
+
+/// The reasons under which kubelet writes the runtime's own message (the process never ran).
+const RUNTIME_REASONS: [&str; 3] = ["StartError", "RunContainerError", "CreateContainerError"];
+
+fn evidence_of(reason: &str) -> Evidence {
+    if RUNTIME_REASONS.contains(&reason) {
+        Evidence::Runtime
+    } else {
+        Evidence::Container
+    }
 }
 
 /// The digest of a status's `imageID` (`docker.io/library/app@sha256:...` or `sha256:...`).
@@ -47,7 +82,8 @@ fn says_it(state: Option<&ContainerState>) -> Option<(String, String)> {
 
 fn of_status(s: &ContainerStatus) -> Option<ExecFormatError> {
     let (reason, message) = says_it(s.state.as_ref()).or_else(|| says_it(s.last_state.as_ref()))?;
-    Some(ExecFormatError { container: s.name.clone(), image: s.image.clone(), digest: digest_of(&s.image_id), reason, message })
+    let evidence = evidence_of(&reason);
+    Some(ExecFormatError { container: s.name.clone(), image: s.image.clone(), digest: digest_of(&s.image_id), reason, message, evidence })
 }
 
 /// The containers (init containers included) of `pod` whose current or last state carries an

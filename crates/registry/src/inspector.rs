@@ -24,6 +24,10 @@ pub struct CacheSettings {
     pub failure_max_bytes: u64,
     /// How long a failed lookup is remembered (and answered without asking the registry again).
     pub failure_ttl: Duration,
+    /// How long a lookup that timed out is remembered (zero: not at all). Brief: the registry may
+    /// answer the next time, but images that never answer must not cost every pod that names
+    /// them (or every round of the gate controller) a whole lookup timeout.
+    pub timeout_ttl: Duration,
     /// How long a tag's resolution is trusted (digests are immutable and kept until evicted).
     pub tag_ttl: Duration,
     /// Bound on one image lookup (all requests, redirects and retries included).
@@ -36,7 +40,7 @@ pub struct CacheSettings {
 
 impl Default for CacheSettings {
     fn default() -> Self {
-        Self { capacity: 10_000, max_bytes: 12 * 1024 * 1024, failure_max_bytes: 1024 * 1024, failure_ttl: Duration::from_secs(10), tag_ttl: Duration::from_secs(300), lookup_timeout: Duration::from_secs(3), per_pod_concurrency: 8, per_pod_bytes: 16 * 1024 * 1024 }
+        Self { capacity: 10_000, max_bytes: 12 * 1024 * 1024, failure_max_bytes: 1024 * 1024, failure_ttl: Duration::from_secs(10), timeout_ttl: Duration::from_secs(5), tag_ttl: Duration::from_secs(300), lookup_timeout: Duration::from_secs(3), per_pod_concurrency: 8, per_pod_bytes: 16 * 1024 * 1024 }
     }
 }
 
@@ -48,6 +52,8 @@ pub struct Inspector {
     /// Lookups that failed for a reason of the image's own (not found, refused, malformed...),
     /// kept briefly so a flood of one bad reference asks the registry once per TTL.
     failures: Cache<String, RegistryError>,
+    /// Lookups that timed out, kept for the (shorter) timeout TTL.
+    stalled: Option<Cache<String, RegistryError>>,
     lookup_timeout: Duration,
     per_pod_concurrency: usize,
     per_pod_bytes: usize,
@@ -63,6 +69,7 @@ impl Inspector {
             by_digest: Cache::builder().max_capacity(settings.max_bytes).weigher(weigh_at_least(floor)).build(),
             by_tag: Cache::builder().max_capacity(settings.max_bytes).weigher(weigh_at_least(floor)).time_to_live(settings.tag_ttl).build(),
             failures: Cache::builder().max_capacity(settings.failure_max_bytes).weigher(weigh_failure).time_to_live(settings.failure_ttl).build(),
+            stalled: (!settings.timeout_ttl.is_zero()).then(|| Cache::builder().max_capacity(settings.failure_max_bytes).weigher(weigh_failure).time_to_live(settings.timeout_ttl).build()),
             lookup_timeout: settings.lookup_timeout,
             per_pod_concurrency: settings.per_pod_concurrency.max(1),
             per_pod_bytes: settings.per_pod_bytes,
@@ -106,6 +113,12 @@ impl Inspector {
             self.metrics.image_lookups.get_or_create(&label("result", "failure_hit")).inc();
             return Err(failed);
         }
+        if let Some(stalled) = &self.stalled {
+            if let Some(failed) = stalled.get(&key).await {
+                self.metrics.image_lookups.get_or_create(&label("result", "timeout_hit")).inc();
+                return Err(failed);
+            }
+        }
         self.metrics.image_lookups.get_or_create(&label("result", "miss")).inc();
         let timeout = self.lookup_timeout;
         let client = self.client.clone();
@@ -128,6 +141,8 @@ impl Inspector {
                 let e = (*e).clone();
                 if remembered(&e) {
                     self.failures.insert(failure_key, e.clone()).await;
+                } else if let (RegistryError::Timeout(_), Some(stalled)) = (&e, &self.stalled) {
+                    stalled.insert(failure_key, e.clone()).await;
                 }
                 Err(e)
             }
@@ -139,16 +154,19 @@ impl Inspector {
         self.by_digest.run_pending_tasks().await;
         self.by_tag.run_pending_tasks().await;
         self.failures.run_pending_tasks().await;
+        if let Some(stalled) = &self.stalled {
+            stalled.run_pending_tasks().await;
+        }
     }
 
     /// Entries the caches hold: (tag and digest caches, failure cache).
     pub fn cached_entries(&self) -> (u64, u64) {
-        (self.by_digest.entry_count() + self.by_tag.entry_count(), self.failures.entry_count())
+        (self.by_digest.entry_count() + self.by_tag.entry_count(), self.failures.entry_count() + self.stalled.as_ref().map_or(0, Cache::entry_count))
     }
 
     /// Bytes the caches hold by their own weighing (successes and failures together).
     pub fn cached_bytes(&self) -> u64 {
-        self.by_digest.weighted_size() + self.by_tag.weighted_size() + self.failures.weighted_size()
+        self.by_digest.weighted_size() + self.by_tag.weighted_size() + self.failures.weighted_size() + self.stalled.as_ref().map_or(0, Cache::weighted_size)
     }
 
     /// Inspect one pod's images, one result per image, in order: at most `per_pod_concurrency`

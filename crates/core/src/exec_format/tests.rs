@@ -45,3 +45,21 @@ fn other_failures_and_healthy_pods_are_not_exec_format_errors() {
     assert!(exec_format_errors(&p).is_empty());
     assert!(exec_format_errors(&pod(json!(null))).is_empty());
 }
+
+#[test]
+fn only_the_runtimes_own_report_is_runtime_evidence() {
+    // A container that writes the words to its termination log (or logs them under
+    // FallbackToLogsOnError) ends with reason Error or Completed: its own words.
+    let p = pod(json!({"phase": "Running", "containerStatuses": [
+        {"name": "forged", "image": "python:3.12", "imageID": "sha256:1", "ready": false, "restartCount": 1,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "exec format error"}}},
+        {"name": "done", "image": "python:3.12", "imageID": "sha256:1", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": "exec format error"}}},
+        {"name": "real", "image": "a:1", "imageID": "sha256:2", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}, "lastState": {"terminated": {"exitCode": 128, "reason": "StartError", "message": RUNC}}},
+        {"name": "waiting", "image": "a:1", "imageID": "sha256:2", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "RunContainerError", "message": RUNC}}}
+    ]}));
+    let found: Vec<(String, Evidence)> = exec_format_errors(&p).into_iter().map(|e| (e.container, e.evidence)).collect();
+    assert_eq!(found, [("forged".into(), Evidence::Container), ("done".into(), Evidence::Container), ("real".into(), Evidence::Runtime), ("waiting".into(), Evidence::Runtime)]);
+}

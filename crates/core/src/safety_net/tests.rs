@@ -7,7 +7,7 @@ use super::*;
 const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
 
 fn limits() -> Limits {
-    Limits { max_broken: 3, max_replaced: 2, replacement_ttl_seconds: 3600 }
+    Limits { max_broken: 3, max_broken_per_namespace: 3, max_replaced: 2, max_replaced_per_namespace: 2, replacement_ttl_seconds: 3600, broken_ttl_seconds: 86_400 }
 }
 
 /// A ReplicaSet's pod created at `created` (seconds), with the webhook's platforms record.
@@ -26,27 +26,29 @@ fn replica(name: &str, hash: &str, created: i64, platforms: Option<&str>) -> Pod
     .expect("pod")
 }
 
-fn error(digest: Option<&str>) -> ExecFormatError {
-    ExecFormatError { container: "app".into(), image: "reg/app:1".into(), digest: digest.map(String::from), reason: "StartError".into(), message: "exec format error".into() }
+fn error(digest: Option<&str>) -> Vec<Detection> {
+    let error = ExecFormatError { container: "app".into(), image: "reg/app:1".into(), digest: digest.map(String::from), reason: "StartError".into(), message: "exec format error".into(), evidence: Evidence::Runtime };
+    vec![Detection { error, scope: Scope::Namespace(Unverified::NotVerified) }]
 }
 
 #[test]
 fn a_lying_index_is_learned_once_and_excluded_for_its_digest_only() {
     let mut record = SafetyRecord::default();
     let pod = replica("web-abc-1", "abc", 100, Some("linux/amd64,linux/arm64"));
-    let f = on_exec_format_errors(&pod, "arm64", &[error(Some(DIGEST))], true, &mut record, 200, &limits());
+    let f = on_exec_format_errors(&pod, "arm64", &error(Some(DIGEST)), true, &mut record, 200, &limits());
     assert_eq!(f.learned.len(), 1);
     assert_eq!(f.verdict, Verdict::Replace);
     let both: PlatformSet = ["linux/amd64", "linux/arm64"].iter().map(|p| p.parse().expect("platform")).collect();
-    let (left, removed) = record.exclude(DIGEST, &both);
+    let (left, removed) = record.exclude(DIGEST, "shop", 200, &both);
     assert_eq!(left.to_annotation(), "linux/amd64");
     assert_eq!(removed, vec!["arm64".to_string()]);
-    assert_eq!(record.exclude("sha256:other", &both).0, both, "another digest (a rebuilt image) is not excluded");
-    assert!(record.mentions_image("reg/app:1") && !record.mentions_image("reg/app:2"));
-    let again = on_exec_format_errors(&replica("web-abc-2", "abc", 150, None), "arm64", &[error(Some(DIGEST))], true, &mut record, 210, &limits());
+    assert_eq!(record.exclude("sha256:other", "shop", 200, &both).0, both, "another digest (a rebuilt image) is not excluded");
+    assert_eq!(record.exclude(DIGEST, "elsewhere", 200, &both).0, both, "unverified evidence holds only in its namespace");
+    assert!(record.mentions_image("reg/app:1", "shop", 200) && !record.mentions_image("reg/app:2", "shop", 200) && !record.mentions_image("reg/app:1", "elsewhere", 200));
+    let again = on_exec_format_errors(&replica("web-abc-2", "abc", 150, None), "arm64", &error(Some(DIGEST)), true, &mut record, 210, &limits());
     assert!(again.learned.is_empty(), "a known pair is not learned twice");
     assert_eq!(again.verdict, Verdict::Replace, "a pod of the same round (created before the re-placement) is re-placed too");
-    assert!(on_exec_format_errors(&pod, "arm64", &[error(None)], true, &mut SafetyRecord::default(), 200, &limits()).learned.is_empty(), "no digest, nothing learned");
+    assert!(on_exec_format_errors(&pod, "arm64", &error(None), true, &mut SafetyRecord::default(), 200, &limits()).learned.is_empty(), "no digest, nothing learned");
 }
 
 #[test]
@@ -54,16 +56,16 @@ fn never_a_loop_one_replacement_per_template_and_architecture_per_ttl() {
     let l = limits();
     let mut r = SafetyRecord::default();
     let web = "shop/ReplicaSet/web-abc/abc";
-    assert_eq!(r.replacement(web, "arm64", 90, false, 100, &l), Verdict::Replace);
-    assert_eq!(r.replacement(web, "arm64", 95, false, 110, &l), Verdict::Replace, "created before: same round");
-    assert_eq!(r.replacement(web, "arm64", 100, false, 110, &l), Verdict::Replace, "created in the second it opened, admitted with arm64: same round");
-    assert_eq!(r.replacement(web, "arm64", 100, true, 110, &l), Verdict::Skip(Why::AlreadyReplaced), "admitted without arm64 and failing there anyway: the exclusion did not hold");
-    assert_eq!(r.replacement(web, "arm64", 101, false, 120, &l), Verdict::Skip(Why::AlreadyReplaced), "created after it: a replacement that failed again");
-    assert_eq!(r.replacement(web, "amd64", 100, false, 120, &l), Verdict::Replace, "another architecture is another key");
-    assert_eq!(r.replacement("shop/ReplicaSet/db/x", "arm64", 100, false, 130, &l), Verdict::Skip(Why::RecordFull), "a full record refuses rather than forgets");
-    assert_eq!(r.replacement(web, "arm64", 3650, false, 3700, &l), Verdict::Replace, "after the TTL, once more");
-    assert_eq!(r.replacement(web, "arm64", 3701, false, 3702, &l), Verdict::Skip(Why::AlreadyReplaced));
-    assert_eq!(r.replacement("shop/ReplicaSet/db/x", "arm64", 3700, false, 3730, &l), Verdict::Replace, "room again once an entry expired");
+    assert_eq!(r.replacement(web, "shop", "arm64", 90, false, 100, &l), Verdict::Replace);
+    assert_eq!(r.replacement(web, "shop", "arm64", 95, false, 110, &l), Verdict::Replace, "created before: same round");
+    assert_eq!(r.replacement(web, "shop", "arm64", 100, false, 110, &l), Verdict::Replace, "created in the second it opened, admitted with arm64: same round");
+    assert_eq!(r.replacement(web, "shop", "arm64", 100, true, 110, &l), Verdict::Skip(Why::AlreadyReplaced), "admitted without arm64 and failing there anyway: the exclusion did not hold");
+    assert_eq!(r.replacement(web, "shop", "arm64", 101, false, 120, &l), Verdict::Skip(Why::AlreadyReplaced), "created after it: a replacement that failed again");
+    assert_eq!(r.replacement(web, "shop", "amd64", 100, false, 120, &l), Verdict::Replace, "another architecture is another key");
+    assert_eq!(r.replacement("shop/ReplicaSet/db/x", "shop", "arm64", 100, false, 130, &l), Verdict::Skip(Why::RecordFull), "a full record refuses rather than forgets");
+    assert_eq!(r.replacement(web, "shop", "arm64", 3650, false, 3700, &l), Verdict::Replace, "after the TTL, once more");
+    assert_eq!(r.replacement(web, "shop", "arm64", 3701, false, 3702, &l), Verdict::Skip(Why::AlreadyReplaced));
+    assert_eq!(r.replacement("shop/ReplicaSet/db/x", "shop", "arm64", 3700, false, 3730, &l), Verdict::Replace, "room again once an entry expired");
 }
 
 #[test]
@@ -72,13 +74,13 @@ fn bare_pods_opted_out_namespaces_and_images_with_nowhere_left_get_only_the_even
     let mut bare = replica("solo", "abc", 100, None);
     bare.metadata.owner_references = None;
     assert_eq!(template_key(&bare), None);
-    assert_eq!(on_exec_format_errors(&bare, "arm64", &[error(Some(DIGEST))], true, &mut SafetyRecord::default(), 200, &l).verdict, Verdict::Skip(Why::BarePod));
+    assert_eq!(on_exec_format_errors(&bare, "arm64", &error(Some(DIGEST)), true, &mut SafetyRecord::default(), 200, &l).verdict, Verdict::Skip(Why::BarePod));
     let pod = replica("web-abc-1", "abc", 100, Some("linux/amd64,linux/arm64"));
     let mut record = SafetyRecord::default();
-    let off = on_exec_format_errors(&pod, "arm64", &[error(Some(DIGEST))], false, &mut record, 200, &l);
+    let off = on_exec_format_errors(&pod, "arm64", &error(Some(DIGEST)), false, &mut record, 200, &l);
     assert_eq!(off.verdict, Verdict::Skip(Why::Disabled));
     assert_eq!(off.learned.len(), 1, "learning goes on when re-placement is off");
-    let amd = on_exec_format_errors(&replica("web-def-1", "def", 300, Some("linux/amd64,linux/arm64")), "amd64", &[error(Some(DIGEST))], true, &mut record, 400, &l);
+    let amd = on_exec_format_errors(&replica("web-def-1", "def", 300, Some("linux/amd64,linux/arm64")), "amd64", &error(Some(DIGEST)), true, &mut record, 400, &l);
     assert_eq!(amd.verdict, Verdict::Skip(Why::NoArchitectureLeft), "broken on both: a replacement could run nowhere");
     assert_eq!(Verdict::Skip(Why::NoArchitectureLeft).as_str(), "no_architecture_left");
 }
@@ -104,7 +106,7 @@ fn the_record_is_bounded_and_round_trips_through_its_configmap_form() {
     let l = limits();
     let mut r = SafetyRecord::default();
     for i in 0..5 {
-        r.learn(Broken { digest: format!("sha256:{i}"), arch: "arm64".into(), image: "x".repeat(2000), at: i }, &l);
+        r.learn(Broken { digest: format!("sha256:{i}"), arch: "arm64".into(), image: "x".repeat(2000), at: i, namespace: "shop".into(), verified: false, expires: 0 }, &l);
     }
     assert_eq!(r.broken.len(), 3, "at most max_broken");
     assert_eq!(r.broken.iter().map(|b| b.at).collect::<Vec<_>>(), vec![2, 3, 4], "the oldest leave first");
@@ -162,4 +164,150 @@ fn pins_rewrite_tags_to_the_inspected_digest_and_leave_digests_alone() {
     assert_eq!(spec.init_containers.expect("init")[0].image.as_deref(), Some("reg/init:1@sha256:aa"));
     let images: Vec<_> = spec.containers.iter().map(|c| c.image.clone().unwrap_or_default()).collect();
     assert_eq!(images, vec!["reg/app:1@sha256:bb".to_string(), format!("reg/side@{DIGEST}"), "reg/unknown:2".into()]);
+}
+
+/// A pod of `namespace` running `reg/app:1` with the container spec `container` (merged).
+fn tenant_pod(namespace: &str, container: serde_json::Value) -> Pod {
+    let mut c = json!({"name": "app", "image": "reg/app:1"});
+    if let (Some(base), Some(extra)) = (c.as_object_mut(), container.as_object()) {
+        base.extend(extra.clone());
+    }
+    serde_json::from_value(json!({"metadata": {"name": "p", "namespace": namespace,
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "rs", "controller": true}],
+        "labels": {"pod-template-hash": "abc"}},
+        "spec": {"containers": [c]}}))
+    .expect("pod")
+}
+
+fn failure(evidence: Evidence) -> ExecFormatError {
+    let (reason, message) = match evidence {
+        Evidence::Runtime => ("StartError", "exec: \"/app\": exec format error: unknown"),
+        Evidence::Container => ("Error", "exec format error"),
+    };
+    ExecFormatError { container: "app".into(), image: "reg/app:1".into(), digest: Some(DIGEST.into()), reason: reason.into(), message: message.into(), evidence }
+}
+
+fn both() -> PlatformSet {
+    ["linux/amd64", "linux/arm64"].iter().map(|p| p.parse().expect("platform")).collect()
+}
+
+#[test]
+fn a_tenants_own_words_or_binary_never_mark_an_image_broken_for_another_namespace() {
+    let arm_binary = Entrypoint { path: "/app".into(), arch: "amd64".into() };
+    // The container wrote "exec format error" to its termination log: its own words.
+    let evil = tenant_pod("evil", json!({}));
+    assert_eq!(scope(&evil, &failure(Evidence::Container), "arm64", Some(&arm_binary)), Scope::Namespace(Unverified::ContainersOwnMessage), "even when the image does hold another architecture's binary");
+    // A real runtime error, but of a binary the pod chose.
+    for chosen in [json!({"command": ["/elsewhere/arm"]}), json!({"args": ["x"]})] {
+        assert_eq!(scope(&tenant_pod("evil", chosen), &failure(Evidence::Runtime), "arm64", Some(&arm_binary)), Scope::Namespace(Unverified::CommandOverridden));
+    }
+    let mounted = tenant_pod("evil", json!({"volumeMounts": [{"name": "v", "mountPath": "/"}]}));
+    assert_eq!(scope(&mounted, &failure(Evidence::Runtime), "arm64", Some(&arm_binary)), Scope::Namespace(Unverified::VolumeOverEntrypoint));
+    let beside = tenant_pod("evil", json!({"volumeMounts": [{"name": "v", "mountPath": "/ap"}, {"name": "w", "mountPath": "/app/"}]}));
+    assert_eq!(scope(&beside, &failure(Evidence::Runtime), "arm64", Some(&arm_binary)), Scope::Namespace(Unverified::VolumeOverEntrypoint), "/app/ covers /app");
+    let near = tenant_pod("evil", json!({"volumeMounts": [{"name": "v", "mountPath": "/ap"}, {"name": "w", "mountPath": "/data"}]}));
+    assert_eq!(scope(&near, &failure(Evidence::Runtime), "arm64", Some(&arm_binary)), Scope::Cluster, "mounts beside the entrypoint do not hide it");
+    assert_eq!(scope(&evil, &failure(Evidence::Runtime), "arm64", None), Scope::Namespace(Unverified::NotVerified));
+    assert_eq!(scope(&evil, &failure(Evidence::Runtime), "amd64", Some(&arm_binary)), Scope::Namespace(Unverified::BinaryMatches));
+    assert_eq!(scope(&evil, &failure(Evidence::Runtime), "amd64", Some(&Entrypoint { path: "/app".into(), arch: "386".into() })), Scope::Namespace(Unverified::BinaryMatches));
+    assert_eq!(unverifiable(&evil, &failure(Evidence::Runtime)), None, "only then is the image read");
+
+    // What each teaches the record: the forged one holds in `evil` only.
+    let mut record = SafetyRecord::default();
+    let forged = Detection { error: failure(Evidence::Container), scope: scope(&evil, &failure(Evidence::Container), "arm64", None) };
+    on_exec_format_errors(&evil, "arm64", &[forged], true, &mut record, 100, &limits());
+    assert_eq!(record.exclude(DIGEST, "victim", 101, &both()).0, both(), "the victim keeps arm64");
+    assert_eq!(record.exclude(DIGEST, "evil", 101, &both()).1, vec!["arm64".to_string()], "the tenant excluded it for itself");
+    // Verified from the image: it holds everywhere, and replaces the namespace's own entry.
+    let verified = Detection { error: failure(Evidence::Runtime), scope: Scope::Cluster };
+    let f = on_exec_format_errors(&tenant_pod("shop", json!({})), "arm64", &[verified], true, &mut record, 102, &limits());
+    assert!(f.learned.iter().all(|b| b.verified));
+    assert_eq!(record.exclude(DIGEST, "victim", 103, &both()).1, vec!["arm64".to_string()]);
+    assert_eq!(record.broken.len(), 1);
+}
+
+#[test]
+fn broken_pairs_expire_after_their_ttl() {
+    let l = Limits { broken_ttl_seconds: 600, ..Limits::default() };
+    let mut record = SafetyRecord::default();
+    on_exec_format_errors(&tenant_pod("shop", json!({})), "arm64", &error(Some(DIGEST)), false, &mut record, 1000, &l);
+    assert_eq!(record.exclude(DIGEST, "shop", 1599, &both()).1.len(), 1);
+    assert_eq!(record.exclude(DIGEST, "shop", 1600, &both()).0, both(), "expired: arm64 is trusted again");
+    assert!(!record.mentions_image("reg/app:1", "shop", 1600));
+    let f = on_exec_format_errors(&tenant_pod("shop", json!({})), "arm64", &error(Some(DIGEST)), false, &mut record, 1700, &l);
+    assert_eq!((f.learned.len(), record.broken.len()), (1, 1), "learned again, the expired entry gone");
+}
+
+#[test]
+fn two_thousand_bare_pods_with_invented_owners_leave_another_namespaces_replacement_working() {
+    let l = Limits::default();
+    let mut record = SafetyRecord::default();
+    for i in 0..2000 {
+        // An invented controller per pod, each failing on its own digest in one container and
+        // many more in others.
+        let mut pod = tenant_pod("evil", json!({}));
+        pod.metadata.owner_references.iter_mut().flatten().for_each(|o| {
+            o.name = format!("made-up-{i}");
+            o.uid = format!("uid-{i}");
+        });
+        let many: Vec<Detection> = (0..4).map(|c| Detection { error: ExecFormatError { digest: Some(format!("sha256:{i}-{c}")), ..failure(Evidence::Runtime) }, scope: Scope::Namespace(Unverified::NotVerified) }).collect();
+        on_exec_format_errors(&pod, "arm64", &many, true, &mut record, 100 + i, &l);
+    }
+    let evil_broken = record.broken.iter().filter(|b| b.namespace == "evil").count();
+    assert_eq!((evil_broken, record.replaced.len()), (l.max_broken_per_namespace, l.max_replaced_per_namespace), "one namespace holds its share and no more");
+    let victim = tenant_pod("victim", json!({}));
+    let f = on_exec_format_errors(&victim, "arm64", &error(Some(DIGEST)), true, &mut record, 3000, &l);
+    assert_eq!(f.verdict, Verdict::Replace, "the other namespace's re-placement works");
+    assert_eq!(f.learned.len(), 1);
+    // A flood after it does not push the victim's entries out.
+    for i in 0..500 {
+        let mut pod = tenant_pod("evil", json!({}));
+        pod.metadata.owner_references.iter_mut().flatten().for_each(|o| o.name = format!("later-{i}"));
+        on_exec_format_errors(&pod, "arm64", &error(Some(&format!("sha256:later-{i}"))), true, &mut record, 3001 + i, &l);
+    }
+    assert_eq!(record.exclude(DIGEST, "victim", 4000, &both()).1, vec!["arm64".to_string()]);
+    assert!(record.replaced.iter().any(|r| r.namespace == "victim"));
+
+    // A full record (every namespace under its share) makes room from the largest namespace.
+    let tight = Limits { max_replaced: 3, max_replaced_per_namespace: 2, ..Limits::default() };
+    let mut r = SafetyRecord::default();
+    assert_eq!(r.replacement("a/x/1/h", "a", "arm64", 1, false, 1, &tight), Verdict::Replace);
+    assert_eq!(r.replacement("a/x/2/h", "a", "arm64", 2, false, 2, &tight), Verdict::Replace);
+    assert_eq!(r.replacement("a/x/3/h", "a", "arm64", 3, false, 3, &tight), Verdict::Skip(Why::RecordFull), "a's share");
+    assert_eq!(r.replacement("b/x/1/h", "b", "arm64", 4, false, 4, &tight), Verdict::Replace);
+    assert_eq!(r.replacement("c/x/1/h", "c", "arm64", 5, false, 5, &tight), Verdict::Replace, "the record is full: a, the largest, gives up its oldest");
+    assert!(!r.replaced.iter().any(|e| e.template == "a/x/1/h"));
+}
+
+#[test]
+fn the_record_always_fits_its_configmap_whatever_its_entries_hold() {
+    let l = Limits { max_broken: 1500, max_broken_per_namespace: 1500, max_replaced: 1500, max_replaced_per_namespace: 1500, ..Limits::default() };
+    let mut record = SafetyRecord::default();
+    // The worst escapes: control characters take six bytes each in JSON.
+    let nasty = "\u{1}".repeat(60);
+    for i in 0..1500 {
+        let ns = if i % 10 == 0 { "quiet" } else { "loud" };
+        record.learn(Broken { digest: format!("sha256:{i}{nasty}"), arch: "arm64".into(), image: nasty.clone(), at: i, namespace: ns.into(), verified: false, expires: 0 }, &l);
+        record.replacement(&format!("{ns}/x/{i}/{nasty}"), ns, "arm64", i, false, i, &l);
+    }
+    let before = serde_json::to_vec(&record).expect("json").len();
+    assert!(before > MAX_RECORD_BYTES, "the bounds alone would not fit: {before}");
+    let dropped = record.fit(MAX_RECORD_BYTES);
+    let after = serde_json::to_vec(&record).expect("json").len();
+    assert!(after <= MAX_RECORD_BYTES && dropped > 0, "{after} bytes after dropping {dropped}");
+    assert!(after > MAX_RECORD_BYTES - 8 * 1024, "no more is dropped than needed: {after}");
+    let quiet = record.broken.iter().filter(|b| b.namespace == "quiet").count();
+    assert_eq!(quiet, 150, "the namespace holding the most gives way: the quiet one keeps all of its entries");
+    let mut small = SafetyRecord::default();
+    assert_eq!(small.fit(MAX_RECORD_BYTES), 0);
+    assert_eq!(serde_json::from_slice::<SafetyRecord>(&serde_json::to_vec(&record).expect("json")).expect("parse"), record);
+}
+
+#[test]
+fn a_do_not_disrupt_pod_is_never_evicted() {
+    let mut pod = tenant_pod("shop", json!({}));
+    pod.metadata.annotations = Some([(DO_NOT_DISRUPT.to_string(), "true".to_string())].into());
+    let f = on_exec_format_errors(&pod, "arm64", &error(Some(DIGEST)), true, &mut SafetyRecord::default(), 100, &limits());
+    assert_eq!((f.verdict, f.learned.len()), (Verdict::Skip(Why::DoNotDisrupt), 1), "learned, not evicted");
+    assert_eq!(f.verdict.as_str(), "do_not_disrupt");
 }
