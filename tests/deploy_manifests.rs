@@ -24,7 +24,7 @@ fn one<T: serde::de::DeserializeOwned>(file: &str, kind: &str) -> T {
 fn kustomization_lists_every_manifest() {
     let k = &docs("kustomization.yaml")[0];
     let listed: Vec<&str> = k["resources"].as_array().expect("resources").iter().filter_map(|r| r.as_str()).collect();
-    for f in ["namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "configmap.yaml", "deployment.yaml", "pdb.yaml", "service.yaml", "mutatingwebhook.yaml"] {
+    for f in ["namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "configmap.yaml", "safety-record.yaml", "gate-policy.yaml", "deployment.yaml", "pdb.yaml", "service.yaml", "mutatingwebhook.yaml"] {
         assert!(listed.contains(&f), "{f} missing from kustomization");
         assert!(!docs(f).is_empty());
     }
@@ -93,46 +93,109 @@ fn deployment_is_hardened_and_highly_available() {
     let _: Namespace = one("namespace.yaml", "Namespace");
 }
 
-/// Reads for the webhook and extender; writes only where the provisioner needs them; never a
-/// wildcard; secrets only by name (get), never listed.
+fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> serde_json::Value {
+    serde_json::json!({"apiGroups": [group], "resources": resources, "verbs": verbs})
+}
+
+const READ: &[&str] = &["get", "list", "watch"];
+
+/// deploy/ runs the webhook, the extender and the safety net, no provisioner: exactly their rules
+/// (README "Deploying"). No Node writes, no NodeClaims or node classes, no deleting the webhook's
+/// configuration (only the Helm chart's uninstall hook may, as its own service account), and
+/// ConfigMaps only by the record's name, in Archer's namespace.
 #[test]
-fn rbac_is_least_privilege() {
-    let role: ClusterRole = one("rbac.yaml", "ClusterRole");
-    let writes: &[(&str, &[&str])] = &[
-        ("pods/eviction", &["create"]),
-        // Deletion costs (the provisioner's `podDeletionCost`), and the safety net's gate.
-        ("pods", &["patch"]),
-        ("nodes", &["create", "patch", "delete"]),
-        ("nodeclaims", &["create", "delete"]),
-        ("nodeclaims/status", &["patch"]),
-        ("nodepools/status", &["patch"]),
-        ("ec2nodeclasses/status", &["patch"]),
-        ("aksnodeclasses/status", &["patch"]),
-        ("events", &["create", "patch"]),
-        // `archer ungate --all --delete-webhook-configuration archer` (the uninstall hook).
-        ("mutatingwebhookconfigurations", &["delete"]),
-    ];
-    for rule in role.rules.expect("rules") {
-        if rule.resources.as_ref().is_some_and(|r| r.iter().any(|r| r == "mutatingwebhookconfigurations")) {
-            assert_eq!(rule.resource_names.as_deref(), Some(&["archer".to_string()][..]), "only Archer's own webhook configuration");
-        }
-        let resources = rule.resources.clone().unwrap_or_default();
-        assert!(!resources.iter().any(|r| r == "*") && !rule.verbs.iter().any(|v| v == "*"), "no wildcards: {rule:?}");
-        for verb in &rule.verbs {
-            if ["get", "list", "watch"].contains(&verb.as_str()) {
-                assert!(!(resources.iter().any(|r| r == "secrets") && verb != "get"), "secrets are read by name only");
-                continue;
-            }
-            for r in &resources {
-                assert!(writes.iter().any(|(res, verbs)| res == r && verbs.contains(&verb.as_str())), "unexpected write {verb} on {r}");
-            }
-        }
+fn rbac_is_exactly_what_the_base_runs() {
+    let doc = |kind: &str| docs("rbac.yaml").into_iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("rbac.yaml has no {kind}"));
+    let role: ClusterRole = serde_json::from_value(doc("ClusterRole")).expect("ClusterRole");
+    assert_eq!(role.metadata.name.as_deref(), Some("archer"));
+    let expected = serde_json::json!([
+        rule("", &["namespaces", "nodes"], READ),
+        rule("", &["serviceaccounts", "secrets"], &["get"]),
+        rule("", &["pods"], &["get", "list", "watch", "patch"]),
+        rule("", &["pods/eviction"], &["create"]),
+        rule("events.k8s.io", &["events"], &["create", "patch"]),
+    ]);
+    assert_eq!(doc("ClusterRole")["rules"], expected, "the ClusterRole's rules");
+    let cfg = shipped_config();
+    let record = cfg.safety_net.config_map.clone();
+    let namespaced = doc("Role");
+    assert_eq!(namespaced["metadata"]["namespace"], "archer-system");
+    assert_eq!(
+        namespaced["rules"],
+        serde_json::json!([
+            rule("coordination.k8s.io", &["leases"], &["get", "list", "watch", "create", "patch", "update"]),
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [record], "verbs": ["get", "list", "watch", "update"]},
+        ]),
+        "the Role's rules: the Leases, and the record alone among ConfigMaps"
+    );
+    // The record is shipped, as Archer may not create it; empty, so applying it again keeps
+    // what Archer wrote.
+    let shipped: ConfigMap = one("safety-record.yaml", "ConfigMap");
+    assert_eq!((shipped.metadata.name.as_deref(), shipped.metadata.namespace.as_deref()), (Some(record.as_str()), Some("archer-system")));
+    assert!(shipped.data.is_none() && shipped.binary_data.is_none(), "shipped without data");
+    let listed = &docs("kustomization.yaml")[0]["resources"];
+    assert!(listed.as_array().expect("resources").iter().any(|r| r == "safety-record.yaml"), "the record is applied with the rest");
+    // Both bindings name Archer's service account.
+    let sa = one::<k8s_openapi::api::core::v1::ServiceAccount>("serviceaccount.yaml", "ServiceAccount");
+    for kind in ["ClusterRoleBinding", "RoleBinding"] {
+        assert_eq!(doc(kind)["subjects"], serde_json::json!([{"kind": "ServiceAccount", "name": sa.metadata.name, "namespace": "archer-system"}]), "{kind}");
     }
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml")).expect("rbac");
-    let lease_role = text.split("\n---").find(|d| d.contains("kind: Role\n")).expect("a namespaced Role for the Lease");
-    assert!(lease_role.contains("coordination.k8s.io") && lease_role.contains("leases") && lease_role.contains("namespace: archer-system"));
-    assert!(lease_role.contains("configmaps"), "the safety net's record lives in Archer's namespace only");
-    assert!(!role_names_configmaps(&role_rules_text(&text)), "no cluster-wide ConfigMap access");
+}
+
+/// With a provisioner (deploy/provisioner/<provider>.yaml on top of the base), exactly its rules:
+/// Node objects created and deleted by kwok alone, each cloud's node classes by that cloud alone.
+#[test]
+fn each_provisioner_adds_exactly_its_rules() {
+    let provisioner = |node_verbs: &[&str]| {
+        vec![
+            rule("", &["nodes"], node_verbs),
+            rule("apps", &["daemonsets"], READ),
+            rule("", &["persistentvolumeclaims", "persistentvolumes"], READ),
+            rule("archer.dev", &["nodepools"], READ),
+            rule("archer.dev", &["nodepools/status"], &["patch"]),
+            rule("archer.dev", &["nodeclaims"], &["get", "list", "watch", "create", "delete"]),
+            rule("archer.dev", &["nodeclaims/status"], &["patch"]),
+        ]
+    };
+    let classes = |plural: &str| [rule("archer.dev", &[plural], READ), rule("archer.dev", &[&format!("{plural}/status")], &["patch"])];
+    let kwok = provisioner(&["create", "patch", "delete"]);
+    let aws: Vec<_> = provisioner(&["patch"]).into_iter().chain(classes("ec2nodeclasses")).collect();
+    let azure: Vec<_> = provisioner(&["patch"]).into_iter().chain(classes("aksnodeclasses")).collect();
+    for (provider, expected) in [("kwok", kwok), ("aws", aws), ("azure", azure)] {
+        let file = format!("provisioner/{provider}.yaml");
+        let role = docs(&file).into_iter().find(|d| d["kind"] == "ClusterRole").unwrap_or_else(|| panic!("{file}: no ClusterRole"));
+        let _: ClusterRole = serde_json::from_value(role.clone()).expect("a ClusterRole");
+        assert_eq!(role["rules"], serde_json::json!(expected), "{file}");
+    }
+}
+
+/// The gate policy and its binding decode as the API's types, refuse pod updates only, and let
+/// Archer's own service account (serviceaccount.yaml, in archer-system) remove the gate.
+#[test]
+fn the_gate_policy_names_archers_service_account() {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+    let policy: ValidatingAdmissionPolicy = one("gate-policy.yaml", "ValidatingAdmissionPolicy");
+    let binding: ValidatingAdmissionPolicyBinding = one("gate-policy.yaml", "ValidatingAdmissionPolicyBinding");
+    let spec = policy.spec.expect("spec");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let rules = spec.match_constraints.and_then(|m| m.resource_rules).expect("resourceRules");
+    assert_eq!(rules.len(), 1);
+    assert_eq!((rules[0].operations.as_deref(), rules[0].resources.as_deref()), (Some(&["UPDATE".to_string()][..]), Some(&["pods".to_string()][..])));
+    let sa = one::<k8s_openapi::api::core::v1::ServiceAccount>("serviceaccount.yaml", "ServiceAccount");
+    let user = format!("'system:serviceaccount:{}:{}'", sa.metadata.namespace.expect("namespace"), sa.metadata.name.expect("name"));
+    let validations = spec.validations.expect("validations");
+    assert!(validations[0].expression.ends_with(&format!("request.userInfo.username in [{user}]")), "{}", validations[0].expression);
+    let binding = binding.spec.expect("spec");
+    assert_eq!(binding.policy_name.as_deref(), policy.metadata.name.as_deref());
+    assert_eq!(binding.validation_actions.as_deref(), Some(&["Deny".to_string()][..]));
+    let listed = &docs("kustomization.yaml")[0]["resources"];
+    assert!(listed.as_array().expect("resources").iter().any(|r| r == "gate-policy.yaml"));
+}
+
+fn shipped_config() -> archer::config::Config {
+    let cm: ConfigMap = one("configmap.yaml", "ConfigMap");
+    let text = cm.data.expect("data").get("config.yaml").cloned().expect("config.yaml");
+    archer::yaml::from_str(&text).expect("archer config")
 }
 
 #[test]
@@ -318,13 +381,4 @@ fn the_aws_iam_policy_is_exactly_what_the_provider_calls() {
     for a in &allowed {
         assert!(called.contains(a) || implied.contains(&a.as_str()), "the policy allows {a}, which the provider never calls");
     }
-}
-
-/// The ClusterRole's document.
-fn role_rules_text(text: &str) -> String {
-    text.split("\n---").find(|d| d.contains("kind: ClusterRole\n")).unwrap_or_default().to_string()
-}
-
-fn role_names_configmaps(doc: &str) -> bool {
-    doc.contains("configmaps")
 }

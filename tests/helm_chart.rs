@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const NAMESPACE: &str = "archer-system";
 
@@ -136,9 +136,12 @@ fn assert_same_objects(mut chart: Vec<Value>, mut kustomize: Vec<Value>) {
     }
 }
 
+/// The kustomize base has no uninstall hook, so its gate policy lets only Archer's service
+/// account remove the gate: the chart renders the same with `ungateOnUninstall=false` (with the
+/// hook, its own service account is let too: `the_gate_policy_lets_only_archer_remove_its_gate`).
 #[test]
 fn the_chart_with_a_provided_certificate_renders_exactly_the_kustomize_base() {
-    assert_same_objects(rendered(&["--set", "tls.mode=secret"]), kustomize_base());
+    assert_same_objects(rendered(&["--set", "tls.mode=secret,ungateOnUninstall=false"]), kustomize_base());
 }
 
 #[test]
@@ -154,7 +157,7 @@ fn the_chart_with_cert_manager_renders_exactly_the_cert_manager_overlay() {
     for o in overlay.iter_mut().filter(|o| o["apiVersion"].as_str().is_some_and(|a| a.starts_with("cert-manager.io"))) {
         o["metadata"]["namespace"] = NAMESPACE.into();
     }
-    let mut chart = rendered(&["--set", "tls.mode=certManager"]);
+    let mut chart = rendered(&["--set", "tls.mode=certManager,ungateOnUninstall=false"]);
     // The chart labels what it creates; the overlay's two cert-manager objects carry none.
     for o in chart.iter_mut().filter(|o| o["apiVersion"].as_str().is_some_and(|a| a.starts_with("cert-manager.io"))) {
         o["metadata"].as_object_mut().expect("metadata").remove("labels");
@@ -258,7 +261,8 @@ fn bad_values_are_refused_with_a_clear_message() {
         (&["--set", "replicas=0"], "'/replicas': minimum"),
         (&["--set", "replica=2"], "additional properties 'replica' not allowed"),
         (&["--set", "tls.mode=selfsigned"], "'/tls/mode': value must be one of 'generate', 'certManager', 'secret'"),
-        (&["--set", "provisioner.cloudProvider=gcp"], "'/provisioner/cloudProvider': value must be one of 'none', 'kwok', 'aws'"),
+        (&["--set", "provisioner.cloudProvider=gcp"], "'/provisioner/cloudProvider': value must be one of 'none', 'kwok', 'aws', 'azure'"),
+        (&["--set", "gatePolicy.enable=false"], "additional properties 'enable' not allowed"),
         (&["--set", "provisioner.cloudProvider=aws"], "missing property 'aws'"),
         (&["--set", "provisioner.cloudProvider=aws,provisioner.aws.region=eu-west-1"], "missing property 'clusterName'"),
         (&["--set", "config.provisioner.cloudProvider=kwok"], "/config"),
@@ -427,8 +431,9 @@ fn the_beside_karpenter_values_run_the_webhook_and_extender_with_the_provisioner
 }
 
 /// `helm uninstall` first runs a Job that deletes the webhook's configuration and then releases
-/// every pod from the gate (`archer ungate --all`), as the same service account; its pod is not
-/// one of the Deployment's (the Service and the PodDisruptionBudget must not count it), and
+/// every pod from the gate (`archer ungate --all`), under a service account of its own created
+/// for the uninstall only (hooks that come before the Job); its pod is not one of the
+/// Deployment's (the Service and the PodDisruptionBudget must not count it), and
 /// `ungateOnUninstall: false` leaves it out.
 #[test]
 fn uninstalling_runs_archer_ungate_before_anything_is_removed() {
@@ -436,16 +441,208 @@ fn uninstalling_runs_archer_ungate_before_anything_is_removed() {
     let job = find(&objects, "Job", "archer-ungate");
     assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "pre-delete");
     let pod = &job["spec"]["template"];
-    assert_eq!(pod["spec"]["serviceAccountName"], "archer");
-    assert_eq!(pod["spec"]["containers"][0]["args"], serde_json::json!(["ungate", "--all", "--delete-webhook-configuration", "archer"]));
+    assert_eq!(pod["spec"]["serviceAccountName"], "archer-ungate", "the hook's own service account, not the Deployment's");
+    assert_eq!(pod["spec"]["containers"][0]["args"], json!(["ungate", "--all", "--delete-webhook-configuration", "archer"]));
     let webhook = find(&objects, "MutatingWebhookConfiguration", "archer");
     assert_eq!(webhook["metadata"]["name"], "archer", "the configuration the hook deletes is the chart's");
     let selector = find(&objects, "Deployment", "archer")["spec"]["selector"]["matchLabels"].clone();
     let labels = &pod["metadata"]["labels"];
     assert!(selector.as_object().expect("selector").iter().any(|(k, v)| labels.get(k) != Some(v)), "the hook's pod is not selected by the Deployment's selector");
-    let role = find(&objects, "ClusterRole", "archer");
-    let deletes = role["rules"].as_array().expect("rules").iter().any(|r| r["resources"] == serde_json::json!(["mutatingwebhookconfigurations"]) && r["resourceNames"] == serde_json::json!(["archer"]) && r["verbs"] == serde_json::json!(["delete"]));
-    assert!(deletes, "the service account may delete its own webhook configuration, and only that");
+    // Its service account and permissions exist for the uninstall only, created before the Job.
+    let weight = |o: &Value| o["metadata"]["annotations"]["helm.sh/hook-weight"].as_str().and_then(|w| w.parse::<i32>().ok()).expect("hook weight");
+    for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] {
+        let o = find(&objects, kind, "archer-ungate");
+        assert_eq!(o["metadata"]["annotations"]["helm.sh/hook"], "pre-delete", "{kind}");
+        assert!(weight(&o) < weight(&job), "{kind} is created before the Job");
+    }
+    assert_eq!(find(&objects, "ServiceAccount", "archer-ungate")["metadata"]["namespace"], NAMESPACE);
+    let binding = find(&objects, "ClusterRoleBinding", "archer-ungate");
+    assert_eq!(binding["roleRef"]["name"], "archer-ungate");
+    assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "archer-ungate", "namespace": NAMESPACE}]));
+    assert_eq!(find(&objects, "ClusterRole", "archer-ungate")["rules"], json!(ungate_rules("archer")), "list and patch pods, delete its own webhook configuration, nothing else");
     let without = rendered(&["--set", "tls.mode=secret", "--set", "ungateOnUninstall=false"]);
     assert!(!without.iter().any(is_hook), "ungateOnUninstall: false renders no hook");
+    assert!(!without.iter().any(|o| o["metadata"]["name"] == "archer-ungate"), "nor its service account and permissions");
+}
+
+const READ: &[&str] = &["get", "list", "watch"];
+
+fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> Value {
+    json!({"apiGroups": [group], "resources": resources, "verbs": verbs})
+}
+
+fn named_rule(group: &str, resources: &[&str], names: &[&str], verbs: &[&str]) -> Value {
+    json!({"apiGroups": [group], "resources": resources, "resourceNames": names, "verbs": verbs})
+}
+
+/// What the uninstall hook's service account may do: `archer ungate --all
+/// --delete-webhook-configuration <webhook>`.
+fn ungate_rules(webhook: &str) -> Vec<Value> {
+    vec![rule("", &["pods"], &["list", "patch"]), named_rule("admissionregistration.k8s.io", &["mutatingwebhookconfigurations"], &[webhook], &["delete"])]
+}
+
+/// The ClusterRole's rules of a release: every replica's reads, then pods and evictions for the
+/// safety net or the provisioner, then the provisioner's own (`provisioner` = the verbs on
+/// nodes), then the node classes, then Events.
+fn cluster_rules(pods: bool, provisioner: Option<&[&str]>, classes: Option<&str>) -> Vec<Value> {
+    let mut rules = vec![rule("", &["namespaces", "nodes"], READ), rule("", &["serviceaccounts", "secrets"], &["get"])];
+    if pods {
+        rules.extend([rule("", &["pods"], &["get", "list", "watch", "patch"]), rule("", &["pods/eviction"], &["create"])]);
+    }
+    if let Some(node_verbs) = provisioner {
+        rules.extend([
+            rule("", &["nodes"], node_verbs),
+            rule("apps", &["daemonsets"], READ),
+            rule("", &["persistentvolumeclaims", "persistentvolumes"], READ),
+            rule("archer.dev", &["nodepools"], READ),
+            rule("archer.dev", &["nodepools/status"], &["patch"]),
+            rule("archer.dev", &["nodeclaims"], &["get", "list", "watch", "create", "delete"]),
+            rule("archer.dev", &["nodeclaims/status"], &["patch"]),
+        ]);
+    }
+    if let Some(plural) = classes {
+        rules.extend([rule("archer.dev", &[plural], READ), rule("archer.dev", &[&format!("{plural}/status")], &["patch"])]);
+    }
+    if pods {
+        rules.push(rule("events.k8s.io", &["events"], &["create", "patch"]));
+    }
+    rules
+}
+
+/// The Role's rules in Archer's namespace: its Leases, and the safety net's record by name.
+fn namespace_rules(record: Option<&str>) -> Vec<Value> {
+    let mut rules = vec![rule("coordination.k8s.io", &["leases"], &["get", "list", "watch", "create", "patch", "update"])];
+    if let Some(name) = record {
+        rules.push(named_rule("", &["configmaps"], &[name], &["get", "list", "watch", "update"]));
+    }
+    rules
+}
+
+/// Each mode is granted exactly what it runs (README "Deploying"): the whole rule lists, in
+/// order. `nodes: create/delete` with kwok alone; each cloud's node classes with that cloud
+/// alone; no provisioner rule with the provisioner off; ConfigMaps only by the record's name;
+/// no Role at all when nothing holds a Lease; nobody but the uninstall hook deletes the webhook's
+/// configuration.
+#[test]
+fn each_mode_is_granted_exactly_the_rules_it_needs() {
+    let beside = root().join("deploy/helm/archer/values-beside-karpenter.yaml");
+    let beside = beside.to_str().expect("utf-8 path");
+    let record = Some("archer-safety-net");
+    let kwok: &[&str] = &["create", "patch", "delete"];
+    let cloud: &[&str] = &["patch"];
+    let modes: Vec<(&str, Vec<&str>, Vec<Value>, Option<Vec<Value>>)> = vec![
+        ("webhook, extender and safety net (the defaults)", vec![], cluster_rules(true, None, None), Some(namespace_rules(record))),
+        ("beside Karpenter", vec!["-f", beside], cluster_rules(true, None, None), Some(namespace_rules(record))),
+        ("webhook and extender only", vec!["--set", "config.safetyNet.enabled=false"], cluster_rules(false, None, None), None),
+        ("kwok provisioner", vec!["--set", "provisioner.cloudProvider=kwok"], cluster_rules(true, Some(kwok), None), Some(namespace_rules(record))),
+        ("kwok provisioner, no safety net", vec!["--set", "provisioner.cloudProvider=kwok,config.safetyNet.enabled=false"], cluster_rules(true, Some(kwok), None), Some(namespace_rules(None))),
+        ("aws provisioner", vec!["--set", "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"], cluster_rules(true, Some(cloud), Some("ec2nodeclasses")), Some(namespace_rules(record))),
+        ("azure provisioner", vec!["--set", "provisioner.cloudProvider=azure"], cluster_rules(true, Some(cloud), Some("aksnodeclasses")), Some(namespace_rules(record))),
+        ("another record name", vec!["--set", "config.safetyNet.configMap=archer-record"], cluster_rules(true, None, None), Some(namespace_rules(Some("archer-record")))),
+    ];
+    for (mode, flags, cluster, namespaced) in modes {
+        let objects = rendered(&flags);
+        assert_eq!(find(&objects, "ClusterRole", "archer")["rules"], json!(cluster), "{mode}: the ClusterRole");
+        let binding = find(&objects, "ClusterRoleBinding", "archer");
+        assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "archer", "namespace": NAMESPACE}]), "{mode}");
+        let role = objects.iter().find(|o| o["kind"] == "Role").cloned();
+        match &namespaced {
+            Some(rules) => {
+                let role = role.unwrap_or_else(|| panic!("{mode}: no Role"));
+                assert_eq!((role["metadata"]["name"].as_str(), role["metadata"]["namespace"].as_str()), (Some("archer-leader-election"), Some(NAMESPACE)), "{mode}");
+                assert_eq!(role["rules"], json!(rules), "{mode}: the Role");
+                let binding = find(&objects, "RoleBinding", "archer-leader-election");
+                assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "archer", "namespace": NAMESPACE}]), "{mode}");
+            }
+            None => {
+                assert!(role.is_none(), "{mode}: nothing holds a Lease, yet a Role: {role:?}");
+                assert!(!objects.iter().any(|o| o["kind"] == "RoleBinding"), "{mode}");
+            }
+        }
+        // The record the Role names is shipped (Archer cannot create it), and nothing more.
+        let records: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] != "archer-config").collect();
+        let record_name = records.iter().map(|o| o["metadata"]["name"].as_str().unwrap_or("")).collect::<Vec<_>>();
+        let named = namespaced.iter().flatten().filter_map(|r| r["resourceNames"][0].as_str()).collect::<Vec<_>>();
+        assert_eq!(record_name, named, "{mode}: the shipped record is the one the Role names");
+        for r in records {
+            assert_eq!(r["metadata"]["namespace"], NAMESPACE, "{mode}");
+            assert!(r.get("data").is_none() && r.get("binaryData").is_none(), "{mode}: shipped empty, so an upgrade never resets what Archer wrote: {r}");
+        }
+        // Only the uninstall hook's account deletes the webhook's configuration.
+        for o in objects.iter().filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role") {
+            let deletes = o["rules"].as_array().expect("rules").iter().any(|r| r["resources"].as_array().is_some_and(|r| r.iter().any(|r| r == "mutatingwebhookconfigurations")));
+            assert_eq!(deletes, o["metadata"]["name"] == "archer-ungate", "{mode}: {}", o["metadata"]["name"]);
+        }
+        // Every rule a Role or ClusterRole holds, nothing more: no wildcard, secrets by name.
+        for o in objects.iter().filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role") {
+            for r in o["rules"].as_array().expect("rules") {
+                assert!(!r.to_string().contains("\"*\""), "{mode}: a wildcard in {r}");
+            }
+        }
+    }
+}
+
+/// A rule list as single grants: (group, resource, name or "", verb).
+fn grants(rules: &Value) -> BTreeSet<(String, String, String, String)> {
+    let mut out = BTreeSet::new();
+    for r in rules.as_array().expect("rules") {
+        let strings = |key: &str| r[key].as_array().map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect::<Vec<_>>()).unwrap_or_default();
+        let names = if r.get("resourceNames").is_some() { strings("resourceNames") } else { vec![String::new()] };
+        for g in strings("apiGroups") {
+            for res in strings("resources") {
+                for n in &names {
+                    for v in strings("verbs") {
+                        out.insert((g.clone(), res.clone(), n.clone(), v));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// With kustomize, a provisioner's rules are deploy/provisioner/<provider>.yaml on top of
+/// deploy/rbac.yaml: together exactly what the chart grants with that provider.
+#[test]
+fn the_kustomize_provisioner_rules_add_up_to_the_charts() {
+    let base = grants(&find(&file_docs("deploy/rbac.yaml"), "ClusterRole", "archer")["rules"]);
+    for (provider, flags) in [("kwok", "provisioner.cloudProvider=kwok"), ("aws", "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"), ("azure", "provisioner.cloudProvider=azure")] {
+        let docs = file_docs(&format!("deploy/provisioner/{provider}.yaml"));
+        let extra = grants(&find(&docs, "ClusterRole", "archer-provisioner")["rules"]);
+        assert!(extra.is_disjoint(&base), "{provider}: only what the base lacks");
+        let binding = find(&docs, "ClusterRoleBinding", "archer-provisioner");
+        assert_eq!(binding["roleRef"]["name"], "archer-provisioner");
+        assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "archer", "namespace": NAMESPACE}]));
+        let chart = grants(&find(&rendered(&["--set", flags]), "ClusterRole", "archer")["rules"]);
+        let kustomize: BTreeSet<_> = base.union(&extra).cloned().collect();
+        assert_eq!(kustomize, chart, "{provider}: deploy/rbac.yaml and deploy/provisioner/{provider}.yaml against the chart");
+    }
+}
+
+/// The gate policy (README "Safety net"): pod updates that take `archer.dev/inspecting` away are
+/// refused unless Archer's service account, or the uninstall hook's, sends them. Its names follow
+/// the release's; `gatePolicy.enabled=false` leaves it out, as does a release with no safety net
+/// (nothing gates pods then). What the API server makes of it: tests/e2e/gate_policy.rs.
+#[test]
+fn the_gate_policy_lets_only_archer_remove_its_gate() {
+    let removers = |objects: &[Value], name: &str| -> String {
+        let policy = find(objects, "ValidatingAdmissionPolicy", name);
+        assert_eq!(policy["apiVersion"], "admissionregistration.k8s.io/v1");
+        assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+        assert_eq!(policy["spec"]["matchConstraints"]["resourceRules"], json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}]));
+        let binding = find(objects, "ValidatingAdmissionPolicyBinding", name);
+        assert_eq!((binding["spec"]["policyName"].as_str(), &binding["spec"]["validationActions"]), (Some(name), &json!(["Deny"])));
+        let expression = policy["spec"]["validations"][0]["expression"].as_str().expect("expression").to_string();
+        expression.rsplit_once(" in [").map(|(_, l)| l.trim_end_matches(']').to_string()).unwrap_or_else(|| panic!("no removers in {expression}"))
+    };
+    let objects = rendered(&[]);
+    assert_eq!(removers(&objects, "archer-gate"), "'system:serviceaccount:archer-system:archer', 'system:serviceaccount:archer-system:archer-ungate'");
+    assert_eq!(removers(&rendered(&["--set", "ungateOnUninstall=false"]), "archer-gate"), "'system:serviceaccount:archer-system:archer'");
+    let other = rendered(&["--set", "fullnameOverride=tenant-archer,serviceAccount.name=placer"]);
+    assert_eq!(removers(&other, "tenant-archer-gate"), "'system:serviceaccount:archer-system:placer', 'system:serviceaccount:archer-system:tenant-archer-ungate'");
+    assert_eq!(find(&other, "Job", "tenant-archer-ungate")["spec"]["template"]["spec"]["serviceAccountName"], "tenant-archer-ungate");
+    for off in ["gatePolicy.enabled=false", "config.safetyNet.enabled=false"] {
+        let objects = rendered(&["--set", off]);
+        assert!(!objects.iter().any(|o| o["kind"].as_str().is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))), "{off}: no gate policy");
+    }
 }

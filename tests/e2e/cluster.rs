@@ -14,6 +14,11 @@ use serde_json::json;
 use crate::common::{free_port, make_certs, Registry};
 
 pub const TOKEN: &str = "archer-e2e-admin-token";
+/// Who Archer is on the control plane: its service account as the Helm chart makes it (release
+/// `archer` in `archer-system`), with that account's permissions and nothing more.
+pub const ARCHER_USER: &str = "system:serviceaccount:archer-system:archer";
+/// The chart's uninstall hook's service account (`archer ungate --all`).
+pub const UNGATE_USER: &str = "system:serviceaccount:archer-system:archer-ungate";
 
 /// Who provisions on the control plane, and whether Archer's webhook and extender run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +88,8 @@ pub struct Cluster {
     pub provisioner_config: Vec<String>,
     /// The next `archer serve`'s cloud provider (`kwok` unless a scenario says otherwise).
     pub cloud_provider: &'static str,
+    /// The provider whose permissions Archer's service account holds now (see `archer_identity`).
+    identity_for: Option<&'static str>,
     archer_restarts: usize,
     archer: Option<Proc>,
     // dropped in reverse order of start: scheduler, kwok, controller-manager, apiserver, etcd
@@ -257,7 +264,7 @@ impl Cluster {
         let (archer_port, archer_admin) = (free_port(), free_port());
         let insecure: Vec<String> = std::iter::once(registry.host.clone()).chain(extra_insecure.iter().map(|s| s.to_string())).collect();
         let cloud_provider = if mode == Mode::Archer { "kwok" } else { "none" };
-        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config, cloud_provider, archer_restarts: 0 };
+        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config, cloud_provider, identity_for: None, archer_restarts: 0 };
         if mode == Mode::Archer {
             cluster.install_crds().await;
         }
@@ -273,6 +280,61 @@ impl Cluster {
         let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
         let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
         Client::try_from(cfg).expect("client")
+    }
+
+    /// A client acting as `user` (the admin impersonates it): that user's permissions, and the
+    /// name admission sees. A service account's name (`system:serviceaccount:<ns>:<name>`) gets
+    /// its groups too, as with its own token.
+    pub async fn client_as(&self, user: &str) -> Client {
+        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig_as(user)).expect("kubeconfig");
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+        Client::try_from(cfg).expect("client")
+    }
+
+    /// A kubeconfig acting as `user` (for a process: `archer serve`, `archer ungate`).
+    pub fn kubeconfig_as(&self, user: &str) -> PathBuf {
+        let text = std::fs::read_to_string(&self.kubeconfig).expect("kubeconfig");
+        let path = self.dir.path().join(format!("kubeconfig-{}", user.replace(':', "-")));
+        let with_user = text.replace(&format!("    token: {TOKEN}\n"), &format!("    token: {TOKEN}\n    as: {user}\n"));
+        assert_ne!(with_user, text, "the admin kubeconfig has its token line");
+        std::fs::write(&path, with_user).expect("kubeconfig");
+        path
+    }
+
+    /// Archer's identity as the Helm chart installs it, for the current cloud provider: its
+    /// service account and the uninstall hook's, their RBAC, the safety net's record and the gate
+    /// policy (release `archer` in `archer-system`), so Archer runs with the permissions the
+    /// chart gives it and its gate is one only it removes. Applied again when the provider changes.
+    async fn archer_identity(&mut self) {
+        if self.identity_for == Some(self.cloud_provider) {
+            return;
+        }
+        let mut flags = vec![format!("provisioner.cloudProvider={}", self.cloud_provider)];
+        if self.cloud_provider == "aws" {
+            flags.push("provisioner.aws.clusterName=e2e".into());
+        }
+        let flags = flags.join(",");
+        let kinds = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"];
+        let objects: Vec<serde_json::Value> = crate::helm::render("archer-system", &["--set", &flags])
+            .into_iter()
+            .filter(|o| kinds.contains(&o["kind"].as_str().unwrap_or("")) || (o["kind"] == "ConfigMap" && o["metadata"]["name"] == "archer-safety-net"))
+            .collect();
+        assert!(objects.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"), "the chart renders the gate policy");
+        let client = self.client().await;
+        crate::helm::apply(&client, &objects).await;
+        // RBAC takes effect within moments; Archer must not start before (its Lease would be refused).
+        let archer = self.client_as(ARCHER_USER).await;
+        let start = Instant::now();
+        loop {
+            let record = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(archer.clone(), "archer-system").get("archer-safety-net").await;
+            let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(archer.clone()).list(&kube::api::ListParams::default().limit(1)).await;
+            if record.is_ok() && nodes.is_ok() {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "Archer's permissions not in effect: {record:?} {nodes:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.identity_for = Some(self.cloud_provider);
     }
 
     /// Archer's CRDs (NodePool, NodeClaim, EC2NodeClass) from deploy/crds, Established.
@@ -349,7 +411,7 @@ impl Cluster {
             .arg("--tls-key")
             .arg(self.certs.join("tls.key"))
             .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
+            .arg(self.kubeconfig_as(ARCHER_USER))
             .args(["--insecure-registry", &self.insecure.join(",")])
             .env("POD_NAME", pod_name)
             .env("ARCHER_LOG", "info,archer=debug");
@@ -371,8 +433,9 @@ impl Cluster {
         }
     }
 
-    /// Start (or restart) the main `archer serve`.
+    /// Start (or restart) the main `archer serve`, as its service account.
     pub async fn start_archer(&mut self) {
+        self.archer_identity().await;
         let log_name: &'static str = if self.archer_restarts == 0 { "archer" } else { "archer-restarted" };
         self.archer_restarts += 1;
         let cmd = self.archer_command(self.archer_port, self.archer_admin, log_name);

@@ -24,7 +24,7 @@ fn helm() -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).expect("utf-8").trim())
 }
 
-fn render(namespace: &str, flags: &[&str]) -> Vec<Value> {
+pub fn render(namespace: &str, flags: &[&str]) -> Vec<Value> {
     let out = Command::new(helm())
         .args(["template", "archer"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/archer"))
@@ -39,7 +39,7 @@ fn render(namespace: &str, flags: &[&str]) -> Vec<Value> {
 
 /// Server-side apply each object (CRDs first, discovery refreshed after them); the objects the
 /// API server returned.
-async fn apply(client: &Client, objects: &[Value]) -> Vec<DynamicObject> {
+pub async fn apply(client: &Client, objects: &[Value]) -> Vec<DynamicObject> {
     let (crds, rest): (Vec<&Value>, Vec<&Value>) = objects.iter().partition(|o| o["kind"] == "CustomResourceDefinition");
     let mut applied = Vec::new();
     for batch in [crds, rest] {

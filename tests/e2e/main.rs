@@ -8,6 +8,7 @@ mod aws;
 mod azure;
 mod cluster;
 mod compare;
+mod gate_policy;
 mod helm;
 mod karpenter;
 mod multi_tenant;

@@ -57,3 +57,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail "provisioner.aws.clusterName is required when provisioner.cloudProvider is aws: every instance Archer launches is tagged with it" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* "true" when the safety net runs (config.safetyNet.enabled, on by default), else empty. */}}
+{{- define "archer.safetyNet" -}}
+{{- if dig "safetyNet" "enabled" true .Values.config -}}true{{- end -}}
+{{- end -}}
+
+{{/* The safety net's record: the one ConfigMap Archer may write (config.safetyNet.configMap). */}}
+{{- define "archer.safetyRecordName" -}}
+{{- dig "safetyNet" "configMap" "archer-safety-net" .Values.config -}}
+{{- end -}}
+
+{{/* The uninstall hook's own service account (README "Safety net"). */}}
+{{- define "archer.ungateServiceAccountName" -}}
+{{- printf "%s-ungate" (include "archer.fullname" .) -}}
+{{- end -}}
