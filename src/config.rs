@@ -595,13 +595,13 @@ impl Config {
 
     /// The worst-case resident memory of `archer serve` with this config in a cluster of
     /// `nodes` nodes (README "Memory bound"): the process at rest, the image caches (all three
-    /// full, at their byte budgets),
+    /// full, at their byte budgets), the webhook's decision memo and the extender's node facts,
     /// the node cache, the memory budget with the allocator's slack, and every connection at its
     /// buffers' and HTTP/2 window's worst.
     pub fn memory_bound_bytes(&self, nodes: u64) -> u64 {
         const MIB: u64 = 1024 * 1024;
         let baseline = 48 * MIB;
-        let image_caches = self.image_cache_bytes() + self.decision_cache_bytes();
+        let image_caches = self.image_cache_bytes() + self.decision_cache_bytes() + Self::extender_cache_bytes();
         let node_cache = nodes * 10 * 1024;
         let budget = self.limits.memory_budget_bytes as u64 * 115 / 100;
         let connections = self.limits.max_connections as u64 * crate::server::CONNECTION_BYTES as u64;
@@ -613,6 +613,11 @@ impl Config {
     /// structure.
     pub fn image_cache_bytes(&self) -> u64 {
         2 * self.registry.cache_max_bytes + 2 * self.registry.failure_cache_max_bytes + 4 * archer_registry::inspector::CACHE_STRUCTURE_BYTES
+    }
+
+    /// The most the extender's node facts cache holds: its byte budget and its structure.
+    pub fn extender_cache_bytes() -> u64 {
+        crate::extender::FACTS_CACHE_BYTES as u64 + crate::extender::FACTS_STRUCTURE_BYTES
     }
 
     /// The most the webhook's decision memo holds: its byte budget and its structure.

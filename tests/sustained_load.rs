@@ -6,9 +6,13 @@
 //! prioritize calls; real images on a real registry and thousands of distinct references that
 //! are not there (each one a lookup, a failure, and a cache entry), references as long as the
 //! OCI spec allows and longer, large bodies (MiBs of env, annotations and full Node lists), and
-//! bodies nested thousands deep in every part a decision reads. Peak RSS (VmHWM, sampled
-//! throughout) must stay within `Config::memory_bound_bytes`, and RSS after a quiet period must
-//! be back within it; no request may panic or go unanswered.
+//! bodies nested thousands deep in every part a decision reads. Among the extender calls, node
+//! lists as kube-scheduler sends them (hundreds to thousands of names or full Nodes) and the
+//! ones that make the extender build the most for their size: hundreds of thousands of tiny
+//! distinct names or Nodes, and pods of tens of thousands of empty containers or volumes.
+//! Peak RSS (VmHWM, sampled throughout) must stay within `Config::memory_bound_bytes` and the
+//! Deployment's memory limit, and RSS after a quiet period must be back within them; no request
+//! may panic or go unanswered.
 //!
 //! Ignored by `cargo test` (it needs the release binary): `.ci/run` runs it as
 //! `cargo build --release --locked --bin archer && cargo test --locked --test sustained_load -- --ignored --nocapture`.
@@ -26,6 +30,8 @@ use serde_json::{json, Value};
 
 const REQUESTS: usize = 50_000;
 const CLIENTS: usize = 24;
+/// One request in this many is a swollen extender call ([`swollen_calls`]).
+const SWOLLEN_EVERY: usize = 250;
 const MIB: u64 = 1024 * 1024;
 
 fn release_binary() -> PathBuf {
@@ -59,11 +65,44 @@ fn nested(depth: usize) -> String {
     s
 }
 
+/// The Deployment's memory limit (`deploy/deployment.yaml`), in bytes.
+fn shipped_memory_limit() -> u64 {
+    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/deployment.yaml")).expect("deployment");
+    let d: Value = archer::yaml::from_str(&manifest).expect("deployment yaml");
+    let limit = d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"].as_str().expect("memory limit").to_string();
+    archer::core::quantity::value(&limit).expect("quantity") as u64
+}
+
+/// Extender calls that make the extender build the most for their size (each several times
+/// its share of the budget once built, so each must be weighed before it is built): the
+/// body's bytes are few for what they list.
+fn swollen_calls(registry: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let list = |n: usize, item: &dyn Fn(usize) -> String| (0..n).map(item).collect::<Vec<_>>().join(",");
+    let pod = |spec: &str| format!(r#"{{"metadata":{{"name":"swollen","namespace":"shop","annotations":{{"archer.dev/platforms":"linux/amd64"}}}},"spec":{spec}}}"#);
+    let small = pod(&format!(r#"{{"containers":[{{"name":"c","image":"{registry}/load/amd:1"}}]}}"#));
+    let mut calls = Vec::new();
+    for (k, path) in ["/scheduler/filter", "/scheduler/prioritize"].into_iter().enumerate() {
+        // Tiny distinct names (nodeCacheCapable: true), none of them known.
+        calls.push((path, format!(r#"{{"Pod":{small},"NodeNames":[{}]}}"#, list(800_000, &|i| format!("\"{k}{i:x}\""))).into_bytes()));
+        // Tiny Nodes the pod cannot run on.
+        calls.push((path, format!(r#"{{"Pod":{small},"Nodes":{{"items":[{}]}}}}"#, list(250_000, &|i| format!(r#"{{"metadata":{{"name":"{k}{i:x}","labels":{{"kubernetes.io/arch":"arm64"}}}}}}"#))).into_bytes()));
+        // Pods of empty containers, volumes and ephemeral containers.
+        calls.push((path, format!(r#"{{"Pod":{},"NodeNames":["node-1"]}}"#, pod(&format!(r#"{{"volumes":[{}]}}"#, list(60_000, &|_| "{}".into())))).into_bytes()));
+        calls.push((path, format!(r#"{{"Pod":{},"NodeNames":["node-1"]}}"#, pod(&format!(r#"{{"containers":[{}],"ephemeralContainers":[{}]}}"#, list(40_000, &|_| "{}".into()), list(40_000, &|_| "{}".into())))).into_bytes()));
+        // The same shapes small enough to be served: 20,000 names or Nodes, 2,000 volumes.
+        calls.push((path, format!(r#"{{"Pod":{small},"NodeNames":[{}]}}"#, list(20_000, &|i| format!("\"{k}{i:x}\""))).into_bytes()));
+        calls.push((path, format!(r#"{{"Pod":{small},"Nodes":{{"items":[{}]}}}}"#, list(20_000, &|i| format!(r#"{{"metadata":{{"name":"{k}{i:x}","labels":{{"kubernetes.io/arch":"arm64"}}}}}}"#))).into_bytes()));
+        calls.push((path, format!(r#"{{"Pod":{},"NodeNames":["node-1"]}}"#, pod(&format!(r#"{{"volumes":[{}]}}"#, list(2_000, &|_| "{}".into())))).into_bytes()));
+    }
+    calls
+}
+
 /// What the clients send: bodies built once (the large ones) or per request (small, varied).
 struct Workload {
     registry: String,
     big_review: Vec<u8>,
     big_filter: Vec<u8>,
+    swollen: Vec<(&'static str, Vec<u8>)>,
     /// Full Node objects, serialised once.
     nodes: Vec<String>,
     node_names: Vec<String>,
@@ -115,6 +154,10 @@ impl Workload {
     }
 
     fn request(&self, i: usize) -> (&'static str, Vec<u8>) {
+        if i % SWOLLEN_EVERY == SWOLLEN_EVERY / 2 {
+            let (path, body) = &self.swollen[(i / SWOLLEN_EVERY) % self.swollen.len()];
+            return (path, body.clone());
+        }
         match i % 20 {
             0..=8 => ("/mutate", serde_json::to_vec(&review("CREATE", &self.pod(i))).expect("json")),
             9 | 10 => ("/mutate", self.deep_review(i)),
@@ -138,13 +181,19 @@ impl Workload {
     }
 }
 
-/// Samples RSS every 50 ms until stopped; the highest VmRSS seen.
-fn sample_rss(pid: u32, stop: Arc<AtomicUsize>, highest: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+/// Samples RSS every 50 ms until stopped; the highest VmRSS seen. Past `kill_above` the process
+/// is killed (SIGKILL, as the kernel's OOM killer would at the Deployment's limit): the test has
+/// failed, and the machine it runs on is spared the rest.
+fn sample_rss(pid: u32, stop: Arc<AtomicUsize>, highest: Arc<AtomicU64>, kill_above: u64) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         while stop.load(Ordering::SeqCst) == 0 {
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             let rss = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).unwrap_or(0) * 1024;
             highest.fetch_max(rss, Ordering::SeqCst);
+            if rss > kill_above {
+                let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                return;
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     })
@@ -161,8 +210,10 @@ async fn fifty_thousand_mixed_hostile_requests_stay_within_the_memory_bound() {
     }
     reg.push_image("load/amd", "1", "linux/amd64", true).await;
     let (config_text, config) = shipped_config(&reg.host);
-    // Standalone: no Node cache, so the bound's node term is zero.
-    let bound = config.memory_bound_bytes(0);
+    // Standalone: no Node cache, so the bound's node term is zero. The Deployment's limit is
+    // sized for a cluster's Node cache on top, so it is the looser of the two: both must hold.
+    let limit = shipped_memory_limit();
+    let bound = config.memory_bound_bytes(0).min(limit);
 
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = make_certs(&dir.path().join("certs"));
@@ -177,11 +228,12 @@ async fn fifty_thousand_mixed_hostile_requests_stay_within_the_memory_bound() {
     big["spec"]["containers"][0]["env"] = json!((0..20_000).map(|i| json!({"name": format!("V{i}"), "value": "z".repeat(40)})).collect::<Vec<_>>());
     let big_review = serde_json::to_vec(&review("CREATE", &big)).expect("json");
     let nodes = nodes.iter().map(|n| serde_json::to_string(n).expect("json")).collect();
-    let workload = Arc::new(Workload { registry: reg.host.clone(), big_review, big_filter, node_names: (0..2000).map(|i| format!("node-{i}")).collect(), nodes });
+    let swollen = swollen_calls(&reg.host);
+    let workload = Arc::new(Workload { registry: reg.host.clone(), big_review, big_filter, swollen, node_names: (0..2000).map(|i| format!("node-{i}")).collect(), nodes });
 
     let stop = Arc::new(AtomicUsize::new(0));
     let highest = Arc::new(AtomicU64::new(0));
-    let sampler = sample_rss(archer.pid(), stop.clone(), highest.clone());
+    let sampler = sample_rss(archer.pid(), stop.clone(), highest.clone(), 2 * limit);
     let ca = reqwest::Certificate::from_pem(&std::fs::read(archer.certs.join("ca.crt")).expect("ca")).expect("pem");
     let next = Arc::new(AtomicUsize::new(0));
     let statuses = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<(String, u16), usize>::new()));
@@ -194,7 +246,7 @@ async fn fifty_thousand_mixed_hostile_requests_stay_within_the_memory_bound() {
             builder = builder.http1_only();
         }
         let client = builder.build().expect("client");
-        let (workload, next, statuses, https) = (workload.clone(), next.clone(), statuses.clone(), archer.https.clone());
+        let (workload, next, statuses, https, highest) = (workload.clone(), next.clone(), statuses.clone(), archer.https.clone(), highest.clone());
         clients.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -209,7 +261,11 @@ async fn fifty_thousand_mixed_hostile_requests_stay_within_the_memory_bound() {
                         let _ = r.bytes().await;
                         s
                     }
-                    Err(e) => panic!("request {i} to {path} was not answered: {e}"),
+                    Err(e) => {
+                        let rss = highest.load(Ordering::SeqCst);
+                        assert!(rss <= 2 * limit, "RSS reached {} MiB, twice the Deployment's {} MiB limit: archer was killed (request {i} to {path})", rss / MIB, limit / MIB);
+                        panic!("request {i} to {path} was not answered: {e}")
+                    }
                 };
                 *statuses.lock().unwrap().entry((path.to_string(), status)).or_default() += 1;
             }
@@ -230,15 +286,19 @@ async fn fifty_thousand_mixed_hostile_requests_stay_within_the_memory_bound() {
     let statuses = statuses.lock().unwrap().clone();
     eprintln!(
         "{REQUESTS} requests from {CLIENTS} clients in {took:.1?} ({:.0}/s): statuses {statuses:?}\n\
-         RSS at rest {} MiB, peak (VmHWM) {} MiB, highest sampled {} MiB, after 5 s quiet {} MiB; bound {} MiB",
+         RSS at rest {} MiB, peak (VmHWM) {} MiB, highest sampled {} MiB, after 5 s quiet {} MiB; bound {} MiB (memory_bound_bytes {} MiB, Deployment limit {} MiB)",
         REQUESTS as f64 / took.as_secs_f64(),
         resting / MIB,
         hwm / MIB,
         highest.load(Ordering::SeqCst) / MIB,
         after / MIB,
-        bound / MIB
+        bound / MIB,
+        config.memory_bound_bytes(0) / MIB,
+        limit / MIB
     );
-    for line in metrics.lines().filter(|l| l.starts_with("archer_image_lookups_total") || l.starts_with("archer_memory_budget_refusals_total") || l.starts_with("archer_bad_requests_total") || l.starts_with("archer_admission_reviews_total")) {
+    for line in metrics.lines().filter(|l| {
+        ["archer_image_lookups_total", "archer_memory_budget_refusals_total", "archer_bad_requests_total", "archer_admission_reviews_total", "archer_extender_requests_total"].iter().any(|m| l.starts_with(m))
+    }) {
         eprintln!("  {line}");
     }
     assert_eq!(statuses.values().sum::<usize>(), REQUESTS, "every request was answered");

@@ -7,6 +7,7 @@ mod held_room;
 mod plan_wait;
 pub mod wire;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ use archer_core::resources::{pod_requests, Resources};
 use archer_core::scoring::{self, Candidate};
 use archer_metrics::{labels2, Metrics};
 use archer_registry::{Inspector, Keyring};
-use archer_limits::{read_body, BodyLimits};
+use archer_limits::{held_body, read_body, BodyLimits, MemoryPermit};
 use wire::{parse_args, FilterResult, HostPriority, Nodes};
 
 pub struct Extender {
@@ -61,42 +62,79 @@ pub struct Extender {
 pub struct HeldCache(std::sync::Mutex<Option<Arc<held_room::HeldRoom>>>);
 
 /// Per-node facts computed once per Node version, so a NodeNames call over thousands of nodes
-/// is a lookup per name rather than a label walk and catalog lookup per name.
-#[derive(Default)]
-pub struct FactsCache(std::sync::RwLock<std::collections::HashMap<String, (String, Arc<NodeFacts>)>>);
+/// is a lookup per name rather than a label walk and catalog lookup per name. Weighed in bytes
+/// against [`FACTS_CACHE_BYTES`] (in the memory bound, as the webhook's caches are): an entry
+/// weighs the buffers of its name, its version and its facts' strings, and
+/// [`FACTS_ENTRY_OVERHEAD`]; past that the coldest go.
+pub struct FactsCache(quick_cache::sync::Cache<String, Arc<CachedFacts>, FactsWeight>);
+
+/// A node's facts and the resourceVersion of the Node they came from.
+struct CachedFacts {
+    rv: String,
+    facts: Arc<NodeFacts>,
+}
+
+/// The most the node facts cache weighs: about 4,800 nodes' facts (names of 40 characters),
+/// 2,500 of the heaviest a Node gives. Counted in `Config::memory_bound_bytes`.
+pub const FACTS_CACHE_BYTES: usize = 4 * 1024 * 1024;
+/// The cache's structure besides its entries (shards, their tables and ghost lists).
+pub const FACTS_STRUCTURE_BYTES: u64 = 256 * 1024;
+/// What one entry holds besides its strings' buffers: the `Arc`s, the facts' struct, the
+/// cache's slot and table (over-counted; measured by `tests/cache_weight.rs`).
+pub const FACTS_ENTRY_OVERHEAD: usize = 768;
+
+#[derive(Clone)]
+struct FactsWeight;
+
+impl quick_cache::Weighter<String, Arc<CachedFacts>> for FactsWeight {
+    fn weight(&self, name: &String, e: &Arc<CachedFacts>) -> u64 {
+        let f = &e.facts;
+        let strings = name.capacity() + e.rv.capacity() + f.name.capacity() + [&f.arch, &f.os, &f.bad_price].iter().map(|s| s.as_ref().map_or(0, String::capacity)).sum::<usize>();
+        u64::try_from(FACTS_ENTRY_OVERHEAD + strings).unwrap_or(u64::MAX)
+    }
+}
+
+impl Default for FactsCache {
+    fn default() -> Self {
+        Self::with_capacity(FACTS_CACHE_BYTES)
+    }
+}
 
 impl FactsCache {
+    /// A cache of at most `bytes` by its weights.
+    pub fn with_capacity(bytes: usize) -> Self {
+        let items = (bytes / 256).max(16);
+        Self(quick_cache::sync::Cache::with_weighter(items, bytes as u64, FactsWeight))
+    }
+
+    /// Bytes held by the cache's own weighing.
+    pub fn weighted_bytes(&self) -> u64 {
+        self.0.weight()
+    }
+
+    /// Entries held.
+    pub fn entries(&self) -> usize {
+        self.0.len()
+    }
+
     /// Facts for each name (None: not in the node cache), computing what is missing or stale.
-    fn lookup(&self, names: &[String], store: Option<&Store<Node>>, prices: &PriceRules<'_>) -> Vec<Option<Arc<NodeFacts>>> {
+    pub fn lookup<S: AsRef<str>>(&self, names: &[S], store: Option<&Store<Node>>, prices: &PriceRules<'_>) -> Vec<Option<Arc<NodeFacts>>> {
         let Some(store) = store else { return vec![None; names.len()] };
         let mut out = Vec::with_capacity(names.len());
-        let mut fresh = Vec::new();
-        {
-            let cache = self.0.read().unwrap_or_else(|p| p.into_inner());
-            for name in names {
-                let Some(node) = store.get(&ObjectRef::new(name)) else {
-                    out.push(None);
-                    continue;
-                };
-                let rv = node.metadata.resource_version.as_deref().unwrap_or("");
-                match cache.get(name) {
-                    Some((cached_rv, facts)) if cached_rv == rv && !rv.is_empty() => out.push(Some(facts.clone())),
-                    _ => {
-                        let facts = Arc::new(NodeFacts::from_node(&node, prices));
-                        fresh.push((name.clone(), rv.to_string(), facts.clone()));
-                        out.push(Some(facts));
-                    }
+        for name in names {
+            let name = name.as_ref();
+            let Some(node) = store.get(&ObjectRef::new(name)) else {
+                out.push(None);
+                continue;
+            };
+            let rv = node.metadata.resource_version.as_deref().unwrap_or("");
+            match self.0.get(name) {
+                Some(e) if e.rv == rv && !rv.is_empty() => out.push(Some(e.facts.clone())),
+                _ => {
+                    let facts = Arc::new(NodeFacts::from_node(&node, prices));
+                    self.0.insert(name.to_string(), Arc::new(CachedFacts { rv: rv.to_string(), facts: facts.clone() }));
+                    out.push(Some(facts));
                 }
-            }
-        }
-        if !fresh.is_empty() {
-            let mut cache = self.0.write().unwrap_or_else(|p| p.into_inner());
-            // Forget deleted nodes now and then: never more than twice the live node count.
-            if cache.len() > 2 * store.state().len().max(1000) {
-                cache.clear();
-            }
-            for (name, rv, facts) in fresh {
-                cache.insert(name, (rv, facts));
             }
         }
         out
@@ -120,13 +158,18 @@ pub struct PriceRules<'a> {
 impl PriceRules<'_> {
     /// The node's price, or why a price it names cannot be used. A price annotation that is not
     /// a finite number in `0..=max_per_hour` makes the price unknown (it is not replaced by the
-    /// catalog's: the annotation is the operator's word, and it is wrong).
+    /// catalog's: the annotation is the operator's word, and it is wrong). The reason quotes at
+    /// most [`QUOTED_CHARS`] characters of the annotation.
     fn price(&self, label: &dyn Fn(&str) -> Option<String>, annotation: Option<&str>) -> Result<Option<f64>, String> {
         let sane = |p: f64| p.is_finite() && (0.0..=self.max_per_hour).contains(&p);
         if let Some(a) = annotation {
             return match a.trim().parse::<f64>() {
                 Ok(p) if sane(p) => Ok(Some(p)),
-                _ => Err(format!("{} {a:?} is not a price in 0..={} USD/h", labels::PRICE_ANNOTATION, self.max_per_hour)),
+                _ => {
+                    let quoted: String = a.chars().take(QUOTED_CHARS).collect();
+                    let cut = if quoted.len() < a.len() { "..." } else { "" };
+                    Err(format!("{} {quoted:?}{cut} is not a price in 0..={} USD/h", labels::PRICE_ANNOTATION, self.max_per_hour))
+                }
             };
         }
         match self.catalog.node_price(label, None) {
@@ -135,6 +178,9 @@ impl PriceRules<'_> {
         }
     }
 }
+
+/// The most of a node's text a reason quotes.
+const QUOTED_CHARS: usize = 64;
 
 /// What a node offers the decision, from either a full Node object or the Node cache.
 #[derive(Debug, Clone)]
@@ -157,18 +203,25 @@ impl NodeFacts {
         NodeFacts { arch: label(labels::ARCH), os: label(labels::OS), price, bad_price, allocatable, name }
     }
 
-    pub fn from_lite(n: &wire::NodeLite<'_>, prices: &PriceRules<'_>) -> Self {
-        let labels = n.metadata.labels.as_ref();
-        let label = |k: &str| labels.and_then(|l| l.get(k)).map(str::to_string);
-        let annotation = n.metadata.annotations.as_ref().and_then(|a| a.price.as_deref());
-        let alloc = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    /// The facts of a node of the request, taking its name and platform labels (no copy of
+    /// what is already owned).
+    pub fn from_lite(n: wire::NodeLite<'_>, prices: &PriceRules<'_>) -> Self {
+        let wire::NodeLite { metadata, status } = n;
+        let labels = metadata.labels.unwrap_or_default();
+        let label = |k: &str| labels.get(k).map(str::to_string);
+        let annotation = metadata.annotations.as_ref().and_then(|a| a.price.as_deref());
+        let alloc = status.as_ref().and_then(|s| s.allocatable.as_ref());
         let q = |v: Option<&str>, f: fn(&str) -> Option<i64>| v.and_then(f).unwrap_or(0);
         let allocatable = Resources::new(
             q(alloc.and_then(|a| a.cpu.as_deref()), archer_core::quantity::cpu_millis),
             q(alloc.and_then(|a| a.memory.as_deref()), archer_core::quantity::value),
             q(alloc.and_then(|a| a.pods.as_deref()), archer_core::quantity::value),
         );
-        Self::build(n.metadata.name.to_string(), &label, annotation, allocatable, prices)
+        let (price, bad_price) = match prices.price(&label, annotation) {
+            Ok(p) => (p, None),
+            Err(why) => (None, Some(why)),
+        };
+        NodeFacts { name: metadata.name.into_owned(), arch: labels.arch.map(Cow::into_owned), os: labels.os.map(Cow::into_owned), price, bad_price, allocatable }
     }
 
     pub fn from_node(n: &Node, prices: &PriceRules<'_>) -> Self {
@@ -191,6 +244,56 @@ fn cpu_bound<R>(f: impl FnOnce() -> R) -> R {
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// An answer that keeps the call's share of the memory budget until it has been sent.
+fn held_response(body: Vec<u8>, budget: MemoryPermit) -> Response {
+    let len = body.len();
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json".to_string()), (header::CONTENT_LENGTH, len.to_string())], held_body(body.into(), budget)).into_response()
+}
+
+/// The budget's label for what a call builds from its body.
+const DECODED: &str = "extender_decoded";
+/// What one call holds whatever its size: its task, its futures, its span and scratch buffers.
+const CALL_BYTES: usize = 64 * 1024;
+
+/// What a call of this shape builds from its body besides the body (charged with the body, as
+/// `body.expansion` times it, for the copies of its text the call makes): a share per node
+/// ([`wire::NODE_BYTES`]) and twice the decoded pod's cost (the pod, and what the checks derive
+/// from it: its scheduling view, its images and their platforms). Reserved before any of it is
+/// built, and held until the answer has been sent.
+pub fn call_bytes(shape: &wire::Shape) -> usize {
+    CALL_BYTES.saturating_add(shape.nodes.saturating_mul(wire::NODE_BYTES)).saturating_add(shape.pod_bytes.saturating_mul(2))
+}
+
+/// Read, weigh and charge a call's body: the body and what the call will build from it
+/// ([`call_bytes`]) are held in the budget before anything is built. `Err`: (reason, message).
+async fn admit(x: &Extender, req: Request<Body>) -> Result<(bytes::Bytes, MemoryPermit), (&'static str, String)> {
+    let (body, mut budget) = read_body(req, &x.body).await.map_err(|e| (e.reason(), e.to_string()))?;
+    let shape = cpu_bound(|| wire::shape(&body)).map_err(|e| (e.reason(), e.to_string()))?;
+    let until = tokio::time::Instant::now() + x.body.budget_wait;
+    // The call holds its body already: what it builds is added before waiting reservations.
+    x.body.budget.reserve_more(&mut budget, DECODED, call_bytes(&shape), until).await.map_err(|e| ("memory_budget", format!("server busy: {e}")))?;
+    Ok((body, budget))
+}
+
+/// A reason as the answer gives it: at most [`wire::MAX_REASON_BYTES`], control characters
+/// (which JSON escapes six times over) as spaces, so a node's entry in the answer stays within
+/// what its call reserved.
+fn reason(why: String) -> String {
+    let clean = |c: char| if c.is_control() { ' ' } else { c };
+    if why.len() <= wire::MAX_REASON_BYTES && !why.chars().any(char::is_control) {
+        return why;
+    }
+    let mut out = String::with_capacity(wire::MAX_REASON_BYTES);
+    for c in why.chars().map(clean) {
+        if out.len() + c.len_utf8() > wire::MAX_REASON_BYTES - 3 {
+            out.push_str("...");
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn filter_error(metrics: &Metrics, reason: &str, message: String) -> Response {
@@ -229,12 +332,12 @@ impl Extender {
     /// hold the pod until its periodic flush of unschedulable pods (5 minutes). An extender
     /// error, which kube-scheduler does retry after back-off, would not do either: an extender
     /// configured `ignorable`, as it should be, has its errors skipped.
-    async fn plan_steer(&self, pod: &Pod, candidates: &[String]) -> Option<(String, String)> {
+    async fn plan_steer(&self, pod: &Pod, candidates: &[&str]) -> Option<(String, String)> {
         let cluster = self.cluster.as_ref()?;
         let id = archer_core::pod_id(pod);
         let (planned, age) = cluster.planned_node(&id).await?;
         tracing::Span::current().record("hint", planned.as_str());
-        if candidates.contains(&planned) {
+        if candidates.contains(&planned.as_str()) {
             self.metrics.extender_planned_placements.inc();
             return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
         }
@@ -264,7 +367,7 @@ impl Extender {
     /// Candidates refused to a pod kube-scheduler is free to place (no plan steers it) because
     /// their room is held for pending pods a plan put there ([`held_room`]); its own planned
     /// node, if any, aside. Node name -> why.
-    async fn held_refusals(&self, pod: &Pod, candidates: &[String]) -> std::collections::HashMap<String, String> {
+    async fn held_refusals(&self, pod: &Pod, candidates: &[&str]) -> std::collections::HashMap<String, String> {
         let Some(cluster) = self.cluster.as_ref() else { return Default::default() };
         let id = archer_core::pod_id(pod);
         let own = cluster.planned_node(&id).await.map(|(n, _)| n);
@@ -282,7 +385,7 @@ impl Extender {
                 }
             }
         };
-        let set: Vec<&str> = candidates.iter().map(String::as_str).filter(|c| Some(*c) != own.as_deref()).collect();
+        let set: Vec<&str> = candidates.iter().copied().filter(|c| Some(*c) != own.as_deref()).collect();
         let refused = held.refusals(pod, &set);
         if refused.is_empty() {
             return Default::default();
@@ -367,7 +470,7 @@ struct NodeChecks<'a> {
 }
 
 impl<'a> NodeChecks<'a> {
-    async fn new(x: &Extender, pod: &Pod, names: &[String], all: Option<&'a PlatformSet>, per_image: &'a [(String, PlatformSet)]) -> NodeChecks<'a> {
+    async fn new(x: &Extender, pod: &Pod, names: &[&str], all: Option<&'a PlatformSet>, per_image: &'a [(String, PlatformSet)]) -> NodeChecks<'a> {
         let steer = x.plan_steer(pod, names).await;
         if let Some((planned, _)) = &steer {
             tracing::Span::current().record("planned", planned.as_str());
@@ -402,10 +505,10 @@ impl<'a> NodeChecks<'a> {
 #[tracing::instrument(skip_all, fields(pod = tracing::field::Empty, namespace = tracing::field::Empty, nodes = tracing::field::Empty, planned = tracing::field::Empty, hint = tracing::field::Empty))]
 async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response {
     let started = Instant::now();
-    // Held until the answer is sent: the body, the parsed node list and the answer.
-    let (body, _budget) = match read_body(req, &x.body).await {
+    // Held until the answer is sent: the body, the parsed pod and node list, and the answer.
+    let (body, budget) = match admit(&x, req).await {
         Ok(b) => b,
-        Err(e) => return filter_error(&x.metrics, e.reason(), e.to_string()),
+        Err((reason, message)) => return filter_error(&x.metrics, reason, message),
     };
     let args = match cpu_bound(|| parse_args(&body)) {
         Ok(a) => a,
@@ -427,23 +530,26 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
     let mut record = |result: &mut FilterResult<'_>, name: String, verdict: Verdict| match verdict {
         Verdict::Keep => {}
         Verdict::Fails(why) => {
-            result.failed_nodes.insert(name, why);
+            result.failed_nodes.insert(name, reason(why));
         }
         Verdict::Unrunnable(why) => {
             removed += 1;
-            result.failed_and_unresolvable.insert(name, why);
+            result.failed_and_unresolvable.insert(name, reason(why));
         }
     };
     match args.nodes {
         Nodes::Full(nodes) => {
             span.record("nodes", nodes.len());
-            let names: Vec<String> = nodes.iter().map(|n| n.lite.metadata.name.to_string()).collect();
-            let checks = NodeChecks::new(&x, &args.pod, &names, all, per_image).await;
+            let checks = {
+                let names: Vec<&str> = nodes.iter().map(|n| n.lite.metadata.name.as_ref()).collect();
+                NodeChecks::new(&x, &args.pod, &names, all, per_image).await
+            };
             let mut keep = Vec::with_capacity(nodes.len());
-            for n in &nodes {
-                let facts = NodeFacts::from_lite(&n.lite, &x.prices());
+            for n in nodes {
+                let raw = n.raw;
+                let facts = NodeFacts::from_lite(n.lite, &x.prices());
                 match checks.verdict(&facts.name, Some(&facts), &|_| None) {
-                    Verdict::Keep => keep.push(n.raw),
+                    Verdict::Keep => keep.push(raw),
                     v => record(&mut result, facts.name, v),
                 }
             }
@@ -452,7 +558,10 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
         Nodes::Names(names) => {
             span.record("nodes", names.len());
             let facts = x.facts.lookup(&names, x.nodes.as_ref(), &x.prices());
-            let checks = NodeChecks::new(&x, &args.pod, &names, all, per_image).await;
+            let checks = {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                NodeChecks::new(&x, &args.pod, &names, all, per_image).await
+            };
             // Other pods wait for a node's whole batch to register (the plan's own pod does not).
             let registering = |name: &str| x.nodes.as_ref().and_then(|store| batch_registering(store, name));
             let mut keep = Vec::with_capacity(names.len());
@@ -469,7 +578,7 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
     x.metrics.extender_requests.get_or_create(&labels2("verb", "filter", "result", "ok")).inc();
     x.metrics.extender_filter_seconds.observe(started.elapsed().as_secs_f64());
     tracing::debug!(removed, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "filter answered");
-    json_response(StatusCode::OK, result.to_json())
+    held_response(result.to_json(), budget)
 }
 
 #[tracing::instrument(skip_all, fields(pod = tracing::field::Empty, namespace = tracing::field::Empty, nodes = tracing::field::Empty))]
@@ -478,35 +587,32 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     // HostPriorityList has no error field: bad input is answered with an empty list (every node
     // neutral), counted and logged, so scheduling never stalls on Archer.
     let empty = || json_response(StatusCode::OK, b"[]".to_vec());
-    let (body, _budget) = match read_body(req, &x.body).await {
+    let bad = |reason: &str, error: &dyn std::fmt::Display| {
+        x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", reason)).inc();
+        tracing::warn!(reason, %error, "prioritize call with bad input");
+        empty()
+    };
+    let (body, budget) = match admit(&x, req).await {
         Ok(b) => b,
-        Err(e) => {
-            x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", e.reason())).inc();
-            tracing::warn!(reason = e.reason(), error = %e, "prioritize call with bad input");
-            return empty();
-        }
+        Err((reason, message)) => return bad(reason, &message),
     };
     let args = match cpu_bound(|| parse_args(&body)) {
         Ok(a) => a,
-        Err(e) => {
-            x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", e.reason())).inc();
-            tracing::warn!(reason = e.reason(), error = %e, "prioritize call with bad input");
-            return empty();
-        }
+        Err(e) => return bad(e.reason(), &e),
     };
     let span = tracing::Span::current();
     span.record("pod", args.pod.metadata.name.as_deref().unwrap_or(""));
     span.record("namespace", args.pod.metadata.namespace.as_deref().unwrap_or(""));
-    let facts: Vec<NodeFacts> = match &args.nodes {
-        Nodes::Full(nodes) => nodes.iter().map(|n| NodeFacts::from_lite(&n.lite, &x.prices())).collect(),
+    let facts: Vec<NodeFacts> = match args.nodes {
+        Nodes::Full(nodes) => nodes.into_iter().map(|n| NodeFacts::from_lite(n.lite, &x.prices())).collect(),
         Nodes::Names(names) => x
             .facts
-            .lookup(names, x.nodes.as_ref(), &x.prices())
+            .lookup(&names, x.nodes.as_ref(), &x.prices())
             .into_iter()
             .zip(names)
             .map(|(f, name)| match f {
                 Some(f) => (*f).clone(),
-                None => NodeFacts { name: name.clone(), arch: None, os: None, price: None, bad_price: None, allocatable: Resources::default() },
+                None => NodeFacts { name, arch: None, os: None, price: None, bad_price: None, allocatable: Resources::default() },
             })
             .collect(),
     };
@@ -540,7 +646,7 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     let list: Vec<HostPriority> = candidates.into_iter().zip(scores).map(|(c, score)| HostPriority { host: c.name, score }).collect();
     x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", "ok")).inc();
     x.metrics.extender_prioritize_seconds.observe(started.elapsed().as_secs_f64());
-    json_response(StatusCode::OK, serde_json::to_vec(&list).unwrap_or_default())
+    held_response(wire::priorities_json(&list), budget)
 }
 
 #[cfg(test)]
@@ -593,5 +699,96 @@ mod tests {
         // refused it for reasons of its own, and the pod is not held back.
         assert_eq!(awaiting_registration("n", &up, Some(SCHEDULER_VIEW_LAG)), None);
         assert_eq!(awaiting_registration("n", &up, None), None);
+    }
+
+    fn heavy_node(i: usize) -> Node {
+        let meta = serde_json::json!({"name": format!("{i:06}{}", "n".repeat(200)), "resourceVersion": format!("{}", 1000 + i),
+            "labels": {labels::ARCH: "a".repeat(63), labels::OS: "o".repeat(63)}, "annotations": {labels::PRICE_ANNOTATION: "p".repeat(4000)}});
+        Node { metadata: serde_json::from_value(meta).expect("meta"), ..Default::default() }
+    }
+
+    #[test]
+    fn the_facts_cache_is_weighed_in_bytes_and_stays_within_its_share() {
+        let catalog = Catalog::embedded().expect("catalog");
+        let prices = PriceRules { catalog: &catalog, max_per_hour: 1000.0 };
+        let nodes: Vec<Node> = (0..2000).map(heavy_node).collect();
+        let names: Vec<String> = nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
+        let s = store(nodes);
+        const SHARE: usize = 256 * 1024;
+        let cache = FactsCache::with_capacity(SHARE);
+        for chunk in names.chunks(100) {
+            // Every name is answered, cached or not.
+            let facts = cache.lookup(chunk, Some(&s), &prices);
+            assert!(facts.iter().zip(chunk).all(|(f, n)| f.as_ref().is_some_and(|f| &f.name == n && f.bad_price.is_some())));
+        }
+        // An entry weighs at least its strings: 2 x 206 (name) + 2 x 63 + the reason.
+        let entry = FACTS_ENTRY_OVERHEAD + 2 * 206 + 2 * 63 + 100;
+        assert!(cache.weighted_bytes() <= SHARE as u64, "{} weighed", cache.weighted_bytes());
+        assert!(cache.entries() <= SHARE / entry && cache.entries() > SHARE / entry / 4, "{} entries of about {entry} bytes kept", cache.entries());
+        // The reason quotes a bounded part of the annotation.
+        let f = cache.lookup(&names[..1], Some(&s), &prices).remove(0).expect("facts");
+        assert!(f.bad_price.as_ref().is_some_and(|r| r.len() < 200 && r.contains("...")), "{:?}", f.bad_price);
+    }
+
+    #[test]
+    fn reasons_are_cut_and_cleaned() {
+        assert_eq!(reason("node is linux/arm64".into()), "node is linux/arm64");
+        let long = reason(format!("image {} supports linux/amd64", "é".repeat(1000)));
+        assert!(long.len() <= wire::MAX_REASON_BYTES && long.ends_with("...") && long.starts_with("image éé"), "{}", long.len());
+        assert_eq!(reason("a\u{1}b\nc".into()), "a b c");
+    }
+
+    fn extender(budget: archer_limits::MemoryBudget) -> Arc<Extender> {
+        let cfg = crate::config::Config::default();
+        let metrics = Arc::new(Metrics::new());
+        let client = archer_registry::RegistryClient::new(cfg.client_settings(budget.clone()).expect("settings")).expect("client");
+        Arc::new(Extender {
+            catalog: Arc::new(Catalog::embedded().expect("catalog")),
+            inspector: Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
+            cluster: None,
+            nodes: None,
+            defaults: cfg.defaults.clone(),
+            base_keyring: Keyring::default(),
+            metrics,
+            inspection_timeout: Duration::from_secs(1),
+            preference_bonus: cfg.extender.preference_bonus,
+            body: BodyLimits { max_bytes: cfg.extender.max_body_bytes, expansion: 3, read_timeout: Duration::from_secs(5), budget_wait: Duration::from_millis(100), budget, consumer: "extender_body" },
+            max_price_per_hour: cfg.extender.max_price_per_hour,
+            facts: FactsCache::default(),
+            held: HeldCache::default(),
+        })
+    }
+
+    async fn call(x: &Arc<Extender>, path: &str, body: String) -> serde_json::Value {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let req = Request::post(path).header(header::CONTENT_LENGTH, body.len()).body(Body::from(body)).expect("request");
+        let r = router(x.clone()).oneshot(req).await.expect("call");
+        let bytes = r.into_body().collect().await.expect("body").to_bytes();
+        serde_json::from_slice(&bytes).expect("json")
+    }
+
+    #[tokio::test]
+    async fn a_call_reserves_what_its_nodes_and_pod_will_take_before_building_them() {
+        let budget = archer_limits::MemoryBudget::new(16 << 20);
+        let x = extender(budget.clone());
+        let pod = r#"{"metadata":{"name":"p","annotations":{"archer.dev/platforms":"linux/amd64"}},"spec":{"containers":[{"name":"c","image":"app:1"}]}}"#;
+        // A few names: answered, and every byte given back once the answer is read.
+        let v = call(&x, "/scheduler/filter", format!(r#"{{"Pod":{pod},"NodeNames":["a","b"]}}"#)).await;
+        assert_eq!(v["Error"], "", "{v}");
+        assert_eq!(v["FailedNodes"]["a"], "node not found in Archer's node cache");
+        assert_eq!(budget.in_use_bytes(), 0);
+        // 20,000 names are 200 KB of body but more than the budget once listed and answered.
+        let names = (0..20_000).map(|i| format!("\"{i}\"")).collect::<Vec<_>>().join(",");
+        let v = call(&x, "/scheduler/filter", format!(r#"{{"Pod":{pod},"NodeNames":[{names}]}}"#)).await;
+        assert!(v["Error"].as_str().is_some_and(|e| e.contains("memory budget")), "{v}");
+        // So is a pod of 10,000 empty volumes (30 KB of JSON).
+        let volumes = vec!["{}"; 10_000].join(",");
+        let v = call(&x, "/scheduler/prioritize", format!(r#"{{"Pod":{{"spec":{{"volumes":[{volumes}]}}}},"NodeNames":["a"]}}"#)).await;
+        assert_eq!(v, serde_json::json!([]));
+        let refused = x.metrics.encode();
+        assert!(refused.contains(r#"archer_extender_requests_total{verb="filter",result="memory_budget"} 1"#), "{refused}");
+        assert!(refused.contains(r#"archer_extender_requests_total{verb="prioritize",result="memory_budget"} 1"#), "{refused}");
+        assert_eq!(budget.in_use_bytes(), 0);
     }
 }

@@ -574,6 +574,40 @@ impl Archer {
     }
 }
 
+/// The extender with the default config and the embedded catalog, standalone (no cluster),
+/// answering NodeNames calls from `nodes`, its calls drawing from `budget`.
+pub fn extender(
+    nodes: Option<kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>>,
+    budget: archer::limits::MemoryBudget,
+    metrics: std::sync::Arc<archer::metrics::Metrics>,
+) -> std::sync::Arc<archer::extender::Extender> {
+    use std::sync::Arc;
+    let cfg = archer::config::Config::default();
+    let client = archer::registry::RegistryClient::new(cfg.client_settings(budget.clone()).expect("settings")).expect("client");
+    Arc::new(archer::extender::Extender {
+        catalog: Arc::new(archer::catalog::Catalog::embedded().expect("catalog")),
+        inspector: archer::registry::Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
+        cluster: None,
+        nodes,
+        defaults: cfg.defaults.clone(),
+        base_keyring: Default::default(),
+        metrics,
+        inspection_timeout: Duration::from_secs(1),
+        preference_bonus: cfg.extender.preference_bonus,
+        body: archer::limits::BodyLimits {
+            max_bytes: cfg.extender.max_body_bytes,
+            expansion: 3,
+            read_timeout: Duration::from_secs(10),
+            budget_wait: Duration::from_secs(2),
+            budget,
+            consumer: "extender_body",
+        },
+        max_price_per_hour: cfg.extender.max_price_per_hour,
+        facts: Default::default(),
+        held: Default::default(),
+    })
+}
+
 /// The extender (standalone defaults, the embedded catalog) over real HTTPS in this process,
 /// answering NodeNames calls from `nodes` (kube-runtime's reflector Store type). Returns the
 /// port, a client trusting its CA, and the guard that keeps the certificates alive.
@@ -591,30 +625,7 @@ pub async fn serve_extender_with_metrics(
     let metrics = Arc::new(archer::metrics::Metrics::new());
     let server_metrics = metrics.clone();
     let cfg = archer::config::Config::default();
-    let budget = cfg.memory_budget();
-    let client = archer::registry::RegistryClient::new(cfg.client_settings(budget.clone()).expect("settings")).expect("client");
-    let ext = Arc::new(archer::extender::Extender {
-        catalog: Arc::new(archer::catalog::Catalog::embedded().expect("catalog")),
-        inspector: archer::registry::Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
-        cluster: None,
-        nodes: Some(nodes),
-        defaults: cfg.defaults.clone(),
-        base_keyring: Default::default(),
-        metrics,
-        inspection_timeout: Duration::from_secs(1),
-        preference_bonus: cfg.extender.preference_bonus,
-        body: archer::limits::BodyLimits {
-            max_bytes: cfg.extender.max_body_bytes,
-            expansion: 3,
-            read_timeout: Duration::from_secs(10),
-            budget_wait: Duration::from_secs(2),
-            budget,
-            consumer: "extender_body",
-        },
-        max_price_per_hour: cfg.extender.max_price_per_hour,
-        facts: Default::default(),
-        held: Default::default(),
-    });
+    let ext = extender(Some(nodes), cfg.memory_budget(), metrics);
     let dir = tempfile::tempdir().expect("tmp");
     let certs = make_certs(dir.path());
     let tls = archer::server::tls::CertStore::load(&certs.join("tls.crt"), &certs.join("tls.key")).expect("certs");

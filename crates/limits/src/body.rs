@@ -98,7 +98,31 @@ pub async fn read_body(req: Request<Body>, limits: &BodyLimits) -> Result<(bytes
         }
         buf.extend_from_slice(&data);
     }
+    // A body read as it came (no length declared, or a wrong one) may sit in a buffer up to
+    // twice its size: it is copied out at its size (the charge covers both for the moment).
+    if buf.capacity() > buf.len() + buf.len() / 8 {
+        return Ok((bytes::Bytes::copy_from_slice(&buf), permit));
+    }
     Ok((buf.freeze(), permit))
+}
+
+/// A response body that keeps `permit` until the body has been sent (or the connection has
+/// gone): an answer the handler built is memory until the client has read it, and a client that
+/// reads slowly must not let the handler's share of the budget go to the next request meanwhile.
+/// The server asks for the next chunk only once it has written out most of the last one (it
+/// buffers only so much), so the permit goes at that second ask, or when the body is dropped.
+/// The body's length is not announced: set `Content-Length` to `bytes`' length.
+pub fn held_body(bytes: bytes::Bytes, permit: MemoryPermit) -> Body {
+    let chunks = futures::stream::unfold((Some(bytes), Some(permit)), |(data, permit)| async move {
+        match data {
+            Some(d) => Some((Ok::<_, std::convert::Infallible>(d), (None, permit))),
+            None => {
+                drop(permit);
+                None
+            }
+        }
+    });
+    Body::from_stream(chunks)
 }
 
 #[cfg(test)]
@@ -153,5 +177,19 @@ mod tests {
         assert_eq!((e.reason(), e.status()), ("memory_budget", StatusCode::SERVICE_UNAVAILABLE));
         drop(held);
         assert!(read_body(request(Body::from(vec![0u8; 4096]), Some(4096)), &limits(&budget, 1 << 20)).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_answer_holds_its_share_until_it_has_been_read_or_dropped() {
+        let budget = MemoryBudget::new(64 * 1024);
+        let permit = budget.reserve("t", 8 * 1024, Instant::now()).await.expect("room");
+        let body = held_body(bytes::Bytes::from(vec![b'a'; 5000]), permit);
+        assert_eq!(budget.in_use_bytes(), 8 * 1024, "held while the answer is unread");
+        let read = body.collect().await.expect("body").to_bytes();
+        assert_eq!((read.len(), budget.in_use_bytes()), (5000, 0));
+        // An answer never read (the client went away) gives its share back when dropped.
+        let permit = budget.reserve("t", 8 * 1024, Instant::now()).await.expect("room");
+        drop(held_body(bytes::Bytes::from_static(b"x"), permit));
+        assert_eq!(budget.in_use_bytes(), 0);
     }
 }
