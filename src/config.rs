@@ -612,7 +612,7 @@ impl Config {
     /// each at its byte budget (entries are weighed by what they hold), and each cache's own
     /// structure.
     pub fn image_cache_bytes(&self) -> u64 {
-        2 * self.registry.cache_max_bytes + 2 * self.registry.failure_cache_max_bytes + 4 * archer_registry::inspector::CACHE_STRUCTURE_BYTES
+        2 * self.registry.cache_max_bytes + 2 * self.registry.failure_cache_max_bytes + archer_registry::inspector::ENTRYPOINT_CACHE_BYTES + 5 * archer_registry::inspector::CACHE_STRUCTURE_BYTES
     }
 
     /// The most the extender's node facts cache holds: its byte budget and its structure.

@@ -38,8 +38,9 @@ const EVICTION_RETRY: Duration = Duration::from_secs(5);
 const EVICTION_PATIENCE: Duration = Duration::from_secs(300);
 /// Bound on resolving the digest of an image kubelet reported none for.
 const DIGEST_LOOKUP: Duration = Duration::from_secs(10);
-/// Bound on reading an image's entrypoint binary to verify a detection.
-const VERIFY_LOOKUP: Duration = Duration::from_secs(30);
+/// Outer bound on reading an image's entrypoint binary to verify a detection (the check keeps
+/// its own deadline, 60 s, within it).
+const VERIFY_LOOKUP: Duration = Duration::from_secs(70);
 
 /// A pod Archer admitted, not going away, with a container failing for its architecture.
 pub(super) fn failing(pod: &Pod) -> bool {
@@ -157,8 +158,25 @@ impl SafetyNet {
     async fn entrypoint(&self, pod: &Pod, error: &ExecFormatError, arch: &str) -> Option<Entrypoint> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let keyring = crate::cluster::pod_keyring(Some(&self.cluster), &self.base_keyring, namespace, pod).await;
-        let _ = (keyring, error, arch, VERIFY_LOOKUP); // TEMP-STUB
-        None
+        let checked = tokio::time::timeout(VERIFY_LOOKUP, self.inspector.entrypoint_machine(&error.image, error.digest.as_deref(), arch, &keyring)).await;
+        let outcome = match &checked {
+            Ok(Ok(check)) => check.outcome(),
+            Ok(Err(_)) => "error",
+            Err(_) => "timeout",
+        };
+        self.metrics.safety.verifications.get_or_create(&label("outcome", outcome)).inc();
+        match checked {
+            Ok(Ok(archer_registry::EntrypointCheck::Machine { path, arch, .. })) => Some(Entrypoint { path, arch }),
+            Ok(Ok(archer_registry::EntrypointCheck::Undetermined(why))) => {
+                tracing::info!(image = %error.image, %why, "the image's entrypoint binary could not be read: the detection holds in its namespace only");
+                None
+            }
+            Ok(Err(e)) => {
+                tracing::info!(image = %error.image, error = %e, "the image's entrypoint binary could not be read: the detection holds in its namespace only");
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     /// Errors without the digest kubelet resolved get the one the registry gives the image now.

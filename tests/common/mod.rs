@@ -228,6 +228,56 @@ impl Registry {
         self.push_manifest(repo, tag, mt, &serde_json::to_vec(&index).expect("json")).await
     }
 
+    /// Push an image made of `layers` (blobs as given: gzip when they start with gzip's magic,
+    /// plain tar otherwise) with `config` as its config blob.
+    pub async fn push_image_layers(&self, repo: &str, tag: &str, config: &Value, layers: &[Vec<u8>], oci: bool) -> Pushed {
+        let config_blob = self.push_blob(repo, &serde_json::to_vec(config).expect("json")).await;
+        let (mt, config_mt) = if oci { (OCI_MANIFEST, "application/vnd.oci.image.config.v1+json") } else { (DOCKER_MANIFEST, "application/vnd.docker.container.image.v1+json") };
+        let mut descriptors = Vec::new();
+        for layer in layers {
+            let gz = layer.starts_with(&[0x1f, 0x8b]);
+            let layer_mt = match (oci, gz) {
+                (true, true) => "application/vnd.oci.image.layer.v1.tar+gzip",
+                (true, false) => "application/vnd.oci.image.layer.v1.tar",
+                (false, true) => "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                (false, false) => "application/vnd.docker.image.rootfs.diff.tar",
+            };
+            let blob = self.push_blob(repo, layer).await;
+            descriptors.push(json!({"mediaType": layer_mt, "digest": blob.digest, "size": blob.size}));
+        }
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": mt,
+            "config": {"mediaType": config_mt, "digest": config_blob.digest, "size": config_blob.size},
+            "layers": descriptors
+        });
+        self.push_manifest(repo, tag, mt, &serde_json::to_vec(&manifest).expect("json")).await
+    }
+
+    /// Push an OCI index over images already pushed, each listed under the platform given
+    /// (`os/arch[/variant]`), whatever its config says.
+    pub async fn push_index_over(&self, repo: &str, tag: &str, children: &[(&Pushed, &str)]) -> Pushed {
+        let entries: Vec<Value> = children
+            .iter()
+            .map(|(child, p)| {
+                let parts: Vec<&str> = p.split('/').collect();
+                let mut platform = json!({"os": parts[0], "architecture": parts[1]});
+                if let Some(v) = parts.get(2) {
+                    platform["variant"] = json!(v);
+                }
+                json!({"mediaType": child.media_type, "digest": child.digest, "size": child.size, "platform": platform})
+            })
+            .collect();
+        let index = json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries});
+        self.push_manifest(repo, tag, OCI_INDEX, &serde_json::to_vec(&index).expect("json")).await
+    }
+
+    /// Where the registry keeps a blob's bytes (tests tamper with them there).
+    pub fn blob_path(&self, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+        self.storage.join("docker/registry/v2/blobs/sha256").join(&hex[..2]).join(hex).join("data")
+    }
+
     pub fn image(&self, repo_tag: &str) -> String {
         format!("{}/{repo_tag}", self.host)
     }

@@ -179,3 +179,64 @@ async fn multi_tenant_a_record_at_its_bound_is_written_and_read_back() {
     watching.abort();
     other_watching.abort();
 }
+
+/// A gzipped layer holding one executable file.
+fn layer_with(path: &str, data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o755);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(data.len() as u64);
+    b.append_data(&mut h, path, data).expect("file");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&b.into_inner().expect("tar")).expect("gzip");
+    gz.finish().expect("gzip")
+}
+
+/// The 64-byte header of a little-endian 64-bit ELF executable for `machine` (62: x86-64), and a
+/// few bytes of code.
+fn elf(machine: u16) -> Vec<u8> {
+    let mut h = vec![0u8; 64];
+    h[..4].copy_from_slice(b"\x7fELF");
+    h[4] = 2;
+    h[5] = 1;
+    h[6] = 1;
+    h[16..18].copy_from_slice(&2u16.to_le_bytes());
+    h[18..20].copy_from_slice(&machine.to_le_bytes());
+    h[20..24].copy_from_slice(&1u32.to_le_bytes());
+    h.extend_from_slice(&[0x90; 16]);
+    h
+}
+
+/// The runtime's own exec format error for an image that nothing in the pod overrides, whose
+/// index lists arm64 for a manifest whose entrypoint is an x86-64 binary: Archer reads that binary
+/// from the registry, and the pair holds for every namespace. A pod of the same digest in another
+/// namespace is admitted without arm64.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn multi_tenant_a_verified_exec_format_error_holds_for_every_namespace() {
+    let c = Cluster::start("multi-tenant-verified").await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    let config = json!({"architecture": "amd64", "os": "linux", "config": {"Entrypoint": ["/app"]}, "rootfs": {"type": "layers", "diff_ids": []}});
+    let amd = c.registry.push_image_layers("apps/liar", "1-amd64", &config, &[layer_with("app", &elf(62))], true).await;
+    let index = c.registry.push_index_over("apps/liar", "1", &[(&amd, "linux/amd64"), (&amd, "linux/arm64")]).await;
+    for ns in ["shop", "other"] {
+        namespace(&client, ns, json!({"archer.dev/prefer": "arm64,amd64"})).await;
+    }
+    amd_and_arm_nodes(&client).await;
+    let image = c.registry.image("apps/liar:1");
+    let image_id = format!("{}/apps/liar@{}", c.registry.host, index.digest);
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &deployment("web", &image, 1, json!({}))).await.expect("create");
+    let first = wait_running(&client, "shop", "web", 1, Duration::from_secs(120)).await;
+    assert_eq!(node_arch(&client, &node_of(&first[0])).await, "arm64");
+    report_exec_format_error(&client, &first[0], &image_id).await;
+    wait("the detection verified from the image", Duration::from_secs(90), || async { c.archer_metric("archer_exec_format_learned_total{scope=\"cluster\"}").await == 1.0 }).await;
+    assert_eq!(c.archer_metric("archer_exec_format_verifications_total{outcome=\"machine\"}").await, 1.0);
+
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), "other").create(&PostParams::default(), &deployment("web", &image, 1, json!({}))).await.expect("create");
+    let others = wait_running(&client, "other", "web", 1, Duration::from_secs(120)).await;
+    assert_eq!(annotation(&others[0], "archer.dev/platforms"), Some("linux/amd64"), "arm64 excluded in every namespace");
+    assert_eq!(node_arch(&client, &node_of(&others[0])).await, "amd64");
+}

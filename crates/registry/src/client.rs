@@ -37,7 +37,7 @@ impl ReadAllowance {
     }
 
     /// Take `n` bytes; false (and nothing taken) when fewer are left.
-    fn take(&self, n: usize) -> bool {
+    pub(crate) fn take(&self, n: usize) -> bool {
         use std::sync::atomic::Ordering;
         self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(n)).is_ok()
     }
@@ -52,7 +52,7 @@ pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 pub const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+prettyjws";
-const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json;q=0.9, application/vnd.docker.distribution.manifest.v1+prettyjws;q=0.5, application/json;q=0.1";
+pub(crate) const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json;q=0.9, application/vnd.docker.distribution.manifest.v1+prettyjws;q=0.5, application/json;q=0.1";
 const ATTESTATION_ANNOTATION: &str = "vnd.docker.reference.type";
 const MAX_RATE_LIMIT_RETRIES: usize = 3;
 
@@ -174,22 +174,11 @@ impl RegistryClient {
     /// Resolve an image to its digest and platforms, trying mirrors first, by `deadline`, reading
     /// no more than `allowance` leaves.
     pub async fn inspect(&self, image: &ImageRef, cred: Option<&Credential>, deadline: Instant, allowance: &ReadAllowance) -> Result<Inspection, RegistryError> {
-        self.settings.guard.check_registry(&image.registry)?;
-        let mut endpoints: Vec<String> = self.settings.mirrors.get(&image.registry).cloned().unwrap_or_default();
-        endpoints.push(image.registry.clone());
+        let endpoints = self.endpoints(image)?;
         let mut last = None;
         for (i, endpoint) in endpoints.iter().enumerate() {
             let is_origin = i + 1 == endpoints.len();
-            let repo = Repo {
-                client: self,
-                base: self.base_url(endpoint)?,
-                repository: image.repository.clone(),
-                cred: if is_origin { cred } else { None },
-                deadline,
-                auth: None,
-                allowance,
-                held: MemoryPermit::default(),
-            };
+            let repo = self.repo(endpoint, image, if is_origin { cred } else { None }, deadline, allowance)?;
             match repo.inspect(image.reference(), image.digest.as_deref()).await {
                 Ok(found) => return Ok(found),
                 Err(e) if !is_origin && e.is_endpoint_failure() => {
@@ -202,6 +191,20 @@ impl RegistryClient {
         Err(last.unwrap_or_else(|| RegistryError::Unavailable("no endpoint".into())))
     }
 
+    /// The registries an image is read from, in order: its mirrors, then its own (the last,
+    /// the only one sent the pull credential).
+    pub(crate) fn endpoints(&self, image: &ImageRef) -> Result<Vec<String>, RegistryError> {
+        self.settings.guard.check_registry(&image.registry)?;
+        let mut endpoints: Vec<String> = self.settings.mirrors.get(&image.registry).cloned().unwrap_or_default();
+        endpoints.push(image.registry.clone());
+        Ok(endpoints)
+    }
+
+    /// `image`'s repository on `endpoint`, read by `deadline` within `allowance`.
+    pub(crate) fn repo<'a>(&'a self, endpoint: &str, image: &ImageRef, cred: Option<&'a Credential>, deadline: Instant, allowance: &'a ReadAllowance) -> Result<Repo<'a>, RegistryError> {
+        Ok(Repo { client: self, base: self.base_url(endpoint)?, repository: image.repository.clone(), cred, deadline, auth: None, allowance, held: MemoryPermit::default() })
+    }
+
     fn base_url(&self, registry: &str) -> Result<Url, RegistryError> {
         let scheme = if self.settings.guard.is_insecure(registry) { "http" } else { "https" };
         let url = Url::parse(&format!("{scheme}://{}/", api_host(registry)))
@@ -212,7 +215,7 @@ impl RegistryClient {
 }
 
 /// One repository on one endpoint, with the auth header learnt from its first challenge.
-struct Repo<'a> {
+pub(crate) struct Repo<'a> {
     client: &'a RegistryClient,
     base: Url,
     repository: String,
@@ -371,8 +374,21 @@ impl Repo<'_> {
         Ok(left)
     }
 
+    pub(crate) fn repository(&self) -> &str {
+        &self.repository
+    }
+
     /// GET with auth challenge handling and 429 back-off; returns headers and the capped body.
-    async fn get(&mut self, path: &str, accept: &str) -> Result<(HeaderMap, Bytes), RegistryError> {
+    pub(crate) async fn get(&mut self, path: &str, accept: &str) -> Result<(HeaderMap, Bytes), RegistryError> {
+        let resp = self.open(path, accept).await?;
+        let headers = resp.headers().clone();
+        let body = self.read_capped(resp, self.client.settings.max_body_bytes).await?;
+        Ok((headers, body))
+    }
+
+    /// GET with auth challenge handling and 429 back-off, up to a successful response whose body
+    /// the caller reads (by the deadline: the request's timeout covers the body).
+    pub(crate) async fn open(&mut self, path: &str, accept: &str) -> Result<reqwest::Response, RegistryError> {
         let url = self.base.join(path).map_err(|e| RegistryError::Malformed(format!("path {path}: {e}")))?;
         let mut challenged = false;
         let mut rate_limited = 0;
@@ -384,11 +400,7 @@ impl Repo<'_> {
             let resp = req.send().await.map_err(|e| transport_error(&e, &url))?;
             self.client.requests.inc();
             match resp.status() {
-                s if s.is_success() => {
-                    let headers = resp.headers().clone();
-                    let body = self.read_capped(resp, self.client.settings.max_body_bytes).await?;
-                    return Ok((headers, body));
-                }
+                s if s.is_success() => return Ok(resp),
                 StatusCode::UNAUTHORIZED if !challenged => {
                     challenged = true;
                     let challenge = resp.headers().get(WWW_AUTHENTICATE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::client::{Inspection, ReadAllowance, RegistryClient};
 use super::credentials::Keyring;
+use super::entrypoint::{Bound, EntrypointCheck, EntrypointLimits, Undetermined};
 use super::error::RegistryError;
 use super::reference::ImageRef;
 use archer_metrics::{label, Metrics};
@@ -58,6 +59,24 @@ pub struct Inspector {
     per_pod_concurrency: usize,
     per_pod_bytes: usize,
     metrics: Arc<Metrics>,
+    /// Entrypoint checks by digest, architecture and credential: what a digest holds never
+    /// changes, and one check may read hundreds of megabytes.
+    entrypoints: Cache<String, Arc<EntrypointCheck>>,
+    entrypoint_limits: EntrypointLimits,
+    /// Entrypoint checks running at once.
+    entrypoint_slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// Entrypoint checks run at most this many at a time (each streams up to its byte bound).
+const ENTRYPOINT_CHECKS: usize = 2;
+/// Bytes the cache of entrypoint checks holds at most, by its own weighing.
+pub const ENTRYPOINT_CACHE_BYTES: u64 = 1024 * 1024;
+
+/// Why a check is not kept: a registry failure, or an answer of this moment (the deadline).
+#[derive(Debug)]
+enum NotKept {
+    Failed(RegistryError),
+    Transient(EntrypointCheck),
 }
 
 impl Inspector {
@@ -74,7 +93,67 @@ impl Inspector {
             per_pod_concurrency: settings.per_pod_concurrency.max(1),
             per_pod_bytes: settings.per_pod_bytes,
             metrics,
+            entrypoints: Cache::builder().max_capacity(ENTRYPOINT_CACHE_BYTES).weigher(weigh_check).build(),
+            entrypoint_limits: EntrypointLimits::default(),
+            entrypoint_slots: Arc::new(tokio::sync::Semaphore::new(ENTRYPOINT_CHECKS)),
         }
+    }
+
+    /// The bounds of each entrypoint check (`EntrypointLimits::default()` unless set).
+    pub fn with_entrypoint_limits(mut self, limits: EntrypointLimits) -> Self {
+        self.entrypoint_limits = limits;
+        self
+    }
+
+    /// Verify from the image itself which architecture its program is built for: the manifest
+    /// for linux/`arch` (`image`'s own when it is not an index), its config's entrypoint (or
+    /// command), and that file's ELF header (for a script, its interpreter's), read from the
+    /// layers within `EntrypointLimits`. `digest`, when given, is the digest checked (it replaces
+    /// any the reference names). Answers for a digest are kept; at most two checks run at once.
+    #[tracing::instrument(skip_all, fields(image = %image, digest = digest.unwrap_or_default(), arch = %arch))]
+    pub async fn entrypoint_machine(&self, image: &str, digest: Option<&str>, arch: &str, keyring: &Keyring) -> Result<EntrypointCheck, RegistryError> {
+        let mut parsed = ImageRef::parse(image)?;
+        if let Some(d) = digest {
+            parsed.digest = ImageRef::parse(&format!("{}@{d}", parsed.name()))?.digest;
+        }
+        let cred = keyring.lookup(&parsed.registry).cloned();
+        let who = cred.as_ref().map(|c| c.fingerprint()).unwrap_or_default();
+        // Kept by digest alone: a tag beside it changes nothing the check reads.
+        let key = format!("{}@{}#{arch}#{who}", parsed.name(), parsed.digest.as_deref().unwrap_or_default());
+        let check = async {
+            let deadline = Instant::now() + self.entrypoint_limits.timeout;
+            let Ok(Ok(_slot)) = tokio::time::timeout_at(deadline, self.entrypoint_slots.acquire()).await else {
+                return Ok(EntrypointCheck::Undetermined(Undetermined::OverBound(Bound::Deadline)));
+            };
+            self.client.entrypoint_machine(&parsed, arch, cred.as_ref(), &self.entrypoint_limits, deadline).await
+        };
+        let result = if parsed.digest.is_some() {
+            let kept = self
+                .entrypoints
+                .try_get_with(key, async {
+                    match check.await {
+                        Ok(c @ EntrypointCheck::Undetermined(Undetermined::OverBound(Bound::Deadline))) => Err(NotKept::Transient(c)),
+                        Ok(c) => Ok(Arc::new(c)),
+                        Err(e) => Err(NotKept::Failed(e)),
+                    }
+                })
+                .await;
+            match kept {
+                Ok(c) => Ok((*c).clone()),
+                Err(e) => match &*e {
+                    NotKept::Transient(c) => Ok(c.clone()),
+                    NotKept::Failed(e) => Err(e.clone()),
+                },
+            }
+        } else {
+            check.await
+        };
+        match &result {
+            Ok(EntrypointCheck::Machine { path, arch: machine, script, .. }) => tracing::info!(path = %path, machine = %machine, script = script.as_deref().unwrap_or_default(), "entrypoint machine read from the image"),
+            Ok(EntrypointCheck::Undetermined(why)) => tracing::info!(reason = why.reason(), why = %why, "entrypoint machine not determined"),
+            Err(e) => tracing::warn!(reason = e.reason(), error = %e, "entrypoint check failed"),
+        }
+        result
     }
 
     pub fn client(&self) -> &RegistryClient {
@@ -157,6 +236,7 @@ impl Inspector {
         if let Some(stalled) = &self.stalled {
             stalled.run_pending_tasks().await;
         }
+        self.entrypoints.run_pending_tasks().await;
     }
 
     /// Entries the caches hold: (tag and digest caches, failure cache).
@@ -166,7 +246,7 @@ impl Inspector {
 
     /// Bytes the caches hold by their own weighing (successes and failures together).
     pub fn cached_bytes(&self) -> u64 {
-        self.by_digest.weighted_size() + self.by_tag.weighted_size() + self.failures.weighted_size() + self.stalled.as_ref().map_or(0, Cache::weighted_size)
+        self.by_digest.weighted_size() + self.by_tag.weighted_size() + self.failures.weighted_size() + self.stalled.as_ref().map_or(0, Cache::weighted_size) + self.entrypoints.weighted_size()
     }
 
     /// Inspect one pod's images, one result per image, in order: at most `per_pod_concurrency`
@@ -228,6 +308,15 @@ fn weigh_at_least(floor: u32) -> impl Fn(&String, &Arc<Inspection>) -> u32 {
         let bytes = ENTRY_OVERHEAD + 2 * key.len() + found.digest.len() + found.media_type.len() + platforms;
         u32::try_from(bytes).unwrap_or(u32::MAX).max(floor)
     }
+}
+
+#[allow(clippy::ptr_arg, reason = "moka's weigher takes the key type by reference")]
+fn weigh_check(key: &String, check: &Arc<EntrypointCheck>) -> u32 {
+    let held = match &**check {
+        EntrypointCheck::Machine { digest, path, arch, script } => digest.len() + path.len() + arch.len() + script.as_ref().map_or(0, String::len),
+        EntrypointCheck::Undetermined(why) => 2 * why.to_string().len(),
+    };
+    u32::try_from(ENTRY_OVERHEAD + 2 * key.len() + held).unwrap_or(u32::MAX)
 }
 
 #[allow(clippy::ptr_arg, reason = "moka's weigher takes the key type by reference")]

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod credentials;
+pub mod entrypoint;
 pub mod error;
 pub mod guard;
 pub mod inspector;
@@ -10,6 +11,7 @@ pub mod reference;
 
 pub use client::{ClientSettings, Inspection, RegistryClient};
 pub use credentials::{Credential, Keyring};
+pub use entrypoint::{Bound, EntrypointCheck, EntrypointLimits, Undetermined};
 pub use error::RegistryError;
 pub use guard::AddressGuard;
 pub use inspector::{CacheSettings, Inspector};
