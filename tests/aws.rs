@@ -168,24 +168,35 @@ fn base64_decode(s: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD.decode(s).expect("base64")
 }
 
+fn trust(max_receives: u32) -> interruption::Trust {
+    interruption::Trust { account: ACCOUNT.into(), max_receives }
+}
+
+/// An EventBridge event of `source` and `account` about one instance.
+fn spot_event(source: &str, account: &str, instance: &str) -> String {
+    serde_json::json!({"version": "0", "id": instance, "detail-type": "EC2 Spot Instance Interruption Warning", "source": source, "account": account, "region": "us-east-1",
+        "resources": [format!("arn:aws:ec2:us-east-1:{account}:instance/{instance}")], "detail": {"instance-id": instance, "instance-action": "terminate"}})
+    .to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interruption_messages_are_acted_on_then_deleted_and_bad_ones_counted() {
     let moto = Moto::start().await;
     let sqs = aws_sdk_sqs::Client::new(&moto.sdk().await);
     let url = sqs.create_queue().queue_name("archer-interruption").attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, "1").send().await.expect("queue").queue_url().map(String::from).expect("url");
     assert_eq!(interruption::queue_url(&sqs, "archer-interruption").await.as_deref(), Ok(url.as_str()));
-    let spot = r#"{"version":"0","id":"1","detail-type":"EC2 Spot Instance Interruption Warning","source":"aws.ec2","region":"us-east-1","detail":{"instance-id":"i-0123","instance-action":"terminate"}}"#;
-    for body in [spot, "{ not json", r#"{"source":"aws.s3","detail-type":"Object Created","detail":{}}"#] {
+    let spot = spot_event("aws.ec2", ACCOUNT, "i-0123");
+    for body in [spot.as_str(), "{ not json", r#"{"source":"aws.s3","detail-type":"Object Created","detail":{}}"#] {
         sqs.send_message().queue_url(&url).message_body(body).send().await.expect("send");
     }
     // The first handler fails: the spot message stays on the queue and comes back.
     let failing = |_: interruption::Interruption| async { Err::<(), String>("no replacement yet".into()) };
     let mut outcomes = Vec::new();
     while outcomes.len() < 3 {
-        outcomes.extend(interruption::receive_once(&sqs, &url, 1, failing).await.expect("receive"));
+        outcomes.extend(interruption::receive_once(&sqs, &url, 1, &trust(5), failing).await.expect("receive"));
     }
     outcomes.sort_by_key(|(_, o)| o.as_str());
-    assert_eq!(outcomes, [("spot-interruption", Outcome::Failed), ("unknown", Outcome::Ignored), ("unknown", Outcome::Malformed)]);
+    assert_eq!(outcomes, [("unknown", Outcome::Dropped(interruption::Dropped::ForeignSource)), ("spot-interruption", Outcome::Failed), ("unknown", Outcome::Malformed)]);
     // Then acted on and deleted.
     let seen: Arc<Mutex<Vec<interruption::Interruption>>> = Arc::default();
     let record = |i: interruption::Interruption| {
@@ -198,12 +209,75 @@ async fn interruption_messages_are_acted_on_then_deleted_and_bad_ones_counted() 
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while seen.lock().expect("lock").is_empty() {
         assert!(std::time::Instant::now() < deadline, "the failed message never came back");
-        interruption::receive_once(&sqs, &url, 1, record).await.expect("receive");
+        interruption::receive_once(&sqs, &url, 1, &trust(5), record).await.expect("receive");
     }
     assert_eq!(seen.lock().expect("lock")[0], interruption::Interruption { kind: Kind::SpotInterruption, instance_ids: vec!["i-0123".into()] });
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let left = sqs.receive_message().queue_url(&url).wait_time_seconds(1).send().await.expect("receive");
-    assert!(left.messages().is_empty(), "handled, ignored and malformed messages are deleted");
+    assert!(left.messages().is_empty(), "handled, dropped and malformed messages are deleted");
+}
+
+/// What the provider's interruption loop hands the provisioner, recorded.
+#[derive(Default)]
+struct Recorder {
+    notices: Mutex<Vec<String>>,
+    dropped: Mutex<Vec<String>>,
+    counted: Mutex<Vec<(String, String)>>,
+}
+
+#[async_trait::async_trait]
+impl archer::provisioner::cloud::InterruptionHandler for Recorder {
+    async fn interrupted(&self, notice: archer::provisioner::cloud::Interruption) -> Result<(), String> {
+        let poison = notice.instance_ids.iter().any(|i| i == "i-poison");
+        self.notices.lock().expect("lock").extend(notice.instance_ids);
+        if poison {
+            return Err("the node cannot be taken out".into());
+        }
+        Ok(())
+    }
+    fn count(&self, kind: &str, outcome: &str) {
+        self.counted.lock().expect("lock").push((kind.into(), outcome.into()));
+    }
+    fn dropped(&self, reason: &str) {
+        self.dropped.lock().expect("lock").push(reason.into());
+    }
+}
+
+/// The provider's interruption loop (the account from STS, moto's) acts only on EC2 and Health
+/// events of its own account: an event of another source or account, whatever instance it names,
+/// is deleted and counted without reaching the provisioner; a message whose handling keeps
+/// failing is deleted on its `interruptionMaxReceives`-th receive, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interruption_messages_of_another_source_or_account_and_poison_ones_are_dropped_and_counted() {
+    let moto = Moto::start().await;
+    let sqs = aws_sdk_sqs::Client::new(&moto.sdk().await);
+    let url = sqs.create_queue().queue_name("archer-interruption").attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, "1").send().await.expect("queue").queue_url().map(String::from).expect("url");
+    for body in [spot_event("aws.s3", ACCOUNT, "i-foreign-source"), spot_event("tenant.forged", ACCOUNT, "i-forged-source"), spot_event("aws.ec2", "999999999999", "i-foreign-account"), spot_event("aws.ec2", ACCOUNT, "i-poison"), spot_event("aws.ec2", ACCOUNT, "i-ours")] {
+        sqs.send_message().queue_url(&url).message_body(body).send().await.expect("send");
+    }
+    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    let settings = archer::config::AwsConfig { interruption_queue: Some("archer-interruption".into()), interruption_max_receives: 3, ..moto.settings() };
+    let aws = Aws::new(&moto.sdk().await, catalog, settings).await.expect("provider");
+    let recorder = Arc::new(Recorder::default());
+    let reader = tokio::spawn(aws.interruptions(recorder.clone()).expect("an interruption loop"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while recorder.dropped.lock().expect("lock").len() < 4 {
+        assert!(std::time::Instant::now() < deadline, "dropped so far: {:?}; notices: {:?}", recorder.dropped.lock().expect("lock"), recorder.notices.lock().expect("lock"));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    reader.abort();
+    let mut dropped = recorder.dropped.lock().expect("lock").clone();
+    dropped.sort();
+    assert_eq!(dropped, ["foreign_account", "foreign_source", "foreign_source", "max_receives"]);
+    let notices = recorder.notices.lock().expect("lock").clone();
+    assert!(notices.iter().all(|i| i == "i-poison" || i == "i-ours"), "no untrusted message reached the provisioner: {notices:?}");
+    assert_eq!(notices.iter().filter(|i| *i == "i-poison").count(), 3, "the poison message was tried interruptionMaxReceives times, then dropped: {notices:?}");
+    assert_eq!(notices.iter().filter(|i| *i == "i-ours").count(), 1);
+    let counted = recorder.counted.lock().expect("lock").clone();
+    assert_eq!(counted.iter().filter(|(_, o)| o == "dropped").count(), 4, "{counted:?}");
+    let left = sqs.receive_message().queue_url(&url).wait_time_seconds(1).send().await.expect("receive");
+    assert!(left.messages().is_empty(), "every message deleted: {:?}", left.messages());
 }
 
 /// A proxy in front of moto that answers every CreateFleet with EC2's insufficient-capacity
@@ -365,4 +439,92 @@ async fn a_role_gets_an_instance_profile_holding_exactly_that_role() {
     assert_ne!(other.resolved.instance_profile.as_deref(), Some(name.as_str()));
     let missing = aws.use_class(&node_class(serde_json::json!({"role": "NoSuchRole"}))).await;
     assert!(missing.resolved.problems.iter().any(|p| p.contains("no instance profile for role NoSuchRole")), "{:?}", missing.resolved.problems);
+}
+
+/// A claim's deletion terminates only an instance tagged for the cluster and the claim: the
+/// provider id in a claim's status (which whoever can write NodeClaims can set) cannot make
+/// Archer terminate an instance it did not launch for that claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_claim_terminates_only_an_instance_tagged_for_it() {
+    let moto = Moto::start().await;
+    let subnets = moto.network().await;
+    let ec2 = aws_sdk_ec2::Client::new(&moto.sdk().await);
+    let run = |tags: Vec<(&'static str, &'static str)>| {
+        let (ec2, subnet) = (ec2.clone(), subnets[0].1.clone());
+        async move {
+            let mut r = ec2.run_instances().image_id(AMD_AMI).instance_type(aws_sdk_ec2::types::InstanceType::M6iLarge).min_count(1).max_count(1).subnet_id(subnet);
+            if !tags.is_empty() {
+                let mut spec = aws_sdk_ec2::types::TagSpecification::builder().resource_type(aws_sdk_ec2::types::ResourceType::Instance);
+                for (k, v) in tags {
+                    spec = spec.tags(aws_sdk_ec2::types::Tag::builder().key(k).value(v).build());
+                }
+                r = r.tag_specifications(spec.build());
+            }
+            r.send().await.expect("run").instances()[0].instance_id().expect("id").to_string()
+        }
+    };
+    let stranger = run(vec![]).await;
+    let other_claims = run(vec![("archer.dev/cluster", CLUSTER), ("archer.dev/nodeclaim", "general-other")]).await;
+    let aws = provider(&moto).await;
+    let state = |id: String| {
+        let ec2 = ec2.clone();
+        async move { ec2.describe_instances().instance_ids(id).send().await.expect("describe").reservations()[0].instances()[0].state().and_then(|s| s.name()).map(|n| n.as_str().to_string()) }
+    };
+    for id in [&stranger, &other_claims] {
+        let mut c = claim("general-forged", "m6i.large", "amd64", "us-east-1a", "on-demand");
+        c.status = Some(archer::provisioner::nodeclaim::NodeClaimStatus { provider_id: Some(format!("aws:///us-east-1a/{id}")), ..Default::default() });
+        aws.delete(&c).await.expect("nothing of the claim's to terminate");
+        assert_eq!(state(id.clone()).await.as_deref(), Some("running"), "{id} is not the claim's: left running");
+    }
+    // The claim's own instance (tagged at launch) is terminated, found by its tags.
+    let own = run(vec![("archer.dev/cluster", CLUSTER), ("archer.dev/nodeclaim", "general-forged")]).await;
+    let mut c = claim("general-forged", "m6i.large", "amd64", "us-east-1a", "on-demand");
+    c.status = Some(archer::provisioner::nodeclaim::NodeClaimStatus { provider_id: Some(format!("aws:///us-east-1a/{stranger}")), ..Default::default() });
+    aws.delete(&c).await.expect("terminate");
+    assert_eq!(state(own).await.as_deref(), Some("terminated"));
+    assert_eq!(state(stranger).await.as_deref(), Some("running"));
+}
+
+/// An instance profile of the name Archer would use, not tagged as Archer's, keeps its roles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_profile_archer_did_not_make_keeps_its_roles() {
+    let moto = Moto::start().await;
+    moto.network().await;
+    let iam = aws_sdk_iam::Client::new(&moto.sdk().await);
+    let name = archer::provisioner::cloud::aws::profile::profile_name(CLUSTER, "NodeRole-2");
+    iam.create_instance_profile().instance_profile_name(&name).send().await.expect("profile");
+    iam.add_role_to_instance_profile().instance_profile_name(&name).role_name("KarpenterNodeRole-test").send().await.expect("role");
+    let aws = provider(&moto).await;
+    let class = aws.use_class(&node_class(serde_json::json!({"role": "NodeRole-2"}))).await;
+    assert!(class.resolved.problems.iter().any(|p| p.contains(&name) && p.contains("not Archer's")), "{:?}", class.resolved.problems);
+    let roles: Vec<String> = iam.get_instance_profile().instance_profile_name(&name).send().await.expect("profile").instance_profile().map(|p| p.roles().iter().map(|r| r.role_name().to_string()).collect()).unwrap_or_default();
+    assert_eq!(roles, ["KarpenterNodeRole-test"], "its role is not removed");
+}
+
+/// Signed requests carry the session token: a plain-http endpoint that is not loopback is
+/// refused before any request (moto on 127.0.0.1, as every test here uses, is accepted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_http_aws_endpoint_off_loopback_is_refused() {
+    test_credentials();
+    let settings = archer::config::AwsConfig { cluster_name: CLUSTER.into(), region: Some(REGION.into()), endpoint: Some("http://ec2.example.com".into()), ..Default::default() };
+    let sdk = archer::provisioner::cloud::aws::sdk_config(&settings).await;
+    let err = Aws::new(&sdk, Arc::new(Catalog::embedded().expect("catalog")), settings.clone()).await.err().expect("refused");
+    assert!(err.to_string().contains("http://ec2.example.com") && err.to_string().contains("clear text"), "{err}");
+    assert!(settings.validate().is_err_and(|e| e.contains("provisioner.aws.endpoint")));
+}
+
+/// A label that would be another kubelet flag in the user data is refused at launch, before
+/// anything is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_label_with_a_newline_is_refused_before_launch() {
+    let moto = Moto::start().await;
+    moto.network().await;
+    let aws = provider(&moto).await;
+    aws.use_class(&node_class(serde_json::json!({}))).await;
+    let mut c = claim("general-inject", "m6g.large", "arm64", "us-east-1a", "on-demand");
+    c.spec.labels.insert("team".into(), "a\n--node-ip=6.6.6.6".into());
+    let err = aws.create(&c).await.expect_err("refused");
+    assert!(err.to_string().contains("label team") && err.to_string().contains("not a label value"), "{err}");
+    assert!(moto.instances("running").await.is_empty());
+    assert!(aws.ec2().describe_launch_templates().send().await.expect("templates").launch_templates().is_empty(), "no template written");
 }

@@ -92,6 +92,9 @@ async fn an_arm64_spot_claim_becomes_a_nic_and_a_vm_that_the_schemas_accept() {
     let kubelet = config["write_files"][0]["content"].as_str().unwrap();
     assert!(kubelet.contains("aks-karpenter=demo") && kubelet.contains("kubernetes.io/arch=arm64"), "{kubelet}");
     assert!(kubelet.contains("--register-with-taints=dedicated=demo:NoSchedule") && kubelet.contains("--max-pods=110") && kubelet.contains("--cpu-manager-policy=static"), "{kubelet}");
+    let lines: Vec<&str> = kubelet.lines().collect();
+    assert_eq!(lines.len(), 2, "{kubelet}");
+    assert!(lines[0].starts_with("KUBELET_NODE_LABELS=\"") && lines[0].ends_with('"') && lines[1].starts_with("KUBELET_FLAGS=\"--max-pods=110 ") && lines[1].ends_with('"'), "values quoted: {kubelet}");
     assert_eq!(*arm.state.tokens_issued.lock().unwrap(), 1, "one token exchange, kept for every request");
 }
 
@@ -265,4 +268,138 @@ async fn the_server_refuses_what_the_schemas_refuse() {
     }
     assert_eq!(put(json!({"location": "eastus"}), "2024-07-01").await.unwrap().status(), 400, "the SDK's api-version only");
     assert_eq!(arm.violations().len(), 6);
+}
+
+/// The custom data of a claim, if the provider launched one: `None` when nothing was made.
+fn launched_custom_data(arm: &ArmServer, vm: &str) -> Option<String> {
+    arm.state.custom_data.lock().unwrap().get(vm).map(|b64| String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).expect("base64")).expect("utf8"))
+}
+
+/// A NodePool label with a newline and `--` is refused in Azure custom data: the labels,
+/// taints and kubelet settings become `/etc/default/kubelet`, where a newline is another
+/// variable and a space another kubelet flag. Refused at launch (a clear error, nothing made in
+/// Azure), whatever the CRD let through; what passes is written quoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodepool_label_with_a_newline_and_dashes_is_refused_in_azure_custom_data() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    let mut c = claim("general-inject", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand");
+    c.spec.labels.insert("team".into(), "a\n--kubeconfig=/tmp/evil".into());
+    let made = azure.create(&c).await;
+    let boot = launched_custom_data(&arm, "aks-general-inject");
+    assert!(boot.as_deref().is_none_or(|b| !b.contains("\\n--kubeconfig")), "the label became another line of /etc/default/kubelet: {boot:?}");
+    let e = made.expect_err("refused");
+    assert!(e.to_string().contains("label team: value") && e.to_string().contains("not a label value"), "{e}");
+    assert!(arm.received("NetworkInterfaces_CreateOrUpdate").is_empty() && arm.received("VirtualMachines_CreateOrUpdate").is_empty(), "nothing made in Azure");
+
+    // A label key, a taint, or a kubelet setting of the class: refused alike.
+    let mut c = claim("general-key", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand");
+    c.spec.labels.insert("team --register-node=false".into(), "a".into());
+    assert!(azure.create(&c).await.expect_err("refused").to_string().contains("label key"));
+    let mut c = claim("general-taint", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand");
+    c.spec.taints[0].effect = "NoSchedule --anonymous-auth=true".into();
+    assert!(azure.create(&c).await.expect_err("refused").to_string().contains("effect"));
+    let mut evil = spec();
+    evil.kubelet.as_mut().unwrap().cpu_manager_policy = Some("static\nKUBELET_FLAGS=--anonymous-auth=true".into());
+    azure.use_class("default", &evil).await;
+    let e = azure.create(&claim("general-kubelet", "Standard_D2pls_v6", "arm64", "eastus-1", "on-demand")).await.expect_err("refused");
+    assert!(e.to_string().contains("kubelet.cpuManagerPolicy"), "{e}");
+    assert!(arm.state.vms.lock().unwrap().is_empty() && arm.state.nics.lock().unwrap().is_empty());
+    assert_eq!(arm.violations(), Vec::<String>::new());
+}
+
+/// The CRDs refuse the same: a NodePool (or NodeClaim) whose label value or taint could carry a
+/// kubelet flag does not validate against the generated schema (checked here with a JSON Schema
+/// validator; label keys are held by a CEL rule, which only the API server runs: its text is
+/// checked).
+#[test]
+fn the_crds_refuse_labels_and_taints_that_are_not_kubernetes_syntax() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (file, wrap) in [("nodepool.yaml", true), ("nodeclaim.yaml", false)] {
+        for dir in ["deploy/crds", "deploy/helm/archer/crds"] {
+            let crd: Value = archer::yaml::from_str(&std::fs::read_to_string(root.join(dir).join(file)).unwrap()).unwrap();
+            let schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
+            let validator = jsonschema::validator_for(&schema).expect("the CRD's schema compiles");
+            let object = |labels: Value, taints: Value| {
+                let spec = if wrap {
+                    json!({"template": {"metadata": {"labels": labels}, "spec": {"taints": taints}}})
+                } else {
+                    json!({"nodePool": "general", "instanceType": "m6g.large", "zone": "us-east-1a", "capacityType": "spot", "arch": "arm64", "os": "linux", "pricePerHour": 0.03, "labels": labels, "taints": taints})
+                };
+                json!({"apiVersion": "archer.dev/v1alpha1", "kind": crd["spec"]["names"]["kind"], "metadata": {"name": "x"}, "spec": spec})
+            };
+            let good_taint = json!([{"key": "dedicated", "value": "demo", "effect": "NoSchedule"}]);
+            assert!(validator.is_valid(&object(json!({"team": "a", "karpenter.sh/capacity-type": "spot"}), good_taint.clone())), "{dir}/{file}: a pool of valid labels and taints");
+            for (labels, taints, what) in [
+                (json!({"team": "a\n--kubeconfig=/tmp/evil"}), good_taint.clone(), "a label value with a newline and --"),
+                (json!({"team": "a --register-node=false"}), good_taint.clone(), "a label value with a space"),
+                (json!({"team": "x".repeat(64)}), good_taint.clone(), "a label value over 63 characters"),
+                (json!({}), json!([{"key": "dedicated\n--x", "value": "demo", "effect": "NoSchedule"}]), "a taint key with a newline"),
+                (json!({}), json!([{"key": "dedicated", "value": "a,b=c:NoExecute", "effect": "NoSchedule"}]), "a taint value with separators"),
+                (json!({}), json!([{"key": "dedicated", "value": "demo", "effect": "NoSchedule --x"}]), "a taint effect that is not one"),
+            ] {
+                assert!(!validator.is_valid(&object(labels, taints)), "{dir}/{file} lets through {what}");
+            }
+            let labels = if wrap { &schema["properties"]["spec"]["properties"]["template"]["properties"]["metadata"]["properties"]["labels"] } else { &schema["properties"]["spec"]["properties"]["labels"] };
+            let rule = labels["x-kubernetes-validations"][0]["rule"].as_str().unwrap_or_default();
+            assert!(rule.starts_with("self.all(k, ") && rule.contains("k.matches("), "{dir}/{file}: label keys held by a CEL rule: {labels}");
+        }
+    }
+    // The value pattern (run by the schema validator's regex engine) and the code agree.
+    let crd: Value = archer::yaml::from_str(&std::fs::read_to_string(root.join("deploy/crds/nodeclaim.yaml")).unwrap()).unwrap();
+    let taint = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["taints"]["items"].clone();
+    let validator = jsonschema::validator_for(&taint).expect("compiles");
+    for s in ["team", "karpenter.sh/capacity-type", "a/b/c", "Example.com/x", "-a", "a-", "a b", "a\n--b", "x.y-z.example.com/Name_1", "m6g.large", ""] {
+        let as_key = validator.is_valid(&json!({"key": s, "value": "v", "effect": "NoSchedule"}));
+        let as_value = validator.is_valid(&json!({"key": "k", "value": s, "effect": "NoSchedule"}));
+        assert_eq!(as_key, archer_api::validation::qualified_name(s).is_ok(), "key {s:?}");
+        assert_eq!(as_value, archer_api::validation::label_value(s).is_ok(), "value {s:?}");
+    }
+}
+
+/// A failed launch's clean-up deletes what carries Archer's tags for the claim, and nothing
+/// else: a VM of the claim's name that is not Archer's is kept, and a NIC of that name that is
+/// not Archer's is neither taken over nor deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_launch_cleans_up_only_what_carries_archers_tags() {
+    let arm = ArmServer::start().await;
+    let azure = provider(&arm).await;
+    // Someone else's VM, of the name the claim's would have; the size is not available.
+    arm.plant_vm("aks-general-clash", "");
+    arm.state.vms.lock().unwrap().get_mut("aks-general-clash").unwrap()["tags"] = json!({"owner": "someone-else"});
+    arm.state.faults.lock().unwrap().sku_not_available.insert(("Standard_D2pls_v6".into(), "1".into()));
+    let e = azure.create(&claim("general-clash", "Standard_D2pls_v6", "arm64", "eastus-1", "spot")).await.expect_err("not available");
+    assert!(matches!(&e, CloudError::InsufficientCapacity { .. }), "{e}");
+    assert_eq!(arm.state.vms.lock().unwrap().get("aks-general-clash").map(|v| v["tags"]["owner"].clone()), Some(json!("someone-else")), "someone else's VM is not deleted by the clean-up");
+    assert!(!arm.state.nics.lock().unwrap().contains_key("aks-general-clash"), "the NIC Archer made for the launch is");
+    // Someone else's NIC of the claim's name: the launch is refused, the NIC untouched.
+    let foreign = json!({"id": format!("/subscriptions/{SUBSCRIPTION}/resourceGroups/{RESOURCE_GROUP}/providers/Microsoft.Network/networkInterfaces/aks-general-nic"), "name": "aks-general-nic", "location": LOCATION, "tags": {"owner": "someone-else"}});
+    arm.state.nics.lock().unwrap().insert("aks-general-nic".into(), foreign.clone());
+    let e = azure.create(&claim("general-nic", "Standard_D4pls_v6", "arm64", "eastus-2", "on-demand")).await.expect_err("refused");
+    assert!(e.to_string().contains("aks-general-nic") && e.to_string().contains("not Archer's"), "{e}");
+    assert_eq!(arm.state.nics.lock().unwrap().get("aks-general-nic"), Some(&foreign), "not taken over, not deleted");
+    assert!(arm.received("NetworkInterfaces_CreateOrUpdate").iter().all(|r| !r.path.ends_with("/aks-general-nic")));
+    azure.delete(&claim("general-nic", "Standard_D4pls_v6", "arm64", "eastus-2", "on-demand")).await.expect("nothing of the claim's");
+    assert_eq!(arm.state.nics.lock().unwrap().get("aks-general-nic"), Some(&foreign));
+    assert_eq!(arm.violations(), Vec::<String>::new());
+}
+
+/// Bearer and federated tokens go over https only: a plain-http endpoint or authority that is
+/// not loopback is refused when the provider is made (this server, on 127.0.0.1, is accepted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_http_endpoint_or_authority_off_loopback_is_refused() {
+    let arm = ArmServer::start().await;
+    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    assert!(Azure::new(arm.settings(), catalog.clone(), kube()).is_ok(), "http to loopback: accepted");
+    let localhost = archer_cloud::settings::AzureConfig { endpoint: arm.endpoint.replace("127.0.0.1", "localhost"), ..arm.settings() };
+    assert!(Azure::new(localhost, catalog.clone(), kube()).is_ok(), "localhost: accepted");
+    for (settings, says) in [
+        (archer_cloud::settings::AzureConfig { endpoint: "http://management.example.com".into(), ..arm.settings() }, "provisioner.azure.endpoint"),
+        (archer_cloud::settings::AzureConfig { authority_host: Some("http://login.example.com/".into()), ..arm.settings() }, "authorityHost"),
+    ] {
+        let e = Azure::new(settings.clone(), catalog.clone(), kube()).err().expect("refused");
+        assert!(e.to_string().contains(says) && e.to_string().contains("clear text"), "{e}");
+        assert!(settings.validate().is_err_and(|v| v.contains(says) && v.contains("https")), "{:?}", settings.validate());
+    }
+    assert_eq!(*arm.state.tokens_issued.lock().unwrap(), 0, "no token was asked for");
 }

@@ -419,4 +419,8 @@ impl InterruptionHandler for Interruptions {
     fn count(&self, kind: &str, outcome: &str) {
         self.0.ctx.metrics.interruption_messages.get_or_create(&labels2("kind", kind, "outcome", outcome)).inc();
     }
+
+    fn dropped(&self, reason: &str) {
+        self.0.ctx.metrics.interruption_messages_dropped.get_or_create(&label("reason", reason)).inc();
+    }
 }

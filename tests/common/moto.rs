@@ -12,6 +12,8 @@ pub const REGION: &str = "us-east-1";
 pub const ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 pub const DISCOVERY_TAG: &str = "karpenter.sh/discovery";
 pub const CLUSTER: &str = "archer-test";
+/// The account moto answers as (its default; STS `GetCallerIdentity` names it).
+pub const ACCOUNT: &str = "123456789012";
 /// The arm64 images, oldest first (the newest must win).
 pub const ARM_AMIS: [&str; 2] = ["ami-0a1a2023a0000001", "ami-0a1a2023a0000002"];
 pub const AMD_AMI: &str = "ami-0a1a2023b0000001";

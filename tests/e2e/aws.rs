@@ -247,7 +247,7 @@ async fn aws_spot_interruption_drains_and_replaces_with_no_pod_lost() {
     let instance = pid.rsplit('/').next().expect("id").to_string();
     let sqs = aws_sdk_sqs::Client::new(&moto.sdk().await);
     let url = sqs.get_queue_url().queue_name(QUEUE).send().await.expect("url").queue_url().map(String::from).expect("url");
-    let message = json!({"version": "0", "id": "e2e-1", "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2", "region": "us-east-1",
+    let message = json!({"version": "0", "id": "e2e-1", "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2", "account": "123456789012", "region": "us-east-1",
         "resources": [format!("arn:aws:ec2:us-east-1:123456789012:instance/{instance}")], "detail": {"instance-id": instance, "instance-action": "terminate"}});
     sqs.send_message().queue_url(&url).message_body(message.to_string()).send().await.expect("send");
     sqs.send_message().queue_url(&url).message_body("{ not an event").send().await.expect("send");

@@ -95,7 +95,8 @@ fn kubelet_node(name: &str, vm: &Value, custom_data_b64: &str) -> Node {
     let boot = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(custom_data_b64).expect("base64")).expect("utf8");
     let config: Value = serde_json::from_str(boot.strip_prefix("#cloud-config\n").expect("a cloud-config")).expect("JSON cloud-config");
     let kubelet = config["write_files"][0]["content"].as_str().expect("/etc/default/kubelet").to_string();
-    let var = |key: &str| kubelet.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or_default().to_string();
+    // Values are double-quoted (an environment file systemd and a shell read alike).
+    let var = |key: &str| kubelet.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or_default().trim_matches('"').to_string();
     let mut labels: BTreeMap<String, String> = var("KUBELET_NODE_LABELS").split(',').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
     labels.insert("kubernetes.io/hostname".into(), name.into());
     labels.insert("type".into(), "kwok".into());

@@ -5,3 +5,4 @@
 pub mod conditions;
 pub mod nodeclaim;
 pub mod nodepool;
+pub mod validation;

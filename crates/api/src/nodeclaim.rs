@@ -37,6 +37,7 @@ pub struct NodeClaimSpec {
     pub os: String,
     /// Every label the node carries (pool template labels and the well-known ones).
     #[serde(default)]
+    #[schemars(schema_with = "crate::validation::labels_schema")]
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub taints: Vec<TaintDoc>,

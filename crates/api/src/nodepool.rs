@@ -107,6 +107,7 @@ pub struct Template {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct TemplateMeta {
     #[serde(default)]
+    #[schemars(schema_with = "crate::validation::labels_schema")]
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
@@ -133,9 +134,12 @@ pub struct TemplateSpec {
 // here would become a description in the generated CRDs.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct TaintDoc {
+    #[schemars(length(max = 317), regex(pattern = crate::validation::QUALIFIED_NAME_PATTERN))]
     pub key: String,
     #[serde(default)]
+    #[schemars(length(max = 63), regex(pattern = crate::validation::LABEL_VALUE_PATTERN))]
     pub value: Option<String>,
+    #[schemars(extend("enum" = ["NoSchedule", "PreferNoSchedule", "NoExecute"]))]
     pub effect: String,
 }
 
@@ -150,9 +154,11 @@ impl TaintDoc {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RequirementDoc {
+    #[schemars(length(max = 317), regex(pattern = crate::validation::QUALIFIED_NAME_PATTERN))]
     pub key: String,
     pub operator: String,
     #[serde(default)]
+    #[schemars(inner(length(max = 63), regex(pattern = crate::validation::LABEL_VALUE_PATTERN)))]
     pub values: Vec<String>,
     #[serde(default)]
     pub min_values: Option<u32>,

@@ -75,24 +75,25 @@ pub async fn list(ec2: &Client, cluster: &str) -> Result<Vec<Instance>, CloudErr
     Ok(out)
 }
 
-/// Terminate the claim's instance (by its recorded provider id, else by its tags); one already
-/// gone is not an error.
+/// Terminate the claim's instances: the live ones tagged for this cluster and this claim, and
+/// nothing else. The provider id recorded in the claim's status is not trusted alone (whoever can
+/// write a NodeClaim's status could name any instance of the account): an instance it names
+/// without Archer's tags for the claim is left running, with a warning. One already gone is not
+/// an error.
 pub async fn terminate_claim(ec2: &Client, cluster: &str, claim: &NodeClaim) -> Result<(), CloudError> {
     let recorded = claim.status.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(instance_id).map(String::from);
-    let ids: Vec<String> = match recorded {
-        Some(id) => vec![id],
-        None => {
-            let resp = ec2
-                .describe_instances()
-                .filters(cluster_filter(cluster))
-                .filters(Filter::builder().name(format!("tag:{NODECLAIM_TAG}")).values(claim.name()).build())
-                .filters(live_filter())
-                .send()
-                .await
-                .map_err(|e| api_error(sdk_error(e)))?;
-            resp.reservations().iter().flat_map(|r| r.instances()).filter_map(|i| i.instance_id().map(String::from)).collect()
-        }
-    };
+    let resp = ec2
+        .describe_instances()
+        .filters(cluster_filter(cluster))
+        .filters(Filter::builder().name(format!("tag:{NODECLAIM_TAG}")).values(claim.name()).build())
+        .filters(live_filter())
+        .send()
+        .await
+        .map_err(|e| api_error(sdk_error(e)))?;
+    let ids: Vec<String> = resp.reservations().iter().flat_map(|r| r.instances()).filter_map(|i| i.instance_id().map(String::from)).collect();
+    if let Some(id) = recorded.filter(|id| !ids.contains(id)) {
+        tracing::warn!(claim = %claim.name(), instance = %id, "the claim's recorded instance is not live with Archer's tags for the claim: not terminated");
+    }
     terminate(ec2, &ids).await
 }
 

@@ -93,10 +93,20 @@ pub async fn sdk_config(settings: &AwsConfig) -> aws_config::SdkConfig {
     loader.load().await
 }
 
+/// Whether the SDK's endpoint (the settings' or `AWS_ENDPOINT_URL`) may receive signed requests,
+/// which carry the session token: `https`, or loopback (moto in tests).
+fn check_endpoint(sdk: &aws_config::SdkConfig) -> Result<(), CloudError> {
+    match sdk.endpoint_url() {
+        Some(e) => archer_cloud::settings::token_endpoint("the AWS endpoint (provisioner.aws.endpoint, AWS_ENDPOINT_URL)", e).map_err(api_error),
+        None => Ok(()),
+    }
+}
+
 /// The offerings EC2 has in the settings' region, read once (`archer prices --cloud-provider
 /// aws`): the catalog's types it offers there, with its current spot prices. Also the region.
 pub async fn read_book(settings: &AwsConfig, catalog: Arc<Catalog>) -> Result<(Book, String), CloudError> {
     let sdk = sdk_config(settings).await;
+    check_endpoint(&sdk)?;
     let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| api_error("no AWS region: pass --region or set AWS_REGION"))?;
     let ec2 = aws_sdk_ec2::Client::new(&sdk);
     let book = Book::new(catalog, region.clone(), Duration::from_secs(1));
@@ -112,6 +122,8 @@ pub struct Aws {
     ec2: aws_sdk_ec2::Client,
     sqs: aws_sdk_sqs::Client,
     iam: aws_sdk_iam::Client,
+    /// Archer's own account, which interruption events must come from.
+    sts: aws_sdk_sts::Client,
     settings: AwsConfig,
     region: String,
     book: Book,
@@ -127,12 +139,14 @@ impl Aws {
     /// Read EC2's instance types, zones and spot prices: the provider can plan when this returns,
     /// and launch for a node class once [`Aws::refresh_classes`] or [`Aws::use_class`] has it.
     pub async fn new(sdk: &aws_config::SdkConfig, catalog: Arc<Catalog>, settings: AwsConfig) -> Result<Aws, CloudError> {
+        check_endpoint(sdk)?;
         let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| api_error("no AWS region: set provisioner.aws.region or AWS_REGION"))?;
         let ec2 = aws_sdk_ec2::Client::new(sdk);
         let sqs = aws_sdk_sqs::Client::new(sdk);
         let iam = aws_sdk_iam::Client::new(sdk);
+        let sts = aws_sdk_sts::Client::new(sdk);
         let book = Book::new(catalog, region.clone(), Duration::from_secs(settings.insufficient_capacity_ttl_seconds));
-        let aws = Aws { ec2, sqs, iam, settings, region, book, classes: NodeClasses::default(), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
+        let aws = Aws { ec2, sqs, iam, sts, settings, region, book, classes: NodeClasses::default(), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
         aws.book.refresh_types(&aws.ec2).await?;
         aws.book.refresh_spot(&aws.ec2).await?;
         Ok(aws)
@@ -294,6 +308,6 @@ impl CloudProvider for Aws {
 
     fn interruptions(&self, handler: Arc<dyn archer_cloud::InterruptionHandler>) -> Option<futures::future::BoxFuture<'static, ()>> {
         let queue = self.settings.interruption_queue.clone()?;
-        Some(Box::pin(interruption::run(self.sqs.clone(), queue, handler)))
+        Some(Box::pin(interruption::run(self.sqs.clone(), self.sts.clone(), queue, self.settings.interruption_max_receives, handler)))
     }
 }

@@ -1,6 +1,7 @@
 //! The instance profile of a node class given by `role` (as Karpenter does): one profile per
 //! cluster and role, named `archer_<cluster>_<hash of the role>`, created with the cluster's tag
-//! and holding exactly that role.
+//! and holding exactly that role. A profile of that name without the tag is not Archer's: its
+//! roles are never removed.
 
 use sha2::{Digest, Sha256};
 
@@ -26,6 +27,10 @@ pub async fn ensure(iam: &aws_sdk_iam::Client, cluster: &str, class: &str, role:
         Err(e) => return Err(iam_error(e)),
     };
     let roles: Vec<String> = match found {
+        // Its roles are removed below when they are not `role`: only from a profile Archer made.
+        Some(p) if !p.tags().iter().any(|t| t.key() == CLUSTER_TAG && t.value() == cluster) => {
+            return Err(format!("instance profile {name} exists without Archer's tag {CLUSTER_TAG}={cluster}: not Archer's, left alone (name one in instanceProfile instead)"));
+        }
         Some(p) => p.roles().iter().map(|r| r.role_name().to_string()).collect(),
         None => {
             let tags = [aws_sdk_iam::types::Tag::builder().key(CLUSTER_TAG).value(cluster).build(), aws_sdk_iam::types::Tag::builder().key(NODECLASS_TAG).value(class).build()];

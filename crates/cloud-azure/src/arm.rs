@@ -4,7 +4,8 @@
 //! `azure_mgmt_compute` unmaintained), and `azure_core` alone would bring a second HTTP pipeline
 //! and TLS stack for seven requests. What ARM's protocol asks of a client is here:
 //!
-//! - a bearer token ([`crate::auth`]) on every request, sent only to the configured endpoint;
+//! - a bearer token ([`crate::auth`]) on every request, sent only to the configured endpoint,
+//!   which must be `https` (or loopback);
 //! - `api-version` on every request; pages followed through `nextLink` (same origin only);
 //! - long-running operations polled through `Azure-AsyncOperation` (else `Location`) until
 //!   `Succeeded`, `Failed` or `Canceled`, at the `Retry-After` it asks for;
@@ -80,6 +81,8 @@ pub struct Arm {
 
 impl Arm {
     pub fn new(http: reqwest::Client, endpoint: &str, credential: Credential) -> Result<Self, ArmError> {
+        // The bearer token goes with every request: https (or loopback) only.
+        archer_cloud::settings::token_endpoint("provisioner.azure.endpoint", endpoint).map_err(ArmError::Auth)?;
         let endpoint = reqwest::Url::parse(endpoint).map_err(|e| ArmError::Decode(format!("endpoint {endpoint:?}: {e}")))?;
         Ok(Arm { http, endpoint, credential })
     }

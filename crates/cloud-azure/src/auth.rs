@@ -46,6 +46,8 @@ impl Credential {
         let tenant = settings.tenant_id.clone().or_else(|| env("AZURE_TENANT_ID")).ok_or_else(|| missing("tenantId", "AZURE_TENANT_ID"))?;
         let client_id = settings.client_id.clone().or_else(|| env("AZURE_CLIENT_ID")).ok_or_else(|| missing("clientId", "AZURE_CLIENT_ID"))?;
         let token_file = settings.federated_token_file.clone().or_else(|| env("AZURE_FEDERATED_TOKEN_FILE")).ok_or_else(|| missing("federatedTokenFile", "AZURE_FEDERATED_TOKEN_FILE"))?;
+        // The federated token goes there: https (or loopback) only, whichever source named it.
+        archer_cloud::settings::token_endpoint("the token authority (provisioner.azure.authorityHost, AZURE_AUTHORITY_HOST)", &authority).map_err(ArmError::Auth)?;
         let base = if authority.ends_with('/') { authority } else { format!("{authority}/") };
         let token_url = reqwest::Url::parse(&base).and_then(|u| u.join(&format!("{tenant}/oauth2/v2.0/token"))).map_err(|e| ArmError::Auth(format!("authority {base:?}: {e}")))?;
         Ok(Credential { http, token_url, client_id, token_file: token_file.into(), cached: Mutex::new(None) })

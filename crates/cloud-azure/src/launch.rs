@@ -86,6 +86,8 @@ pub struct VmShape<'a> {
     pub image_id: &'a str,
     pub nic_id: &'a str,
     pub tags: BTreeMap<String, String>,
+    /// The node's bootstrap ([`custom_data`]).
+    pub custom_data: &'a str,
 }
 
 pub fn vm_request(s: VmShape<'_>) -> VmRequest {
@@ -111,7 +113,7 @@ pub fn vm_request(s: VmShape<'_>) -> VmRequest {
             os_profile: OsProfile {
                 computer_name: s.name.to_string(),
                 admin_username: s.settings.admin_username.clone(),
-                custom_data: base64::engine::general_purpose::STANDARD.encode(custom_data(s.settings, s.spec, s.claim)),
+                custom_data: base64::engine::general_purpose::STANDARD.encode(s.custom_data),
                 linux_configuration: LinuxConfiguration {
                     disable_password_authentication: true,
                     ssh: Ssh { public_keys: vec![SshPublicKey { path: format!("/home/{}/.ssh/authorized_keys", s.settings.admin_username), key_data: s.settings.ssh_public_key.clone() }] },
@@ -142,7 +144,17 @@ struct WriteFile {
 /// The node's bootstrap, a cloud-init `#cloud-config` (JSON, which YAML reads): the kubelet's
 /// labels, taints, max pods and the node class's kubelet settings in `/etc/default/kubelet`, and
 /// with `clusterEndpoint` set a bootstrap kubeconfig (TLS bootstrap token, the cluster's CA).
-pub fn custom_data(settings: &AzureConfig, spec: &AKSNodeClassSpec, claim: &NodeClaim) -> String {
+///
+/// `/etc/default/kubelet` is a systemd environment file (and shell-sourceable): a newline or a
+/// space in a label would be another variable or another kubelet flag. So the labels, taints
+/// and kubelet settings are first held to Kubernetes' syntax (refused with why, whatever the CRD
+/// let through), then each value is written double-quoted and escaped ([`env_value`]).
+pub fn custom_data(settings: &AzureConfig, spec: &AKSNodeClassSpec, claim: &NodeClaim) -> Result<String, String> {
+    let claim_name = claim.metadata.name.as_deref().unwrap_or_default();
+    archer_api::validation::node_shape(&claim.spec.labels, claim.spec.taints.iter().chain(&claim.spec.startup_taints)).map_err(|e| format!("NodeClaim {claim_name} cannot be written into the node's bootstrap: {e}"))?;
+    if let Some(k) = &spec.kubelet {
+        k.validate().map_err(|e| format!("the AKSNodeClass's kubelet settings cannot be written into the node's bootstrap: {e}"))?;
+    }
     let labels: Vec<String> = claim.spec.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let taints: Vec<String> = claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(|t| format!("{}={}:{}", t.key, t.value.clone().unwrap_or_default(), t.effect)).collect();
     let mut flags = vec![format!("--max-pods={}", spec.max_pods.unwrap_or(250))];
@@ -152,9 +164,12 @@ pub fn custom_data(settings: &AzureConfig, spec: &AKSNodeClassSpec, claim: &Node
     if let Some(k) = &spec.kubelet {
         flags.extend(kubelet_flags(k));
     }
-    let mut write_files = vec![WriteFile { path: "/etc/default/kubelet".into(), permissions: "0644".into(), content: format!("KUBELET_NODE_LABELS={}\nKUBELET_FLAGS={}\n", labels.join(","), flags.join(" ")) }];
+    let content = format!("KUBELET_NODE_LABELS={}\nKUBELET_FLAGS={}\n", env_value(&labels.join(","))?, env_value(&flags.join(" "))?);
+    let mut write_files = vec![WriteFile { path: "/etc/default/kubelet".into(), permissions: "0644".into(), content }];
     if let (Some(endpoint), Some(token)) = (&settings.cluster_endpoint, &settings.bootstrap_token) {
         write_files.push(WriteFile { path: "/etc/kubernetes/certs/ca.crt".into(), permissions: "0644".into(), content: settings.cluster_ca_bundle.as_deref().and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok()).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default() });
+        // JSON strings are YAML's double-quoted scalars: the settings' values stay values.
+        let (endpoint, token) = (serde_json::Value::from(endpoint.as_str()), serde_json::Value::from(token.as_str()));
         write_files.push(WriteFile {
             path: "/var/lib/kubelet/bootstrap-kubeconfig".into(),
             permissions: "0600".into(),
@@ -162,7 +177,26 @@ pub fn custom_data(settings: &AzureConfig, spec: &AKSNodeClassSpec, claim: &Node
         });
     }
     let config = CloudConfig { write_files, runcmd: vec![vec!["systemctl".into(), "restart".into(), "kubelet".into()]] };
-    format!("#cloud-config\n{}\n", serde_json::to_string(&config).unwrap_or_default())
+    serde_json::to_string(&config).map(|json| format!("#cloud-config\n{json}\n")).map_err(|e| format!("the node's bootstrap: {e}"))
+}
+
+/// A value of a systemd environment file that a shell can source as well: double-quoted, with
+/// `\`, `"`, `$` and `` ` `` escaped (both read those escapes inside double quotes). Control
+/// characters have no escape both read alike: refused.
+pub fn env_value(value: &str) -> Result<String, String> {
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(format!("{value:?} holds the control character {c:?}"));
+    }
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        if matches!(c, '\\' | '"' | '$' | '`') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    Ok(out)
 }
 
 fn kubelet_flags(k: &KubeletConfiguration) -> Vec<String> {
@@ -253,6 +287,53 @@ mod tests {
         assert_eq!(f("OperationNotAllowed", "results in exceeding approved Total Regional Cores quota", false), Some(Failure::RegionalQuota { ttl: LOW_QUOTA_TTL }));
         assert_eq!(f("OperationNotAllowed", "the VM is being deleted", false), None, "not every OperationNotAllowed is a quota");
         assert_eq!(f("InvalidParameter", "", false), None);
+    }
+
+    fn claim_with(labels: serde_json::Value, taints: serde_json::Value) -> NodeClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "metadata": {"name": "general-abcde"},
+            "spec": {"nodePool": "general", "instanceType": "Standard_D2pls_v6", "zone": "eastus-1", "capacityType": "spot", "arch": "arm64", "os": "linux",
+                     "labels": labels, "taints": taints, "pricePerHour": 0.05}
+        }))
+        .expect("claim")
+    }
+
+    /// `/etc/default/kubelet` of a custom data, as cloud-init writes it.
+    fn kubelet_file(custom_data: &str) -> String {
+        let config: serde_json::Value = serde_json::from_str(custom_data.strip_prefix("#cloud-config\n").expect("cloud-config")).expect("JSON");
+        config["write_files"][0]["content"].as_str().expect("content").to_string()
+    }
+
+    /// A NodePool label with a newline and `--` never reaches `/etc/default/kubelet`: the custom
+    /// data is refused, saying which label; so are a taint or a kubelet setting that would carry a
+    /// flag. What passes is written double-quoted, one variable a line.
+    #[test]
+    fn a_nodepool_label_with_a_newline_and_dashes_is_refused_in_the_custom_data() {
+        let settings = AzureConfig::default();
+        let spec: AKSNodeClassSpec = serde_json::from_value(serde_json::json!({"maxPods": 110, "kubelet": {"cpuManagerPolicy": "static", "allowedUnsafeSysctls": ["net.*"]}})).expect("spec");
+        let taint = serde_json::json!([{"key": "dedicated", "value": "demo", "effect": "NoSchedule"}]);
+        let ok = custom_data(&settings, &spec, &claim_with(serde_json::json!({"team": "a", "kubernetes.io/arch": "arm64"}), taint.clone())).expect("custom data");
+        assert_eq!(kubelet_file(&ok), "KUBELET_NODE_LABELS=\"kubernetes.io/arch=arm64,team=a\"\nKUBELET_FLAGS=\"--max-pods=110 --register-with-taints=dedicated=demo:NoSchedule --cpu-manager-policy=static --allowed-unsafe-sysctls=net.*\"\n");
+
+        let injected = claim_with(serde_json::json!({"team": "a\n--kubeconfig=/tmp/evil"}), taint.clone());
+        let e = custom_data(&settings, &spec, &injected).expect_err("refused");
+        assert!(e.contains("NodeClaim general-abcde") && e.contains("label team: value") && e.contains("not a label value"), "{e}");
+        let e = custom_data(&settings, &spec, &claim_with(serde_json::json!({"team\n--kubeconfig": "a"}), taint.clone())).expect_err("refused");
+        assert!(e.contains("label key"), "{e}");
+        let e = custom_data(&settings, &spec, &claim_with(serde_json::json!({}), serde_json::json!([{"key": "dedicated", "value": "x --anonymous-auth=true", "effect": "NoSchedule"}]))).expect_err("refused");
+        assert!(e.contains("taint dedicated: value"), "{e}");
+        let evil: AKSNodeClassSpec = serde_json::from_value(serde_json::json!({"kubelet": {"containerLogMaxSize": "10Mi\nKUBELET_FLAGS=--anonymous-auth=true"}})).expect("spec");
+        let e = custom_data(&settings, &evil, &claim_with(serde_json::json!({}), taint)).expect_err("refused");
+        assert!(e.contains("kubelet.containerLogMaxSize"), "{e}");
+    }
+
+    #[test]
+    fn environment_file_values_are_quoted_and_escaped() {
+        assert_eq!(env_value("a=b,c=d").as_deref(), Ok("\"a=b,c=d\""));
+        assert_eq!(env_value("--x=1 --y=2").as_deref(), Ok("\"--x=1 --y=2\""));
+        assert_eq!(env_value(r#"a"b\c$d`e"#).as_deref(), Ok(r#""a\"b\\c\$d\`e""#));
+        assert!(env_value("a\n--b").is_err_and(|e| e.contains("control character")));
+        assert!(env_value("a\rb").is_err());
     }
 
     #[test]

@@ -103,11 +103,29 @@ impl Azure {
     /// The VM of a claim, if it was made.
     async fn vm_of(&self, claim: &str) -> Result<Option<Vm>, CloudError> {
         let vm: Option<Vm> = self.arm.get(&launch::vm_path(&self.settings, &launch::vm_name(claim)), COMPUTE_API).await.map_err(api_error)?;
-        Ok(vm.filter(|v| v.tags.get(launch::NODECLAIM_TAG).map(String::as_str) == Some(claim) && self.ours(v)))
+        Ok(vm.filter(|v| self.claims(&v.tags, claim)))
+    }
+
+    /// The NIC of a claim's name: `Ok(true)` when it is the claim's (Archer's tags), `Ok(false)`
+    /// when there is none; an error when one is there that Archer did not make for the claim.
+    async fn nic_of(&self, claim: &str) -> Result<bool, CloudError> {
+        let name = launch::vm_name(claim);
+        let nic: Option<Nic> = self.arm.get(&launch::nic_path(&self.settings, &name), NETWORK_API).await.map_err(api_error)?;
+        match nic {
+            None => Ok(false),
+            Some(n) if self.claims(&n.tags, claim) => Ok(true),
+            Some(_) => Err(CloudError::Api { provider: PROVIDER, message: format!("a NIC named {name} exists without Archer's tags for claim {claim} (cluster {}): not Archer's, left alone", self.settings.cluster_name) }),
+        }
     }
 
     fn ours(&self, vm: &Vm) -> bool {
         vm.tags.get(launch::CLUSTER_TAG) == Some(&self.settings.cluster_name)
+    }
+
+    /// Whether a resource's tags say Archer made it, for this cluster, for `claim`: the check
+    /// before every delete (a resource of the same name without them is someone else's).
+    fn claims(&self, tags: &BTreeMap<String, String>, claim: &str) -> bool {
+        tags.get(launch::NODECLAIM_TAG).map(String::as_str) == Some(claim) && tags.get(launch::CLUSTER_TAG) == Some(&self.settings.cluster_name)
     }
 
     /// Make the claim's NIC and VM; on failure, take back what was made. Also the hash of the
@@ -116,18 +134,24 @@ impl Azure {
         let (class_name, class) = self.classes.for_claim::<Azure>(claim)?;
         let image = class.resolved.images.get(&claim.spec.arch).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: format!("AKSNodeClass {class_name} has no {} image", claim.spec.arch) })?;
         let subnet = class.resolved.subnet.clone().unwrap_or_default();
-        let name = launch::vm_name(&claim.metadata.name.clone().unwrap_or_default());
+        let claim_name = claim.metadata.name.clone().unwrap_or_default();
+        let name = launch::vm_name(&claim_name);
+        // The bootstrap first: a claim or class it cannot be written from touches nothing.
+        let custom_data = launch::custom_data(&self.settings, &class.spec, claim).map_err(|message| CloudError::Api { provider: PROVIDER, message })?;
         let tags = launch::tags(&self.settings, &class_name, &class.spec, claim);
         let accelerated = self.catalog.get(&claim.spec.instance_type).and_then(|t| t.facts.get("accelerated_networking").cloned()).as_deref() == Some("true");
+        // A PUT would take over a NIC of the name that is not Archer's (and its tags would then
+        // let a clean-up delete it): refused instead.
+        self.nic_of(&claim_name).await?;
         let nic_body = launch::nic_request(&self.settings, &subnet, tags.clone(), accelerated);
         let nic: Nic = self.arm.put(&launch::nic_path(&self.settings, &name), NETWORK_API, &nic_body, NETWORK_TIMEOUT).await.map_err(api_error)?;
-        let shape = launch::VmShape { settings: &self.settings, spec: &class.spec, claim, name: &name, image_id: image, nic_id: &nic.id, tags };
+        let shape = launch::VmShape { settings: &self.settings, spec: &class.spec, claim, name: &name, image_id: image, nic_id: &nic.id, tags, custom_data: &custom_data };
         let body = launch::vm_request(shape);
         let timeout = Duration::from_secs(self.settings.create_timeout_seconds);
         match self.arm.put::<_, Vm>(&launch::vm_path(&self.settings, &name), COMPUTE_API, &body, timeout).await {
             Ok(vm) => Ok((vm, launch::class_hash(&class.spec))),
             Err(e) => {
-                self.clean_up(&name).await;
+                self.clean_up(&claim_name).await;
                 Err(self.failed(claim, e))
             }
         }
@@ -157,14 +181,32 @@ impl Azure {
         CloudError::InsufficientCapacity { provider: PROVIDER, instance_type: size.clone(), zone: claim.spec.zone.clone(), message: why }
     }
 
-    /// Delete a VM (if any) and its NIC, best effort: garbage collection retries what is left.
-    async fn clean_up(&self, name: &str) {
-        if let Err(e) = self.arm.delete(&launch::vm_path(&self.settings, name), COMPUTE_API, NETWORK_TIMEOUT).await {
-            tracing::warn!(vm = name, error = %e, "could not delete the VM of a failed launch");
+    /// Delete a failed launch's VM (if any) and its NIC, best effort (garbage collection retries
+    /// what is left); only what carries Archer's tags for the claim, as [`CloudProvider::delete`].
+    async fn clean_up(&self, claim: &str) {
+        if let Err(e) = self.delete_owned(claim).await {
+            tracing::warn!(claim, vm = %launch::vm_name(claim), error = %e, "could not delete what a failed launch made");
         }
-        if let Err(e) = self.arm.delete(&launch::nic_path(&self.settings, name), NETWORK_API, NETWORK_TIMEOUT).await {
-            tracing::warn!(vm = name, error = %e, "could not delete the NIC of a failed launch");
+    }
+
+    /// Delete the claim's VM and NIC, each only if its tags say Archer made it for this cluster
+    /// and claim: a resource of the same name without them is someone else's, and is kept.
+    async fn delete_owned(&self, claim: &str) -> Result<(), CloudError> {
+        let name = launch::vm_name(claim);
+        let vm: Option<Vm> = self.arm.get(&launch::vm_path(&self.settings, &name), COMPUTE_API).await.map_err(api_error)?;
+        match vm {
+            Some(vm) if self.claims(&vm.tags, claim) => self.arm.delete(&launch::vm_path(&self.settings, &name), COMPUTE_API, NETWORK_TIMEOUT).await.map_err(api_error)?,
+            Some(_) => tracing::warn!(claim, vm = %name, "a VM of the claim's name without Archer's tags: not Archer's, not deleted"),
+            None => {}
         }
+        // The NIC goes with the VM; one left by a failed launch goes now.
+        let nic: Option<Nic> = self.arm.get(&launch::nic_path(&self.settings, &name), NETWORK_API).await.map_err(api_error)?;
+        match nic {
+            Some(n) if self.claims(&n.tags, claim) => self.arm.delete(&launch::nic_path(&self.settings, &name), NETWORK_API, NETWORK_TIMEOUT).await.map_err(api_error)?,
+            Some(_) => tracing::warn!(claim, nic = %name, "a NIC of the claim's name without Archer's tags: not Archer's, not deleted"),
+            None => {}
+        }
+        Ok(())
     }
 
     /// The instance a VM is.
@@ -251,18 +293,7 @@ impl CloudProvider for Azure {
     }
 
     async fn delete(&self, claim: &NodeClaim) -> Result<(), CloudError> {
-        let claim_name = claim.metadata.name.clone().unwrap_or_default();
-        let name = launch::vm_name(&claim_name);
-        if self.vm_of(&claim_name).await?.is_some() {
-            self.arm.delete(&launch::vm_path(&self.settings, &name), COMPUTE_API, NETWORK_TIMEOUT).await.map_err(api_error)?;
-        }
-        // The NIC goes with the VM; one left by a failed launch goes now. Only ours: a resource
-        // of the same name without the claim's tags is someone else's.
-        let nic: Option<Nic> = self.arm.get(&launch::nic_path(&self.settings, &name), NETWORK_API).await.map_err(api_error)?;
-        if nic.is_some_and(|n| n.tags.get(launch::NODECLAIM_TAG) == Some(&claim_name) && n.tags.get(launch::CLUSTER_TAG) == Some(&self.settings.cluster_name)) {
-            self.arm.delete(&launch::nic_path(&self.settings, &name), NETWORK_API, NETWORK_TIMEOUT).await.map_err(api_error)?;
-        }
-        Ok(())
+        self.delete_owned(claim.metadata.name.as_deref().unwrap_or_default()).await
     }
 
     async fn list(&self) -> Result<Vec<Instance>, CloudError> {

@@ -57,8 +57,12 @@ pub trait InterruptionHandler: Send + Sync {
     /// Take the instances' nodes out: taint, launch replacements, drain, delete. `Ok` once that
     /// has started for each of them (the notice may then be forgotten).
     async fn interrupted(&self, notice: Interruption) -> Result<(), String>;
-    /// Count one notice by kind and outcome (`handled`, `ignored`, `malformed`, `failed`).
+    /// Count one notice by kind and outcome (`handled`, `ignored`, `malformed`, `failed`,
+    /// `dropped`).
     fn count(&self, kind: &str, outcome: &str);
+    /// Count one message deleted without being acted on, by why: `foreign_source`,
+    /// `foreign_account` (not an event Archer trusts), `max_receives` (failed too often).
+    fn dropped(&self, reason: &str);
 }
 
 /// Whether a pool's node class lets it launch (Karpenter's NodePool condition `NodeClassReady`).

@@ -4,6 +4,26 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Why `value`, the setting `setting`, may not receive a token (a bearer token, a federated
+/// token, signed requests, a node's bootstrap token), if it may not: it must be an `https` URL,
+/// or `http` to loopback only (`localhost`, 127.0.0.0/8, `::1`: tests, a local proxy), where
+/// nothing leaves the host in clear text.
+pub fn token_endpoint(setting: &str, value: &str) -> Result<(), String> {
+    let url = url::Url::parse(value.trim()).map_err(|e| format!("{setting}: {value:?} is not a URL: {e}"))?;
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    match url.scheme() {
+        "https" if url.host().is_some() => Ok(()),
+        "http" if loopback => Ok(()),
+        "http" => Err(format!("{setting}: {value:?} is plain http to a host that is not loopback: tokens would travel in clear text; use https")),
+        other => Err(format!("{setting}: {value:?} must be an https URL (scheme {other:?})")),
+    }
+}
+
 /// `provisioner.aws`: the EC2 provider. Credentials and region come from the standard chain
 /// (IRSA / EKS Pod Identity in a cluster, environment and profiles elsewhere).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,6 +37,9 @@ pub struct AwsConfig {
     pub endpoint: Option<String>,
     /// The SQS queue (name or URL) receiving EventBridge's interruption events; unset: none.
     pub interruption_queue: Option<String>,
+    /// A message of that queue whose handling failed this many times (SQS's receive count) is
+    /// deleted and counted (`archer_interruption_messages_dropped_total{reason="max_receives"}`).
+    pub interruption_max_receives: u32,
     /// A launch offers EC2 every instance type that fits the claim within this percentage of the
     /// cheapest's price (more choice, fewer capacity failures).
     pub price_margin_percent: f64,
@@ -45,6 +68,7 @@ impl Default for AwsConfig {
             region: None,
             endpoint: None,
             interruption_queue: None,
+            interruption_max_receives: 5,
             price_margin_percent: 20.0,
             insufficient_capacity_ttl_seconds: 180,
             spot_price_refresh_seconds: 300,
@@ -71,6 +95,17 @@ impl AwsConfig {
         }
         if self.ami_owners.is_empty() {
             return Err("provisioner.aws.amiOwners must name at least one owner".into());
+        }
+        if self.interruption_max_receives == 0 {
+            return Err("provisioner.aws.interruptionMaxReceives must be at least 1".into());
+        }
+        // Signed requests (with the session token) go to the endpoint; the node's IAM token to
+        // the cluster's.
+        if let Some(e) = &self.endpoint {
+            token_endpoint("provisioner.aws.endpoint", e)?;
+        }
+        if let Some(e) = &self.cluster_endpoint {
+            token_endpoint("provisioner.aws.clusterEndpoint", e)?;
         }
         Ok(())
     }
@@ -155,8 +190,14 @@ impl AzureConfig {
         if let Some(z) = self.zones.iter().find(|z| !z.strip_prefix(&format!("{}-", self.location)).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))) {
             return Err(format!("provisioner.azure.zones: {z:?} is not a zone of {} (<location>-<n>)", self.location));
         }
-        if !(self.endpoint.starts_with("https://") || self.endpoint.starts_with("http://")) {
-            return Err("provisioner.azure.endpoint must be an http(s) URL".into());
+        // The bearer token goes to the endpoint, the federated token to the authority, the
+        // node's bootstrap token to the cluster's endpoint.
+        token_endpoint("provisioner.azure.endpoint", &self.endpoint)?;
+        if let Some(a) = &self.authority_host {
+            token_endpoint("provisioner.azure.authorityHost", a)?;
+        }
+        if let Some(e) = &self.cluster_endpoint {
+            token_endpoint("provisioner.azure.clusterEndpoint", e)?;
         }
         if self.node_class_refresh_seconds == 0 || self.create_timeout_seconds == 0 {
             return Err("provisioner.azure: nodeClassRefreshSeconds and createTimeoutSeconds must be at least 1".into());
@@ -170,5 +211,42 @@ impl AzureConfig {
             return (1..=3).map(|n| format!("{}-{n}", self.location)).collect();
         }
         self.zones.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_go_over_https_or_to_loopback_only() {
+        for ok in ["https://management.azure.com", "https://login.microsoftonline.com/", "https://10.0.0.1:8443", "http://127.0.0.1:8080", "http://127.3.2.1", "http://localhost:9000/x", "http://LOCALHOST", "http://[::1]:4566"] {
+            assert_eq!(token_endpoint("x", ok), Ok(()), "{ok}");
+        }
+        for bad in ["http://management.azure.com", "http://10.0.0.1:8080", "http://127.0.0.1.evil.example", "http://127.0.0.1@evil.example/", "http://[::2]", "http://localhost.evil.example", "ftp://127.0.0.1", "management.azure.com", "https://"] {
+            assert!(token_endpoint("x", bad).is_err(), "{bad}");
+        }
+        let e = token_endpoint("provisioner.azure.endpoint", "http://arm.example.com").expect_err("refused");
+        assert!(e.contains("provisioner.azure.endpoint") && e.contains("clear text") && e.contains("https"), "{e}");
+    }
+
+    #[test]
+    fn settings_with_a_plain_http_token_endpoint_are_refused() {
+        let azure = AzureConfig { cluster_name: "c".into(), subscription_id: "s".into(), resource_group: "rg".into(), location: "eastus".into(), ssh_public_key: "ssh-ed25519 AAAA".into(), ..Default::default() };
+        assert_eq!(azure.validate(), Ok(()));
+        assert_eq!(AzureConfig { endpoint: "http://127.0.0.1:8080".into(), authority_host: Some("http://localhost:8080".into()), ..azure.clone() }.validate(), Ok(()), "loopback: tests");
+        for (bad, setting) in [
+            (AzureConfig { endpoint: "http://management.example.com".into(), ..azure.clone() }, "provisioner.azure.endpoint"),
+            (AzureConfig { authority_host: Some("http://login.example.com/".into()), ..azure.clone() }, "provisioner.azure.authorityHost"),
+            (AzureConfig { cluster_endpoint: Some("http://aks.example.com:443".into()), ..azure.clone() }, "provisioner.azure.clusterEndpoint"),
+        ] {
+            let e = bad.validate().expect_err("refused");
+            assert!(e.starts_with(setting) && e.contains("https"), "{e}");
+        }
+        let aws = AwsConfig { cluster_name: "c".into(), ..Default::default() };
+        assert_eq!(AwsConfig { endpoint: Some("http://127.0.0.1:5000".into()), ..aws.clone() }.validate(), Ok(()));
+        assert!(AwsConfig { endpoint: Some("http://ec2.example.com".into()), ..aws.clone() }.validate().is_err_and(|e| e.starts_with("provisioner.aws.endpoint")));
+        assert!(AwsConfig { cluster_endpoint: Some("http://eks.example.com".into()), ..aws.clone() }.validate().is_err_and(|e| e.starts_with("provisioner.aws.clusterEndpoint")));
+        assert!(AwsConfig { interruption_max_receives: 0, ..aws }.validate().is_err());
     }
 }

@@ -85,6 +85,9 @@ pub struct Metrics {
     pub reconcile_errors: Family<Labels, Counter>,
     /// Interruption queue messages, by kind and outcome.
     pub interruption_messages: Family<Labels, Counter>,
+    /// Interruption queue messages deleted without being acted on, by reason (foreign_source,
+    /// foreign_account, max_receives).
+    pub interruption_messages_dropped: Family<Labels, Counter>,
     /// Nodes Archer manages now, by nodepool, arch and capacity_type.
     pub managed_nodes: Family<Labels, Gauge>,
     /// Their hourly price, by the same labels.
@@ -222,6 +225,7 @@ impl Metrics {
         let claims_given_up = Family::<Labels, Counter>::default();
         let reconcile_errors = Family::<Labels, Counter>::default();
         let interruption_messages = Family::<Labels, Counter>::default();
+        let interruption_messages_dropped = Family::<Labels, Counter>::default();
         let managed_nodes = Family::<Labels, Gauge>::default();
         let nodes_cost = Family::<Labels, Gauge<f64, AtomicU64>>::default();
         let savings = Family::<Labels, Gauge<f64, AtomicU64>>::default();
@@ -234,7 +238,8 @@ impl Metrics {
         root.register("provisioned_pod_startup_duration_seconds", "Time from creation to Ready of pods the provisioner launched nodes for", pod_startup_seconds.clone());
         root.register("nodeclaims_given_up", "NodeClaims deleted because they could not become nodes (launch failures, registration timeouts), by reason", claims_given_up.clone());
         root.register("provisioner_reconcile_errors", "Provisioner executor passes that failed, by executor and error", reconcile_errors.clone());
-        root.register("interruption_messages", "Interruption queue messages, by kind and outcome (handled, ignored, malformed, failed)", interruption_messages.clone());
+        root.register("interruption_messages", "Interruption queue messages, by kind and outcome (handled, ignored, malformed, failed, dropped)", interruption_messages.clone());
+        root.register("interruption_messages_dropped", "Interruption queue messages deleted without being acted on, by reason (foreign_source, foreign_account: not an EC2 or Health event of Archer's account; max_receives: failed on every receive allowed)", interruption_messages_dropped.clone());
         root.register("provisioner_batches", "Provisioning batches decided", provisioner_batches.clone());
         root.register("provisioner_batch_duration_seconds", "Time to decide and launch one batch", provisioner_batch_seconds.clone());
         root.register("provisioner_plan_cost_ratio", "Per batch that buys nodes: their price over the lower bound no plan for the same pods can beat (1 = optimal)", plan_cost_ratio.clone());
@@ -249,7 +254,7 @@ impl Metrics {
         root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
         let safety = SafetyNetMetrics::default();
         safety.register(&mut root);
-        Self { safety, managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, deletion_cost_writes, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, reconcile_errors, interruption_messages, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
+        Self { safety, managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, deletion_cost_writes, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, reconcile_errors, interruption_messages, interruption_messages_dropped, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
     }
 
     /// Register more families (the extender and provisioner add theirs).
