@@ -208,7 +208,7 @@ fn lightest_calls() -> Vec<Call> {
     // key nested as deep as JSON may go.
     let labels = list(N, |i| format!(r#""{i:x}":"""#));
     let owners = list(N / 4, |_| "{}".into());
-    let deep = format!("{}{}", r#"{"a":"#.repeat(100), format!("1{}", "}".repeat(100)));
+    let deep = format!("{}1{}", r#"{"a":"#.repeat(100), "}".repeat(100));
     let managed = list(200, |_| format!(r#"{{"fieldsV1":{deep}}}"#));
     calls.push(Call {
         what: "labels, owners, managed fields",

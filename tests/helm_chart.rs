@@ -530,7 +530,9 @@ fn each_mode_is_granted_exactly_the_rules_it_needs() {
     let record = Some("archer-safety-net");
     let kwok: &[&str] = &["create", "patch", "delete"];
     let cloud: &[&str] = &["patch"];
-    let modes: Vec<(&str, Vec<&str>, Vec<Value>, Option<Vec<Value>>)> = vec![
+    /// A mode's name, its `--set` values, and the exact ClusterRole and Role rules it gets.
+    type Mode<'a> = (&'a str, Vec<&'a str>, Vec<Value>, Option<Vec<Value>>);
+    let modes: Vec<Mode> = vec![
         ("webhook, extender and safety net (the defaults)", vec![], cluster_rules(true, None, None), Some(namespace_rules(record))),
         ("beside Karpenter", vec!["-f", beside], cluster_rules(true, None, None), Some(namespace_rules(record))),
         ("webhook and extender only", vec!["--set", "config.safetyNet.enabled=false"], cluster_rules(false, None, None), None),

@@ -303,14 +303,17 @@ pub fn pod_cost(raw: &str) -> Result<usize, serde_json::Error> {
 }
 
 const fn max_of(sizes: &[usize]) -> usize {
-    let (mut max, mut i) = (0, 0);
-    while i < sizes.len() {
-        if sizes[i] > max {
-            max = sizes[i];
+    match sizes {
+        [] => 0,
+        [first, rest @ ..] => {
+            let m = max_of(rest);
+            if *first > m {
+                *first
+            } else {
+                m
+            }
         }
-        i += 1;
     }
-    max
 }
 
 /// The largest element type of the Pod's lists but containers, volumes and container statuses.

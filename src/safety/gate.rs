@@ -87,7 +87,8 @@ impl Gated {
     /// those tried longest ago first, the namespaces interleaved; each is marked tried.
     fn round(&self, round: u64) -> Vec<(String, String)> {
         self.with(|m| {
-            let mut by_namespace: BTreeMap<&str, Vec<(u64, &(String, String))>> = BTreeMap::new();
+            type Tried<'a> = Vec<(u64, &'a (String, String))>;
+            let mut by_namespace: BTreeMap<&str, Tried<'_>> = BTreeMap::new();
             for (key, held) in m.iter() {
                 by_namespace.entry(key.0.as_str()).or_default().push((held.tried, key));
             }

@@ -286,7 +286,7 @@ impl Cluster {
     /// name admission sees. A service account's name (`system:serviceaccount:<ns>:<name>`) gets
     /// its groups too, as with its own token.
     pub async fn client_as(&self, user: &str) -> Client {
-        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig_as(user)).expect("kubeconfig");
+        let kc = kube::config::Kubeconfig::read_from(self.kubeconfig_as(user)).expect("kubeconfig");
         let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
         Client::try_from(cfg).expect("client")
     }

@@ -344,8 +344,10 @@ impl SafetyRecord {
             let Some(largest) = namespaces.into_iter().max_by_key(|(_, n)| *n).map(|(ns, _)| ns.to_string()) else { break };
             let b = oldest_of(&self.broken, |b| b.namespace == largest, |b| b.at);
             let r = oldest_of(&self.replaced, |r| r.namespace == largest, |r| r.at);
+            let at = |b: Option<&Broken>, r: Option<&Replaced>| (b.map(|b| b.at), r.map(|r| r.at));
+            let replaced_older = matches!(at(b.and_then(|i| self.broken.get(i)), r.and_then(|i| self.replaced.get(i))), (Some(b), Some(r)) if r < b);
             match (b, r) {
-                (Some(b), Some(r)) if self.replaced[r].at < self.broken[b].at => {
+                (Some(_), Some(r)) if replaced_older => {
                     self.replaced.remove(r);
                     replaced.remove(r);
                 }
