@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::nodepool::TaintDoc;
 
 /// A label or taint value: empty, or up to 63 of `[A-Za-z0-9._-]`, alphanumeric at both ends.
 pub const LABEL_VALUE_PATTERN: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$";
@@ -68,21 +67,21 @@ pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
     Ok(())
 }
 
-/// Why a taint cannot go on a node, if it cannot.
-pub fn taint(t: &TaintDoc) -> Result<(), String> {
-    qualified_name(&t.key).map_err(|e| format!("taint key {e}"))?;
-    label_value(t.value.as_deref().unwrap_or_default()).map_err(|e| format!("taint {}: value {e}", t.key))?;
-    if !TAINT_EFFECTS.contains(&t.effect.as_str()) {
-        return Err(format!("taint {}: effect {:?} is not one of {}", t.key, t.effect, TAINT_EFFECTS.join(", ")));
+/// Why a taint (key, value, effect) cannot go on a node, if it cannot.
+pub fn taint(key: &str, value: Option<&str>, effect: &str) -> Result<(), String> {
+    qualified_name(key).map_err(|e| format!("taint key {e}"))?;
+    label_value(value.unwrap_or_default()).map_err(|e| format!("taint {key}: value {e}"))?;
+    if !TAINT_EFFECTS.contains(&effect) {
+        return Err(format!("taint {key}: effect {effect:?} is not one of {}", TAINT_EFFECTS.join(", ")));
     }
     Ok(())
 }
 
-/// Why a node of these labels and taints cannot be registered, if it cannot: what a provider
-/// checks before writing them into a node's bootstrap.
-pub fn node_shape<'a>(node_labels: &BTreeMap<String, String>, taints: impl IntoIterator<Item = &'a TaintDoc>) -> Result<(), String> {
+/// Why a node of these labels and taints (key, value, effect) cannot be registered, if it
+/// cannot: what a provider checks before writing them into a node's bootstrap.
+pub fn node_shape<'a>(node_labels: &BTreeMap<String, String>, taints: impl IntoIterator<Item = (&'a str, Option<&'a str>, &'a str)>) -> Result<(), String> {
     labels(node_labels)?;
-    taints.into_iter().try_for_each(taint)
+    taints.into_iter().try_for_each(|(k, v, e)| taint(k, v, e))
 }
 
 /// The schema of a labels map in the CRDs: values by pattern, keys by a CEL rule (OpenAPI
@@ -102,10 +101,6 @@ pub fn labels_schema(_generator: &mut schemars::SchemaGenerator) -> schemars::Sc
 mod tests {
     use super::*;
 
-    fn taint_of(key: &str, value: Option<&str>, effect: &str) -> TaintDoc {
-        TaintDoc { key: key.into(), value: value.map(String::from), effect: effect.into() }
-    }
-
     #[test]
     fn kubernetes_label_syntax_is_what_passes() {
         for ok in ["team", "karpenter.sh/capacity-type", "node.kubernetes.io/instance-type", "a", "A_b.c-D", "x.y-z.example.com/Name_1"] {
@@ -120,12 +115,12 @@ mod tests {
         for bad in ["a\n--register-node=false", "a b", "a,b=c", "a\"", "$(id)", "-a", &"v".repeat(64)] {
             assert!(label_value(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(taint(&taint_of("dedicated", Some("demo"), "NoSchedule")), Ok(()));
-        assert_eq!(taint(&taint_of("karpenter.sh/unregistered", None, "NoExecute")), Ok(()));
-        assert!(taint(&taint_of("dedicated", Some("demo"), "NoSchedule --x")).unwrap_err().contains("effect"));
-        assert!(taint(&taint_of("dedicated", Some("a\n--b"), "NoSchedule")).unwrap_err().contains("value"));
-        assert!(taint(&taint_of("a b", None, "NoSchedule")).unwrap_err().contains("taint key"));
+        assert_eq!(taint("dedicated", Some("demo"), "NoSchedule"), Ok(()));
+        assert_eq!(taint("karpenter.sh/unregistered", None, "NoExecute"), Ok(()));
+        assert!(taint("dedicated", Some("demo"), "NoSchedule --x").unwrap_err().contains("effect"));
+        assert!(taint("dedicated", Some("a\n--b"), "NoSchedule").unwrap_err().contains("value"));
+        assert!(taint("a b", None, "NoSchedule").unwrap_err().contains("taint key"));
         let labels: BTreeMap<String, String> = [("team".to_string(), "a\n--node-ip=1.2.3.4".to_string())].into();
-        assert!(node_shape(&labels, &[]).unwrap_err().contains("label team: value"));
+        assert!(node_shape(&labels, []).unwrap_err().contains("label team: value"));
     }
 }

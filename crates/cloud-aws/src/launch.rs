@@ -97,7 +97,7 @@ fn gib(quantity: &str) -> Option<i32> {
 fn template_data(spec: &EC2NodeClassSpec, class: &Resolved, claim: &NodeClaim, settings: &archer_cloud::settings::AwsConfig) -> Result<RequestLaunchTemplateData, CloudError> {
     // The labels and taints become kubelet flags in the user data: held to Kubernetes' syntax
     // first, whatever the CRD let through (a space or newline would be another flag).
-    archer_api::validation::node_shape(&claim.spec.labels, claim.spec.taints.iter().chain(&claim.spec.startup_taints)).map_err(|e| api_error(format!("NodeClaim {} cannot be written into the node's user data: {e}", claim.name())))?;
+    archer_api::validation::node_shape(&claim.spec.labels, claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(|t| (t.key.as_str(), t.value.as_deref(), t.effect.as_str()))).map_err(|e| api_error(format!("NodeClaim {} cannot be written into the node's user data: {e}", claim.name())))?;
     let ami = class.ami(&claim.spec.arch).ok_or_else(|| api_error(format!("EC2NodeClass resolved no {} image", claim.spec.arch)))?;
     let profile = class.instance_profile.clone().ok_or_else(|| api_error("EC2NodeClass has neither role nor instanceProfile"))?;
     let md = spec.metadata_options.clone().unwrap_or_default();

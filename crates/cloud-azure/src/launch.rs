@@ -151,7 +151,7 @@ struct WriteFile {
 /// let through), then each value is written double-quoted and escaped ([`env_value`]).
 pub fn custom_data(settings: &AzureConfig, spec: &AKSNodeClassSpec, claim: &NodeClaim) -> Result<String, String> {
     let claim_name = claim.metadata.name.as_deref().unwrap_or_default();
-    archer_api::validation::node_shape(&claim.spec.labels, claim.spec.taints.iter().chain(&claim.spec.startup_taints)).map_err(|e| format!("NodeClaim {claim_name} cannot be written into the node's bootstrap: {e}"))?;
+    archer_api::validation::node_shape(&claim.spec.labels, claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(|t| (t.key.as_str(), t.value.as_deref(), t.effect.as_str()))).map_err(|e| format!("NodeClaim {claim_name} cannot be written into the node's bootstrap: {e}"))?;
     if let Some(k) = &spec.kubelet {
         k.validate().map_err(|e| format!("the AKSNodeClass's kubelet settings cannot be written into the node's bootstrap: {e}"))?;
     }
