@@ -101,6 +101,13 @@ fn init_tracing(format: LogFormat, filter: &str) {
     };
 }
 
+/// Threads the runtime keeps for blocking work and for work moved off a worker
+/// (`block_in_place`), at most (tokio's default is 512). Each thread's allocator heap holds
+/// memory of its own until the thread ends: under sustained concurrent load an unbounded pool
+/// grew to a hundred threads and held hundreds of MiB (`tests/sustained_load.rs`). Past the
+/// bound, blocking work waits for a thread.
+const MAX_BLOCKING_THREADS: usize = 16;
+
 pub fn main(cli: Cli) -> ExitCode {
     let Cli { command, log_format, log } = cli;
     init_tracing(log_format, &log);
@@ -108,7 +115,7 @@ pub fn main(cli: Cli) -> ExitCode {
         eprintln!("error: a rustls crypto provider was already installed");
         return ExitCode::FAILURE;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads(MAX_BLOCKING_THREADS).build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: starting the async runtime: {e}");
