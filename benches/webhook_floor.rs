@@ -32,8 +32,8 @@ fn seconds() -> u64 {
 }
 
 /// The floor: read the body as `/mutate` does, decode the review, echo its uid.
-async fn floor(State(limits): State<archer::limits::BodyLimits>, req: Request<Body>) -> Response {
-    let Ok((body, _permit)) = archer::limits::read_body(req, &limits).await else {
+async fn floor(State(limits): State<archer::server::body::BodyLimits>, req: Request<Body>) -> Response {
+    let Ok((body, _permit)) = archer::server::body::read_body(req, &limits).await else {
         return (axum::http::StatusCode::BAD_REQUEST, "body").into_response();
     };
     match archer::webhook::decode(&body) {
@@ -52,7 +52,7 @@ fn start_floor(certs: &std::path::Path) -> String {
         rt.block_on(async move {
             let cfg = archer::config::Config::default();
             let budget = cfg.memory_budget();
-            let limits = archer::limits::BodyLimits {
+            let limits = archer::server::body::BodyLimits {
                 max_bytes: cfg.webhook.max_body_bytes,
                 expansion: 3,
                 read_timeout: Duration::from_secs(10),

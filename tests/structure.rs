@@ -1,5 +1,5 @@
 //! The structure is the documentation (README "Layout"), so it is checked: no import cycle
-//! between the modules of a crate, no type with more than 20 methods, and the pure crates free
+//! between the modules of a crate at any depth, no type with more than 20 methods, and the pure crates free
 //! of the runtime (no tokio, kube client, HTTP or cloud SDK anywhere below them).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
@@ -23,32 +23,146 @@ fn is_test_file(rel: &str) -> bool {
     rel.contains("tests") || rel.ends_with("_tests.rs")
 }
 
-/// The crate's top-level modules and the ones each imports (`crate::x`, or `super::x` from a
-/// file at the crate's root).
-fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+/// A source file's module path: `src/webhook/memo.rs` is `["webhook", "memo"]`, a `mod.rs` is
+/// its folder's, and the crate roots (`lib.rs`, `main.rs`) are `[]`.
+fn module_of(rel: &str) -> Vec<String> {
+    let mut parts: Vec<String> = rel.trim_end_matches(".rs").split('/').map(str::to_string).collect();
+    if parts.last().is_some_and(|l| l == "mod") || (parts.len() == 1 && (parts[0] == "lib" || parts[0] == "main")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The paths a `use` tree or an inline path names, from `text` just after its first `::`:
+/// `a::b::{c, d::e}` gives `[a, b, c]` and `[a, b, d, e]` (only its lowercase segments count:
+/// modules and the items after them).
+fn path_trees(text: &str) -> Vec<Vec<String>> {
+    fn tree(chars: &[char], at: &mut usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+        let mut path = prefix;
+        loop {
+            while chars.get(*at).is_some_and(|c| c.is_whitespace()) {
+                *at += 1;
+            }
+            if chars.get(*at) == Some(&'{') {
+                *at += 1;
+                loop {
+                    tree(chars, at, path.clone(), out);
+                    while chars.get(*at).is_some_and(|c| c.is_whitespace()) {
+                        *at += 1;
+                    }
+                    match chars.get(*at) {
+                        Some(',') => *at += 1,
+                        Some('}') => {
+                            *at += 1;
+                            break;
+                        }
+                        _ => break,
+                    }
+                    while chars.get(*at).is_some_and(|c| c.is_whitespace()) {
+                        *at += 1;
+                    }
+                    if chars.get(*at) == Some(&'}') {
+                        *at += 1;
+                        break;
+                    }
+                }
+                return;
+            }
+            let name: String = chars[*at..].iter().take_while(|c| c.is_alphanumeric() || **c == '_').collect();
+            if name.is_empty() {
+                break;
+            }
+            *at += name.chars().count();
+            path.push(name);
+            if chars.get(*at) == Some(&':') && chars.get(*at + 1) == Some(&':') {
+                *at += 2;
+            } else {
+                break;
+            }
+        }
+        // Skip what follows the path in a `use` tree (`as x`, a `self`).
+        while chars.get(*at).is_some_and(|c| c.is_alphanumeric() || *c == '_' || *c == ' ') {
+            *at += 1;
+        }
+        out.push(path);
+    }
+    let chars: Vec<char> = text.chars().take(4096).collect();
+    let mut out = Vec::new();
+    tree(&chars, &mut 0, Vec::new(), &mut out);
+    out
+}
+
+/// Every module of a crate and, for each, the modules its code names (`crate::a::b`,
+/// `super::x`, `self::x`, resolved to the longest module path that exists). Test code
+/// (`#[cfg(test)]` onwards, `tests` folders) is left out.
+fn module_graph(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let mut files = Vec::new();
     for f in sources(src) {
         let rel = f.strip_prefix(src).expect("under src").to_string_lossy().replace('\\', "/");
-        if is_test_file(&rel) {
-            continue;
+        if !is_test_file(&rel) {
+            files.push((module_of(&rel), f));
         }
-        let parts: Vec<&str> = rel.split('/').collect();
-        let module = parts[0].trim_end_matches(".rs").to_string();
-        let at_root = parts.len() == 1 || (parts.len() == 2 && parts[1] == "mod.rs");
-        let text = std::fs::read_to_string(&f).expect("source");
-        let code = text.split("#[cfg(test)]").next().unwrap_or("");
-        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for prefix in if at_root { vec!["crate::", "super::"] } else { vec!["crate::"] } {
-                for (i, _) in line.match_indices(prefix) {
-                    let name: String = line[i + prefix.len()..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
-                    if !name.is_empty() && name != module && name != "tests" {
-                        g.entry(module.clone()).or_default().insert(name);
+    }
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(m, _)| m.clone()).collect();
+    let resolve = |path: &[String]| (0..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| modules.contains(p));
+    let mut g: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (module, f) in &files {
+        let text = std::fs::read_to_string(f).expect("source");
+        let code: String = text.split("#[cfg(test)]").next().unwrap_or("").lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+        let roots = ["crate::", "super::", "self::"].iter().flat_map(|r| code.match_indices(r).map(|(i, r)| (i, r.trim_end_matches(':'))));
+        for (i, root) in roots.collect::<Vec<_>>() {
+            // A path's root, not a segment of a longer name or path.
+            if code[..i].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let i = i + root.len();
+            let base: Option<Vec<String>> = match root {
+                "crate" => Some(Vec::new()),
+                "self" => Some(module.clone()),
+                _ => {
+                    let mut m = module.clone();
+                    m.pop();
+                    let mut rest = &code[i + 2..];
+                    while let Some(r) = rest.strip_prefix("super::") {
+                        m.pop();
+                        rest = r;
+                    }
+                    Some(m)
+                }
+            };
+            let Some(base) = base else { continue };
+            let mut rest = &code[i + 2..];
+            while let Some(r) = rest.strip_prefix("super::") {
+                rest = r;
+            }
+            for tail in path_trees(rest) {
+                let full: Vec<String> = base.iter().cloned().chain(tail.into_iter().filter(|s| s != "self")).collect();
+                if let Some(target) = resolve(&full) {
+                    if &target != module {
+                        g.entry(module.clone()).or_default().insert(target);
                     }
                 }
             }
         }
+        g.entry(module.clone()).or_default();
     }
     g
+}
+
+/// For each module, the graph between its children: child `a` names child `b` when any module
+/// at or under `a` names one at or under `b` (a module naming its own parent or child is how a
+/// module and its parts talk, and is not an edge between siblings).
+fn sibling_graphs(g: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> {
+    let mut out: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (from, targets) in g {
+        for to in targets {
+            let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+            if common < from.len() && common < to.len() {
+                out.entry(from[..common].to_vec()).or_default().entry(from[common].clone()).or_default().insert(to[common].clone());
+            }
+        }
+    }
+    out
 }
 
 fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
@@ -86,14 +200,32 @@ fn crate_dirs() -> Vec<PathBuf> {
 }
 
 #[test]
-fn no_crate_has_an_import_cycle_between_its_modules() {
+fn no_crate_has_an_import_cycle_between_its_modules_at_any_depth() {
+    let mut seen = 0;
     for src in crate_dirs() {
-        let g = module_graph(&src);
-        assert!(cycle(&g).is_none(), "{}: modules import each other: {:?}", src.display(), cycle(&g));
+        for (parent, g) in sibling_graphs(&module_graph(&src)) {
+            seen += g.len();
+            assert!(cycle(&g).is_none(), "{}: modules of `{}` import each other: {:?}", src.display(), if parent.is_empty() { "crate".to_string() } else { parent.join("::") }, cycle(&g));
+        }
     }
-    // The check sees a cycle when there is one.
+    assert!(seen > 50, "the check sees the modules' imports ({seen} edges' sources)");
+    // The check sees a cycle when there is one, and the paths it reads as a compiler would.
     let looped: BTreeMap<String, BTreeSet<String>> = [("a", "b"), ("b", "c"), ("c", "a")].into_iter().map(|(x, y)| (x.to_string(), BTreeSet::from([y.to_string()]))).collect();
     assert_eq!(cycle(&looped).map(|c| c.len()), Some(4));
+    let v = |s: &str| s.split("::").map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(path_trees("a::b::{c, d::{e, f}};"), vec![v("a::b::c"), v("a::b::d::e"), v("a::b::d::f")]);
+    assert_eq!(path_trees("memo::KeyWriter::default()"), vec![v("memo::KeyWriter::default")]);
+    assert_eq!(module_of("webhook/memo.rs"), v("webhook::memo"));
+    assert_eq!(module_of("webhook/mod.rs"), v("webhook"));
+    assert!(module_of("lib.rs").is_empty());
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("w")).expect("mkdir");
+    std::fs::write(dir.path().join("lib.rs"), "mod w;").expect("write");
+    std::fs::write(dir.path().join("w/mod.rs"), "mod a; mod b; use self::a::X;").expect("write");
+    std::fs::write(dir.path().join("w/a.rs"), "use super::b::{Y,\n    Z};").expect("write");
+    std::fs::write(dir.path().join("w/b.rs"), "fn f() { crate::w::a::g() }").expect("write");
+    let nested = sibling_graphs(&module_graph(dir.path()));
+    assert_eq!(nested.get(&v("w")).and_then(cycle), Some(vec!["a".to_string(), "b".to_string(), "a".to_string()]), "{nested:?}");
 }
 
 #[test]
@@ -140,6 +272,23 @@ fn the_pure_crates_depend_on_no_runtime() {
         assert!(names.contains("k8s-openapi"), "{krate}: {names:?}");
         for runtime in ["tokio", "kube-client", "kube-runtime", "hyper", "reqwest", "axum", "aws-config", "aws-sdk-ec2"] {
             assert!(!names.contains(runtime), "{krate} depends on {runtime}: {names:?}");
+        }
+    }
+}
+
+/// The registry client draws from the memory budget; the budget's crate brings no web
+/// framework with it, so neither does the registry client.
+#[test]
+fn the_registry_client_reaches_no_web_framework() {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    for krate in ["archer-limits", "archer-registry"] {
+        let out = std::process::Command::new(&cargo).args(["tree", "--locked", "-p", krate, "-e", "normal", "--prefix", "none"]).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("cargo tree");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let tree = String::from_utf8(out.stdout).expect("utf-8");
+        let names: BTreeSet<&str> = tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
+        assert!(names.contains("tokio"), "{krate}: {names:?}");
+        for server in ["axum", "axum-core"] {
+            assert!(!names.contains(server), "{krate} depends on {server}: {names:?}");
         }
     }
 }

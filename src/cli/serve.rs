@@ -274,8 +274,8 @@ const WEBHOOK_EXPANSION: usize = 3;
 /// that echoes the kept nodes.
 const EXTENDER_EXPANSION: usize = 3;
 
-fn body_limits(cfg: &crate::config::Config, budget: &archer_limits::MemoryBudget, max_bytes: usize, expansion: usize, consumer: &'static str) -> archer_limits::BodyLimits {
-    archer_limits::BodyLimits {
+fn body_limits(cfg: &crate::config::Config, budget: &archer_limits::MemoryBudget, max_bytes: usize, expansion: usize, consumer: &'static str) -> crate::server::body::BodyLimits {
+    crate::server::body::BodyLimits {
         max_bytes,
         expansion,
         read_timeout: Duration::from_secs_f64(cfg.limits.body_read_timeout_seconds),

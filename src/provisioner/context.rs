@@ -98,6 +98,8 @@ impl Context {
     pub fn state(&self) -> ClusterState {
         let mut state = self.stores.state(self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default());
         state.offerings = self.provider.offerings();
+        state.safety = self.cluster.as_ref().map(|c| c.safety_record().get()).unwrap_or_default();
+        state.now = crate::cluster::unix_now();
         // A pool whose node class is not ready gets no new node: its pods fall through to the
         // next pool by weight, as Karpenter skips a NodePool that is not Ready.
         state.closed_pools = state
@@ -114,21 +116,27 @@ impl Context {
     /// Inspect the images of `pods` (each with its namespace's credentials, concurrently) and
     /// record their platforms in `state`, where the decisions read them
     /// ([`ClusterState::pod_platforms`]). A pod the webhook recorded, or whose images the state
-    /// already knows, needs no lookup; one whose images cannot be read stays unknown (assumed to
-    /// run anywhere).
+    /// already knows, needs no lookup unless the safety record names one of its images (the
+    /// digest decides what the record takes away); one whose images cannot be read stays
+    /// unknown (assumed to run anywhere).
     pub async fn learn_platforms<P: std::borrow::Borrow<Pod> + Sync>(&self, state: &mut ClusterState, pods: &[P]) {
-        let unknown: Vec<&Pod> = pods.iter().map(|p| p.borrow()).filter(|p| state.pod_platforms(p).is_none()).collect();
+        // Unknown pods, and pods whose images the safety record names (their digests decide
+        // what the record takes away, the webhook's record on the pod or not).
+        let unknown: Vec<&Pod> = pods.iter().map(|p| p.borrow()).filter(|p| state.pod_platforms(p).is_none() || state.needs_digests(p)).collect();
         let found = join_all(unknown.into_iter().map(|pod| async move {
             match pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
-                PodPlatforms::Known { per_image, .. } => per_image,
+                PodPlatforms::Known { per_image, digests, .. } => (per_image, digests),
                 PodPlatforms::Unknown(why) => {
                     tracing::info!(pod = %pod_id(pod), reason = %why, "platforms unknown; the pod is assumed to run on any architecture");
-                    Vec::new()
+                    (Vec::new(), Vec::new())
                 }
             }
         }))
         .await;
-        state.platforms.extend(found.into_iter().flatten());
+        for (per_image, digests) in found {
+            state.platforms.extend(per_image);
+            state.digests.extend(digests);
+        }
     }
 
     /// The planner's view of pods through the one adapter, with the platforms `state` knows

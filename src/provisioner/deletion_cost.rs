@@ -16,7 +16,7 @@ use archer_model::deletion_cost::{self, CostWrite, ARCHER_DELETION_COST, POD_DEL
 use futures::StreamExt;
 
 use super::context::{Action, Context, ReconcileError};
-use super::worker::FIELD_MANAGER;
+use super::FIELD_MANAGER;
 
 /// Pods written per pass, and at once.
 const PER_PASS: usize = 50;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::future::join_all;
 use futures::StreamExt;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource};
 
@@ -193,7 +193,7 @@ impl Launcher {
                 NodeClaimStatus { last_error: Some(e.to_string()), launch_attempts: Some(attempts), last_attempt_at: Some(now_rfc3339()), ..Default::default() }
             }
         };
-        if let Err(e) = api.patch_status(&claim.name(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": status}))).await {
+        if let Err(e) = super::status::apply_claim_status(&api, &claim.name(), |old| archer_api::apply::merged(old, &status).ok()).await {
             tracing::warn!(error = %e, "could not record the launch on the claim; the claim keeper retries (the launch is idempotent)");
         }
     }

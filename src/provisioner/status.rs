@@ -6,13 +6,12 @@
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource};
 
 use archer_cloud::NodeClassReadiness;
 use archer_api::conditions;
-use archer_api::nodeclaim::NodeClaim;
+use archer_api::nodeclaim::{NodeClaim, NodeClaimStatus};
 use archer_api::nodepool::{NodePool, NodePoolStatus};
 use archer_model::objects as state;
 use std::sync::Arc;
@@ -163,18 +162,20 @@ impl StatusWriter {
                 let kind = if status == "True" && reason == "Ready" { EventType::Normal } else { EventType::Warning };
                 self.ctx.post_event(&np.object_ref(&()), kind, &reason, "Provisioning", if message.is_empty() { "the pool can be used" } else { &message }).await;
             }
-            let patch = serde_json::json!({"metadata": {"resourceVersion": np.metadata.resource_version}, "status": new});
-            if let Err(e) = Api::<NodePool>::all(self.ctx.client.clone()).patch_status(&np.name(), &PatchParams::default(), &Patch::Merge(patch)).await {
+            let (params, patch) = archer_api::apply::status::<NodePool>(&np.name(), np.metadata.resource_version.as_deref(), &new);
+            if let Err(e) = Api::<NodePool>::all(self.ctx.client.clone()).patch_status(&np.name(), &params, &patch).await {
                 tracing::debug!(pool = %np.name(), error = %e, "could not write the pool's status; next pass");
             }
         }
         Ok(Action::requeue(Duration::from_secs_f64(self.ctx.settings.disruption_interval_seconds.min(10.0))))
     }
 
-    /// Write a claim's conditions, guarded by the resourceVersion they were computed from.
+    /// Write a claim's conditions (its whole status, the rest as read), guarded by the
+    /// resourceVersion they were computed from.
     async fn patch_claim_conditions(&self, claim: &NodeClaim, conditions: Vec<Condition>) -> bool {
-        let patch = serde_json::json!({"metadata": {"resourceVersion": claim.metadata.resource_version}, "status": {"conditions": conditions}});
-        match Api::<NodeClaim>::all(self.ctx.client.clone()).patch_status(&claim.name(), &PatchParams::default(), &Patch::Merge(patch)).await {
+        let status = NodeClaimStatus { conditions, ..claim.status.clone().unwrap_or_default() };
+        let (params, patch) = archer_api::apply::status::<NodeClaim>(&claim.name(), claim.metadata.resource_version.as_deref(), &status);
+        match Api::<NodeClaim>::all(self.ctx.client.clone()).patch_status(&claim.name(), &params, &patch).await {
             Ok(_) => true,
             Err(e) => {
                 tracing::debug!(claim = %claim.name(), error = %e, "could not write the claim's conditions; next pass");
@@ -200,6 +201,25 @@ impl StatusWriter {
             }
         }
     }
+}
+
+/// Change a claim's status from a fresh read: `change` turns the status as read into the whole
+/// new one (`None`: nothing to write), applied under Archer's field manager and guarded by that
+/// read; a conflict (someone wrote between) reads again, at most three times.
+pub async fn apply_claim_status(api: &Api<NodeClaim>, name: &str, change: impl Fn(&NodeClaimStatus) -> Option<NodeClaimStatus>) -> Result<(), kube::Error> {
+    let mut last = None;
+    for _ in 0..3 {
+        let Some(fresh) = api.get_opt(name).await? else { return Ok(()) };
+        let old = fresh.status.clone().unwrap_or_default();
+        let Some(new) = change(&old) else { return Ok(()) };
+        let (params, patch) = archer_api::apply::status::<NodeClaim>(name, fresh.metadata.resource_version.as_deref(), &new);
+        match api.patch_status(name, &params, &patch).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => last = Some(kube::Error::Api(e)),
+            Err(e) => return Err(e),
+        }
+    }
+    last.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -30,8 +30,6 @@ use crate::cluster::stores::Stores;
 use crate::cluster::ClusterView;
 use crate::config::ProvisionerConfig;
 
-pub const FIELD_MANAGER: &str = "archer-provisioner";
-
 pub struct Provisioner {
     ctx: Arc<Context>,
     batcher: Arc<Batcher>,

@@ -2,6 +2,7 @@
 //! plain-HTTP admin listener for probes and metrics. Both drain gracefully on shutdown.
 
 pub mod admin;
+pub mod body;
 mod conn;
 mod panics;
 pub mod tls;

@@ -12,7 +12,7 @@
 //! Bounded in bytes and in time: entries are weighed (the key and the answer counted) against
 //! `decisionCacheMaxBytes`, and an entry older than the TTL is never reused. The TTL is at most
 //! the tag cache's, so a reused decision is never older than the platforms it came from could
-//! be. A key longer than [`MAX_KEY_BYTES`] (pods with very large constraints) is not kept. The
+//! be. A key longer than [`MAX_KEY_BYTES`](super::key::MAX_KEY_BYTES) (pods with very large constraints) is not kept. The
 //! cache is quick_cache's: an evicted answer is freed at once (moka defers freeing removed
 //! entries to an epoch collector, which held twice this budget again in `tests/cache_weight.rs`).
 
@@ -22,11 +22,10 @@ use std::time::{Duration, Instant};
 
 use quick_cache::sync::Cache;
 
+pub use super::key::MAX_KEY_BYTES;
+
 use super::review::Answer;
 
-/// Keys longer than this are not remembered: such pods are rare, and each would take much of
-/// the budget.
-pub const MAX_KEY_BYTES: usize = 4096;
 /// What one entry holds besides its key and answer strings: the cache's slot, the `Arc`, the
 /// answer's own struct and its maps' nodes (over-counted).
 const ENTRY_OVERHEAD: usize = 768;
@@ -107,77 +106,12 @@ impl quick_cache::Weighter<Vec<u8>, Arc<Remembered>> for Weigh {
     }
 }
 
-/// Writes the inputs of a decision into a key, each part length-prefixed so that no two
-/// different inputs write the same bytes.
-#[derive(Default)]
-pub struct KeyWriter(Vec<u8>);
-
-impl KeyWriter {
-    pub fn part(&mut self, bytes: &[u8]) -> &mut Self {
-        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
-        self.0.extend_from_slice(&len.to_le_bytes());
-        self.0.extend_from_slice(bytes);
-        self
-    }
-
-    /// An optional part: absent and empty are different inputs.
-    pub fn optional(&mut self, bytes: Option<&[u8]>) -> &mut Self {
-        match bytes {
-            None => self.0.push(0),
-            Some(b) => {
-                self.0.push(1);
-                self.part(b);
-            }
-        }
-        self
-    }
-
-    /// How many parts a list that follows has.
-    pub fn count(&mut self, n: usize) -> &mut Self {
-        self.0.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
-        self
-    }
-
-    /// The key, unless it grew past [`MAX_KEY_BYTES`].
-    pub fn finish(self) -> Option<Vec<u8>> {
-        (self.0.len() <= MAX_KEY_BYTES).then_some(self.0)
-    }
-
-    /// Bytes written so far.
-    #[cfg(test)]
-    fn written(&self) -> usize {
-        self.0.len()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn answer(patch: &str) -> Answer {
         Answer { patch: Some(patch.into()), ..Answer::allow("") }
-    }
-
-    #[test]
-    fn parts_are_length_prefixed_so_different_splits_differ() {
-        let mut a = KeyWriter::default();
-        a.part(b"ab").part(b"c");
-        let mut b = KeyWriter::default();
-        b.part(b"a").part(b"bc");
-        assert_ne!(a.finish(), b.finish());
-        let mut absent = KeyWriter::default();
-        absent.optional(None);
-        let mut empty = KeyWriter::default();
-        empty.optional(Some(b""));
-        assert_ne!(absent.finish(), empty.finish());
-    }
-
-    #[test]
-    fn keys_over_the_limit_are_not_kept() {
-        let mut k = KeyWriter::default();
-        k.part(&vec![b'x'; MAX_KEY_BYTES]);
-        assert!(k.written() > MAX_KEY_BYTES);
-        assert!(k.finish().is_none());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! encode the answer. Every well-formed review gets HTTP 200 with allowed/denied; malformed input
 //! gets HTTP 400 with a JSON error. Never a 500, never a panic.
 
+mod key;
 pub mod memo;
 mod review;
 
@@ -21,7 +22,7 @@ use tracing::{field::Empty, Instrument};
 use crate::cluster::ClusterView;
 use archer_core::placement::PlacementSettings;
 use archer_core::policy::{self, Mode, PolicyDefaults};
-use archer_limits::{read_body, BodyError, BodyLimits};
+use crate::server::body::{read_body, BodyError, BodyLimits};
 use archer_metrics::{label, Metrics};
 use archer_registry::{Inspector, Keyring};
 pub use memo::DecisionMemo;

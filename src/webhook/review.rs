@@ -268,7 +268,7 @@ impl PodView<'_> {
     /// is longer than the memo keeps. The pod's name and everything the view skips are not in
     /// it: they do not change the decision.
     pub fn memo_key(&self, namespace: &str, policy: &archer_core::policy::Policy) -> Option<Vec<u8>> {
-        let mut k = super::memo::KeyWriter::default();
+        let mut k = super::key::KeyWriter::default();
         k.part(namespace.as_bytes());
         policy_key(&mut k, policy);
         let meta = self.metadata.as_ref();
@@ -333,7 +333,7 @@ impl PodView<'_> {
 }
 
 /// The policy's every field, in the key.
-fn policy_key(k: &mut super::memo::KeyWriter, p: &archer_core::policy::Policy) {
+fn policy_key(k: &mut super::key::KeyWriter, p: &archer_core::policy::Policy) {
     k.part(p.mode.as_str().as_bytes()).part(p.on_inspection_failure.as_str().as_bytes());
     k.part(if p.pin_digests { b"pin" } else { b"tag" });
     k.optional(p.fallback_architecture.as_deref().map(str::as_bytes));

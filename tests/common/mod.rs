@@ -644,7 +644,7 @@ pub fn extender(
         metrics,
         inspection_timeout: Duration::from_secs(1),
         preference_bonus: cfg.extender.preference_bonus,
-        body: archer::limits::BodyLimits {
+        body: archer::server::body::BodyLimits {
             max_bytes: cfg.extender.max_body_bytes,
             expansion: 3,
             read_timeout: Duration::from_secs(10),

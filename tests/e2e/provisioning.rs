@@ -950,6 +950,19 @@ async fn claims_and_pools_show_status_columns_and_events() {
     })
     .await;
 
+    // Status is written by server-side apply under Archer's one field manager: the claims'
+    // (their launch and their conditions) and the pool's.
+    let applied_status = |m: &kube::api::ObjectMeta| {
+        m.managed_fields.iter().flatten().any(|f| f.manager.as_deref() == Some("archer") && f.operation.as_deref() == Some("Apply") && f.subresource.as_deref() == Some("status"))
+            && !m.managed_fields.iter().flatten().any(|f| f.subresource.as_deref() == Some("status") && f.operation.as_deref() == Some("Update"))
+    };
+    for cl in claims(&client).await {
+        assert!(applied_status(&cl.metadata), "claim {:?}: {:?}", cl.metadata.name, cl.metadata.managed_fields);
+        assert!(cl.status.as_ref().is_some_and(|s| s.provider_id.is_some() && s.launched_at.is_some()), "the launch's fields survive the conditions' writes: {:?}", cl.status);
+    }
+    let pool = Api::<NodePool>::all(client.clone()).get("default").await.expect("pool");
+    assert!(applied_status(&pool.metadata), "pool: {:?}", pool.metadata.managed_fields);
+
     // The Table kubectl prints.
     let table = |plural: &'static str| {
         let client = client.clone();

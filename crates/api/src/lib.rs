@@ -2,6 +2,7 @@
 //! as Karpenter's `karpenter.sh/v1`), `NodeClaim`, and the status conditions both carry. Turning a
 //! NodePool into the planner's `Pool` and offerings lives here too, beside the fields it reads.
 
+pub mod apply;
 pub mod conditions;
 pub mod nodeclaim;
 pub mod nodepool;

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::Client;
 
 use archer_cloud_classes::{NodeClasses, ResolvedClass, Resolver};
@@ -248,7 +248,8 @@ impl Resolver for Aws {
         if new == old {
             return Ok(());
         }
-        api.patch_status(&nc.name(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": new}))).await.map(|_| ())
+        let (params, patch) = archer_api::apply::status::<EC2NodeClass>(&nc.name(), nc.metadata.resource_version.as_deref(), &new);
+        api.patch_status(&nc.name(), &params, &patch).await.map(|_| ())
     }
 }
 

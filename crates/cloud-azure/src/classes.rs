@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::NodeSelectorRequirement;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::ResourceExt;
 
 use crate::arm::Arm;
@@ -87,5 +87,6 @@ pub(crate) async fn write_status(api: &Api<AKSNodeClass>, nc: &AKSNodeClass, cla
     if new == old {
         return Ok(());
     }
-    api.patch_status(&nc.name_any(), &PatchParams::default(), &Patch::Merge(serde_json::json!({"status": new}))).await.map(|_| ())
+    let (params, patch) = archer_api::apply::status::<AKSNodeClass>(&nc.name_any(), nc.metadata.resource_version.as_deref(), &new);
+    api.patch_status(&nc.name_any(), &params, &patch).await.map(|_| ())
 }

@@ -250,6 +250,19 @@ impl SafetyRecord {
         (platforms.retain_architectures(|a| !broken.contains(a)), removed)
     }
 
+    /// `platforms` without the architectures found broken for any of `digests` (the digests a
+    /// pod's images resolved to, for pods in `namespace` at `now`), and those removed.
+    pub fn exclude_all<I: IntoIterator<Item = String>>(&self, digests: I, namespace: &str, now: i64, platforms: &PlatformSet) -> (PlatformSet, Vec<String>) {
+        let mut left = platforms.clone();
+        let mut removed = Vec::new();
+        for digest in digests {
+            let (l, r) = self.exclude(&digest, namespace, now, &left);
+            left = l;
+            removed.extend(r);
+        }
+        (left, removed)
+    }
+
     /// Whether an entry that holds in `namespace` names `image` as a pod named it (the extender
     /// then checks its digest).
     pub fn mentions_image(&self, image: &str, namespace: &str, now: i64) -> bool {

@@ -1,5 +1,7 @@
 //! Limits that hold together under concurrency: one memory budget, in bytes, that request bodies,
-//! extender node lists and registry reads all draw from, and bounded request-body reading.
+//! extender node lists and registry reads all draw from. No HTTP server here: the registry
+//! client draws from the budget too, and reaches no web framework through it (the server's
+//! bounded body reading is `archer::server::body`).
 //!
 //! Every consumer reserves what it will hold (its bytes times an expansion factor for what it
 //! builds from them) before it holds it, and gives it back when the request or lookup ends. When
@@ -12,8 +14,6 @@
 //! soon as there is enough. So work part way done always finishes, and gives its room back,
 //! rather than waiting for room that only its own end would free.
 
-mod body;
-
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,7 +25,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-pub use body::{held_body, read_body, BodyError, BodyLimits};
 
 use archer_metrics::{label, Labels};
 

@@ -13,6 +13,7 @@ use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
 use archer_core::packer::{DaemonLoad, Offering, Pool};
 use archer_core::platform::PlatformSet;
+use archer_core::safety_net::SafetyRecord;
 use archer_core::sched::{Snapshot, Volumes};
 
 use crate::{adapter, objects};
@@ -38,6 +39,13 @@ pub struct ClusterState {
     /// inspects the pods a decision reads, `archer simulate` its scenario's images up front). A
     /// pod's own record (the webhook's annotation) comes first: [`ClusterState::pod_platforms`].
     pub platforms: BTreeMap<String, PlatformSet>,
+    /// The digests the images inspected for this state resolved to, by image reference: what
+    /// the safety record's entries are keyed by.
+    pub digests: BTreeMap<String, String>,
+    /// The safety net's record at this moment: image digests found broken on an architecture.
+    pub safety: Arc<SafetyRecord>,
+    /// When this state was taken (Unix seconds): the record's entries expire.
+    pub now: i64,
 }
 
 /// Why an object of a dump or scenario could not be read.
@@ -55,9 +63,22 @@ fn refs<T>(v: &[Arc<T>]) -> Vec<&T> {
 impl ClusterState {
     /// A pod's platforms: the webhook's record on it, else the intersection of its images'
     /// platforms as this state knows them; `None` (unknown: assumed to run anywhere) when an
-    /// image is not known.
+    /// image is not known. Either way less the architectures the safety record holds broken,
+    /// for the pod's namespace, on the digests its images resolved to: the rule the extender
+    /// filters by, so no plan buys a node the extender then refuses.
     pub fn pod_platforms(&self, pod: &Pod) -> Option<PlatformSet> {
-        archer_core::placement::pod_platforms(pod, &|i| self.platforms.get(i))
+        let platforms = archer_core::placement::pod_platforms(pod, &|i| self.platforms.get(i))?;
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let digests = archer_core::placement::pod_images(pod).into_iter().filter_map(|i| self.digests.get(&i).cloned());
+        Some(self.safety.exclude_all(digests, namespace, self.now, &platforms).0)
+    }
+
+    /// Whether the platforms of `pod` depend on an image digest this state has not resolved:
+    /// the safety record names one of its images for its namespace, and the digest that image
+    /// resolves to now is unknown (the webhook's record on the pod does not say it).
+    pub fn needs_digests(&self, pod: &Pod) -> bool {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        archer_core::placement::pod_images(pod).iter().any(|i| !self.digests.contains_key(i) && self.safety.mentions_image(i, namespace, self.now))
     }
 
     /// A cluster dump (`kubectl get nodes,pods,... -o yaml`, or documents): every object read
@@ -221,6 +242,48 @@ mod tests {
         assert_eq!(state.pod_platforms(&pod(json!({}), &["web", "unknown"])), None, "one image unknown: the pod's platforms are");
         let recorded = pod(json!({"archer.dev/platforms": "linux/amd64"}), &["sidecar"]);
         assert_eq!(state.pod_platforms(&recorded), Some(set("linux/amd64")), "the webhook's record comes first");
+    }
+
+    /// The webhook recorded the pod's platforms before the safety net found its image broken on
+    /// arm64: the plan must not buy arm64 for it (the extender would refuse that node).
+    #[test]
+    fn a_pod_annotated_before_a_detection_is_not_planned_onto_the_broken_architecture() {
+        use archer_core::safety_net::{Broken, Limits};
+        let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "annotations": {"archer.dev/platforms": "linux/amd64,linux/arm64"}},
+            "spec": {"containers": [{"name": "c", "image": "example.com/web:1", "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}))
+        .expect("pod");
+        let pool: NodePool = serde_json::from_value(json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodePool", "metadata": {"name": "general"},
+            "spec": {"template": {"spec": {"requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+                {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m6g.large", "m6i.large"]}]}}}}))
+        .expect("pool");
+        let mut state = ClusterState { pods: vec![Arc::new(pod.clone())], pools: vec![Arc::new(pool)], offerings: Arc::new(Offering::embedded_on_demand()), now: 1_000, ..Default::default() };
+        let arch_planned = |state: &ClusterState| {
+            let pools = state.packer_pools();
+            let pending = [adapter::pending(&pod, state.pod_platforms(&pod), &state.volumes(), Default::default())];
+            let plan = archer_core::planner::plan_batch(&state.snapshot(&pools, &|_| false), &pending, &pools, &state.offerings);
+            plan.nodes.first().map(|n| n.arch.clone())
+        };
+        assert_eq!(arch_planned(&state).as_deref(), Some("arm64"), "arm64 (m6g.large) is the cheaper of the two");
+
+        let mut record = SafetyRecord::default();
+        let entry = Broken { digest: "sha256:d1".into(), arch: "arm64".into(), image: "example.com/web:1".into(), at: 900, namespace: "shop".into(), verified: false, expires: 900 + 3600 };
+        assert!(record.learn(entry, &Limits { broken_ttl_seconds: 3600, ..Limits::default() }));
+        state.safety = Arc::new(record);
+        assert!(state.needs_digests(&pod), "the record names the pod's image: its digest decides");
+        state.digests.insert("example.com/web:1".into(), "sha256:d1".into());
+        assert!(!state.needs_digests(&pod));
+        assert_eq!(state.pod_platforms(&pod), PlatformSet::parse_annotation("linux/amd64").ok(), "the record takes arm64 away from the annotation");
+        assert_eq!(arch_planned(&state).as_deref(), Some("amd64"));
+
+        // The same tag at another digest, or the entry past its time, takes nothing.
+        let mut elsewhere = state.clone();
+        elsewhere.digests.insert("example.com/web:1".into(), "sha256:d2".into());
+        assert_eq!(arch_planned(&elsewhere).as_deref(), Some("arm64"), "the tag now names another digest");
+        let mut later = state.clone();
+        later.now = 900 + 3601;
+        assert_eq!(arch_planned(&later).as_deref(), Some("arm64"), "the entry expired");
     }
 
     /// The batcher's inputs from a recorded state: which pods a batch plans, which a live plan
