@@ -261,14 +261,20 @@ fn no_type_has_more_than_twenty_methods() {
     assert!(big.is_empty(), "types over 20 methods (split them): {big:?}");
 }
 
+/// The names of the packages `krate` depends on in a normal build (`cargo tree`), itself
+/// included.
+fn dependency_names(krate: &str) -> BTreeSet<String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = std::process::Command::new(&cargo).args(["tree", "--locked", "-p", krate, "-e", "normal", "--prefix", "none"]).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("cargo tree");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tree = String::from_utf8(out.stdout).expect("utf-8");
+    tree.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect()
+}
+
 #[test]
 fn the_pure_crates_depend_on_no_runtime() {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     for krate in ["archer-core", "archer-model"] {
-        let out = std::process::Command::new(&cargo).args(["tree", "--locked", "-p", krate, "-e", "normal", "--prefix", "none"]).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("cargo tree");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let tree = String::from_utf8(out.stdout).expect("utf-8");
-        let names: BTreeSet<&str> = tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
+        let names = dependency_names(krate);
         assert!(names.contains("k8s-openapi"), "{krate}: {names:?}");
         for runtime in ["tokio", "kube-client", "kube-runtime", "hyper", "reqwest", "axum", "aws-config", "aws-sdk-ec2"] {
             assert!(!names.contains(runtime), "{krate} depends on {runtime}: {names:?}");
@@ -280,12 +286,8 @@ fn the_pure_crates_depend_on_no_runtime() {
 /// framework with it, so neither does the registry client.
 #[test]
 fn the_registry_client_reaches_no_web_framework() {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     for krate in ["archer-limits", "archer-registry"] {
-        let out = std::process::Command::new(&cargo).args(["tree", "--locked", "-p", krate, "-e", "normal", "--prefix", "none"]).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("cargo tree");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let tree = String::from_utf8(out.stdout).expect("utf-8");
-        let names: BTreeSet<&str> = tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
+        let names = dependency_names(krate);
         assert!(names.contains("tokio"), "{krate}: {names:?}");
         for server in ["axum", "axum-core"] {
             assert!(!names.contains(server), "{krate} depends on {server}: {names:?}");

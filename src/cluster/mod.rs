@@ -109,9 +109,10 @@ pub fn pull_secret_refs(pod: &Pod) -> (String, Vec<String>) {
 
 /// The platforms a pod's images run on, and per image when they were inspected here.
 pub enum PodPlatforms {
-    /// `per_image`: each inspected image's platforms less its broken ones; `digests`: the
-    /// digest each inspected image resolved to.
-    Known { all: PlatformSet, per_image: Vec<(String, PlatformSet)>, digests: Vec<(String, String)> },
+    /// `per_image`: each inspected image's platforms less the ones broken for this pod's
+    /// namespace; `inspected`: each inspected image's digest and platforms as the registry gave
+    /// them (what another namespace's pods of the same image may read).
+    Known { all: PlatformSet, per_image: Vec<(String, PlatformSet)>, inspected: Vec<(String, String, PlatformSet)> },
     Unknown(String),
 }
 
@@ -128,7 +129,7 @@ pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>,
     // A recorded pod is inspected only when the record names one of its images (for the digest).
     if let Some(all) = &recorded {
         if !images.iter().any(|i| record.mentions_image(i, namespace, now)) {
-            return PodPlatforms::Known { all: all.clone(), per_image: Vec::new(), digests: Vec::new() };
+            return PodPlatforms::Known { all: all.clone(), per_image: Vec::new(), inspected: Vec::new() };
         }
     }
     if images.is_empty() {
@@ -137,25 +138,23 @@ pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>,
     let keyring = pod_keyring(cluster, base, namespace, pod).await;
     let results = inspector.inspect_all(&images, &keyring, tokio::time::Instant::now() + timeout).await;
     let mut per_image = Vec::new();
-    let mut digests = Vec::new();
-    let mut broken = std::collections::BTreeSet::new();
+    let mut inspected = Vec::new();
     for (image, r) in images.into_iter().zip(results) {
         match r {
             Ok(found) => {
-                let (left, removed) = record.exclude(&found.digest, namespace, now, &found.platforms);
-                broken.extend(removed);
-                digests.push((image.clone(), found.digest.clone()));
-                per_image.push((image, left));
+                per_image.push((image.clone(), record.exclude(&found.digest, namespace, now, &found.platforms).0));
+                inspected.push((image, found.digest.clone(), found.platforms.clone()));
             }
             Err(_) if recorded.is_some() => {}
             Err(e) => return PodPlatforms::Unknown(format!("image {image}: {e}")),
         }
     }
     if let Some(all) = recorded {
-        return PodPlatforms::Known { all: all.retain_architectures(|a| !broken.contains(a)), per_image: Vec::new(), digests };
+        let digests = inspected.iter().map(|(_, digest, _)| digest.clone());
+        return PodPlatforms::Known { all: record.exclude_all(digests, namespace, now, &all), per_image: Vec::new(), inspected };
     }
     let all = PlatformSet::intersect_all(per_image.iter().map(|(_, p)| p)).unwrap_or_default();
-    PodPlatforms::Known { all, per_image, digests }
+    PodPlatforms::Known { all, per_image, inspected }
 }
 
 #[derive(Clone)]

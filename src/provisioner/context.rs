@@ -125,17 +125,20 @@ impl Context {
         let unknown: Vec<&Pod> = pods.iter().map(|p| p.borrow()).filter(|p| state.pod_platforms(p).is_none() || state.needs_digests(p)).collect();
         let found = join_all(unknown.into_iter().map(|pod| async move {
             match pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
-                PodPlatforms::Known { per_image, digests, .. } => (per_image, digests),
+                PodPlatforms::Known { inspected, .. } => inspected,
                 PodPlatforms::Unknown(why) => {
                     tracing::info!(pod = %pod_id(pod), reason = %why, "platforms unknown; the pod is assumed to run on any architecture");
-                    (Vec::new(), Vec::new())
+                    Vec::new()
                 }
             }
         }))
         .await;
-        for (per_image, digests) in found {
-            state.platforms.extend(per_image);
-            state.digests.extend(digests);
+        // The images' platforms as the registry gave them: the state is shared by the pods of
+        // every namespace, and `ClusterState::pod_platforms` takes away what the record holds
+        // broken for each pod's own namespace.
+        for (image, digest, platforms) in found.into_iter().flatten() {
+            state.platforms.insert(image.clone(), platforms);
+            state.digests.insert(image, digest);
         }
     }
 

@@ -251,16 +251,13 @@ impl SafetyRecord {
     }
 
     /// `platforms` without the architectures found broken for any of `digests` (the digests a
-    /// pod's images resolved to, for pods in `namespace` at `now`), and those removed.
-    pub fn exclude_all<I: IntoIterator<Item = String>>(&self, digests: I, namespace: &str, now: i64, platforms: &PlatformSet) -> (PlatformSet, Vec<String>) {
-        let mut left = platforms.clone();
-        let mut removed = Vec::new();
+    /// pod's images resolved to, for pods in `namespace` at `now`).
+    pub fn exclude_all<I: IntoIterator<Item = String>>(&self, digests: I, namespace: &str, now: i64, platforms: &PlatformSet) -> PlatformSet {
+        let mut broken = BTreeSet::new();
         for digest in digests {
-            let (l, r) = self.exclude(&digest, namespace, now, &left);
-            left = l;
-            removed.extend(r);
+            broken.extend(self.broken_arches(&digest, namespace, now));
         }
-        (left, removed)
+        platforms.retain_architectures(|a| !broken.contains(a))
     }
 
     /// Whether an entry that holds in `namespace` names `image` as a pod named it (the extender

@@ -25,7 +25,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-
 use archer_metrics::{label, Labels};
 
 /// Permits are KiB, so one reservation (a u32 of permits) can name up to 4 TiB.

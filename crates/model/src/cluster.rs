@@ -70,7 +70,7 @@ impl ClusterState {
         let platforms = archer_core::placement::pod_platforms(pod, &|i| self.platforms.get(i))?;
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let digests = archer_core::placement::pod_images(pod).into_iter().filter_map(|i| self.digests.get(&i).cloned());
-        Some(self.safety.exclude_all(digests, namespace, self.now, &platforms).0)
+        Some(self.safety.exclude_all(digests, namespace, self.now, &platforms))
     }
 
     /// Whether the platforms of `pod` depend on an image digest this state has not resolved:
@@ -276,6 +276,17 @@ mod tests {
         assert!(!state.needs_digests(&pod));
         assert_eq!(state.pod_platforms(&pod), PlatformSet::parse_annotation("linux/amd64").ok(), "the record takes arm64 away from the annotation");
         assert_eq!(arch_planned(&state).as_deref(), Some("amd64"));
+
+        // The state is shared by every namespace's pods: a pod of the same image elsewhere,
+        // whose platforms come from the image as the registry gave them, keeps arm64.
+        state.platforms.insert("example.com/web:1".into(), PlatformSet::parse_annotation("linux/amd64,linux/arm64").expect("platforms"));
+        let mut other: Pod = pod.clone();
+        other.metadata.namespace = Some("blog".into());
+        other.metadata.annotations = None;
+        assert_eq!(state.pod_platforms(&other), PlatformSet::parse_annotation("linux/amd64,linux/arm64").ok(), "another namespace's detection");
+        let mut unannotated = pod.clone();
+        unannotated.metadata.annotations = None;
+        assert_eq!(state.pod_platforms(&unannotated), PlatformSet::parse_annotation("linux/amd64").ok(), "the detection's own namespace");
 
         // The same tag at another digest, or the entry past its time, takes nothing.
         let mut elsewhere = state.clone();
