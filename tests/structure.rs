@@ -282,6 +282,20 @@ fn the_pure_crates_depend_on_no_runtime() {
     }
 }
 
+/// Layers go down: the model decides on what the clouds report (instances) without depending on
+/// the crate that defines how a cloud is driven, and the core depends on no Archer crate.
+#[test]
+fn the_model_sits_below_the_clouds() {
+    let model = dependency_names("archer-model");
+    assert!(model.contains("archer-core") && model.contains("archer-api"), "{model:?}");
+    for above in ["archer-cloud", "archer-cloud-aws", "archer-cloud-azure", "archer-cloud-kwok", "archer-registry", "archer-metrics", "archer-limits"] {
+        assert!(!model.contains(above), "archer-model depends on {above}: {model:?}");
+    }
+    let core = dependency_names("archer-core");
+    let archer: Vec<&String> = core.iter().filter(|n| n.starts_with("archer-") && n.as_str() != "archer-core").collect();
+    assert!(archer.is_empty(), "archer-core depends on {archer:?}");
+}
+
 /// The registry client draws from the memory budget; the budget's crate brings no web
 /// framework with it, so neither does the registry client.
 #[test]

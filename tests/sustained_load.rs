@@ -15,8 +15,9 @@
 //! Deployment's memory limit, and RSS after a quiet period must be back within them; no request
 //! may panic or go unanswered.
 //!
-//! Ignored by `cargo test` (it needs the release binary): `.ci/run` runs it as
-//! `cargo build --release --locked --bin archer && cargo test --locked --test sustained_load -- --ignored --nocapture --test-threads=1`.
+//! Ignored by `cargo test` (it needs a release binary): run it as
+//! `cargo build --release --locked --bin archer && cargo test --locked --test sustained_load -- --ignored --nocapture --test-threads=1`
+//! (`ARCHER_RELEASE_BIN` names another binary: `.ci/run` builds one without the cloud SDKs).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]
 
 mod common;

@@ -132,7 +132,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
             (state, Some(view))
         }
     };
-    let pods = state.pod_refs();
+    let pods = archer_model::cluster::refs(&state.pods);
     let cfg = registry.load()?;
     let catalog = Catalog::with_user_file(catalog.as_deref().or(cfg.catalog.as_deref()))?;
     let images = if offline {

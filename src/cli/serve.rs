@@ -8,6 +8,7 @@ use axum::routing::get;
 use clap::Args;
 
 use super::RegistryArgs;
+use crate::cluster::picture::Picture;
 use crate::cluster::ClusterView;
 use crate::extender::{self, Extender};
 use archer_metrics::Metrics;
@@ -75,10 +76,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         None => (None, None),
     };
     let base_keyring = super::base_keyring(&cfg)?;
-    let parts = Parts { cfg: &cfg, budget: &budget, inspector: &inspector, cluster: cluster.as_ref(), base_keyring: &base_keyring, metrics: &metrics };
+    // The one place the cluster state is built (the provisioner's caches attach to it).
+    let picture = cluster.clone().map(Picture::new);
+    let parts = Parts { cfg: &cfg, budget: &budget, inspector: &inspector, cluster: cluster.as_ref(), picture: picture.as_ref(), base_keyring: &base_keyring, metrics: &metrics };
     let catalog = Arc::new(archer_core::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
     let cluster_for_safety = cluster.clone();
-    let provisioning = provisioner_task(&cfg, cluster.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;
+    let provisioning = provisioner_task(&cfg, picture.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;
     let extender_router = extender::router(parts.extender(catalog));
     let router = webhook::router(parts.webhook()).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));
 
@@ -160,6 +163,7 @@ struct Parts<'a> {
     budget: &'a archer_limits::MemoryBudget,
     inspector: &'a archer_registry::Inspector,
     cluster: Option<&'a ClusterView>,
+    picture: Option<&'a Picture>,
     base_keyring: &'a archer_registry::Keyring,
     metrics: &'a Arc<Metrics>,
 }
@@ -189,6 +193,7 @@ impl Parts<'_> {
             inspector: self.inspector.clone(),
             nodes: self.cluster.map(|c| c.nodes()),
             cluster: self.cluster.cloned(),
+            picture: self.picture.cloned(),
             defaults: cfg.defaults.clone(),
             base_keyring: self.base_keyring.clone(),
             metrics: self.metrics.clone(),
@@ -288,7 +293,7 @@ fn body_limits(cfg: &crate::config::Config, budget: &archer_limits::MemoryBudget
 /// The provisioning worker under leader election, or a future that never ends when it is off.
 fn provisioner_task(
     cfg: &crate::config::Config,
-    cluster: Option<&ClusterView>,
+    picture: Option<&Picture>,
     catalog: Arc<archer_core::catalog::Catalog>,
     inspector: archer_registry::Inspector,
     base_keyring: archer_registry::Keyring,
@@ -298,10 +303,10 @@ fn provisioner_task(
     if !settings.enabled() {
         return Ok(Box::pin(std::future::pending()));
     }
-    let Some(cluster) = cluster.cloned() else {
+    let Some(picture) = picture.cloned() else {
         anyhow::bail!("--cloud-provider {} needs a cluster (no kubeconfig or in-cluster credentials found)", settings.cloud_provider);
     };
-    let client = cluster.client().clone();
+    let client = picture.view().client().clone();
     let namespace = cfg.namespace.clone();
     let lease_client = client.clone();
     Ok(Box::pin(async move {
@@ -335,7 +340,7 @@ fn provisioner_task(
         let duration = Duration::from_secs(settings.lease_duration_seconds);
         let leader_metrics = metrics.clone();
         let work = move || {
-            let (worker, watches) = crate::provisioner::Provisioner::new(client.clone(), provider.clone(), inspector.clone(), Some(cluster.clone()), base_keyring.clone(), metrics.clone(), settings.clone());
+            let (worker, watches) = crate::provisioner::Provisioner::new(client.clone(), provider.clone(), inspector.clone(), picture.clone(), base_keyring.clone(), metrics.clone(), settings.clone());
             async move {
                 tokio::select! {
                     _ = watches => tracing::error!("provisioner watches ended"),

@@ -1,13 +1,20 @@
 //! What Archer reads from the cluster: a watch-backed Namespace and Node cache (no API call per
-//! admission), image pull secrets from the pod's own namespace, the placements the provisioning
-//! plans made, and ([`stores`]) the provisioner's watch caches and the [`ClusterState`] they hold.
+//! admission), node registrations seen on it, the safety record, and image pull secrets from the
+//! pod's own namespace ([`ClusterView`]); the provisioner's watch caches ([`stores`]); the
+//! placements its plans made ([`plans`]); and the one place the [`ClusterState`] every decision
+//! reads is built from them ([`picture`]).
+//!
+//! [`ClusterState`]: archer_model::ClusterState
 
 pub mod events;
 pub mod leader;
+pub mod picture;
+pub mod plans;
+pub mod registrations;
 pub mod safety_record;
 pub mod stores;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +27,6 @@ use moka::future::Cache;
 
 use archer_core::placement::{pod_images, recorded_platforms};
 use archer_core::platform::PlatformSet;
-use archer_model::ClusterState;
 use archer_registry::{Inspector, Keyring};
 
 const SECRET_TTL: Duration = Duration::from_secs(60);
@@ -98,6 +104,11 @@ pub fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
+/// Now, in milliseconds since the Unix epoch (the unit of [`archer_model::ClusterState::now_ms`]).
+pub fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// Where a pod's pull credentials come from: its service account (`default` when unnamed) and
 /// its own `imagePullSecrets`, in order.
 pub fn pull_secret_refs(pod: &Pod) -> (String, Vec<String>) {
@@ -157,6 +168,8 @@ pub async fn pod_platforms(inspector: &Inspector, cluster: Option<&ClusterView>,
     PodPlatforms::Known { all, per_image, inspected }
 }
 
+/// The watch caches every mode reads (Namespaces, Nodes, the registrations seen on Nodes, the
+/// safety record) and image pull secrets, read from the pod's own namespace only.
 #[derive(Clone)]
 pub struct ClusterView {
     client: Client,
@@ -164,130 +177,13 @@ pub struct ClusterView {
     nodes: Store<Node>,
     secrets: Cache<(String, String), Option<Arc<Keyring>>>,
     service_accounts: Cache<(String, String), Vec<String>>,
-    /// Where the provisioner's plans put pending pods: `namespace/name` -> node name. The
-    /// extender scores that node highest, so kube-scheduler binds pods where the plan that bought
-    /// their nodes placed them (and not on a sibling node it happens to score higher, which
-    /// leaves nodes the plan counted on half empty). Bounded, and forgotten after
-    /// [`PLACEMENT_TTL`]: a plan is only worth following while its pods are pending.
-    placements: Cache<String, (String, std::time::Instant)>,
-    /// The provisioner's watch caches, while this process provisions (it holds the plans too):
-    /// the extender reads the cluster state they hold to tell why kube-scheduler refuses a
-    /// planned node, and what room the plans hold.
-    stores: Arc<std::sync::RwLock<Option<stores::Stores>>>,
-    /// Bumped whenever a placement is recorded or forgotten: views derived from them
-    /// ([`ClusterView::planned_on`]) are current while it holds still.
-    plans_version: Arc<std::sync::atomic::AtomicU64>,
     /// When nodes the Node cache saw registering became free of registering taints.
-    registrations: Registrations,
+    registrations: registrations::Registrations,
     /// The safety net's record of image digests broken on an architecture.
     safety: Arc<safety_record::SharedRecord>,
 }
 
-/// When each node the Node cache saw registering (a [`REGISTERING_TAINTS`] taint on it) was
-/// first seen without them, by this process's clock. kube-scheduler's own cache can be moments
-/// behind Archer's: a node registered here may still be tainted in the snapshot it filters on.
-/// Nodes already free of the taints when first seen (at start-up) are not recorded.
-///
-/// [`REGISTERING_TAINTS`]: archer_core::taints::REGISTERING_TAINTS
-#[derive(Clone)]
-struct Registrations {
-    registering: moka::sync::Cache<String, ()>,
-    registered: moka::sync::Cache<String, std::time::Instant>,
-}
-
-impl Registrations {
-    fn new() -> Self {
-        Self {
-            registering: moka::sync::Cache::builder().max_capacity(MAX_REGISTRATIONS).time_to_live(REGISTERING_TTL).build(),
-            registered: moka::sync::Cache::builder().max_capacity(MAX_REGISTRATIONS).time_to_live(REGISTERED_TTL).build(),
-        }
-    }
-
-    /// A node added or changed in the cache, at `now`.
-    fn observe(&self, node: &Node, now: std::time::Instant) {
-        let Some(name) = node.metadata.name.as_deref() else { return };
-        if archer_core::taints::node_registering(node) {
-            self.registering.insert(name.to_string(), ());
-            self.registered.invalidate(name);
-        } else if self.registering.contains_key(name) {
-            self.registering.invalidate(name);
-            self.registered.insert(name.to_string(), now);
-        }
-    }
-
-    /// How long ago the node was seen to finish registering, if it was recently.
-    fn since(&self, name: &str) -> Option<Duration> {
-        self.registered.get(name).map(|at| at.elapsed())
-    }
-}
-
-/// How long a planned placement is followed.
-const PLACEMENT_TTL: Duration = Duration::from_secs(600);
-/// At most this many planned placements are remembered.
-const MAX_PLACEMENTS: u64 = 200_000;
-/// At most this many nodes are remembered registering, and as many as registered.
-const MAX_REGISTRATIONS: u64 = 100_000;
-/// A node seen registering is forgotten after this long (it was deleted, or never registers).
-const REGISTERING_TTL: Duration = Duration::from_secs(3600);
-/// A node's registration time is kept this long: only a recent one matters.
-const REGISTERED_TTL: Duration = Duration::from_secs(600);
-
 impl ClusterView {
-    /// Record that a plan put these pods (`namespace/name`) on `node`. A pod planned onto the
-    /// same node again keeps its first time: the patience the extender grants a plan runs from
-    /// the first plan, so batches repeating a plan kube-scheduler refuses cannot hold a pod back.
-    pub async fn plan_placed(&self, pods: Vec<String>, node: &str) {
-        for p in pods {
-            if self.placements.get(&p).await.is_some_and(|(n, _)| n == node) {
-                continue;
-            }
-            self.placements.insert(p, (node.to_string(), std::time::Instant::now())).await;
-            self.plans_version.fetch_add(1, std::sync::atomic::Ordering::Release);
-        }
-    }
-
-    /// Changes whenever a placement is recorded or forgotten.
-    pub fn plans_version(&self) -> u64 {
-        self.plans_version.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Forget where plans put these pods (a batch found no place for them): the room they held
-    /// is free again.
-    pub async fn plan_forgotten(&self, pods: Vec<String>) {
-        for p in pods {
-            self.placements.invalidate(&p).await;
-        }
-        self.plans_version.fetch_add(1, std::sync::atomic::Ordering::Release);
-    }
-
-    /// The node a plan put the pod on, if one did recently, and how long ago.
-    pub async fn planned_node(&self, pod: &str) -> Option<(String, Duration)> {
-        self.placements.get(pod).await.map(|(n, at)| (n, at.elapsed()))
-    }
-
-    /// The pods (`namespace/name`) recent plans put on each node (of `nodes`, or any).
-    pub fn planned_on(&self, nodes: Option<&std::collections::HashSet<&str>>) -> HashMap<String, Vec<String>> {
-        let mut out: HashMap<String, Vec<String>> = HashMap::new();
-        for (pod, (node, _)) in self.placements.iter() {
-            if nodes.is_none_or(|n| n.contains(node.as_str())) {
-                out.entry(node).or_default().push(pod.as_ref().clone());
-            }
-        }
-        out
-    }
-
-    /// Share the provisioner's watch caches (see the field); `None` when it stops.
-    pub fn attach_stores(&self, stores: Option<stores::Stores>) {
-        *self.stores.write().unwrap_or_else(|e| e.into_inner()) = stores;
-    }
-
-    /// The cluster at this moment as the provisioner's caches hold it (the one
-    /// [`ClusterState`] its decisions read), when this process provisions.
-    pub fn state(&self) -> Option<ClusterState> {
-        let stores = self.stores.read().unwrap_or_else(|e| e.into_inner()).clone()?;
-        Some(stores.state(self.namespaces()))
-    }
-
     /// Start the Namespace and Node watches; the returned future drives them and must be polled
     /// for the life of the process (they retry with back-off when the API server goes away).
     /// `safety` names the safety net's ConfigMap (namespace, name), when it runs.
@@ -300,18 +196,15 @@ impl ClusterView {
             None => (safety_record::SharedRecord::standalone(), Box::pin(futures::future::ready(()))),
         };
         let (namespaces, ns_stream) = reflect::<Namespace>(&client, "namespace");
-        let registrations = Registrations::new();
+        let registrations = registrations::Registrations::default();
         let seen = registrations.clone();
-        let (nodes, node_stream) = reflect_with(Api::all(client.clone()), watcher::Config::default(), "node", move |n: &Node| seen.observe(n, std::time::Instant::now()));
+        let (nodes, node_stream) = reflect_with(Api::all(client.clone()), watcher::Config::default(), "node", move |n: &Node| seen.observe(n, unix_now_ms()));
         let view = Self {
             client,
             namespaces,
             nodes,
             secrets: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
             service_accounts: Cache::builder().max_capacity(10_000).time_to_live(SECRET_TTL).build(),
-            placements: Cache::builder().max_capacity(MAX_PLACEMENTS).time_to_live(PLACEMENT_TTL).build(),
-            stores: Arc::default(),
-            plans_version: Arc::default(),
             registrations,
             safety,
         };
@@ -320,10 +213,9 @@ impl ClusterView {
         })
     }
 
-    /// How long ago the node, seen registering, was seen free of registering taints (for ten
-    /// minutes at most; `None` for a node never seen registering).
-    pub fn registered_for(&self, node: &str) -> Option<Duration> {
-        self.registrations.since(node)
+    /// When nodes seen registering were seen free of registering taints.
+    pub fn registrations(&self) -> &registrations::Registrations {
+        &self.registrations
     }
 
     /// The safety net's record as this replica sees it.
@@ -435,42 +327,5 @@ impl ClusterView {
                 }
             })
             .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(name: &str, taints: &[&str]) -> Node {
-        let taints = taints.iter().map(|k| k8s_openapi::api::core::v1::Taint { key: k.to_string(), effect: "NoSchedule".into(), ..Default::default() }).collect();
-        Node {
-            metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
-            spec: Some(k8s_openapi::api::core::v1::NodeSpec { taints: Some(taints), ..Default::default() }),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_node_is_recorded_registered_when_its_registering_taints_go() {
-        let r = Registrations::new();
-        let t0 = std::time::Instant::now().checked_sub(Duration::from_secs(10)).expect("a machine up for 10 s");
-        // Up before Archer saw it: never recorded.
-        r.observe(&node("old", &[]), t0);
-        assert_eq!(r.since("old"), None);
-        // New: unregistered, then not-ready (a startup taint of another kind does not count).
-        r.observe(&node("new", &["karpenter.sh/unregistered", "node.kubernetes.io/not-ready"]), t0);
-        r.observe(&node("new", &["node.kubernetes.io/not-ready", "cni-not-ready"]), t0);
-        assert_eq!(r.since("new"), None);
-        r.observe(&node("new", &["cni-not-ready"]), t0);
-        assert!(r.since("new").expect("registered") >= Duration::from_secs(10));
-        // Later updates keep the first time; tainted again (not-ready) and back records anew.
-        r.observe(&node("new", &[]), std::time::Instant::now());
-        assert!(r.since("new").expect("registered") >= Duration::from_secs(10));
-        r.observe(&node("new", &["node.kubernetes.io/not-ready"]), t0);
-        assert_eq!(r.since("new"), None);
-        let later = std::time::Instant::now() + Duration::from_secs(3600);
-        r.observe(&node("new", &[]), later);
-        assert_eq!(r.since("new"), Some(Duration::ZERO), "a time not yet come reads as now");
     }
 }

@@ -1,7 +1,6 @@
 //! The watch caches the provisioner reads (Pods, Nodes, NodeClaims, NodePools, DaemonSets, volume
-//! claims and volumes), and the cluster state they hold at any moment. The provisioner owns them;
-//! the extender reads the same state through [`super::ClusterView::state`] while this process
-//! provisions.
+//! claims and volumes), and the objects they hold at any moment. The provisioner owns them;
+//! [`super::picture`] builds every state from them while this process provisions.
 
 use std::sync::Arc;
 
@@ -58,9 +57,9 @@ impl Stores {
         (Stores { pods, nodes, claims, pools, daemonsets, claims_pv, volumes }, drive)
     }
 
-    /// The cluster as the caches hold it now, with the namespaces the process keeps (the
-    /// provider's offerings and pool readiness are added by `Context::state`).
-    pub fn state(&self, namespaces: Vec<Arc<Namespace>>) -> ClusterState {
+    /// The objects as the caches hold them now, with the namespaces the process keeps (the rest
+    /// of the state is added by [`super::picture::Picture::state_of`]).
+    pub(super) fn state(&self, namespaces: Vec<Arc<Namespace>>) -> ClusterState {
         ClusterState {
             nodes: self.nodes.state(),
             pods: self.pods.state(),

@@ -3,8 +3,6 @@
 //! the webhook never saw); prioritize scores nodes by what the pod costs there.
 //! One job each: nothing the default scheduler already checks (resources, taints) is re-checked.
 
-mod held_room;
-mod plan_wait;
 pub mod wire;
 
 use std::borrow::Cow;
@@ -21,7 +19,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use archer_core::catalog::Catalog;
+use crate::cluster::picture::Picture;
 use crate::cluster::{ClusterView, PodPlatforms};
+use archer_model::handoff::{self, HeldRoom};
 use archer_core::labels;
 use archer_core::placement::PLATFORMS_ANNOTATION;
 use archer_core::platform::PlatformSet;
@@ -38,6 +38,9 @@ pub struct Extender {
     pub catalog: Arc<Catalog>,
     pub inspector: Inspector,
     pub cluster: Option<ClusterView>,
+    /// The cluster state and the plans, while this process provisions: the hand-off to
+    /// kube-scheduler ([`archer_model::handoff`]) reads them.
+    pub picture: Option<Picture>,
     /// The watch-backed Node cache for `nodeCacheCapable: true` (NodeNames) calls.
     pub nodes: Option<Store<Node>>,
     pub defaults: PolicyDefaults,
@@ -54,13 +57,14 @@ pub struct Extender {
     pub max_price_per_hour: f64,
     /// Facts derived from cached Nodes, by name, valid for the resourceVersion they came from.
     pub facts: FactsCache,
-    /// The room plans hold, as last built ([`held_room`]).
+    /// The room plans hold, as last built ([`HeldRoom`]).
     pub held: HeldCache,
 }
 
-/// The last view of the room plans hold, shared by filter calls for [`HELD_ROOM_REFRESH`].
+/// The last view of the room plans hold and when it was built, shared by filter calls for
+/// [`HELD_ROOM_REFRESH`] while the plans do not change.
 #[derive(Default)]
-pub struct HeldCache(std::sync::Mutex<Option<Arc<held_room::HeldRoom>>>);
+pub struct HeldCache(std::sync::Mutex<Option<(Instant, Arc<HeldRoom>)>>);
 
 /// Per-node facts computed once per Node version, so a NodeNames call over thousands of nodes
 /// is a lookup per name rather than a label walk and catalog lookup per name. Weighed in bytes
@@ -325,78 +329,45 @@ impl Extender {
         PriceRules { catalog: &self.catalog, max_per_hour: self.max_price_per_hour }
     }
 
-    /// The provisioning plan's node for the pod, when kube-scheduler should take only it:
-    /// (that node, why the others are refused). The planned node among the candidates: only it.
-    /// Not among them but still registering, or registered too recently for kube-scheduler's
-    /// cache to show it ([`awaiting_registration`]): none of them (the pod waits for the node
-    /// bought for it rather than landing on a sibling the plan counted on for other pods; the
-    /// node's taints going away is a cluster event that makes kube-scheduler try the pod again).
-    /// Not made yet while its claim is live, for at most [`plan_wait::PLAN_PATIENCE`]: none of
-    /// them (the plan may have opened a domain kube-scheduler cannot see yet; the Node's
-    /// creation requeues the pod, and a launch that fails has the pod planned again, onto a
-    /// node whose creation does). Registered but refused by kube-scheduler's topology spread alone while pods planned for
-    /// the other domains are still pending: none of them, for at most [`plan_wait::PLAN_PATIENCE`] (their
-    /// binding requeues the pod; see [`plan_wait`]). Otherwise: no steering (any node).
-    ///
-    /// A pod never waits for a clock here: kube-scheduler retries a pod it could not place only
-    /// on cluster events its own filters care about, so a wait that only a timer ended would
-    /// hold the pod until its periodic flush of unschedulable pods (5 minutes). An extender
-    /// error, which kube-scheduler does retry after back-off, would not do either: an extender
-    /// configured `ignorable`, as it should be, has its errors skipped.
-    async fn plan_steer(&self, pod: &Pod, candidates: &[&str]) -> Option<(String, String)> {
-        let cluster = self.cluster.as_ref()?;
-        let id = archer_core::pod_id(pod);
-        let (planned, age) = cluster.planned_node(&id).await?;
-        tracing::Span::current().record("hint", planned.as_str());
-        if candidates.contains(&planned.as_str()) {
+    /// The provisioning plan's node for the pod, when kube-scheduler should take only it: (that
+    /// node, why the others are refused), by [`handoff::steer`] on the cluster state now. Only a
+    /// process that provisions has plans; the state is built only for a pod one placed.
+    fn plan_steer(&self, pod: &Pod, candidates: &[&str]) -> Option<(String, String)> {
+        let picture = self.picture.as_ref()?;
+        let (_, placements) = picture.plans().snapshot();
+        let planned = placements.get(&archer_core::pod_id(pod))?;
+        tracing::Span::current().record("hint", planned.node.as_str());
+        let state = picture.state()?;
+        let steer = handoff::steer(&state, pod, candidates)?;
+        if steer.offered {
             self.metrics.extender_planned_placements.inc();
-            return Some((planned.clone(), format!("the provisioning plan put the pod on node {planned}")));
         }
-        let Some(node) = self.nodes.as_ref()?.get(&kube::runtime::reflector::ObjectRef::new(&planned)) else {
-            // The planned node is not made yet: the pod waits for it while its claim is live.
-            let why = cluster.state().and_then(|state| plan_wait::node_coming(&planned, age, &state));
-            return why.map(|why| (planned, why));
-        };
-        // Registered moments ago counts only while the node would take the pod by Archer's own
-        // view of it: if its room is taken, kube-scheduler refuses it for that, and no event
-        // would end the wait.
-        // (The window first: the fit reads every bound pod, and most nodes are long registered.)
-        let in_window = cluster.registered_for(&planned).filter(|d| *d < SCHEDULER_VIEW_LAG);
-        // The state snapshots every cache: taken only when a check below reads it (not for a
-        // node still registering, nor past the patience outside the window).
-        let needs_state = !archer_core::taints::node_registering(&node) && (in_window.is_some() || age < plan_wait::PLAN_PATIENCE);
-        let state = if needs_state { cluster.state() } else { None };
-        let recently = in_window.filter(|_| state.as_ref().is_some_and(|state| plan_wait::fits_alone(&archer_core::sched::PodInfo::from_pod(pod), &node, state)));
-        if let Some(why) = awaiting_registration(&planned, &node, recently) {
-            return Some((planned, why));
-        }
-        let state = state?;
-        let waits = age < plan_wait::PLAN_PATIENCE && plan_wait::refused_only_for_spread(pod, &node, &state) && plan_wait::siblings_coming(pod, &state, cluster).await;
-        waits.then(|| (planned.clone(), format!("waiting for node {planned}, where the provisioning plan put the pod, until the pods planned before it in other domains land")))
+        Some((steer.node, steer.why))
     }
 
     /// Candidates refused to a pod kube-scheduler is free to place (no plan steers it) because
-    /// their room is held for pending pods a plan put there ([`held_room`]); its own planned
+    /// their room is held for pending pods a plan put there ([`HeldRoom`]); its own planned
     /// node, if any, aside. Node name -> why.
-    async fn held_refusals(&self, pod: &Pod, candidates: &[&str]) -> std::collections::HashMap<String, String> {
-        let Some(cluster) = self.cluster.as_ref() else { return Default::default() };
-        let id = archer_core::pod_id(pod);
-        let own = cluster.planned_node(&id).await.map(|(n, _)| n);
+    fn held_refusals(&self, pod: &Pod, candidates: &[&str]) -> std::collections::HashMap<String, String> {
+        let Some(picture) = self.picture.as_ref() else { return Default::default() };
+        let (version, placements) = picture.plans().snapshot();
+        if placements.is_empty() {
+            return Default::default();
+        }
+        let own = placements.get(&archer_core::pod_id(pod)).map(|p| p.node.as_str());
         let held = {
             let cached = self.held.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let version = cluster.plans_version();
             match cached {
-                Some(h) if h.version == version && h.built.elapsed() < HELD_ROOM_REFRESH => h,
+                Some((built, h)) if h.version == version && built.elapsed() < HELD_ROOM_REFRESH => h,
                 _ => {
-                    // Only a process that provisions holds plans, and the state they are read on.
-                    let Some(state) = cluster.state() else { return Default::default() };
-                    let h = Arc::new(cpu_bound(usize::MAX, || held_room::HeldRoom::build(&cluster.planned_on(None), version, &state)));
-                    *self.held.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(h.clone());
+                    let Some(state) = picture.state() else { return Default::default() };
+                    let h = Arc::new(cpu_bound(usize::MAX, || HeldRoom::build(&state)));
+                    *self.held.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), h.clone()));
                     h
                 }
             }
         };
-        let set: Vec<&str> = candidates.iter().copied().filter(|c| Some(*c) != own.as_deref()).collect();
+        let set: Vec<&str> = candidates.iter().copied().filter(|c| Some(*c) != own).collect();
         let refused = held.refusals(pod, &set);
         if refused.is_empty() {
             return Default::default();
@@ -410,26 +381,6 @@ impl Extender {
         crate::cluster::pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspection_timeout).await
     }
 }
-
-/// Why a pod should wait for `planned`, the node its plan bought, which kube-scheduler did not
-/// offer: the node is still registering, or was seen registered less than
-/// [`SCHEDULER_VIEW_LAG`] ago (`registered_for`), so kube-scheduler's cache, which can be moments
-/// behind Archer's, may still show it tainted. Either way kube-scheduler tries the pod again when
-/// its cache shows the taints gone (a Node event its taint filter requeues pods on). `None`: the
-/// node is up and kube-scheduler refused it for reasons of its own.
-fn awaiting_registration(planned: &str, node: &Node, registered_for: Option<Duration>) -> Option<String> {
-    if archer_core::taints::node_registering(node) {
-        return Some(format!("waiting for node {planned}, which the provisioning plan bought for the pod, to register"));
-    }
-    registered_for
-        .is_some_and(|d| d < SCHEDULER_VIEW_LAG)
-        .then(|| format!("waiting for kube-scheduler to see node {planned}, which the provisioning plan bought for the pod, registered"))
-}
-
-/// How long after Archer saw a node finish registering kube-scheduler may still filter on a view
-/// in which it has not (its informer lags under load; tens of milliseconds were seen on a busy
-/// 2-core machine, where a pod then bound to a sibling node the plan had counted on for others).
-const SCHEDULER_VIEW_LAG: Duration = Duration::from_secs(5);
 
 /// How long one view of the room plans hold serves filter calls while no placement changes. A
 /// pod binding meanwhile counts the same on its node, held or bound.
@@ -481,12 +432,12 @@ struct NodeChecks<'a> {
 }
 
 impl<'a> NodeChecks<'a> {
-    async fn new(x: &Extender, pod: &Pod, names: &[&str], all: Option<&'a PlatformSet>, per_image: &'a [(String, PlatformSet)]) -> NodeChecks<'a> {
-        let steer = x.plan_steer(pod, names).await;
+    fn new(x: &Extender, pod: &Pod, names: &[&str], all: Option<&'a PlatformSet>, per_image: &'a [(String, PlatformSet)]) -> NodeChecks<'a> {
+        let steer = x.plan_steer(pod, names);
         if let Some((planned, _)) = &steer {
             tracing::Span::current().record("planned", planned.as_str());
         }
-        let held = if steer.is_none() { x.held_refusals(pod, names).await } else { Default::default() };
+        let held = if steer.is_none() { x.held_refusals(pod, names) } else { Default::default() };
         NodeChecks { steer, held, all, per_image }
     }
 
@@ -553,7 +504,7 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             span.record("nodes", nodes.len());
             let checks = {
                 let names: Vec<&str> = nodes.iter().map(|n| n.lite.metadata.name.as_ref()).collect();
-                NodeChecks::new(&x, &args.pod, &names, all, per_image).await
+                NodeChecks::new(&x, &args.pod, &names, all, per_image)
             };
             let mut keep = Vec::with_capacity(nodes.len());
             for n in nodes {
@@ -571,7 +522,7 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             let facts = x.facts.lookup(&names, x.nodes.as_ref(), &x.prices());
             let checks = {
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                NodeChecks::new(&x, &args.pod, &names, all, per_image).await
+                NodeChecks::new(&x, &args.pod, &names, all, per_image)
             };
             // Other pods wait for a node's whole batch to register (the plan's own pod does not).
             let registering = |name: &str| x.nodes.as_ref().and_then(|store| batch_registering(store, name));
@@ -643,11 +594,8 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     let mut scores = scoring::score(request, &candidates, &policy, x.preference_bonus);
     // The node the provisioner's plan put this pod on scores highest; the others keep their
     // order at half weight. kube-scheduler then binds the pod where the plan counted on it.
-    let id = archer_core::pod_id(&args.pod);
-    if let Some((planned, _)) = match &x.cluster {
-        Some(c) => c.planned_node(&id).await,
-        None => None,
-    } {
+    let planned = x.picture.as_ref().and_then(|p| p.plans().snapshot().1.get(&archer_core::pod_id(&args.pod)).map(|at| at.node.clone()));
+    if let Some(planned) = planned {
         if candidates.iter().any(|c| c.name == planned) {
             for (c, s) in candidates.iter().zip(scores.iter_mut()) {
                 *s = if c.name == planned { scoring::MAX_SCORE } else { *s / 2 };
@@ -692,24 +640,6 @@ mod tests {
         assert_eq!(batch_registering(&s, "a"), None);
         let s = store(vec![node("a", false, "b")]);
         assert_eq!(batch_registering(&s, "a"), None);
-    }
-
-    #[test]
-    fn a_pod_waits_for_its_planned_node_while_it_registers_and_while_kube_scheduler_may_lag() {
-        // Still tainted as registering, or Ready but not-ready still on: wait.
-        let why = awaiting_registration("n", &node("n", true, ""), None);
-        assert_eq!(why.as_deref(), Some("waiting for node n, which the provisioning plan bought for the pod, to register"));
-        let mut not_ready = node("n", false, "");
-        not_ready.spec = Some(k8s_openapi::api::core::v1::NodeSpec { taints: Some(vec![k8s_openapi::api::core::v1::Taint { key: "node.kubernetes.io/not-ready".into(), effect: "NoSchedule".into(), ..Default::default() }]), ..Default::default() });
-        assert!(awaiting_registration("n", &not_ready, None).is_some());
-        // Registered a moment ago by Archer's cache: kube-scheduler's may still show the taint.
-        let up = node("n", false, "");
-        let why = awaiting_registration("n", &up, Some(Duration::from_millis(40)));
-        assert_eq!(why.as_deref(), Some("waiting for kube-scheduler to see node n, which the provisioning plan bought for the pod, registered"));
-        // Long registered, or never seen registering (up before Archer started): kube-scheduler
-        // refused it for reasons of its own, and the pod is not held back.
-        assert_eq!(awaiting_registration("n", &up, Some(SCHEDULER_VIEW_LAG)), None);
-        assert_eq!(awaiting_registration("n", &up, None), None);
     }
 
     fn heavy_node(i: usize) -> Node {
@@ -757,6 +687,7 @@ mod tests {
             catalog: Arc::new(Catalog::embedded().expect("catalog")),
             inspector: Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
             cluster: None,
+            picture: None,
             nodes: None,
             defaults: cfg.defaults.clone(),
             base_keyring: Keyring::default(),

@@ -13,6 +13,7 @@ use kube::Resource;
 use archer_core::packer::{batch_budget, Plan};
 use archer_core::planner::{plan_batch_within, Pending};
 use archer_model::objects::{self as state, pod_id};
+use archer_model::ClusterState;
 
 use super::context::Context;
 use super::launch::{Launcher, PROVISIONING};
@@ -61,13 +62,13 @@ impl Batcher {
     #[tracing::instrument(skip_all, fields(pods = tracing::field::Empty, nodes = tracing::field::Empty))]
     pub async fn provision_once(self: &Arc<Self>) {
         let started = Instant::now();
-        let Some((pending, covered, plan)) = self.decide().await else { return };
+        let Some((state, pending, covered, plan)) = self.decide().await else { return };
         self.ctx.metrics.provisioner_batches.inc();
         // kube-scheduler goes on binding pods while the batch is decided: nodes bought for pods
         // bound meanwhile would stay (partly) empty. Decide once more on the cluster as it is
         // now; what is bound even then leaves the plan.
-        let (pending, covered, plan) = match self.gone_from(&plan) {
-            gone if gone.is_empty() => (pending, covered, plan),
+        let (state, pending, covered, plan) = match self.gone_from(&plan) {
+            gone if gone.is_empty() => (state, pending, covered, plan),
             gone => {
                 tracing::info!(gone = gone.len(), "pods of the batch were bound or deleted while it was decided; deciding again");
                 match self.decide().await {
@@ -96,12 +97,11 @@ impl Batcher {
         for (pod, node) in &plan.existing {
             tracing::debug!(pod = %pod, node = %node, "placed on room the cluster already has");
         }
-        if let Some(cluster) = &self.ctx.cluster {
-            for (pod, node) in &plan.existing {
-                cluster.plan_placed(vec![pod.clone()], node).await;
-            }
-            cluster.plan_forgotten(plan.unschedulable.iter().map(|u| u.pod.clone()).collect()).await;
+        let plans = self.ctx.picture.plans();
+        for (pod, node) in &plan.existing {
+            plans.placed(vec![pod.clone()], node, crate::cluster::unix_now_ms()).await;
         }
+        plans.forgotten(plan.unschedulable.iter().map(|u| u.pod.clone()).collect()).await;
         {
             let unplaceable: HashSet<&str> = plan.unschedulable.iter().map(|u| u.pod.as_str()).collect();
             let placeable = pending.iter().map(|p| pod_id(p)).filter(|id| !unplaceable.contains(id.as_str())).chain(covered.iter().cloned()).collect();
@@ -113,13 +113,14 @@ impl Batcher {
                 self.report_unprovisionable(p, &u.reason).await;
             }
         }
-        self.launcher.launch_plan(&plan.nodes, PROVISIONING).await;
+        self.launcher.launch_plan(&state, &plan.nodes, PROVISIONING).await;
         self.ctx.metrics.provisioner_batch_seconds.observe(started.elapsed().as_secs_f64());
     }
 
-    /// What a batch would do on the cluster as the caches have it now: the pods it plans (those
-    /// a live plan already covers aside), the covered ones, the plan. `None`: nothing pending.
-    async fn decide(&self) -> Option<(Vec<Arc<Pod>>, HashSet<String>, Plan)> {
+    /// What a batch would do on the cluster as the caches have it now: the state it read, the
+    /// pods it plans (those a live plan already covers aside), the covered ones, the plan.
+    /// `None`: nothing pending.
+    async fn decide(&self) -> Option<(ClusterState, Vec<Arc<Pod>>, HashSet<String>, Plan)> {
         let mut state = self.ctx.state();
         // Pods a live plan already placed on a node still coming are not planned again.
         let (pending, covered) = state.provisionable(&self.ctx.settings.scheduler_names);
@@ -129,14 +130,14 @@ impl Batcher {
         self.ctx.learn_platforms(&mut state, &pending).await;
         let pools = state.packer_pools();
         let snapshot = state.snapshot(&pools, &|_| false);
-        let batch: Vec<Pending> = self.ctx.pending_pods(&state, &pending, &state.volumes()).await;
+        let batch: Vec<Pending> = self.ctx.pending_pods(&state, &pending, &state.volumes());
         let offerings = &state.offerings;
         let plan = if pools.is_empty() {
             Plan { unschedulable: batch.iter().map(|p| archer_core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
         } else {
             tokio::task::block_in_place(|| plan_batch_within(&snapshot, &batch, &pools, offerings, batch_budget(self.ctx.settings.packing_budget(), batch.len())))
         };
-        Some((pending, covered, plan))
+        Some((state, pending, covered, plan))
     }
 
     /// The pods the plan places that the Pod cache no longer has pending (bound, deleted).

@@ -14,7 +14,7 @@ use kube::{Client, Resource};
 
 use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
-use archer_cloud::{CloudError, CloudProvider, NodeClassReadiness};
+use archer_cloud::{CloudError, CloudProvider};
 use archer_core::planner::Pending;
 use archer_core::sched::Volumes;
 use archer_metrics::{labels2, Metrics};
@@ -24,14 +24,16 @@ use archer_model::ClusterState;
 use archer_registry::{Inspector, Keyring};
 
 use crate::cluster::stores::Stores;
-use crate::cluster::{pod_platforms, ClusterView, PodPlatforms};
+use crate::cluster::picture::Picture;
+use crate::cluster::{pod_platforms, PodPlatforms};
 use crate::config::ProvisionerConfig;
 
 pub struct Context {
     pub client: Client,
     pub provider: Arc<dyn CloudProvider>,
     pub inspector: Inspector,
-    pub cluster: Option<ClusterView>,
+    /// Where the state is built from, and the plans recorded.
+    pub picture: Picture,
     pub base_keyring: Keyring,
     pub metrics: Arc<Metrics>,
     pub settings: ProvisionerConfig,
@@ -94,23 +96,9 @@ where
 }
 
 impl Context {
-    /// The cluster at this moment, from the watch caches.
+    /// The cluster at this moment ([`Picture::state_of`], from this provisioner's caches).
     pub fn state(&self) -> ClusterState {
-        let mut state = self.stores.state(self.cluster.as_ref().map(|c| c.namespaces()).unwrap_or_default());
-        state.offerings = self.provider.offerings();
-        state.safety = self.cluster.as_ref().map(|c| c.safety_record().get()).unwrap_or_default();
-        state.now = crate::cluster::unix_now();
-        // A pool whose node class is not ready gets no new node: its pods fall through to the
-        // next pool by weight, as Karpenter skips a NodePool that is not Ready.
-        state.closed_pools = state
-            .pools
-            .iter()
-            .filter_map(|np| match self.provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()) {
-                NodeClassReadiness::NotReady { message, .. } => Some((np.name(), message)),
-                NodeClassReadiness::Ready | NodeClassReadiness::NotUsed => None,
-            })
-            .collect();
-        state
+        self.picture.state_of(&self.stores, self.provider.as_ref())
     }
 
     /// Inspect the images of `pods` (each with its namespace's credentials, concurrently) and
@@ -124,7 +112,7 @@ impl Context {
         // what the record takes away, the webhook's record on the pod or not).
         let unknown: Vec<&Pod> = pods.iter().map(|p| p.borrow()).filter(|p| state.pod_platforms(p).is_none() || state.needs_digests(p)).collect();
         let found = join_all(unknown.into_iter().map(|pod| async move {
-            match pod_platforms(&self.inspector, self.cluster.as_ref(), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
+            match pod_platforms(&self.inspector, Some(self.picture.view()), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
                 PodPlatforms::Known { inspected, .. } => inspected,
                 PodPlatforms::Unknown(why) => {
                     tracing::info!(pod = %pod_id(pod), reason = %why, "platforms unknown; the pod is assumed to run on any architecture");
@@ -143,21 +131,19 @@ impl Context {
     }
 
     /// The planner's view of pods through the one adapter, with the platforms `state` knows
-    /// ([`Context::learn_platforms`]). Each carries the node an earlier plan put it on: this
-    /// process's latest plan, else the live claims' record (after a restart).
-    pub async fn pending_pods<P: std::borrow::Borrow<Pod> + Sync>(&self, state: &ClusterState, pods: &[P], volumes: &Volumes) -> Vec<Pending> {
-        let claimed = &state.planned_nodes();
-        join_all(pods.iter().map(|p| async move {
-            let p: &Pod = p.borrow();
-            let mut pending = model::pending(p, state.pod_platforms(p), volumes, self.settings.preference_policy);
-            let latest = match &self.cluster {
-                Some(c) => c.planned_node(&pending.packer.id).await.map(|(node, _)| node),
-                None => None,
-            };
-            pending.planned = latest.or_else(|| claimed.get(&pending.packer.id).cloned());
-            pending
-        }))
-        .await
+    /// ([`Context::learn_platforms`]). Each carries the node an earlier plan put it on: the
+    /// state's plans (this process's latest), else the live claims' record (after a restart).
+    pub fn pending_pods<P: std::borrow::Borrow<Pod>>(&self, state: &ClusterState, pods: &[P], volumes: &Volumes) -> Vec<Pending> {
+        let claimed = state.planned_nodes();
+        pods.iter()
+            .map(|p| {
+                let p: &Pod = p.borrow();
+                let mut pending = model::pending(p, state.pod_platforms(p), volumes, self.settings.preference_policy);
+                let latest = state.plans.placement(&pending.packer.id).map(|at| at.node.clone());
+                pending.planned = latest.or_else(|| claimed.get(&pending.packer.id).cloned());
+                pending
+            })
+            .collect()
     }
 
     /// Pods the last batch placed that are still pending in `state`: they wait for capacity

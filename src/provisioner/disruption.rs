@@ -249,7 +249,7 @@ impl Disrupter {
         for (node, _) in &set {
             nodes::taint(&self.ctx.client, node).await;
         }
-        let replacements = self.launcher.launch_plan(&decision.replacements, "replacement").await;
+        let replacements = self.launcher.launch_plan(&state, &decision.replacements, "replacement").await;
         if replacements.len() < decision.replacements.len() {
             // A decision is carried out whole or not at all: without every replacement the
             // evicted pods would have no place.
@@ -296,7 +296,8 @@ impl Disrupter {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         loop {
-            let pods: Vec<Arc<Pod>> = self.ctx.stores.pods.state().into_iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())).collect();
+            let now = self.ctx.state();
+            let pods: Vec<&Arc<Pod>> = now.pods_on(&name).collect();
             let left = state::evictable(&pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect::<Vec<Pod>>();
             let terminating = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some() && !state::is_daemon_pod(p));
             if left.is_empty() && !terminating {
@@ -375,14 +376,14 @@ impl Disrupter {
         nodes::taint(&self.ctx.client, &node).await;
         // Fresh: replacements launched for a node taken out just before are in-flight room now.
         let state = &self.ctx.state();
-        let on_node: Vec<&Pod> = state.pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())).map(|p| p.as_ref()).collect();
+        let on_node: Vec<&Pod> = state.pods_on(&node_name).map(|p| p.as_ref()).collect();
         let moving = state::evictable(&on_node);
         let leaving = consolidation::Candidate { node: node.as_ref(), pods: on_node, price: claim.spec.price_per_hour };
         let plan = self.with_world(state, &moving, |world| consolidation::evaluate(world, &[&leaving])).await;
         let replacements = match plan {
             Some(p) => {
                 tracing::info!(node = %node_name, reason, replacements = p.nodes.len(), onto_existing = p.existing.len(), "replacements for the node's pods");
-                self.launcher.launch_plan(&p.nodes, "replacement").await
+                self.launcher.launch_plan(state, &p.nodes, "replacement").await
             }
             None => {
                 tracing::warn!(node = %node_name, reason, "no place for every pod of the node now; they are provisioned for once evicted");

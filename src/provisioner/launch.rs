@@ -17,6 +17,7 @@ use archer_core::packer::PlannedNode;
 use archer_metrics::label;
 use archer_model::lifecycle::{self, ClaimCommand, KeeperSettings};
 use archer_model::objects as state;
+use archer_model::ClusterState;
 
 use super::context::{Action, Context, ReconcileError};
 use super::nodes;
@@ -55,9 +56,10 @@ impl Launcher {
         Duration::from_secs_f64(self.ctx.settings.disruption_interval_seconds.min(10.0))
     }
 
-    /// Write a claim per planned node, then launch them. Returns the names of the claims written,
-    /// once the claim cache shows them.
-    pub async fn launch_plan(self: &Arc<Self>, nodes: &[PlannedNode], reason: &str) -> Vec<String> {
+    /// Write a claim per planned node, then launch them: the claims are made from `state`, the
+    /// one the plan was decided on (a pool gone since is a Warning Event on it, not a silent
+    /// skip). Returns the names of the claims written, once the claim cache shows them.
+    pub async fn launch_plan(self: &Arc<Self>, state: &ClusterState, nodes: &[PlannedNode], reason: &str) -> Vec<String> {
         // The cap is a safety valve on provisioning; a consolidation's replacements are bounded by
         // the pool's disruption budget instead, and never wait behind provisioning's launches.
         let capped = reason == PROVISIONING;
@@ -71,8 +73,17 @@ impl Launcher {
             allowed.push(planned);
         }
         // Written concurrently, a few at a time.
-        let state = self.ctx.state();
-        let writes: Vec<_> = allowed.into_iter().filter_map(|p| Some((p, archer_model::claims::claim_for(&state, &state.offerings, p, reason)?))).map(|(planned, claim)| self.write_claim(planned, claim)).collect();
+        let mut writes = Vec::with_capacity(allowed.len());
+        for planned in allowed {
+            match archer_model::claims::claim_for(state, &state.offerings, planned, reason) {
+                Ok(claim) => writes.push(self.write_claim(planned, claim)),
+                Err(why) => {
+                    tracing::warn!(pool = %planned.pool, instance_type = %planned.instance_type, why = %why, "no NodeClaim for the planned node; its pods wait for the next batch");
+                    let note = format!("no NodeClaim for a planned {} ({}) node: {why}; its {} pod(s) wait for the next batch", planned.instance_type, reason, planned.pods.len());
+                    self.ctx.post_pool_event(&planned.pool, EventType::Warning, "NodeClaimNotMade", "Launching", &note).await;
+                }
+            }
+        }
         let mut claims: Vec<NodeClaim> = futures::stream::iter(writes).buffer_unordered(CLAIM_WRITES_IN_FLIGHT).filter_map(std::future::ready).collect().await;
         let names: Vec<String> = claims.iter().map(|c| c.name()).collect();
         if names.len() > 1 {
@@ -168,11 +179,9 @@ impl Launcher {
                 tracing::info!(node = %i.node_name, provider_id = %i.provider_id, "node launched");
                 let what = format!("{} ({} in {}, {}) for node {}", i.provider_id, i.instance_type.as_deref().unwrap_or(&claim.spec.instance_type), i.zone.as_deref().unwrap_or(&claim.spec.zone), claim.spec.capacity_type, i.node_name);
                 self.ctx.post_event(&claim.object_ref(&()), EventType::Normal, "Launched", "Launching", &what).await;
-                if let Some(cluster) = &self.ctx.cluster {
-                    let planned = claim.metadata.annotations.as_ref().and_then(|a| a.get(archer_core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
-                    let pods: Vec<String> = planned.split(',').filter(|p| !p.is_empty()).map(String::from).collect();
-                    cluster.plan_placed(pods, &i.node_name).await;
-                }
+                let planned = claim.metadata.annotations.as_ref().and_then(|a| a.get(archer_core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
+                let pods: Vec<String> = planned.split(',').filter(|p| !p.is_empty()).map(String::from).collect();
+                self.ctx.picture.plans().placed(pods, &i.node_name, crate::cluster::unix_now_ms()).await;
                 NodeClaimStatus { provider_id: Some(i.provider_id), node_name: Some(i.node_name), launched_at: Some(now_rfc3339()), instance_type: i.instance_type, zone: i.zone, image_id: i.image_id, node_class_hash: i.node_class_hash, ..Default::default() }
             }
             Err(e) => {

@@ -27,7 +27,7 @@ use super::disruption::{Disrupter, Interruptions};
 use super::launch::Launcher;
 use super::status::StatusWriter;
 use crate::cluster::stores::Stores;
-use crate::cluster::ClusterView;
+use crate::cluster::picture::Picture;
 use crate::config::ProvisionerConfig;
 
 pub struct Provisioner {
@@ -42,9 +42,7 @@ pub struct Provisioner {
 impl Drop for Provisioner {
     /// Leadership lost: the Pod cache stops being kept, so the extender stops reading it.
     fn drop(&mut self) {
-        if let Some(c) = &self.ctx.cluster {
-            c.attach_stores(None);
-        }
+        self.ctx.picture.attach(None);
     }
 }
 
@@ -55,18 +53,16 @@ impl Provisioner {
         client: Client,
         provider: Arc<dyn CloudProvider>,
         inspector: Inspector,
-        cluster: Option<ClusterView>,
+        picture: Picture,
         base_keyring: Keyring,
         metrics: Arc<Metrics>,
         settings: ProvisionerConfig,
     ) -> (Arc<Self>, impl std::future::Future<Output = ()> + Send + 'static) {
         let pending = Arc::new(tokio::sync::Notify::new());
-        let (stores, watches) = Stores::start(&client, pending.clone(), cluster.as_ref().map(ClusterView::nodes), settings.scheduler_names.clone());
+        let (stores, watches) = Stores::start(&client, pending.clone(), Some(picture.view().nodes()), settings.scheduler_names.clone());
         let reporter = Reporter { controller: "archer-provisioner".into(), instance: std::env::var("POD_NAME").ok() };
-        if let Some(c) = &cluster {
-            c.attach_stores(Some(stores.clone()));
-        }
-        let ctx = Arc::new(Context { recorder: Recorder::new(client.clone(), reporter), client, provider, inspector, cluster, base_keyring, metrics, settings, stores, waiting: Mutex::new(Vec::new()) });
+        picture.attach(Some((stores.clone(), provider.clone())));
+        let ctx = Arc::new(Context { recorder: Recorder::new(client.clone(), reporter), client, provider, inspector, picture, base_keyring, metrics, settings, stores, waiting: Mutex::new(Vec::new()) });
         let launcher = Arc::new(Launcher::new(ctx.clone()));
         let status = Arc::new(StatusWriter::new(ctx.clone()));
         let p = Arc::new(Self {

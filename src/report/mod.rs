@@ -213,7 +213,7 @@ struct Group<'a> {
 
 /// The report on the cluster's nodes and pods (finished pods and pods on no node are left out).
 pub fn build(cluster: &archer_model::ClusterState, images: &ImagePlatforms, catalog: &Catalog) -> Report {
-    let (nodes, pods) = (cluster.node_refs(), cluster.pod_refs());
+    let (nodes, pods) = (archer_model::cluster::refs(&cluster.nodes), archer_model::cluster::refs(&cluster.pods));
     let mut notes = Vec::new();
     let by_name: BTreeMap<&str, &Node> = nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, *n))).collect();
     let prices: BTreeMap<&str, f64> = nodes

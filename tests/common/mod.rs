@@ -638,6 +638,7 @@ pub fn extender(
         catalog: Arc::new(archer::catalog::Catalog::embedded().expect("catalog")),
         inspector: archer::registry::Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
         cluster: None,
+        picture: None,
         nodes,
         defaults: cfg.defaults.clone(),
         base_keyring: Default::default(),

@@ -21,23 +21,9 @@ pub enum CloudError {
     InsufficientCapacity { provider: &'static str, instance_type: String, zone: String, message: String },
 }
 
-/// A running (or starting) instance the provider knows of.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Instance {
-    pub provider_id: String,
-    /// The Node it registers as.
-    pub node_name: String,
-    /// The NodeClaim it was launched for.
-    pub claim: String,
-    /// What the provider launched (it may pick another type than planned from the claim's list).
-    pub instance_type: Option<String>,
-    pub zone: Option<String>,
-    /// When it was launched (garbage collection leaves young instances alone).
-    pub launched_at: Option<std::time::SystemTime>,
-    /// The image it booted, and a hash of the node class it was launched with (drift).
-    pub image_id: Option<String>,
-    pub node_class_hash: Option<String>,
-}
+/// A running (or starting) instance the provider knows of: a plain record, defined below the
+/// model (which decides on it) and named here for the providers that make it.
+pub use archer_core::instance::Instance;
 
 /// A notice that instances are being taken away (spot interruption, maintenance, stop).
 #[derive(Debug, Clone, PartialEq, Eq)]

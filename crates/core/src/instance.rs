@@ -1,5 +1,6 @@
 //! An instance type and the capacity types it is sold as: what a node is, as the catalog lists
-//! it and the packer buys it. Prices live in the catalog (`crate::catalog`).
+//! it and the packer buys it. Prices live in the catalog (`crate::catalog`). And an [`Instance`]:
+//! one a provider runs, as the model's lifecycle decisions read it.
 
 use std::collections::BTreeMap;
 
@@ -64,3 +65,20 @@ pub struct InstanceType {
     pub facts: BTreeMap<String, String>,
 }
 
+/// A running (or starting) instance the provider knows of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub provider_id: String,
+    /// The Node it registers as.
+    pub node_name: String,
+    /// The NodeClaim it was launched for.
+    pub claim: String,
+    /// What the provider launched (it may pick another type than planned from the claim's list).
+    pub instance_type: Option<String>,
+    pub zone: Option<String>,
+    /// When it was launched (garbage collection leaves young instances alone).
+    pub launched_at: Option<std::time::SystemTime>,
+    /// The image it booted, and a hash of the node class it was launched with (drift).
+    pub image_id: Option<String>,
+    pub node_class_hash: Option<String>,
+}

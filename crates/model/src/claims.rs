@@ -14,12 +14,13 @@ use crate::objects::pod_id;
 use crate::{adapter, ClusterState};
 
 /// The NodeClaim for one planned node: its pool's template, the offering's shape and price, the
-/// pods it was planned for, `reason` (`provisioning`, `replacement`). `None` when the pool or the
-/// offering is gone from `state` / `offerings`.
-pub fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &PlannedNode, reason: &str) -> Option<NodeClaim> {
-    let np = state.pools.iter().find(|p| p.name() == planned.pool)?;
-    let pool = np.to_pool().ok()?;
-    let offering = Offering::find(offerings, &planned.instance_type, &planned.zone, &planned.capacity_type)?;
+/// pods it was planned for, `reason` (`provisioning`, `replacement`). `Err` says why there is
+/// none: the pool is gone from `state` or unusable, or the offering from `offerings`.
+pub fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &PlannedNode, reason: &str) -> Result<NodeClaim, String> {
+    let np = state.pools.iter().find(|p| p.name() == planned.pool).ok_or_else(|| format!("NodePool {} is gone", planned.pool))?;
+    let pool = np.to_pool().map_err(|e| format!("NodePool {} is unusable: {e}", planned.pool))?;
+    let offering = Offering::find(offerings, &planned.instance_type, &planned.zone, &planned.capacity_type)
+        .ok_or_else(|| format!("{} ({}, {}) is no longer offered", planned.instance_type, planned.capacity_type, planned.zone))?;
     let t = &offering.instance;
     let with_gpus = |mut m: BTreeMap<String, String>, gpus: u32| {
         if gpus > 0 {
@@ -28,7 +29,7 @@ pub fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &Planned
         m
     };
     let q = |cpu_millis: i64, mem: i64, pods: i64| BTreeMap::from([("cpu".to_string(), format!("{cpu_millis}m")), ("memory".to_string(), format!("{}Ki", mem / 1024)), ("pods".to_string(), pods.to_string())]);
-    Some(NodeClaim {
+    Ok(NodeClaim {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}-", planned.pool)),
             annotations: Some(BTreeMap::from([
@@ -122,7 +123,7 @@ mod tests {
         let c = claim_for(&pinned, &offerings, &planned, "replacement").expect("claim");
         assert!(c.spec.requirements.iter().any(|r| r.key == labels::INSTANCE_TYPE && r.values == ["m7g.large"]));
         // Gone pool or offering: no claim.
-        assert!(claim_for(&ClusterState::default(), &offerings, &planned, "provisioning").is_none());
-        assert!(claim_for(&state, &[], &planned, "provisioning").is_none());
+        assert_eq!(claim_for(&ClusterState::default(), &offerings, &planned, "provisioning").err(), Some(format!("NodePool {} is gone", planned.pool)));
+        assert!(claim_for(&state, &[], &planned, "provisioning").is_err_and(|e| e.ends_with("is no longer offered")));
     }
 }

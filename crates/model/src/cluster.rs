@@ -16,6 +16,7 @@ use archer_core::platform::PlatformSet;
 use archer_core::safety_net::SafetyRecord;
 use archer_core::sched::{Snapshot, Volumes};
 
+use crate::plans::Plans;
 use crate::{adapter, objects};
 
 /// Every object the deciding code reads, as the cluster had them at one moment.
@@ -44,8 +45,11 @@ pub struct ClusterState {
     pub digests: BTreeMap<String, String>,
     /// The safety net's record at this moment: image digests found broken on an architecture.
     pub safety: Arc<SafetyRecord>,
-    /// When this state was taken (Unix seconds): the record's entries expire.
-    pub now: i64,
+    /// Where the provisioner's recent plans put pending pods, and which nodes recently finished
+    /// registering (this process's; empty for a scenario).
+    pub plans: Plans,
+    /// When this state was taken (Unix milliseconds): the record's entries expire, plans age.
+    pub now_ms: i64,
 }
 
 /// Why an object of a dump or scenario could not be read.
@@ -56,7 +60,8 @@ pub struct ObjectError {
     pub message: String,
 }
 
-fn refs<T>(v: &[Arc<T>]) -> Vec<&T> {
+/// The objects of one kind as plain references (what the adapter's functions take).
+pub fn refs<T>(v: &[Arc<T>]) -> Vec<&T> {
     v.iter().map(Arc::as_ref).collect()
 }
 
@@ -70,7 +75,7 @@ impl ClusterState {
         let platforms = archer_core::placement::pod_platforms(pod, &|i| self.platforms.get(i))?;
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let digests = archer_core::placement::pod_images(pod).into_iter().filter_map(|i| self.digests.get(&i).cloned());
-        Some(self.safety.exclude_all(digests, namespace, self.now, &platforms))
+        Some(self.safety.exclude_all(digests, namespace, self.now_ms.div_euclid(1000), &platforms))
     }
 
     /// Whether the platforms of `pod` depend on an image digest this state has not resolved:
@@ -78,7 +83,7 @@ impl ClusterState {
     /// resolves to now is unknown (the webhook's record on the pod does not say it).
     pub fn needs_digests(&self, pod: &Pod) -> bool {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        archer_core::placement::pod_images(pod).iter().any(|i| !self.digests.contains_key(i) && self.safety.mentions_image(i, namespace, self.now))
+        archer_core::placement::pod_images(pod).iter().any(|i| !self.digests.contains_key(i) && self.safety.mentions_image(i, namespace, self.now_ms.div_euclid(1000)))
     }
 
     /// A cluster dump (`kubectl get nodes,pods,... -o yaml`, or documents): every object read
@@ -116,16 +121,9 @@ impl ClusterState {
         Ok(None)
     }
 
-    pub fn node_refs(&self) -> Vec<&Node> {
-        refs(&self.nodes)
-    }
-
-    pub fn pod_refs(&self) -> Vec<&Pod> {
-        refs(&self.pods)
-    }
-
-    pub fn claim_refs(&self) -> Vec<&NodeClaim> {
-        refs(&self.claims)
+    /// The pods bound to the node of that name (running, finishing or done).
+    pub fn pods_on<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Arc<Pod>> + 'a {
+        self.pods.iter().filter(move |p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
     }
 
     /// The node of that name.
@@ -163,18 +161,18 @@ impl ClusterState {
     /// `closed_pools` keeps no room for a new node.
     pub fn packer_pools(&self) -> Vec<Pool> {
         let closed = |np: &NodePool| self.closed_pools.get(&np.name()).cloned();
-        objects::packer_pools(&refs(&self.pools), &self.claim_refs(), &self.daemon_loads(), &closed)
+        objects::packer_pools(&refs(&self.pools), &refs(&self.claims), &self.daemon_loads(), &closed)
     }
 
     /// The cluster as kube-scheduler's rules see it, leaving out the nodes `skip` names (see
     /// [`adapter::cluster_snapshot`]).
     pub fn snapshot(&self, pools: &[Pool], skip: &dyn Fn(&str) -> bool) -> Snapshot {
-        adapter::cluster_snapshot(&self.node_refs(), &self.claim_refs(), &self.pod_refs(), &refs(&self.namespaces), pools, skip)
+        adapter::cluster_snapshot(&refs(&self.nodes), &refs(&self.claims), &refs(&self.pods), &refs(&self.namespaces), pools, skip)
     }
 
     /// Pending pods a live plan already placed on a node still coming (see [`adapter::covered`]).
     pub fn covered(&self) -> HashSet<String> {
-        adapter::covered(&self.claim_refs(), &self.node_refs(), &self.pod_refs()).into_iter().map(|(p, _)| objects::pod_id(p)).collect()
+        adapter::covered(&refs(&self.claims), &refs(&self.nodes), &refs(&self.pods)).into_iter().map(|(p, _)| objects::pod_id(p)).collect()
     }
 
     /// The pods a batch plans: those the provisioner should find room for
@@ -188,12 +186,12 @@ impl ClusterState {
 
     /// The node each pod was planned onto by a live claim (the claims' record, after a restart).
     pub fn planned_nodes(&self) -> HashMap<String, String> {
-        adapter::planned_nodes(&self.claim_refs())
+        adapter::planned_nodes(&refs(&self.claims))
     }
 
     /// Why `pool` must not be consolidated now (see [`objects::consolidation_hold`]).
     pub fn consolidation_hold(&self, pool: &str, waiting: &[String]) -> Option<String> {
-        objects::consolidation_hold(pool, &self.claim_refs(), &self.node_refs(), waiting)
+        objects::consolidation_hold(pool, &refs(&self.claims), &refs(&self.nodes), waiting)
     }
 }
 
@@ -258,7 +256,7 @@ mod tests {
             "spec": {"template": {"spec": {"requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
                 {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m6g.large", "m6i.large"]}]}}}}))
         .expect("pool");
-        let mut state = ClusterState { pods: vec![Arc::new(pod.clone())], pools: vec![Arc::new(pool)], offerings: Arc::new(Offering::embedded_on_demand()), now: 1_000, ..Default::default() };
+        let mut state = ClusterState { pods: vec![Arc::new(pod.clone())], pools: vec![Arc::new(pool)], offerings: Arc::new(Offering::embedded_on_demand()), now_ms: 1_000_000, ..Default::default() };
         let arch_planned = |state: &ClusterState| {
             let pools = state.packer_pools();
             let pending = [adapter::pending(&pod, state.pod_platforms(&pod), &state.volumes(), Default::default())];
@@ -293,7 +291,7 @@ mod tests {
         elsewhere.digests.insert("example.com/web:1".into(), "sha256:d2".into());
         assert_eq!(arch_planned(&elsewhere).as_deref(), Some("arm64"), "the tag now names another digest");
         let mut later = state.clone();
-        later.now = 900 + 3601;
+        later.now_ms = (900 + 3601) * 1000;
         assert_eq!(arch_planned(&later).as_deref(), Some("arm64"), "the entry expired");
     }
 

@@ -12,6 +12,8 @@
 //!   their pool;
 //! - `deletion_cost`: which pods a ReplicaSet's scale-down removes first (whole nodes empty);
 //! - `lifecycle`: what the claim keeper does (launch, register, give up, clean up);
+//! - `plans`: where recent plans put pending pods, and nodes that recently registered;
+//! - `handoff`: the extender's hand-off to kube-scheduler (the plan's node, held room);
 //! - `scenario`: ordinary Kubernetes YAML read into a `ClusterState`.
 #![forbid(unsafe_code)]
 
@@ -23,8 +25,10 @@ pub mod counterfactual;
 pub mod deletion_cost;
 pub mod disruption;
 pub mod drift;
+pub mod handoff;
 pub mod lifecycle;
 pub mod objects;
+pub mod plans;
 pub mod scenario;
 
 pub use cluster::ClusterState;

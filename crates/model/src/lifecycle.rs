@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use time::OffsetDateTime;
 
 use archer_api::nodeclaim::NodeClaim;
-use archer_cloud::Instance;
+use archer_core::instance::Instance;
 
 use crate::objects::{age_at, node_ready};
 use crate::ClusterState;

@@ -1,0 +1,77 @@
+//! The one place a [`ClusterState`] is built in a running Archer: the provisioner's watch caches
+//! (pods, nodes, claims, pools, DaemonSets, volumes), the cluster view's namespaces, the safety
+//! record and node registrations, the plans in flight, and the cloud provider's offerings and
+//! node-class readiness, all read at one moment. The provisioner's executors and the extender
+//! read the same state; only a process that provisions has one (the caches and the plans are
+//! the provisioner's).
+
+use std::sync::{Arc, RwLock};
+
+use archer_cloud::{CloudProvider, NodeClassReadiness};
+use archer_model::plans::Plans;
+use archer_model::ClusterState;
+
+use super::plans::PlanBook;
+use super::stores::Stores;
+use super::ClusterView;
+
+/// The provisioner's caches and its cloud provider.
+type Live = (Stores, Arc<dyn CloudProvider>);
+
+/// What the state is built from.
+#[derive(Clone)]
+pub struct Picture {
+    view: ClusterView,
+    plans: PlanBook,
+    /// The provisioner's caches and provider, while this process provisions.
+    live: Arc<RwLock<Option<Live>>>,
+}
+
+impl Picture {
+    pub fn new(view: ClusterView) -> Self {
+        Picture { view, plans: PlanBook::default(), live: Arc::default() }
+    }
+
+    /// The Namespace, Node and pull-secret caches.
+    pub fn view(&self) -> &ClusterView {
+        &self.view
+    }
+
+    /// Where plans put pending pods (the provisioner records them here).
+    pub fn plans(&self) -> &PlanBook {
+        &self.plans
+    }
+
+    /// The provisioner's caches and provider while this process provisions; `None` when it
+    /// stops (leadership lost).
+    pub fn attach(&self, live: Option<Live>) {
+        *self.live.write().unwrap_or_else(|e| e.into_inner()) = live;
+    }
+
+    /// The cluster at this moment, when this process provisions.
+    pub fn state(&self) -> Option<ClusterState> {
+        let (stores, provider) = self.live.read().unwrap_or_else(|e| e.into_inner()).clone()?;
+        Some(self.state_of(&stores, provider.as_ref()))
+    }
+
+    /// The cluster at this moment from these caches and this provider.
+    pub fn state_of(&self, stores: &Stores, provider: &dyn CloudProvider) -> ClusterState {
+        let (version, placements) = self.plans.snapshot();
+        let mut state = stores.state(self.view.namespaces());
+        state.offerings = provider.offerings();
+        state.safety = self.view.safety_record().get();
+        state.plans = Plans::new(version, placements, self.view.registrations().snapshot());
+        state.now_ms = super::unix_now_ms();
+        // A pool whose node class is not ready gets no new node: its pods fall through to the
+        // next pool by weight, as Karpenter skips a NodePool that is not Ready.
+        state.closed_pools = state
+            .pools
+            .iter()
+            .filter_map(|np| match provider.node_class_readiness(np.spec.template.spec.node_class_ref.as_ref()) {
+                NodeClassReadiness::NotReady { message, .. } => Some((np.name(), message)),
+                NodeClassReadiness::Ready | NodeClassReadiness::NotUsed => None,
+            })
+            .collect();
+        state
+    }
+}
