@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -43,14 +44,15 @@ pub struct SimulateArgs {
 
 /// Consolidation's decisions on the scenario's nodes, per pool: empty nodes first, else the best
 /// underutilised set, within the pool's budgets. Nodes are the pool's by their
-/// `archer.dev/nodepool` or `karpenter.sh/nodepool` label, priced by the catalog from their
-/// instance type, zone and capacity type.
+/// `archer.dev/nodepool` or `karpenter.sh/nodepool` label; the scenario is read as if Archer had
+/// launched them ([`Scenario::as_launched`]: a claim each, priced by the catalog from the node's
+/// instance type, zone and capacity type), and the candidates are the worker's
+/// ([`archer_model::disruption::candidates`]), every node taken as long settled.
 fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, preferences: archer_core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
-    use crate::provisioner::objects::{labels_of, DisruptionSettings};
+    use crate::provisioner::objects::{labels_of, node_leaving, node_pool_of, node_price, DisruptionSettings};
     let volumes = s.state.volumes();
     let world = consolidation::World { state: &s.state, pools: &inputs.pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
-    // A scenario's node is priced by its offering (instance type, zone and capacity type).
-    let price = |n: &k8s_openapi::api::core::v1::Node| crate::provisioner::objects::node_price(n, &inputs.offerings);
+    let launched = s.as_launched(&inputs.offerings);
     let search = consolidation::Search::exhaustive(crate::config::ProvisionerConfig::default().min_saving_fraction());
     let mut out = Vec::new();
     for np in &s.state.pools {
@@ -62,13 +64,13 @@ fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, prefe
                 continue;
             }
         };
-        let mut unpriced = |n: &k8s_openapi::api::core::v1::Node| {
+        for n in s.state.nodes.iter().filter(|n| node_pool_of(n) == Some(pool.as_str()) && !node_leaving(n) && node_price(n, &inputs.offerings).is_none()) {
             let l = labels_of(n);
             let get = |k: &str| l.get(k).cloned().unwrap_or_default();
             let capacity = if get(labels::KARPENTER_CAPACITY_TYPE).is_empty() { get(labels::CAPACITY_TYPE) } else { get(labels::KARPENTER_CAPACITY_TYPE) };
             notes.push(format!("node {} has no catalog price ({} {} {capacity}); left alone", n.metadata.name.as_deref().unwrap_or(""), get(labels::INSTANCE_TYPE), get(labels::ZONE)));
-        };
-        let nodes = consolidation::pool_nodes(&s.state, &pool, &|_| true, &price, &mut unpriced);
+        }
+        let nodes = archer_model::disruption::candidates(&launched, &pool, Duration::ZERO);
         // As if every node had been as it is for `consolidateAfter`.
         out.extend(consolidation::consolidate_pool(&world, &pool, &settings, &nodes, &|_| true, &|_| true, search));
     }

@@ -27,6 +27,7 @@ use moka::future::Cache;
 
 use archer_core::placement::{pod_images, recorded_platforms};
 use archer_core::platform::PlatformSet;
+use archer_core::policy::{Policy, PolicyDefaults, PolicyWarning};
 use archer_registry::{Inspector, Keyring};
 
 const SECRET_TTL: Duration = Duration::from_secs(60);
@@ -97,6 +98,14 @@ pub async fn pod_keyring(cluster: Option<&ClusterView>, base: &Keyring, namespac
         }
         None => base.clone(),
     }
+}
+
+/// A namespace's placement policy: `defaults` under its `archer.dev/*` annotations (none without
+/// a cluster), with a warning per bad value. The one place the webhook, the extender and the
+/// safety net resolve it.
+pub fn namespace_policy(cluster: Option<&ClusterView>, defaults: &PolicyDefaults, namespace: &str) -> (Policy, Vec<PolicyWarning>) {
+    let annotations = cluster.and_then(|c| c.namespace_annotations(namespace)).unwrap_or_default();
+    archer_core::policy::resolve(defaults, &annotations)
 }
 
 /// Now, in whole seconds since the Unix epoch (the safety record's and creationTimestamp's unit).
@@ -262,7 +271,7 @@ impl ClusterView {
         self.namespaces.state()
     }
 
-    pub fn namespace_annotations(&self, name: &str) -> Option<BTreeMap<String, String>> {
+    fn namespace_annotations(&self, name: &str) -> Option<BTreeMap<String, String>> {
         let ns = self.namespaces.get(&ObjectRef::new(name))?;
         Some(ns.metadata.annotations.clone().unwrap_or_default())
     }

@@ -321,8 +321,7 @@ fn filter_error(metrics: &Metrics, reason: &str, message: String) -> Response {
 impl Extender {
     fn policy_for(&self, pod: &Pod) -> policy::Policy {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let annotations = self.cluster.as_ref().and_then(|c| c.namespace_annotations(ns)).unwrap_or_default();
-        policy::resolve(&self.defaults, &annotations).0
+        crate::cluster::namespace_policy(self.cluster.as_ref(), &self.defaults, ns).0
     }
 
     fn prices(&self) -> PriceRules<'_> {

@@ -17,7 +17,6 @@ use archer_cloud::{Interruption, InterruptionHandler};
 use archer_model::{consolidation, disruption};
 use archer_api::nodeclaim::NodeClaim;
 use archer_model::objects::{self as state, DisruptionSettings};
-use archer_model::objects::age_of;
 use archer_model::ClusterState;
 use super::context::{Action, Context, ReconcileError};
 use super::launch::Launcher;
@@ -105,19 +104,10 @@ impl Disrupter {
         }
     }
 
-    /// The pool's nodes now: all of them, and as candidates those the worker may disrupt (Ready,
-    /// registered, not being deleted, with a claim launched longer than the grace period ago),
-    /// priced by their claims.
+    /// The pool's nodes now: all of them, and as candidates those the worker may disrupt, priced
+    /// ([`disruption::candidates`], the rule `archer simulate --disruption` reads too).
     fn pool_nodes<'a>(&self, state: &'a ClusterState, pool: &str) -> consolidation::PoolNodes<'a> {
-        let grace = Duration::from_secs(self.ctx.settings.disruption_grace_seconds);
-        let claims = state.claims_by_node();
-        let claim_of = |n: &Node| claims.get(n.metadata.name.as_deref().unwrap_or("")).map(|c| c.as_ref());
-        let eligible = |n: &Node| {
-            let settled = |c: &NodeClaim| c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(age_of).is_some_and(|a| a >= grace);
-            state::node_ready(n) && n.metadata.deletion_timestamp.is_none() && !state::has_taint(n, labels::UNREGISTERED_TAINT) && claim_of(n).is_some_and(settled)
-        };
-        let price = |n: &Node| Some(claim_of(n).map(|c| c.spec.price_per_hour).filter(|p| *p > 0.0).unwrap_or(f64::INFINITY));
-        consolidation::pool_nodes(state, pool, &eligible, &price, &mut |_| {})
+        disruption::candidates(state, pool, Duration::from_secs(self.ctx.settings.disruption_grace_seconds))
     }
 
     /// The node of that name and its claim, to act on.

@@ -26,7 +26,7 @@ use kube::{Api, Client};
 use crate::cluster::ClusterView;
 use crate::config::SafetyNetConfig;
 use archer_core::placement::PlacementSettings;
-use archer_core::policy::{self, Policy, PolicyDefaults};
+use archer_core::policy::{Policy, PolicyDefaults};
 use archer_metrics::Metrics;
 use archer_registry::{Inspector, Keyring};
 
@@ -62,7 +62,7 @@ impl SafetyNet {
 
     /// The namespace's policy now.
     fn policy(&self, namespace: &str) -> Policy {
-        policy::resolve(&self.defaults, &self.cluster.namespace_annotations(namespace).unwrap_or_default()).0
+        crate::cluster::namespace_policy(Some(&self.cluster), &self.defaults, namespace).0
     }
 
     /// Watch every pod; hand failing ones to the detector and gated ones to the gate loop. Runs

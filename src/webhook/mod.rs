@@ -6,7 +6,7 @@ mod key;
 pub mod memo;
 mod review;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -143,11 +143,7 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
         count(w, "excluded");
         return allow.into();
     }
-    let annotations: BTreeMap<String, String> = match &w.cluster {
-        Some(c) => c.namespace_annotations(namespace).unwrap_or_default(),
-        None => BTreeMap::new(),
-    };
-    let (policy, policy_warnings) = policy::resolve(&w.defaults, &annotations);
+    let (policy, policy_warnings) = crate::cluster::namespace_policy(w.cluster.as_ref(), &w.defaults, namespace);
     if !policy_warnings.is_empty() {
         w.metrics.policy_warnings.inc_by(policy_warnings.len() as u64);
     }
@@ -267,8 +263,7 @@ impl From<Answer> for Reply {
 /// with a warning, or denied where the namespace's policy is `fail-closed`, so neither is a way
 /// around a fail-closed namespace.
 fn undecided(w: &Webhook, namespace: &str, allow: Answer, outcome: &'static str, why: String) -> Answer {
-    let annotations = w.cluster.as_ref().and_then(|c| c.namespace_annotations(namespace)).unwrap_or_default();
-    let (policy, _) = policy::resolve(&w.defaults, &annotations);
+    let (policy, _) = crate::cluster::namespace_policy(w.cluster.as_ref(), &w.defaults, namespace);
     if policy.mode == Mode::Off {
         count(w, "off");
         return allow;

@@ -120,3 +120,62 @@ fn consolidation_runs_only_on_a_settled_cluster_and_records_what_it_decided_on()
     assert_eq!((decision.reason, decision.nodes.clone()), ("empty", vec!["idle".to_string()]));
     assert_eq!(before.get("idle"), Some(&Vec::new()));
 }
+
+/// The rule the worker and `archer simulate --disruption` share: Ready, registered, not being
+/// deleted, launched by a claim at least the grace period ago; priced by the claim.
+#[test]
+fn disruption_takes_only_settled_nodes_of_its_own_claims_priced_by_them() {
+    let pool = node_pool(json!({}));
+    let with = |f: &dyn Fn(&mut Node)| {
+        let mut n = node("n").as_ref().clone();
+        f(&mut n);
+        Arc::new(n)
+    };
+    let named = |name: &str, f: &dyn Fn(&mut Node)| {
+        with(&|n: &mut Node| {
+            n.metadata.name = Some(name.into());
+            f(n);
+        })
+    };
+    let nodes = vec![
+        named("settled", &|_| {}),
+        named("young", &|_| {}),
+        named("not-ready", &|n| n.status.as_mut().expect("status").conditions = Some(Vec::new())),
+        named("unregistered", &|n| n.spec = Some(k8s_openapi::api::core::v1::NodeSpec { taints: Some(vec![k8s_openapi::api::core::v1::Taint { key: "karpenter.sh/unregistered".into(), effect: "NoSchedule".into(), ..Default::default() }]), ..Default::default() })),
+        named("deleting", &|n| n.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()))),
+        named("karpenters", &|_| {}),
+    ];
+    let claims = ["settled", "not-ready", "unregistered", "deleting"].iter().map(|n| claim(n, 2, &pool, true)).chain([claim("young", 0, &pool, true)]).collect();
+    let state = ClusterState { nodes, claims, pools: vec![Arc::new(pool)], now_ms: now().unix_timestamp() * 1000, ..Default::default() };
+    let found = candidates(&state, "default", std::time::Duration::from_secs(600));
+    let names: Vec<(&str, f64)> = found.candidates.iter().map(|c| (c.name(), c.price)).collect();
+    assert_eq!(names, vec![("settled", 0.192)]);
+    assert_eq!(found.total, 6);
+    assert_eq!(found.disrupting, 1, "the node being deleted is leaving");
+    // Without a grace period the young claim's node is a candidate too.
+    let found = candidates(&state, "default", std::time::Duration::ZERO);
+    assert_eq!(found.candidates.iter().map(|c| c.name()).collect::<Vec<_>>(), vec!["settled", "young"]);
+}
+
+/// `archer simulate --disruption` reads a scenario's nodes as Archer's: each gets a claim priced
+/// by its offering, and a node with no offering is left alone.
+#[test]
+fn a_scenario_is_read_as_launched_by_archer() {
+    let pool = node_pool(json!({}));
+    let on_demand = |name: &str| {
+        let mut n = node(name).as_ref().clone();
+        n.metadata.labels.as_mut().expect("labels").insert("karpenter.sh/capacity-type".into(), "on-demand".into());
+        n
+    };
+    let mut odd = on_demand("odd");
+    odd.metadata.labels.as_mut().expect("labels").insert("node.kubernetes.io/instance-type".into(), "no-such-type".into());
+    let mut unready = on_demand("plain");
+    unready.status.as_mut().expect("status").conditions = None;
+    let scenario = crate::scenario::Scenario { state: ClusterState { nodes: vec![Arc::new(unready), Arc::new(odd)], pools: vec![Arc::new(pool)], ..Default::default() }, ..Default::default() };
+    let offerings = Offering::embedded_on_demand();
+    let launched = scenario.as_launched(&offerings);
+    let found = candidates(&launched, "default", std::time::Duration::ZERO);
+    let price = crate::objects::node_price(&on_demand("plain"), &offerings).expect("m5.xlarge is offered in us-east-1a");
+    assert_eq!(found.candidates.iter().map(|c| (c.name(), c.price)).collect::<Vec<_>>(), vec![("plain", price)]);
+    assert!(scenario.state.claims.is_empty(), "the scenario itself is unchanged");
+}
