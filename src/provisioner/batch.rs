@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::EventType;
 use kube::Resource;
 
-use archer_core::packer::{batch_budget, Plan};
-use archer_core::planner::{plan_batch_within, Pending};
+use archer_core::packer::Plan;
+use archer_model::provision;
 use archer_model::objects::{self as state, pod_id};
 use archer_model::ClusterState;
 
@@ -128,15 +128,8 @@ impl Batcher {
             return None;
         }
         self.ctx.learn_platforms(&mut state, &pending).await;
-        let pools = state.packer_pools();
-        let snapshot = state.snapshot(&pools, &|_| false);
-        let batch: Vec<Pending> = self.ctx.pending_pods(&state, &pending, &state.volumes());
-        let offerings = &state.offerings;
-        let plan = if pools.is_empty() {
-            Plan { unschedulable: batch.iter().map(|p| archer_core::packer::Unschedulable { pod: p.packer.id.clone(), reason: "no NodePool exists".into() }).collect(), ..Default::default() }
-        } else {
-            tokio::task::block_in_place(|| plan_batch_within(&snapshot, &batch, &pools, offerings, batch_budget(self.ctx.settings.packing_budget(), batch.len())))
-        };
+        let budget = self.ctx.settings.packing_budget();
+        let plan = tokio::task::block_in_place(|| provision::provision(&state, &pending, self.ctx.settings.preference_policy, budget));
         Some((state, pending, covered, plan))
     }
 

@@ -15,10 +15,7 @@ use kube::{Client, Resource};
 use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
 use archer_cloud::{CloudError, CloudProvider};
-use archer_core::planner::Pending;
-use archer_core::sched::Volumes;
 use archer_metrics::{labels2, Metrics};
-use archer_model::adapter as model;
 use archer_model::objects::{self as state, pod_id};
 use archer_model::ClusterState;
 use archer_registry::{Inspector, Keyring};
@@ -128,22 +125,6 @@ impl Context {
             state.platforms.insert(image.clone(), platforms);
             state.digests.insert(image, digest);
         }
-    }
-
-    /// The planner's view of pods through the one adapter, with the platforms `state` knows
-    /// ([`Context::learn_platforms`]). Each carries the node an earlier plan put it on: the
-    /// state's plans (this process's latest), else the live claims' record (after a restart).
-    pub fn pending_pods<P: std::borrow::Borrow<Pod>>(&self, state: &ClusterState, pods: &[P], volumes: &Volumes) -> Vec<Pending> {
-        let claimed = state.planned_nodes();
-        pods.iter()
-            .map(|p| {
-                let p: &Pod = p.borrow();
-                let mut pending = model::pending(p, state.pod_platforms(p), volumes, self.settings.preference_policy);
-                let latest = state.plans.placement(&pending.packer.id).map(|at| at.node.clone());
-                pending.planned = latest.or_else(|| claimed.get(&pending.packer.id).cloned());
-                pending
-            })
-            .collect()
     }
 
     /// Pods the last batch placed that are still pending in `state`: they wait for capacity

@@ -73,10 +73,12 @@ impl Launcher {
             allowed.push(planned);
         }
         // Written concurrently, a few at a time.
-        let mut writes = Vec::with_capacity(allowed.len());
-        for planned in allowed {
-            match archer_model::claims::claim_for(state, &state.offerings, planned, reason) {
-                Ok(claim) => writes.push(self.write_claim(planned, claim)),
+        let allowed: Vec<PlannedNode> = allowed.into_iter().cloned().collect();
+        let made = archer_model::provision::claims_for(state, &allowed, reason);
+        let mut writes = Vec::with_capacity(made.len());
+        for (planned, claim) in &made {
+            match claim {
+                Ok(claim) => writes.push(self.write_claim(planned, claim.clone())),
                 Err(why) => {
                     tracing::warn!(pool = %planned.pool, instance_type = %planned.instance_type, why = %why, "no NodeClaim for the planned node; its pods wait for the next batch");
                     let note = format!("no NodeClaim for a planned {} ({}) node: {why}; its {} pod(s) wait for the next batch", planned.instance_type, reason, planned.pods.len());

@@ -6,7 +6,8 @@
 //! - `adapter`: the one reading of a Pod, Node or NodeClaim into the planner's terms;
 //! - `objects`: what a single object says (a pod waits for a node, a node is ready or leaving,
 //!   a pool's disruption settings);
-//! - `claims`: the NodeClaim a planned node becomes;
+//! - `claims`: the NodeClaim a planned node becomes; `provision`: one batch's plan and its claims
+//!   from one state;
 //! - `disruption`: one pass over a pool (expiry, drift, consolidation) as commands;
 //! - `consolidation`: which nodes go and what replaces them; `drift`: which nodes no longer match
 //!   their pool;
@@ -29,6 +30,7 @@ pub mod handoff;
 pub mod lifecycle;
 pub mod objects;
 pub mod plans;
+pub mod provision;
 pub mod scenario;
 
 pub use cluster::ClusterState;
