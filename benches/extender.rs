@@ -27,7 +27,7 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
 /// (sum, count) of one histogram, read from the metrics text (the handler's own time, body read
 /// included, TLS and the client excluded).
 fn histogram_sum_count(metrics: &archer::metrics::Metrics, h: &prometheus_client::metrics::histogram::Histogram) -> (f64, u64) {
-    let name = if std::ptr::eq(h, &metrics.extender_filter_seconds) { "archer_extender_filter_duration_seconds" } else { "archer_extender_prioritize_duration_seconds" };
+    let name = if std::ptr::eq(h, &metrics.extender.filter_seconds) { "archer_extender_filter_duration_seconds" } else { "archer_extender_prioritize_duration_seconds" };
     let text = metrics.encode();
     let get = |suffix: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{name}_{suffix} "))).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0);
     (get("sum"), get("count") as u64)
@@ -68,7 +68,7 @@ async fn main() {
         for verb in ["filter", "prioritize"] {
             let url = format!("https://127.0.0.1:{port}/scheduler/{verb}");
             let mut lat = Vec::new();
-            let histogram = if verb == "filter" { &metrics.extender_filter_seconds } else { &metrics.extender_prioritize_seconds };
+            let histogram = if verb == "filter" { &metrics.extender.filter_seconds } else { &metrics.extender.prioritize_seconds };
             let mut before = (0.0, 0u64);
             for round in 0..ROUNDS + 5 {
                 if round == 5 {

@@ -629,23 +629,23 @@ impl Config {
     }
 
     /// The listeners' connection bounds from `limits` and `shutdownGraceSeconds`.
-    pub fn connection_limits(&self, metrics: std::sync::Arc<archer_metrics::Metrics>) -> crate::server::ConnectionLimits {
+    /// The listeners' connection bounds, as plain settings (the server makes its limits of them).
+    pub fn connection_settings(&self) -> ConnectionSettings {
         let l = &self.limits;
-        crate::server::ConnectionLimits {
+        ConnectionSettings {
             max_connections: l.max_connections,
             handshake_timeout: Duration::from_secs_f64(l.handshake_timeout_seconds),
             header_read_timeout: Duration::from_secs_f64(l.header_read_timeout_seconds),
             idle_timeout: Duration::from_secs_f64(l.idle_timeout_seconds),
             grace: Duration::from_secs(self.shutdown_grace_seconds),
-            metrics,
         }
     }
 
-    /// The webhook's decision memo, within its budget; its TTL never exceeds the tag cache's,
-    /// so a reused decision is no older than the platforms it came from could be.
-    pub fn decision_memo(&self) -> crate::webhook::DecisionMemo {
+    /// The webhook's decision memo bounds, as plain settings: its TTL never exceeds the tag
+    /// cache's, so a reused decision is no older than the platforms it came from could be.
+    pub fn memo_settings(&self) -> MemoSettings {
         let ttl = self.webhook.decision_cache_ttl_seconds.min(self.registry.tag_cache_ttl_seconds as f64);
-        crate::webhook::DecisionMemo::new(self.webhook.decision_cache_max_bytes, std::time::Duration::from_secs_f64(ttl.max(0.0)))
+        MemoSettings { max_bytes: self.webhook.decision_cache_max_bytes, ttl: Duration::from_secs_f64(ttl.max(0.0)) }
     }
 
     /// The shared memory budget of a server built from this config.
@@ -661,6 +661,28 @@ impl Config {
     pub fn excluded(&self) -> std::collections::BTreeSet<String> {
         self.excluded_namespaces.iter().cloned().chain([self.namespace.clone()]).collect()
     }
+}
+
+
+/// The bounds every listener holds its connections to (`limits` and `shutdownGraceSeconds`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConnectionSettings {
+    /// Open connections at most; more are closed at once and counted.
+    pub max_connections: usize,
+    pub handshake_timeout: Duration,
+    /// HTTP/1 request headers must arrive within this long.
+    pub header_read_timeout: Duration,
+    /// No request in flight and no bytes moving for this long closes the connection.
+    pub idle_timeout: Duration,
+    /// After shutdown, how long open requests may take to finish.
+    pub grace: Duration,
+}
+
+/// The webhook's decision memo: at most `max_bytes`, entries kept for `ttl`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoSettings {
+    pub max_bytes: u64,
+    pub ttl: Duration,
 }
 
 #[cfg(test)]

@@ -146,7 +146,7 @@ pub fn main(cli: Cli) -> ExitCode {
 pub fn inspector(cfg: &Config, metrics: std::sync::Arc<archer_metrics::Metrics>, budget: archer_limits::MemoryBudget) -> anyhow::Result<archer_registry::Inspector> {
     let client = archer_registry::RegistryClient::new(cfg.client_settings(budget)?)
         .map_err(anyhow::Error::msg)?
-        .count_requests_in(metrics.registry_requests.clone());
+        .count_requests_in(metrics.registry.registry_requests.clone());
     Ok(archer_registry::Inspector::new(client, &cfg.cache_settings(), metrics))
 }
 
@@ -180,4 +180,10 @@ pub(super) async fn connect(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Opti
         },
     };
     Ok(Some(kube::Client::try_from(config).context("building the Kubernetes client")?))
+}
+
+/// The listeners' limits from the config's plain settings (the config builds no server type).
+pub fn connection_limits(cfg: &crate::config::Config, metrics: std::sync::Arc<archer_metrics::Metrics>) -> crate::server::ConnectionLimits {
+    let s = cfg.connection_settings();
+    crate::server::ConnectionLimits { max_connections: s.max_connections, handshake_timeout: s.handshake_timeout, header_read_timeout: s.header_read_timeout, idle_timeout: s.idle_timeout, grace: s.grace, metrics }
 }

@@ -86,7 +86,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let router = webhook::router(parts.webhook()).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));
 
     let (trigger, shutdown) = server::shutdown_channel();
-    let mut servers = Servers::start(&cfg, &store, router, extender_router, admin::router(health.clone(), metrics.clone()), shutdown, cfg.connection_limits(metrics.clone())).await?;
+    let mut servers = Servers::start(&cfg, &store, router, extender_router, admin::router(health.clone(), metrics.clone()), shutdown, super::connection_limits(&cfg, metrics.clone())).await?;
     tracing::info!(standalone = cluster.is_none(), "serving");
     let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.clone()));
     let ready = tokio::spawn(become_ready(cluster, health.clone()));
@@ -181,7 +181,10 @@ impl Parts<'_> {
             metrics: self.metrics.clone(),
             body: body_limits(cfg, self.budget, cfg.webhook.max_body_bytes, WEBHOOK_EXPANSION, "webhook_body"),
             decision_timeout: Duration::from_secs_f64(cfg.webhook.decision_timeout_seconds),
-            memo: cfg.decision_memo(),
+            memo: {
+                let memo = cfg.memo_settings();
+                webhook::DecisionMemo::new(memo.max_bytes, memo.ttl)
+            },
             gate: (cfg.safety_net.enabled && self.cluster.is_some()).then(|| Duration::from_secs_f64(cfg.safety_net.gate_max_seconds)),
         })
     }
@@ -348,7 +351,7 @@ fn provisioner_task(
                 }
             }
         };
-        crate::cluster::leader::while_leader(lease_client, &namespace, &lease, duration, &leader_metrics.leader, work).await?;
+        crate::cluster::leader::while_leader(lease_client, &namespace, &lease, duration, &leader_metrics.provisioner.leader, work).await?;
         Ok(())
     }))
 }

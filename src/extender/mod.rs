@@ -312,7 +312,7 @@ fn reason(why: String) -> String {
 }
 
 fn filter_error(metrics: &Metrics, reason: &str, message: String) -> Response {
-    metrics.extender_requests.get_or_create(&labels2("verb", "filter", "result", reason)).inc();
+    metrics.extender.requests.get_or_create(&labels2("verb", "filter", "result", reason)).inc();
     tracing::warn!(verb = "filter", reason, %message, "extender call with bad input");
     let r = FilterResult { error: message, ..Default::default() };
     json_response(StatusCode::OK, r.to_json())
@@ -339,7 +339,7 @@ impl Extender {
         let state = picture.state()?;
         let steer = handoff::steer(&state, pod, candidates)?;
         if steer.offered {
-            self.metrics.extender_planned_placements.inc();
+            self.metrics.extender.planned_placements.inc();
         }
         Some((steer.node, steer.why))
     }
@@ -371,7 +371,7 @@ impl Extender {
         if refused.is_empty() {
             return Default::default();
         }
-        self.metrics.extender_held_room_refusals.inc_by(refused.len() as u64);
+        self.metrics.extender.held_room_refusals.inc_by(refused.len() as u64);
         tracing::debug!(nodes = refused.len(), first = refused.first().map(|(_, why)| why.as_str()).unwrap_or(""), "nodes refused: room held for planned pods");
         refused.into_iter().collect()
     }
@@ -535,9 +535,9 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             result.node_names = Some(keep);
         }
     }
-    x.metrics.extender_filtered_nodes.inc_by(removed);
-    x.metrics.extender_requests.get_or_create(&labels2("verb", "filter", "result", "ok")).inc();
-    x.metrics.extender_filter_seconds.observe(started.elapsed().as_secs_f64());
+    x.metrics.extender.filtered_nodes.inc_by(removed);
+    x.metrics.extender.requests.get_or_create(&labels2("verb", "filter", "result", "ok")).inc();
+    x.metrics.extender.filter_seconds.observe(started.elapsed().as_secs_f64());
     tracing::debug!(removed, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "filter answered");
     held_response(result.to_json(), budget)
 }
@@ -549,7 +549,7 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     // neutral), counted and logged, so scheduling never stalls on Archer.
     let empty = || json_response(StatusCode::OK, b"[]".to_vec());
     let bad = |reason: &str, error: &dyn std::fmt::Display| {
-        x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", reason)).inc();
+        x.metrics.extender.requests.get_or_create(&labels2("verb", "prioritize", "result", reason)).inc();
         tracing::warn!(reason, %error, "prioritize call with bad input");
         empty()
     };
@@ -579,11 +579,11 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     };
     span.record("nodes", facts.len());
     for f in facts.iter().filter(|f| f.bad_price.is_some()) {
-        x.metrics.extender_invalid_prices.inc();
+        x.metrics.extender.invalid_prices.inc();
         tracing::warn!(node = %f.name, reason = f.bad_price.as_deref().unwrap_or(""), "node price not believed; scored as unknown");
     }
     let unknown = facts.iter().filter(|f| f.price.is_none()).count() as u64;
-    x.metrics.extender_unknown_price_nodes.inc_by(unknown);
+    x.metrics.extender.unknown_price_nodes.inc_by(unknown);
     let policy = x.policy_for(&args.pod);
     let request = pod_requests(&args.pod, true);
     let candidates: Vec<Candidate> = facts
@@ -602,8 +602,8 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
         }
     }
     let list: Vec<HostPriority> = candidates.into_iter().zip(scores).map(|(c, score)| HostPriority { host: c.name, score }).collect();
-    x.metrics.extender_requests.get_or_create(&labels2("verb", "prioritize", "result", "ok")).inc();
-    x.metrics.extender_prioritize_seconds.observe(started.elapsed().as_secs_f64());
+    x.metrics.extender.requests.get_or_create(&labels2("verb", "prioritize", "result", "ok")).inc();
+    x.metrics.extender.prioritize_seconds.observe(started.elapsed().as_secs_f64());
     held_response(wire::priorities_json(&list), budget)
 }
 

@@ -83,7 +83,7 @@ where
         let wait = match pass().await {
             Ok(a) => a.requeue_after,
             Err(e) => {
-                metrics.reconcile_errors.get_or_create(&labels2("executor", executor, "error", e.label())).inc();
+                metrics.provisioner.reconcile_errors.get_or_create(&labels2("executor", executor, "error", e.label())).inc();
                 tracing::warn!(executor, error = %e, "pass failed; retrying");
                 retry
             }

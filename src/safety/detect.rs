@@ -272,7 +272,7 @@ impl SafetyNet {
         let params = EvictParams { delete_options: Some(DeleteParams { preconditions: Some(Preconditions { uid: e.uid.clone(), resource_version: None }), ..Default::default() }), ..Default::default() };
         match api.evict(&e.name, &params).await {
             Ok(_) => {
-                self.metrics.pod_evictions.get_or_create(&label("reason", "exec_format_error")).inc();
+                self.metrics.provisioner.pod_evictions.get_or_create(&label("reason", "exec_format_error")).inc();
                 tracing::info!("evicted: its replacement is admitted without this architecture");
                 Some("evicted")
             }

@@ -71,7 +71,7 @@ pub struct ConnectionLimits {
 
 impl ConnectionLimits {
     fn timed_out(&self, phase: &'static str) {
-        self.metrics.connection_timeouts.get_or_create(&label("phase", phase)).inc();
+        self.metrics.server.connection_timeouts.get_or_create(&label("phase", phase)).inc();
     }
 }
 
@@ -112,7 +112,7 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, 
             Err(_) => match make_room(&table, &slots, &limits).await {
                 Some(slot) => slot,
                 None => {
-                    limits.metrics.connections_refused.inc();
+                    limits.metrics.server.connections_refused.inc();
                     if last_refusal_log.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
                         tracing::warn!(%peer, max = limits.max_connections, "connection cap reached and every connection is answering a request; closing new connections");
                         last_refusal_log = Some(tokio::time::Instant::now());
@@ -126,7 +126,7 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, 
         let activity = conn::Activity::new(tls.is_some());
         let registered = table.register(activity.clone());
         let conn = Connection { tls: tls.clone(), router: router.clone(), watcher: graceful.watcher(), limits: limits.clone() };
-        let open = limits.metrics.connections_open.clone();
+        let open = limits.metrics.server.connections_open.clone();
         tokio::spawn(async move {
             open.inc();
             conn.run(tcp, peer, activity).await;
@@ -147,7 +147,7 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, 
 /// connections cannot keep kube-apiserver out. Waits briefly for the displaced one to close.
 async fn make_room(table: &conn::Table, slots: &Arc<Semaphore>, limits: &ConnectionLimits) -> Option<tokio::sync::OwnedSemaphorePermit> {
     let phase = table.displace_one()?;
-    limits.metrics.connections_displaced.get_or_create(&label("phase", phase)).inc();
+    limits.metrics.server.connections_displaced.get_or_create(&label("phase", phase)).inc();
     tracing::debug!(phase, "connection cap reached; displaced the connection with the least progress");
     tokio::time::timeout(Duration::from_millis(500), slots.clone().acquire_owned()).await.ok()?.ok()
 }

@@ -32,7 +32,7 @@ async fn catch(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) ->
     match AssertUnwindSafe(next.run(req)).catch_unwind().await {
         Ok(response) => response,
         Err(payload) => {
-            metrics.panics.get_or_create(&label("route", route.clone())).inc();
+            metrics.server.panics.get_or_create(&label("route", route.clone())).inc();
             let what = message(payload.as_ref());
             tracing::error!(route, panic = what, "a request handler panicked; answered 500");
             let error = format!("archer failed while answering this request ({route}): internal error");
@@ -77,7 +77,7 @@ mod tests {
         let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.expect("body");
         let v: serde_json::Value = serde_json::from_slice(&body).expect("json body");
         assert_eq!(v["reason"], "panic");
-        assert_eq!(metrics.panics.get_or_create(&label("route", "/boom")).get(), 1);
+        assert_eq!(metrics.server.panics.get_or_create(&label("route", "/boom")).get(), 1);
         let ok = router.oneshot(Request::post("/fine").body(Body::empty()).expect("request")).await.expect("answered");
         assert_eq!(ok.status(), StatusCode::OK);
         assert!(metrics.encode().contains("archer_panics_total{route=\"/boom\"} 1"), "{}", metrics.encode());

@@ -103,12 +103,12 @@ impl CertStore {
             tick.tick().await;
             match self.reload() {
                 Ok(true) => {
-                    metrics.cert_reloads.get_or_create(&label("result", "ok")).inc();
+                    metrics.server.cert_reloads.get_or_create(&label("result", "ok")).inc();
                     tracing::info!(cert = %self.cert_path.display(), "serving certificate reloaded");
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    metrics.cert_reloads.get_or_create(&label("result", "error")).inc();
+                    metrics.server.cert_reloads.get_or_create(&label("result", "error")).inc();
                     tracing::warn!(error = %e, "serving certificate changed on disk but cannot be used; keeping the old one");
                 }
             }

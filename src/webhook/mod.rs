@@ -59,7 +59,7 @@ fn bad_request(metrics: &Metrics, reason: &'static str, message: String) -> Resp
 }
 
 fn refuse(metrics: &Metrics, status: StatusCode, reason: &'static str, message: String) -> Response {
-    metrics.bad_requests.get_or_create(&label("reason", reason)).inc();
+    metrics.webhook.bad_requests.get_or_create(&label("reason", reason)).inc();
     tracing::warn!(reason, %message, "request refused");
     (status, Json(crate::server::ErrorBody { error: &message, reason })).into_response()
 }
@@ -102,13 +102,13 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
     }
     .instrument(span.clone())
     .await;
-    w.metrics.admission_seconds.observe(started.elapsed().as_secs_f64());
+    w.metrics.webhook.admission_seconds.observe(started.elapsed().as_secs_f64());
     span.in_scope(|| tracing::info!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
     ([(axum::http::header::CONTENT_TYPE, "application/json")], response.answer().to_json_for(&request.uid)).into_response()
 }
 
 fn count(w: &Webhook, outcome: &'static str) {
-    w.metrics.admission(outcome);
+    w.metrics.webhook.admission(outcome);
     tracing::Span::current().record("outcome", outcome);
 }
 
@@ -145,7 +145,7 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
     }
     let (policy, policy_warnings) = crate::cluster::namespace_policy(w.cluster.as_ref(), &w.defaults, namespace);
     if !policy_warnings.is_empty() {
-        w.metrics.policy_warnings.inc_by(policy_warnings.len() as u64);
+        w.metrics.webhook.policy_warnings.inc_by(policy_warnings.len() as u64);
     }
     if policy.mode == Mode::Off {
         count(w, "off");
@@ -230,7 +230,7 @@ fn gated(w: &Webhook, pod: &Pod, allow: Answer, mut warnings: Vec<String>) -> An
 /// A remembered answer given to another pod with the same inputs: counted and logged as the
 /// first one was.
 fn reused(w: &Webhook, found: Arc<memo::Remembered>) -> Reply {
-    w.metrics.admission_decisions_reused.inc();
+    w.metrics.webhook.admission_decisions_reused.inc();
     count(w, found.outcome);
     if let Some((_, _, message)) = found.answer.status.as_ref().filter(|_| !found.answer.allowed) {
         tracing::info!(%message, "pod denied (decision reused)");

@@ -684,7 +684,7 @@ pub async fn serve_extender_with_metrics(
     let (stop, shutdown) = archer::server::shutdown_channel();
     // The server lives as long as the test process; the trigger is leaked on purpose.
     std::mem::forget(stop);
-    let limits = cfg.connection_limits(server_metrics.clone());
+    let limits = archer::cli::connection_limits(&cfg, server_metrics.clone());
     tokio::spawn(archer::server::serve_https(listener, tls.server_config(), archer::extender::router(ext), shutdown, limits));
     let http = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(certs.join("ca.crt")).expect("ca")).expect("pem"))

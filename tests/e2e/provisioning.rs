@@ -502,7 +502,7 @@ async fn one_replica_provisions_and_another_takes_over() {
     // Work that stops while its replica holds the lease (a provisioner loop panicked) ends the
     // leader loop with an error, so the process restarts instead of holding the lease idle.
     let metrics = archer::metrics::Metrics::new();
-    let ended = tokio::time::timeout(Duration::from_secs(60), archer::cluster::leader::while_leader(client.clone(), "archer-system", "work-ends", Duration::from_secs(3), &metrics.leader, || async {})).await;
+    let ended = tokio::time::timeout(Duration::from_secs(60), archer::cluster::leader::while_leader(client.clone(), "archer-system", "work-ends", Duration::from_secs(3), &metrics.provisioner.leader, || async {})).await;
     assert!(matches!(ended, Ok(Err(archer::cluster::leader::LeaderError::WorkEnded(_)))), "{ended:?}");
 }
 

@@ -1,17 +1,33 @@
-//! Prometheus metrics: one registry, one struct of families handed to each component.
+//! Prometheus metrics: one registry (prefix `archer`), and a struct of families per component.
+//! Each component's families are registered by its own struct ([`WebhookMetrics`],
+//! [`ExtenderMetrics`] under the sub-registry `extender`, [`ServerMetrics`],
+//! [`RegistryMetrics`], [`ProvisionerMetrics`], [`SafetyNetMetrics`]); a component is handed the
+//! whole [`Metrics`] and reaches only its own part. The names every family is exported under are
+//! a contract (dashboards, alert rules, runbooks): a sub-registry's prefix is part of the name.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use std::sync::atomic::AtomicU64;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 pub type Labels = Vec<(&'static str, String)>;
 
+/// Every component's families, registered in one registry.
 pub struct Metrics {
-    registry: Registry,
+    root: Registry,
+    pub webhook: WebhookMetrics,
+    pub extender: ExtenderMetrics,
+    pub server: ServerMetrics,
+    pub registry: RegistryMetrics,
+    pub provisioner: ProvisionerMetrics,
+    pub safety: SafetyNetMetrics,
+}
+
+/// The admission webhook's families.
+pub struct WebhookMetrics {
     /// Admission reviews answered, by outcome (enforced, observed, denied, skipped, invalid, ...).
     pub admissions: Family<Labels, Counter>,
     pub admission_seconds: Histogram,
@@ -20,29 +36,99 @@ pub struct Metrics {
     /// `admissions`' counters by outcome, once used: the admission path counts without building
     /// a label set each time.
     admission_outcomes: std::sync::RwLock<std::collections::HashMap<&'static str, Counter>>,
-    /// Image lookups by result: hit, miss, error.
-    pub image_lookups: Family<Labels, Counter>,
-    /// Failed image inspections by reason (timeout, not_found, forbidden_address, ...).
-    pub inspection_failures: Family<Labels, Counter>,
     /// Requests refused before a decision, by reason (bad_json, body_too_large, ...).
     pub bad_requests: Family<Labels, Counter>,
-    /// Serving-certificate reloads by result (ok, error).
-    pub cert_reloads: Family<Labels, Counter>,
     /// Namespace annotations that could not be used.
     pub policy_warnings: Counter,
-    /// Scheduler extender calls by verb (filter, prioritize) and result (ok, error).
-    pub extender_requests: Family<Labels, Counter>,
-    pub extender_filter_seconds: Histogram,
-    pub extender_prioritize_seconds: Histogram,
+}
+
+impl Default for WebhookMetrics {
+    fn default() -> Self {
+        WebhookMetrics {
+            admissions: Family::default(),
+            admission_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            admission_decisions_reused: Counter::default(),
+            admission_outcomes: Default::default(),
+            bad_requests: Family::default(),
+            policy_warnings: Counter::default(),
+        }
+    }
+}
+
+impl WebhookMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register("admission_decisions_reused", "Admission reviews answered with the decision made for an earlier pod with the same inputs (a workload's replicas)", self.admission_decisions_reused.clone());
+        r.register("admission_reviews", "Admission reviews answered, by outcome", self.admissions.clone());
+        r.register("admission_duration_seconds", "Time to answer an admission review", self.admission_seconds.clone());
+        r.register("bad_requests", "Requests refused before a decision, by reason", self.bad_requests.clone());
+        r.register("policy_annotation_errors", "Namespace policy annotations that could not be used", self.policy_warnings.clone());
+    }
+
+    /// Count one admission review under `outcome` (`archer_admission_reviews_total{outcome}`).
+    pub fn admission(&self, outcome: &'static str) {
+        if let Ok(m) = self.admission_outcomes.read() {
+            if let Some(c) = m.get(outcome) {
+                c.inc();
+                return;
+            }
+        }
+        let counter = self.admissions.get_or_create(&label("outcome", outcome)).clone();
+        counter.inc();
+        if let Ok(mut m) = self.admission_outcomes.write() {
+            m.insert(outcome, counter);
+        }
+    }
+}
+
+/// The scheduler extender's families, under the sub-registry `extender` (`archer_extender_*`).
+pub struct ExtenderMetrics {
+    /// Calls by verb (filter, prioritize) and result (ok, error).
+    pub requests: Family<Labels, Counter>,
+    pub filter_seconds: Histogram,
+    pub prioritize_seconds: Histogram,
     /// Nodes the filter removed because the pod's images cannot run there.
-    pub extender_filtered_nodes: Counter,
+    pub filtered_nodes: Counter,
     /// Nodes scored neutrally because their price is unknown.
-    pub extender_unknown_price_nodes: Counter,
+    pub unknown_price_nodes: Counter,
     /// Node prices not believed (NaN, infinite, negative or above the ceiling).
-    pub extender_invalid_prices: Counter,
-    pub extender_planned_placements: Counter,
+    pub invalid_prices: Counter,
+    pub planned_placements: Counter,
     /// Nodes the filter refused a pod because their room is held for pods a plan put there.
-    pub extender_held_room_refusals: Counter,
+    pub held_room_refusals: Counter,
+}
+
+impl Default for ExtenderMetrics {
+    fn default() -> Self {
+        ExtenderMetrics {
+            requests: Family::default(),
+            filter_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            prioritize_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            filtered_nodes: Counter::default(),
+            unknown_price_nodes: Counter::default(),
+            invalid_prices: Counter::default(),
+            planned_placements: Counter::default(),
+            held_room_refusals: Counter::default(),
+        }
+    }
+}
+
+impl ExtenderMetrics {
+    /// Into `r`, the sub-registry with the prefix `extender`.
+    fn register(&self, r: &mut Registry) {
+        r.register("invalid_prices", "Node prices treated as unknown because they are not sane numbers", self.invalid_prices.clone());
+        r.register("planned_placements", "Prioritize calls that scored the node a provisioning plan put the pod on highest", self.planned_placements.clone());
+        r.register("held_room_refusals", "Nodes the filter refused a pod because their room is held for pending pods a provisioning plan put there", self.held_room_refusals.clone());
+        r.register("requests", "Scheduler extender calls, by verb and result", self.requests.clone());
+        r.register("filter_duration_seconds", "Time to answer a filter call", self.filter_seconds.clone());
+        r.register("prioritize_duration_seconds", "Time to answer a prioritize call", self.prioritize_seconds.clone());
+        r.register("filtered_nodes", "Nodes filtered out because the pod's images cannot run there", self.filtered_nodes.clone());
+        r.register("unknown_price_nodes", "Nodes scored neutrally because their price is unknown", self.unknown_price_nodes.clone());
+    }
+}
+
+/// The listeners' families: connections, timeouts, panics, certificate reloads.
+#[derive(Default)]
+pub struct ServerMetrics {
     /// Connections closed at once because the listener was at its connection cap.
     pub connections_refused: Counter,
     /// Connections closed to make room for a new one at the cap, by what the closed one was
@@ -53,9 +139,43 @@ pub struct Metrics {
     /// Connections closed by a timeout, by phase (handshake, headers, idle).
     pub connection_timeouts: Family<Labels, Counter>,
     /// Connections open now.
-    pub connections_open: prometheus_client::metrics::gauge::Gauge,
+    pub connections_open: Gauge,
+    /// Serving-certificate reloads by result (ok, error).
+    pub cert_reloads: Family<Labels, Counter>,
+}
+
+impl ServerMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register("connections_displaced", "Connections closed to make room for a new one at the connection cap, by what the closed one was doing (handshake, headers, body, idle)", self.connections_displaced.clone());
+        r.register("panics", "Request handlers that panicked and were answered 500, by route", self.panics.clone());
+        r.register("connections_refused", "Connections closed at once because the listener was at its connection cap", self.connections_refused.clone());
+        r.register("connection_timeouts", "Connections closed by a timeout, by phase", self.connection_timeouts.clone());
+        r.register("connections_open", "Connections open now", self.connections_open.clone());
+        r.register("tls_certificate_reloads", "Serving certificate reloads, by result", self.cert_reloads.clone());
+    }
+}
+
+/// The registry client's and image inspector's families.
+#[derive(Default)]
+pub struct RegistryMetrics {
+    /// Image lookups by result: hit, miss, error.
+    pub image_lookups: Family<Labels, Counter>,
+    /// Failed image inspections by reason (timeout, not_found, forbidden_address, ...).
+    pub inspection_failures: Family<Labels, Counter>,
     /// Registry HTTP exchanges that got a response (manifests, blobs, tokens, retries included).
     pub registry_requests: Counter,
+}
+
+impl RegistryMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register("image_lookups", "Image platform lookups, by cache result", self.image_lookups.clone());
+        r.register("image_inspection_failures", "Images that could not be inspected, by reason", self.inspection_failures.clone());
+        r.register("registry_requests", "Registry HTTP requests answered (manifests, blobs, tokens)", self.registry_requests.clone());
+    }
+}
+
+/// The provisioner's families.
+pub struct ProvisionerMetrics {
     /// Provisioning batches run, and how long deciding + launching took.
     pub provisioner_batches: Counter,
     pub provisioner_batch_seconds: Histogram,
@@ -78,7 +198,7 @@ pub struct Metrics {
     /// Launches put off by the per-minute cap.
     pub launches_rate_limited: Counter,
     /// 1 while this replica holds the provisioner lease.
-    pub leader: prometheus_client::metrics::gauge::Gauge,
+    pub leader: Gauge,
     /// Claims deleted because they could not become nodes, by reason.
     pub claims_given_up: Family<Labels, Counter>,
     /// Provisioner executor passes that failed, by executor and error.
@@ -98,8 +218,60 @@ pub struct Metrics {
     pub baseline_cost: Gauge<f64, AtomicU64>,
     /// Created to Ready, of pods the provisioner launched nodes for.
     pub pod_startup_seconds: Histogram,
-    /// The runtime safety net's families.
-    pub safety: SafetyNetMetrics,
+}
+
+impl Default for ProvisionerMetrics {
+    fn default() -> Self {
+        ProvisionerMetrics {
+            provisioner_batches: Counter::default(),
+            provisioner_batch_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            plan_cost_ratio: Histogram::new([1.0, 1.005, 1.01, 1.02, 1.03, 1.05, 1.1, 1.25, 1.5, 2.0]),
+            nodes_launched: Family::default(),
+            launch_errors: Family::default(),
+            nodes_terminated: Family::default(),
+            pod_evictions: Family::default(),
+            disruption_decisions: Family::default(),
+            deletion_cost_writes: Family::default(),
+            unprovisionable_pods: Counter::default(),
+            launches_rate_limited: Counter::default(),
+            leader: Gauge::default(),
+            claims_given_up: Family::default(),
+            reconcile_errors: Family::default(),
+            interruption_messages: Family::default(),
+            interruption_messages_dropped: Family::default(),
+            managed_nodes: Family::default(),
+            nodes_cost: Family::default(),
+            savings: Family::default(),
+            baseline_cost: Gauge::default(),
+            pod_startup_seconds: Histogram::new(exponential_buckets(0.5, 2.0, 14)),
+        }
+    }
+}
+
+impl ProvisionerMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register("managed_nodes", "Nodes Archer manages, by nodepool, arch and capacity_type", self.managed_nodes.clone());
+        r.register("nodes_cost_per_hour_dollars", "Hourly price of the nodes Archer manages, by nodepool, arch and capacity_type", self.nodes_cost.clone());
+        r.register("savings_per_hour_dollars", "Hourly saving of the pods on managed nodes against the same pods on amd64 on-demand nodes (as simulate --compare plans them), by source: arm64, spot", self.savings.clone());
+        r.register("baseline_cost_per_hour_dollars", "Hourly price of the pods on managed nodes if they ran on amd64 on-demand nodes (as simulate --compare plans them)", self.baseline_cost.clone());
+        r.register("provisioned_pod_startup_duration_seconds", "Time from creation to Ready of pods the provisioner launched nodes for", self.pod_startup_seconds.clone());
+        r.register("nodeclaims_given_up", "NodeClaims deleted because they could not become nodes (launch failures, registration timeouts), by reason", self.claims_given_up.clone());
+        r.register("provisioner_reconcile_errors", "Provisioner executor passes that failed, by executor and error", self.reconcile_errors.clone());
+        r.register("interruption_messages", "Interruption queue messages, by kind and outcome (handled, ignored, malformed, failed, dropped)", self.interruption_messages.clone());
+        r.register("interruption_messages_dropped", "Interruption queue messages deleted without being acted on, by reason (foreign_source, foreign_account: not an EC2 or Health event of Archer's account; max_receives: failed on every receive allowed)", self.interruption_messages_dropped.clone());
+        r.register("provisioner_batches", "Provisioning batches decided", self.provisioner_batches.clone());
+        r.register("provisioner_batch_duration_seconds", "Time to decide and launch one batch", self.provisioner_batch_seconds.clone());
+        r.register("provisioner_plan_cost_ratio", "Per batch that buys nodes: their price over the lower bound no plan for the same pods can beat (1 = optimal)", self.plan_cost_ratio.clone());
+        r.register("nodes_launched", "Nodes launched, by pool", self.nodes_launched.clone());
+        r.register("node_launch_errors", "Node launches that failed and will be retried, by provider", self.launch_errors.clone());
+        r.register("nodes_terminated", "Nodes removed, by reason", self.nodes_terminated.clone());
+        r.register("pod_evictions", "Pods evicted by a drain, by the drain's reason", self.pod_evictions.clone());
+        r.register("disruption_decisions", "Disruption decisions, by reason and result (taken, stale)", self.disruption_decisions.clone());
+        r.register("pod_deletion_cost_writes", "Pod deletion costs written on pods of managed nodes, by outcome (written, gone, error)", self.deletion_cost_writes.clone());
+        r.register("unprovisionable_pods", "Pending pods no NodePool can run", self.unprovisionable_pods.clone());
+        r.register("launches_rate_limited", "Launches put off by the per-minute cap", self.launches_rate_limited.clone());
+        r.register("provisioner_leader", "1 while this replica holds the provisioner lease", self.leader.clone());
+    }
 }
 
 /// The safety net: exec format errors seen, re-placements, and the scheduling gate.
@@ -149,123 +321,30 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Count one admission review under `outcome` (`archer_admission_reviews_total{outcome}`).
-    pub fn admission(&self, outcome: &'static str) {
-        if let Ok(m) = self.admission_outcomes.read() {
-            if let Some(c) = m.get(outcome) {
-                c.inc();
-                return;
-            }
-        }
-        let counter = self.admissions.get_or_create(&label("outcome", outcome)).clone();
-        counter.inc();
-        if let Ok(mut m) = self.admission_outcomes.write() {
-            m.insert(outcome, counter);
-        }
-    }
-
+    /// Every component's families, each registered by its own struct (the extender's under the
+    /// prefix `extender`).
     pub fn new() -> Self {
         let mut root = Registry::with_prefix("archer");
-        let admissions = Family::<Labels, Counter>::default();
-        let admission_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
-        let admission_decisions_reused = Counter::default();
-        root.register("admission_decisions_reused", "Admission reviews answered with the decision made for an earlier pod with the same inputs (a workload's replicas)", admission_decisions_reused.clone());
-        let image_lookups = Family::<Labels, Counter>::default();
-        let inspection_failures = Family::<Labels, Counter>::default();
-        let bad_requests = Family::<Labels, Counter>::default();
-        let cert_reloads = Family::<Labels, Counter>::default();
-        let policy_warnings = Counter::default();
-        let registry_requests = Counter::default();
-        let extender_requests = Family::<Labels, Counter>::default();
-        let extender_filter_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        let extender_prioritize_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        let extender_filtered_nodes = Counter::default();
-        let extender_unknown_price_nodes = Counter::default();
-        let extender_invalid_prices = Counter::default();
-        let extender_planned_placements = Counter::default();
-        let extender_held_room_refusals = Counter::default();
-        let connections_refused = Counter::default();
-        let connections_displaced = Family::<Labels, Counter>::default();
-        let panics = Family::<Labels, Counter>::default();
-        root.register("connections_displaced", "Connections closed to make room for a new one at the connection cap, by what the closed one was doing (handshake, headers, body, idle)", connections_displaced.clone());
-        root.register("panics", "Request handlers that panicked and were answered 500, by route", panics.clone());
-        let connection_timeouts = Family::<Labels, Counter>::default();
-        let connections_open = prometheus_client::metrics::gauge::Gauge::default();
-        root.register("extender_invalid_prices", "Node prices treated as unknown because they are not sane numbers", extender_invalid_prices.clone());
-        root.register("extender_planned_placements", "Prioritize calls that scored the node a provisioning plan put the pod on highest", extender_planned_placements.clone());
-        root.register("extender_held_room_refusals", "Nodes the filter refused a pod because their room is held for pending pods a provisioning plan put there", extender_held_room_refusals.clone());
-        root.register("connections_refused", "Connections closed at once because the listener was at its connection cap", connections_refused.clone());
-        root.register("connection_timeouts", "Connections closed by a timeout, by phase", connection_timeouts.clone());
-        root.register("connections_open", "Connections open now", connections_open.clone());
-        root.register("extender_requests", "Scheduler extender calls, by verb and result", extender_requests.clone());
-        root.register("extender_filter_duration_seconds", "Time to answer a filter call", extender_filter_seconds.clone());
-        root.register("extender_prioritize_duration_seconds", "Time to answer a prioritize call", extender_prioritize_seconds.clone());
-        root.register("extender_filtered_nodes", "Nodes filtered out because the pod's images cannot run there", extender_filtered_nodes.clone());
-        root.register("extender_unknown_price_nodes", "Nodes scored neutrally because their price is unknown", extender_unknown_price_nodes.clone());
-        root.register("admission_reviews", "Admission reviews answered, by outcome", admissions.clone());
-        root.register("admission_duration_seconds", "Time to answer an admission review", admission_seconds.clone());
-        root.register("image_lookups", "Image platform lookups, by cache result", image_lookups.clone());
-        root.register("image_inspection_failures", "Images that could not be inspected, by reason", inspection_failures.clone());
-        root.register("bad_requests", "Requests refused before a decision, by reason", bad_requests.clone());
-        root.register("tls_certificate_reloads", "Serving certificate reloads, by result", cert_reloads.clone());
-        root.register("policy_annotation_errors", "Namespace policy annotations that could not be used", policy_warnings.clone());
-        root.register("registry_requests", "Registry HTTP requests answered (manifests, blobs, tokens)", registry_requests.clone());
-        let provisioner_batches = Counter::default();
-        let provisioner_batch_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
-        let plan_cost_ratio = Histogram::new([1.0, 1.005, 1.01, 1.02, 1.03, 1.05, 1.1, 1.25, 1.5, 2.0]);
-        let nodes_launched = Family::<Labels, Counter>::default();
-        let launch_errors = Family::<Labels, Counter>::default();
-        let nodes_terminated = Family::<Labels, Counter>::default();
-        let unprovisionable_pods = Counter::default();
-        let disruption_decisions = Family::<Labels, Counter>::default();
-        let pod_evictions = Family::<Labels, Counter>::default();
-        let deletion_cost_writes = Family::<Labels, Counter>::default();
-        let launches_rate_limited = Counter::default();
-        let leader = prometheus_client::metrics::gauge::Gauge::default();
-        let claims_given_up = Family::<Labels, Counter>::default();
-        let reconcile_errors = Family::<Labels, Counter>::default();
-        let interruption_messages = Family::<Labels, Counter>::default();
-        let interruption_messages_dropped = Family::<Labels, Counter>::default();
-        let managed_nodes = Family::<Labels, Gauge>::default();
-        let nodes_cost = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        let savings = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        let baseline_cost = Gauge::<f64, AtomicU64>::default();
-        let pod_startup_seconds = Histogram::new(exponential_buckets(0.5, 2.0, 14));
-        root.register("managed_nodes", "Nodes Archer manages, by nodepool, arch and capacity_type", managed_nodes.clone());
-        root.register("nodes_cost_per_hour_dollars", "Hourly price of the nodes Archer manages, by nodepool, arch and capacity_type", nodes_cost.clone());
-        root.register("savings_per_hour_dollars", "Hourly saving of the pods on managed nodes against the same pods on amd64 on-demand nodes (as simulate --compare plans them), by source: arm64, spot", savings.clone());
-        root.register("baseline_cost_per_hour_dollars", "Hourly price of the pods on managed nodes if they ran on amd64 on-demand nodes (as simulate --compare plans them)", baseline_cost.clone());
-        root.register("provisioned_pod_startup_duration_seconds", "Time from creation to Ready of pods the provisioner launched nodes for", pod_startup_seconds.clone());
-        root.register("nodeclaims_given_up", "NodeClaims deleted because they could not become nodes (launch failures, registration timeouts), by reason", claims_given_up.clone());
-        root.register("provisioner_reconcile_errors", "Provisioner executor passes that failed, by executor and error", reconcile_errors.clone());
-        root.register("interruption_messages", "Interruption queue messages, by kind and outcome (handled, ignored, malformed, failed, dropped)", interruption_messages.clone());
-        root.register("interruption_messages_dropped", "Interruption queue messages deleted without being acted on, by reason (foreign_source, foreign_account: not an EC2 or Health event of Archer's account; max_receives: failed on every receive allowed)", interruption_messages_dropped.clone());
-        root.register("provisioner_batches", "Provisioning batches decided", provisioner_batches.clone());
-        root.register("provisioner_batch_duration_seconds", "Time to decide and launch one batch", provisioner_batch_seconds.clone());
-        root.register("provisioner_plan_cost_ratio", "Per batch that buys nodes: their price over the lower bound no plan for the same pods can beat (1 = optimal)", plan_cost_ratio.clone());
-        root.register("nodes_launched", "Nodes launched, by pool", nodes_launched.clone());
-        root.register("node_launch_errors", "Node launches that failed and will be retried, by provider", launch_errors.clone());
-        root.register("nodes_terminated", "Nodes removed, by reason", nodes_terminated.clone());
-        root.register("pod_evictions", "Pods evicted by a drain, by the drain's reason", pod_evictions.clone());
-        root.register("disruption_decisions", "Disruption decisions, by reason and result (taken, stale)", disruption_decisions.clone());
-        root.register("pod_deletion_cost_writes", "Pod deletion costs written on pods of managed nodes, by outcome (written, gone, error)", deletion_cost_writes.clone());
-        root.register("unprovisionable_pods", "Pending pods no NodePool can run", unprovisionable_pods.clone());
-        root.register("launches_rate_limited", "Launches put off by the per-minute cap", launches_rate_limited.clone());
-        root.register("provisioner_leader", "1 while this replica holds the provisioner lease", leader.clone());
-        let safety = SafetyNetMetrics::default();
-        safety.register(&mut root);
-        Self { safety, managed_nodes, nodes_cost, savings, baseline_cost, pod_startup_seconds, provisioner_batches, provisioner_batch_seconds, plan_cost_ratio, nodes_launched, launch_errors, nodes_terminated, disruption_decisions, deletion_cost_writes, pod_evictions, unprovisionable_pods, launches_rate_limited, leader, claims_given_up, reconcile_errors, interruption_messages, interruption_messages_dropped, registry: root, admissions, admission_seconds, admission_decisions_reused, admission_outcomes: Default::default(), image_lookups, inspection_failures, bad_requests, cert_reloads, policy_warnings, registry_requests, extender_requests, extender_filter_seconds, extender_prioritize_seconds, extender_filtered_nodes, extender_unknown_price_nodes, extender_invalid_prices, extender_planned_placements, extender_held_room_refusals, connections_refused, connections_displaced, panics, connection_timeouts, connections_open }
+        let m = (WebhookMetrics::default(), ExtenderMetrics::default(), ServerMetrics::default(), RegistryMetrics::default(), ProvisionerMetrics::default(), SafetyNetMetrics::default());
+        m.0.register(&mut root);
+        m.1.register(root.sub_registry_with_prefix("extender"));
+        m.2.register(&mut root);
+        m.3.register(&mut root);
+        m.4.register(&mut root);
+        m.5.register(&mut root);
+        let (webhook, extender, server, registry, provisioner, safety) = m;
+        Metrics { root, webhook, extender, server, registry, provisioner, safety }
     }
 
-    /// Register more families (the extender and provisioner add theirs).
+    /// Register more families (the memory budget adds its own).
     pub fn registry_mut(&mut self) -> &mut Registry {
-        &mut self.registry
+        &mut self.root
     }
 
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode(&mut out, &self.root);
         out
     }
 }
@@ -276,4 +355,73 @@ pub fn label(key: &'static str, value: impl Into<String>) -> Labels {
 
 pub fn labels2(k1: &'static str, v1: impl Into<String>, k2: &'static str, v2: impl Into<String>) -> Labels {
     vec![(k1, v1.into()), (k2, v2.into())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names every family is exported under are a contract (dashboards, alert rules,
+    /// runbooks, users' queries): splitting the families by component kept each one.
+    #[test]
+    fn every_family_keeps_its_exported_name() {
+        let text = Metrics::new().encode();
+        let mut exported: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+        exported.sort_unstable();
+        let expected = [
+        "archer_admission_decisions_reused",
+        "archer_admission_duration_seconds",
+        "archer_admission_reviews",
+        "archer_bad_requests",
+        "archer_baseline_cost_per_hour_dollars",
+        "archer_connection_timeouts",
+        "archer_connections_displaced",
+        "archer_connections_open",
+        "archer_connections_refused",
+        "archer_disruption_decisions",
+        "archer_exec_format_detections_dropped",
+        "archer_exec_format_errors",
+        "archer_exec_format_learned",
+        "archer_exec_format_replacements",
+        "archer_exec_format_verifications",
+        "archer_extender_filter_duration_seconds",
+        "archer_extender_filtered_nodes",
+        "archer_extender_held_room_refusals",
+        "archer_extender_invalid_prices",
+        "archer_extender_planned_placements",
+        "archer_extender_prioritize_duration_seconds",
+        "archer_extender_requests",
+        "archer_extender_unknown_price_nodes",
+        "archer_gate_releases",
+        "archer_gated_pods",
+        "archer_image_inspection_failures",
+        "archer_image_lookups",
+        "archer_interruption_messages",
+        "archer_interruption_messages_dropped",
+        "archer_launches_rate_limited",
+        "archer_managed_nodes",
+        "archer_node_launch_errors",
+        "archer_nodeclaims_given_up",
+        "archer_nodes_cost_per_hour_dollars",
+        "archer_nodes_launched",
+        "archer_nodes_terminated",
+        "archer_panics",
+        "archer_pod_deletion_cost_writes",
+        "archer_pod_evictions",
+        "archer_policy_annotation_errors",
+        "archer_provisioned_pod_startup_duration_seconds",
+        "archer_provisioner_batch_duration_seconds",
+        "archer_provisioner_batches",
+        "archer_provisioner_leader",
+        "archer_provisioner_plan_cost_ratio",
+        "archer_provisioner_reconcile_errors",
+        "archer_registry_requests",
+        "archer_safety_net_leader",
+        "archer_safety_record_entries_dropped",
+        "archer_savings_per_hour_dollars",
+        "archer_tls_certificate_reloads",
+        "archer_unprovisionable_pods",
+        ];
+        assert_eq!(exported, expected);
+    }
 }

@@ -171,8 +171,8 @@ impl Inspector {
     async fn inspect_within(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance) -> Result<Arc<Inspection>, RegistryError> {
         let result = self.inspect_inner(image, keyring, allowance).await;
         if let Err(e) = &result {
-            self.metrics.image_lookups.get_or_create(&label("result", "error")).inc();
-            self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
+            self.metrics.registry.image_lookups.get_or_create(&label("result", "error")).inc();
+            self.metrics.registry.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
             tracing::warn!(reason = e.reason(), error = %e, "image inspection failed");
         }
         result
@@ -185,20 +185,20 @@ impl Inspector {
         let key = format!("{parsed}#{who}");
         let cache = if parsed.digest.is_some() { &self.by_digest } else { &self.by_tag };
         if let Some(hit) = cache.get(&key).await {
-            self.metrics.image_lookups.get_or_create(&label("result", "hit")).inc();
+            self.metrics.registry.image_lookups.get_or_create(&label("result", "hit")).inc();
             return Ok(hit);
         }
         if let Some(failed) = self.failures.get(&key).await {
-            self.metrics.image_lookups.get_or_create(&label("result", "failure_hit")).inc();
+            self.metrics.registry.image_lookups.get_or_create(&label("result", "failure_hit")).inc();
             return Err(failed);
         }
         if let Some(stalled) = &self.stalled {
             if let Some(failed) = stalled.get(&key).await {
-                self.metrics.image_lookups.get_or_create(&label("result", "timeout_hit")).inc();
+                self.metrics.registry.image_lookups.get_or_create(&label("result", "timeout_hit")).inc();
                 return Err(failed);
             }
         }
-        self.metrics.image_lookups.get_or_create(&label("result", "miss")).inc();
+        self.metrics.registry.image_lookups.get_or_create(&label("result", "miss")).inc();
         let timeout = self.lookup_timeout;
         let client = self.client.clone();
         let allowance = allowance.clone();
@@ -261,7 +261,7 @@ impl Inspector {
                     Ok(r) => r,
                     Err(_) => {
                         let e = RegistryError::Timeout(self.lookup_timeout.min(deadline.saturating_duration_since(Instant::now())));
-                        self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
+                        self.metrics.registry.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
                         tracing::warn!(image = %image, "image not inspected before the pod's deadline");
                         Err(e)
                     }
