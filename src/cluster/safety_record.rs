@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::watcher;
 use kube::Client;
 
@@ -93,14 +93,14 @@ impl SharedRecord {
             let written = match stored {
                 Some(mut cm) => {
                     cm.data.get_or_insert_with(Default::default).insert(DATA_KEY.into(), text);
-                    api.replace(&self.name, &PostParams::default(), &cm).await
+                    api.replace(&self.name, &archer_api::apply::post_params(), &cm).await
                 }
                 None => {
                     let mut cm = ConfigMap::default();
                     cm.metadata.name = Some(self.name.clone());
                     cm.metadata.labels = Some([("app.kubernetes.io/name".to_string(), "archer".to_string())].into());
                     cm.data = Some([(DATA_KEY.to_string(), text)].into());
-                    api.create(&PostParams::default(), &cm).await
+                    api.create(&archer_api::apply::post_params(), &cm).await
                 }
             };
             match written {

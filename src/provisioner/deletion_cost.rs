@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use tracing::Instrument;
 
 use archer_metrics::label;
@@ -16,7 +16,6 @@ use archer_model::deletion_cost::{self, CostWrite, ARCHER_DELETION_COST, POD_DEL
 use futures::StreamExt;
 
 use super::context::{Action, Context, ReconcileError};
-use super::FIELD_MANAGER;
 
 /// Pods written per pass, and at once.
 const PER_PASS: usize = 50;
@@ -51,7 +50,7 @@ impl DeletionCosts {
         let value = w.cost.to_string();
         let patch = Pod { metadata: ObjectMeta { annotations: Some(BTreeMap::from([(POD_DELETION_COST.to_string(), value.clone()), (ARCHER_DELETION_COST.to_string(), value)])), ..Default::default() }, ..Default::default() };
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &w.namespace);
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        let params = archer_api::apply::patch_params();
         match api.patch(&w.name, &params, &Patch::Merge(&patch)).instrument(span.clone()).await {
             Ok(_) => "written",
             Err(kube::Error::Api(e)) if e.code == 404 => "gone",

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::future::join_all;
 use futures::StreamExt;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource};
 
@@ -145,7 +145,7 @@ impl Launcher {
 
     /// Write one planned node's NodeClaim.
     async fn write_claim(&self, planned: &PlannedNode, claim: NodeClaim) -> Option<NodeClaim> {
-        match Api::<NodeClaim>::all(self.ctx.client.clone()).create(&PostParams::default(), &claim).await {
+        match Api::<NodeClaim>::all(self.ctx.client.clone()).create(&archer_api::apply::post_params(), &claim).await {
             Ok(c) => {
                 // Before anything else can see it: the claim keeper leaves it to us.
                 self.mark_ours(&c.name());

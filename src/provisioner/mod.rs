@@ -24,9 +24,6 @@ pub use archer_api::{conditions, nodeclaim, nodepool};
 pub use archer_model::{adapter, consolidation, drift, objects, scenario, ClusterState};
 pub use worker::Provisioner;
 
-/// The field manager of the provisioner's writes.
-const FIELD_MANAGER: &str = "archer-provisioner";
-
 /// The cloud-provider trait and the providers compiled in (`aws` with the cargo feature).
 pub mod cloud {
     pub use archer_cloud::*;

@@ -1,7 +1,7 @@
 //! Writes on Nodes shared by the executors: the disruption taint, and removing a taint safely.
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::{Api, Client};
 
 use archer_core::labels;
@@ -16,7 +16,7 @@ pub async fn taint(client: &Client, node: &Node) {
     let mut taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
     taints.push(k8s_openapi::api::core::v1::Taint { key: labels::DISRUPTED_TAINT.into(), value: None, effect: "NoSchedule".into(), time_added: None });
     let patch = serde_json::json!({"spec": {"taints": taints}});
-    if let Err(e) = Api::<Node>::all(client.clone()).patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await {
+    if let Err(e) = Api::<Node>::all(client.clone()).patch(&name, &archer_api::apply::patch_params(), &Patch::Merge(patch)).await {
         tracing::warn!(node = %name, error = %e, "could not taint the node");
     }
 }
@@ -42,7 +42,7 @@ pub async fn remove_taint(client: &Client, node: &str, key: &str) -> bool {
             {"op": "remove", "path": format!("/spec/taints/{i}")}
         ]);
         let Ok(patch) = serde_json::from_value::<json_patch::Patch>(ops) else { return false };
-        match api.patch(node, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+        match api.patch(node, &archer_api::apply::patch_params(), &Patch::<()>::Json(patch)).await {
             Ok(_) => return true,
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => continue,
             Err(e) => {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::runtime::events::EventType;
 use kube::{Api, Client, Resource};
 
@@ -125,7 +125,7 @@ fn seconds_since_created(pod: &Pod) -> f64 {
 
 async fn apply(api: &Api<Pod>, name: &str, ops: &[Op]) -> Result<Pod, kube::Error> {
     let patch: json_patch::Patch = serde_json::from_slice(&patch::to_json(ops)).map_err(kube::Error::SerdeError)?;
-    let params = PatchParams { field_manager: Some("archer-safety-net".into()), ..Default::default() };
+    let params = archer_api::apply::patch_params();
     api.patch(name, &params, &Patch::<()>::Json(patch)).await
 }
 

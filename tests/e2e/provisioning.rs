@@ -325,6 +325,12 @@ async fn scale_down_empties_whole_nodes_by_deletion_cost() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     assert!(off || costs.values().collect::<BTreeSet<_>>().len() == 3, "one cost per node: {costs:?}");
+    // Written under Archer's one field manager, like every object Archer writes.
+    if !off {
+        for p in running_pods(&client, "shop", "api").await {
+            assert!(p.metadata.managed_fields.iter().flatten().any(|f| f.manager.as_deref() == Some("archer")), "pod {:?}: {:?}", p.metadata.name, p.metadata.managed_fields);
+        }
+    }
     assert!(off || c.archer_metric("archer_pod_deletion_cost_writes_total{outcome=\"written\"}").await >= 12.0);
 
     scale(&client, "shop", "api", 4).await;
@@ -958,6 +964,8 @@ async fn claims_and_pools_show_status_columns_and_events() {
     };
     for cl in claims(&client).await {
         assert!(applied_status(&cl.metadata), "claim {:?}: {:?}", cl.metadata.name, cl.metadata.managed_fields);
+        let created_by_archer = cl.metadata.managed_fields.iter().flatten().any(|f| f.manager.as_deref() == Some("archer") && f.subresource.is_none());
+        assert!(created_by_archer, "claim {:?} is created under the field manager archer: {:?}", cl.metadata.name, cl.metadata.managed_fields);
         assert!(cl.status.as_ref().is_some_and(|s| s.provider_id.is_some() && s.launched_at.is_some()), "the launch's fields survive the conditions' writes: {:?}", cl.status);
     }
     let pool = Api::<NodePool>::all(client.clone()).get("default").await.expect("pool");

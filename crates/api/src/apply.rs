@@ -4,12 +4,24 @@
 //! and that read's resourceVersion: a status computed from a stale read is refused (409) and
 //! computed again from a fresh one, never written over a newer one.
 
-use kube::core::params::{Patch, PatchParams};
+use kube::core::params::{Patch, PatchParams, PostParams};
 use kube::Resource;
 use serde::Serialize;
 
 /// The field manager of every object Archer writes.
 pub const FIELD_MANAGER: &str = "archer";
+
+/// Patch parameters under [`FIELD_MANAGER`], for Archer's writes that are not a whole status
+/// (a taint, an annotation, a scheduling gate).
+pub fn patch_params() -> PatchParams {
+    PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }
+}
+
+/// Create and replace parameters under [`FIELD_MANAGER`] (claims, kwok's Nodes, the safety
+/// record's ConfigMap).
+pub fn post_params() -> PostParams {
+    PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }
+}
 
 /// The parameters and body that apply `status` as the whole status of the object `name` of kind
 /// `K`, read at `resource_version`. Forced: the status is Archer's, whoever wrote a field of it
@@ -67,6 +79,7 @@ mod tests {
         let s = NodeClaimStatus { node_name: Some("n1".into()), launch_attempts: Some(2), ..Default::default() };
         let (params, patch) = status::<NodeClaim>("general-abc", Some("42"), &s);
         assert_eq!((params.field_manager.as_deref(), params.force), (Some("archer"), true));
+        assert_eq!((patch_params().field_manager.as_deref(), post_params().field_manager.as_deref()), (Some("archer"), Some("archer")));
         let Patch::Apply(body) = patch else { panic!("not an apply") };
         assert_eq!(body["apiVersion"], "archer.dev/v1alpha1");
         assert_eq!(body["kind"], "NodeClaim");

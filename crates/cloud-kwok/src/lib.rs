@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta};
 use kube::{Api, Client, Resource};
 
 use archer_cloud::{CloudError, CloudProvider, Instance};
@@ -114,7 +114,7 @@ impl CloudProvider for Kwok {
 
     async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError> {
         let node = node_for(claim);
-        match self.api().create(&PostParams::default(), &node).await {
+        match self.api().create(&archer_api::apply::post_params(), &node).await {
             Ok(n) => instance(&n).ok_or_else(|| CloudError::Api { provider: PROVIDER, message: "created node has no claim label".into() }),
             // Launched before (a retry after a crash or a lost response): the same instance.
             Err(kube::Error::Api(s)) if s.code == 409 => {
