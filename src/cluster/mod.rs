@@ -113,6 +113,13 @@ pub fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
+/// Milliseconds on this process's monotonic clock (from its first reading): what plans and
+/// registrations are timed by, so a step of the wall clock neither ages nor freshens them.
+pub fn monotonic_ms() -> i64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    i64::try_from(START.get_or_init(std::time::Instant::now).elapsed().as_millis()).unwrap_or(i64::MAX)
+}
+
 /// Now, in milliseconds since the Unix epoch (the unit of [`archer_model::ClusterState::now_ms`]).
 pub fn unix_now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -207,7 +214,7 @@ impl ClusterView {
         let (namespaces, ns_stream) = reflect::<Namespace>(&client, "namespace");
         let registrations = registrations::Registrations::default();
         let seen = registrations.clone();
-        let (nodes, node_stream) = reflect_with(Api::all(client.clone()), watcher::Config::default(), "node", move |n: &Node| seen.observe(n, unix_now_ms()));
+        let (nodes, node_stream) = reflect_with(Api::all(client.clone()), watcher::Config::default(), "node", move |n: &Node| seen.observe(n, monotonic_ms()));
         let view = Self {
             client,
             namespaces,

@@ -43,8 +43,11 @@ impl Picture {
     }
 
     /// The provisioner's caches and provider while this process provisions; `None` when it
-    /// stops (leadership lost).
+    /// stops (leadership lost: its plans are no longer followed either).
     pub fn attach(&self, live: Option<Live>) {
+        if live.is_none() {
+            self.plans.clear();
+        }
         *self.live.write().unwrap_or_else(|e| e.into_inner()) = live;
     }
 
@@ -54,14 +57,20 @@ impl Picture {
         Some(self.state_of(&stores, provider.as_ref()))
     }
 
+    /// What the extender's hand-off reads ([`archer_model::handoff`]: nodes, pods, claims and
+    /// the plans), when this process provisions: the state without the provider's offerings,
+    /// the pools' readiness and the safety record, which the hand-off does not read and which
+    /// cost the most to copy.
+    pub fn handoff_state(&self) -> Option<ClusterState> {
+        let stores = self.live.read().unwrap_or_else(|e| e.into_inner()).as_ref()?.0.clone();
+        Some(self.objects(&stores))
+    }
+
     /// The cluster at this moment from these caches and this provider.
     pub fn state_of(&self, stores: &Stores, provider: &dyn CloudProvider) -> ClusterState {
-        let (version, placements) = self.plans.snapshot();
-        let mut state = stores.state(self.view.namespaces());
+        let mut state = self.objects(stores);
         state.offerings = provider.offerings();
         state.safety = self.view.safety_record().get();
-        state.plans = Plans::new(version, placements, self.view.registrations().snapshot());
-        state.now_ms = super::unix_now_ms();
         // A pool whose node class is not ready gets no new node: its pods fall through to the
         // next pool by weight, as Karpenter skips a NodePool that is not Ready.
         state.closed_pools = state
@@ -72,6 +81,15 @@ impl Picture {
                 NodeClassReadiness::Ready | NodeClassReadiness::NotUsed => None,
             })
             .collect();
+        state
+    }
+
+    /// The caches' objects, the namespaces, the plans and the time.
+    fn objects(&self, stores: &Stores) -> ClusterState {
+        let (version, placements) = self.plans.snapshot();
+        let mut state = stores.state(self.view.namespaces());
+        state.plans = Plans::new(version, super::monotonic_ms(), placements, self.view.registrations().snapshot());
+        state.now_ms = super::unix_now_ms();
         state
     }
 }

@@ -2,14 +2,14 @@
 //! record them, and every [`ClusterState`](archer_model::ClusterState) this process builds
 //! carries a snapshot ([`archer_model::plans::Plans`]) that the next batch and the extender's
 //! hand-off read. Bounded, and forgotten after [`PLACEMENT_TTL`]: a plan is only worth following
-//! while its pods are pending.
+//! while its pods are pending. Times are [`super::monotonic_ms`]: a wall-clock step moves no plan.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use moka::future::Cache;
+use moka::sync::Cache;
 
 use archer_model::plans::Placement;
 
@@ -27,7 +27,7 @@ type Snapshot = (u64, Instant, Arc<HashMap<String, Placement>>);
 #[derive(Clone)]
 pub struct PlanBook {
     placements: Cache<String, Placement>,
-    /// Bumped whenever a placement is recorded or forgotten.
+    /// Bumped once per call that records or forgets a placement.
     version: Arc<AtomicU64>,
     last: Arc<Mutex<Option<Snapshot>>>,
 }
@@ -43,23 +43,42 @@ impl PlanBook {
     /// onto the same node again keeps its first time: the patience the extender grants a plan
     /// runs from the first plan, so batches repeating a plan kube-scheduler refuses cannot hold a
     /// pod back.
-    pub async fn placed(&self, pods: Vec<String>, node: &str, now_ms: i64) {
+    pub fn placed(&self, pods: Vec<String>, node: &str, now_ms: i64) {
+        let mut changed = false;
         for p in pods {
-            if self.placements.get(&p).await.is_some_and(|old| old.node == node) {
+            if self.placements.get(&p).is_some_and(|old| old.node == node) {
                 continue;
             }
-            self.placements.insert(p, Placement { node: node.to_string(), at_ms: now_ms }).await;
+            self.placements.insert(p, Placement { node: node.to_string(), at_ms: now_ms });
+            changed = true;
+        }
+        if changed {
             self.version.fetch_add(1, Ordering::Release);
         }
     }
 
     /// Forget where plans put these pods (a batch found no place for them): the room they held
     /// is free again.
-    pub async fn forgotten(&self, pods: Vec<String>) {
+    pub fn forgotten(&self, pods: Vec<String>) {
+        let mut changed = false;
         for p in pods {
-            self.placements.invalidate(&p).await;
+            changed |= self.placements.remove(&p).is_some();
         }
+        if changed {
+            self.version.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Forget every placement (this process stopped provisioning: no plan of its is followed).
+    pub fn clear(&self) {
+        self.placements.invalidate_all();
         self.version.fetch_add(1, Ordering::Release);
+    }
+
+    /// Where a recent plan put the pod, by one lookup (the extender's calls for pods with no
+    /// plan build nothing).
+    pub fn placement(&self, pod: &str) -> Option<Placement> {
+        self.placements.get(pod)
     }
 
     /// The placements now, with the version they are at: rebuilt only when one changed or
@@ -82,26 +101,30 @@ impl PlanBook {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_placement_keeps_its_first_time_and_every_change_is_a_new_version() {
+    #[test]
+    fn a_placement_keeps_its_first_time_and_only_a_change_is_a_new_version() {
         let book = PlanBook::default();
-        book.placed(vec!["ns/a".into(), "ns/b".into()], "n1", 1_000).await;
+        book.placed(vec!["ns/a".into(), "ns/b".into()], "n1", 1_000);
         let (v1, snap) = book.snapshot();
         assert_eq!(snap.len(), 2);
-        // The same node again: nothing changes, and the snapshot is shared.
-        book.placed(vec!["ns/a".into()], "n1", 5_000).await;
+        // The same node again, or forgetting a pod no plan placed: no change, no new version.
+        book.placed(vec!["ns/a".into()], "n1", 5_000);
+        book.forgotten(vec!["ns/nobody".into()]);
         let (v2, again) = book.snapshot();
         assert_eq!(v1, v2);
-        assert!(Arc::ptr_eq(&snap, &again));
         assert_eq!(again.get("ns/a").map(|p| p.at_ms), Some(1_000));
+        assert_eq!(book.placement("ns/a").map(|p| p.at_ms), Some(1_000));
         // Another node, then forgotten: new versions, new snapshots.
-        book.placed(vec!["ns/a".into()], "n2", 6_000).await;
+        book.placed(vec!["ns/a".into()], "n2", 6_000);
         let (v3, moved) = book.snapshot();
         assert!(v3 > v2);
         assert_eq!(moved.get("ns/a"), Some(&Placement { node: "n2".into(), at_ms: 6_000 }));
-        book.forgotten(vec!["ns/a".into()]).await;
+        book.forgotten(vec!["ns/a".into()]);
         let (v4, left) = book.snapshot();
         assert!(v4 > v3);
         assert_eq!(left.keys().map(String::as_str).collect::<Vec<_>>(), vec!["ns/b"]);
+        // Leadership lost: nothing is followed any more.
+        book.clear();
+        assert!(book.snapshot().1.is_empty() && book.placement("ns/b").is_none());
     }
 }

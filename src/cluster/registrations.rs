@@ -26,7 +26,7 @@ type Snapshot = (u64, Arc<HashMap<String, i64>>);
 #[derive(Clone)]
 pub struct Registrations {
     registering: moka::sync::Cache<String, ()>,
-    /// Node name -> Unix milliseconds it was seen registered.
+    /// Node name -> when it was seen registered ([`super::monotonic_ms`]).
     registered: moka::sync::Cache<String, i64>,
     version: Arc<AtomicU64>,
     last: Arc<Mutex<Option<Snapshot>>>,
@@ -44,7 +44,7 @@ impl Default for Registrations {
 }
 
 impl Registrations {
-    /// A node added or changed in the cache, at `now_ms` (Unix milliseconds).
+    /// A node added or changed in the cache, at `now_ms` ([`super::monotonic_ms`]).
     pub fn observe(&self, node: &Node, now_ms: i64) {
         let Some(name) = node.metadata.name.as_deref() else { return };
         if archer_core::taints::node_registering(node) {

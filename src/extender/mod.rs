@@ -333,11 +333,13 @@ impl Extender {
     /// process that provisions has plans; the state is built only for a pod one placed.
     fn plan_steer(&self, pod: &Pod, candidates: &[&str]) -> Option<(String, String)> {
         let picture = self.picture.as_ref()?;
-        let (_, placements) = picture.plans().snapshot();
-        let planned = placements.get(&archer_core::pod_id(pod))?;
-        tracing::Span::current().record("hint", planned.node.as_str());
-        let state = picture.state()?;
-        let steer = handoff::steer(&state, pod, candidates)?;
+        let placement = picture.plans().placement(&archer_core::pod_id(pod))?;
+        tracing::Span::current().record("hint", placement.node.as_str());
+        // Offered (the common case): decided on the placement alone, no state built.
+        let steer = match handoff::offered(&placement, candidates) {
+            Some(s) => s,
+            None => handoff::steer(&picture.handoff_state()?, pod, candidates)?,
+        };
         if steer.offered {
             self.metrics.extender.planned_placements.inc();
         }
@@ -354,12 +356,13 @@ impl Extender {
             return Default::default();
         }
         let own = placements.get(&archer_core::pod_id(pod)).map(|p| p.node.as_str());
+        // Built from the hand-off's state at most every HELD_ROOM_REFRESH while no plan changes.
         let held = {
             let cached = self.held.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
             match cached {
                 Some((built, h)) if h.version == version && built.elapsed() < HELD_ROOM_REFRESH => h,
                 _ => {
-                    let Some(state) = picture.state() else { return Default::default() };
+                    let Some(state) = picture.handoff_state() else { return Default::default() };
                     let h = Arc::new(cpu_bound(usize::MAX, || HeldRoom::build(&state)));
                     *self.held.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), h.clone()));
                     h
@@ -593,7 +596,7 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     let mut scores = scoring::score(request, &candidates, &policy, x.preference_bonus);
     // The node the provisioner's plan put this pod on scores highest; the others keep their
     // order at half weight. kube-scheduler then binds the pod where the plan counted on it.
-    let planned = x.picture.as_ref().and_then(|p| p.plans().snapshot().1.get(&archer_core::pod_id(&args.pod)).map(|at| at.node.clone()));
+    let planned = x.picture.as_ref().and_then(|p| p.plans().placement(&archer_core::pod_id(&args.pod))).map(|at| at.node);
     if let Some(planned) = planned {
         if candidates.iter().any(|c| c.name == planned) {
             for (c, s) in candidates.iter().zip(scores.iter_mut()) {

@@ -99,9 +99,9 @@ impl Batcher {
         }
         let plans = self.ctx.picture.plans();
         for (pod, node) in &plan.existing {
-            plans.placed(vec![pod.clone()], node, crate::cluster::unix_now_ms()).await;
+            plans.placed(vec![pod.clone()], node, crate::cluster::monotonic_ms());
         }
-        plans.forgotten(plan.unschedulable.iter().map(|u| u.pod.clone()).collect()).await;
+        plans.forgotten(plan.unschedulable.iter().map(|u| u.pod.clone()).collect());
         {
             let unplaceable: HashSet<&str> = plan.unschedulable.iter().map(|u| u.pod.as_str()).collect();
             let placeable = pending.iter().map(|p| pod_id(p)).filter(|id| !unplaceable.contains(id.as_str())).chain(covered.iter().cloned()).collect();
@@ -113,7 +113,7 @@ impl Batcher {
                 self.report_unprovisionable(p, &u.reason).await;
             }
         }
-        self.launcher.launch_plan(&state, &plan.nodes, PROVISIONING).await;
+        self.launcher.launch_claims(provision::claims_for(&state, &plan.nodes, PROVISIONING), PROVISIONING).await;
         self.ctx.metrics.provisioner.provisioner_batch_seconds.observe(started.elapsed().as_secs_f64());
     }
 

@@ -239,7 +239,7 @@ impl Disrupter {
         for (node, _) in &set {
             nodes::taint(&self.ctx.client, node).await;
         }
-        let replacements = self.launcher.launch_plan(&state, &decision.replacements, "replacement").await;
+        let replacements = self.launcher.launch_claims(archer_model::provision::claims_for(&state, &decision.replacements, "replacement"), "replacement").await;
         if replacements.len() < decision.replacements.len() {
             // A decision is carried out whole or not at all: without every replacement the
             // evicted pods would have no place.
@@ -286,8 +286,7 @@ impl Disrupter {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         loop {
-            let now = self.ctx.state();
-            let pods: Vec<&Arc<Pod>> = now.pods_on(&name).collect();
+            let pods: Vec<Arc<Pod>> = self.ctx.stores.pods.state().into_iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())).collect();
             let left = state::evictable(&pods.iter().map(|p| p.as_ref()).collect::<Vec<_>>()).into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect::<Vec<Pod>>();
             let terminating = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some() && !state::is_daemon_pod(p));
             if left.is_empty() && !terminating {
@@ -373,7 +372,7 @@ impl Disrupter {
         let replacements = match plan {
             Some(p) => {
                 tracing::info!(node = %node_name, reason, replacements = p.nodes.len(), onto_existing = p.existing.len(), "replacements for the node's pods");
-                self.launcher.launch_plan(state, &p.nodes, "replacement").await
+                self.launcher.launch_claims(archer_model::provision::claims_for(state, &p.nodes, "replacement"), "replacement").await
             }
             None => {
                 tracing::warn!(node = %node_name, reason, "no place for every pod of the node now; they are provisioned for once evicted");

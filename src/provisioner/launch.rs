@@ -17,7 +17,6 @@ use archer_core::packer::PlannedNode;
 use archer_metrics::label;
 use archer_model::lifecycle::{self, ClaimCommand, KeeperSettings};
 use archer_model::objects as state;
-use archer_model::ClusterState;
 
 use super::context::{Action, Context, ReconcileError};
 use super::nodes;
@@ -56,29 +55,27 @@ impl Launcher {
         Duration::from_secs_f64(self.ctx.settings.disruption_interval_seconds.min(10.0))
     }
 
-    /// Write a claim per planned node, then launch them: the claims are made from `state`, the
-    /// one the plan was decided on (a pool gone since is a Warning Event on it, not a silent
-    /// skip). Returns the names of the claims written, once the claim cache shows them.
-    pub async fn launch_plan(self: &Arc<Self>, state: &ClusterState, nodes: &[PlannedNode], reason: &str) -> Vec<String> {
+    /// Write the claims a decision made (each with its planned node, or why it has none), then
+    /// launch them. Before writing, each is checked against the caches now
+    /// ([`archer_model::claims::still_launchable`]: its pool not deleted, its offering still
+    /// offered since the decision); a claim that cannot be written is a Warning Event
+    /// `NodeClaimNotMade` on its pool, never a silent skip. Returns the names of the claims
+    /// written, once the claim cache shows them.
+    pub async fn launch_claims(self: &Arc<Self>, made: Vec<(PlannedNode, Result<NodeClaim, String>)>, reason: &str) -> Vec<String> {
         // The cap is a safety valve on provisioning; a consolidation's replacements are bounded by
         // the pool's disruption budget instead, and never wait behind provisioning's launches.
         let capped = reason == PROVISIONING;
-        let mut allowed = Vec::with_capacity(nodes.len());
-        for (i, planned) in nodes.iter().enumerate() {
+        let total = made.len();
+        let now = self.ctx.state();
+        let mut writes = Vec::with_capacity(total);
+        for (i, (planned, claim)) in made.into_iter().enumerate() {
             if capped && self.limiter.check().is_err() {
-                self.ctx.metrics.provisioner.launches_rate_limited.inc_by((nodes.len() - i) as u64);
-                tracing::warn!(deferred = nodes.len() - i, per_minute = self.ctx.settings.max_launches_per_minute, "launch cap reached; the rest wait for the next batch");
+                self.ctx.metrics.provisioner.launches_rate_limited.inc_by((total - i) as u64);
+                tracing::warn!(deferred = total - i, per_minute = self.ctx.settings.max_launches_per_minute, "launch cap reached; the rest wait for the next batch");
                 break;
             }
-            allowed.push(planned);
-        }
-        // Written concurrently, a few at a time.
-        let allowed: Vec<PlannedNode> = allowed.into_iter().cloned().collect();
-        let made = archer_model::provision::claims_for(state, &allowed, reason);
-        let mut writes = Vec::with_capacity(made.len());
-        for (planned, claim) in &made {
-            match claim {
-                Ok(claim) => writes.push(self.write_claim(planned, claim.clone())),
+            match claim.and_then(|c| archer_model::claims::still_launchable(&now, &planned).map(|()| c)) {
+                Ok(claim) => writes.push(self.write_claim(planned, claim)),
                 Err(why) => {
                     tracing::warn!(pool = %planned.pool, instance_type = %planned.instance_type, why = %why, "no NodeClaim for the planned node; its pods wait for the next batch");
                     let note = format!("no NodeClaim for a planned {} ({}) node: {why}; its {} pod(s) wait for the next batch", planned.instance_type, reason, planned.pods.len());
@@ -86,6 +83,7 @@ impl Launcher {
                 }
             }
         }
+        // Written concurrently, a few at a time.
         let mut claims: Vec<NodeClaim> = futures::stream::iter(writes).buffer_unordered(CLAIM_WRITES_IN_FLIGHT).filter_map(std::future::ready).collect().await;
         let names: Vec<String> = claims.iter().map(|c| c.name()).collect();
         if names.len() > 1 {
@@ -144,7 +142,7 @@ impl Launcher {
     }
 
     /// Write one planned node's NodeClaim.
-    async fn write_claim(&self, planned: &PlannedNode, claim: NodeClaim) -> Option<NodeClaim> {
+    async fn write_claim(&self, planned: PlannedNode, claim: NodeClaim) -> Option<NodeClaim> {
         match Api::<NodeClaim>::all(self.ctx.client.clone()).create(&archer_api::apply::post_params(), &claim).await {
             Ok(c) => {
                 // Before anything else can see it: the claim keeper leaves it to us.
@@ -183,7 +181,7 @@ impl Launcher {
                 self.ctx.post_event(&claim.object_ref(&()), EventType::Normal, "Launched", "Launching", &what).await;
                 let planned = claim.metadata.annotations.as_ref().and_then(|a| a.get(archer_core::labels::PLANNED_PODS_ANNOTATION)).cloned().unwrap_or_default();
                 let pods: Vec<String> = planned.split(',').filter(|p| !p.is_empty()).map(String::from).collect();
-                self.ctx.picture.plans().placed(pods, &i.node_name, crate::cluster::unix_now_ms()).await;
+                self.ctx.picture.plans().placed(pods, &i.node_name, crate::cluster::monotonic_ms());
                 NodeClaimStatus { provider_id: Some(i.provider_id), node_name: Some(i.node_name), launched_at: Some(now_rfc3339()), instance_type: i.instance_type, zone: i.zone, image_id: i.image_id, node_class_hash: i.node_class_hash, ..Default::default() }
             }
             Err(e) => {

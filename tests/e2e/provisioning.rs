@@ -328,7 +328,8 @@ async fn scale_down_empties_whole_nodes_by_deletion_cost() {
     // Written under Archer's one field manager, like every object Archer writes.
     if !off {
         for p in running_pods(&client, "shop", "api").await {
-            assert!(p.metadata.managed_fields.iter().flatten().any(|f| f.manager.as_deref() == Some("archer")), "pod {:?}: {:?}", p.metadata.name, p.metadata.managed_fields);
+            let cost_by_archer = p.metadata.managed_fields.iter().flatten().any(|f| f.manager.as_deref() == Some("archer") && f.fields_v1.as_ref().is_some_and(|v| v.0.to_string().contains("controller.kubernetes.io/pod-deletion-cost")));
+            assert!(cost_by_archer, "pod {:?}: {:?}", p.metadata.name, p.metadata.managed_fields);
         }
     }
     assert!(off || c.archer_metric("archer_pod_deletion_cost_writes_total{outcome=\"written\"}").await >= 12.0);

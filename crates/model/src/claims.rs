@@ -61,6 +61,19 @@ pub fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &Planned
     })
 }
 
+/// Whether a claim made for `planned` may still be written on `now` (the caches when it is
+/// written): its pool was not deleted and its offering is still offered since the decision. The
+/// launcher's guard between a decision and its writes.
+pub fn still_launchable(now: &ClusterState, planned: &PlannedNode) -> Result<(), String> {
+    if !now.pools.iter().any(|p| p.name() == planned.pool && p.metadata.deletion_timestamp.is_none()) {
+        return Err(format!("NodePool {} was deleted after the plan was made", planned.pool));
+    }
+    if Offering::find(&now.offerings, &planned.instance_type, &planned.zone, &planned.capacity_type).is_none() {
+        return Err(format!("{} ({}, {}) is no longer offered", planned.instance_type, planned.capacity_type, planned.zone));
+    }
+    Ok(())
+}
+
 /// The labels the node carries: the offering's in its pool, and the values the plan chose for
 /// keys the pool's requirements leave open ([`PlannedNode::labels`]).
 fn planned_labels(offering: &Offering, pool: &archer_core::packer::Pool, planned: &PlannedNode) -> BTreeMap<String, String> {
@@ -124,6 +137,11 @@ mod tests {
         assert!(c.spec.requirements.iter().any(|r| r.key == labels::INSTANCE_TYPE && r.values == ["m7g.large"]));
         // Gone pool or offering: no claim.
         assert_eq!(claim_for(&ClusterState::default(), &offerings, &planned, "provisioning").err(), Some(format!("NodePool {} is gone", planned.pool)));
+        // Between the decision and the write: the pool deleted, or the offering withdrawn.
+        let now = ClusterState { offerings: Arc::new(offerings.clone()), ..state.clone() };
+        assert_eq!(still_launchable(&now, &planned), Ok(()));
+        assert_eq!(still_launchable(&ClusterState { pools: Vec::new(), ..now.clone() }, &planned), Err(format!("NodePool {} was deleted after the plan was made", planned.pool)));
+        assert!(still_launchable(&ClusterState { offerings: Arc::default(), ..now.clone() }, &planned).is_err_and(|e| e.ends_with("is no longer offered")));
         assert!(claim_for(&state, &[], &planned, "provisioning").is_err_and(|e| e.ends_with("is no longer offered")));
     }
 }

@@ -48,7 +48,8 @@ pub struct ClusterState {
     /// Where the provisioner's recent plans put pending pods, and which nodes recently finished
     /// registering (this process's; empty for a scenario).
     pub plans: Plans,
-    /// When this state was taken (Unix milliseconds): the record's entries expire, plans age.
+    /// When this state was taken (Unix milliseconds): the safety record's entries expire, claims
+    /// age. (Plans age on their own clock, [`Plans::now_ms`].)
     pub now_ms: i64,
 }
 

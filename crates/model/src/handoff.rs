@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use archer_core::sched::{NodeInfo, PodInfo, Snapshot};
 
 use archer_core::{awaits_node, pod_id};
-use crate::plans::age;
+use crate::plans::Placement;
 use crate::ClusterState;
 
 /// How long after its plan a pod may wait for its planned node: to be created, or to be
@@ -61,19 +61,19 @@ pub struct Steer {
 /// the nodes kube-scheduler found feasible. `None`: no steering, any candidate will do.
 pub fn steer(state: &ClusterState, pod: &Pod, candidates: &[&str]) -> Option<Steer> {
     let placement = state.plans.placement(&pod_id(pod))?;
-    let planned = placement.node.as_str();
-    let since_plan = age(placement.at_ms, state.now_ms);
-    let waits = |why: String| Some(Steer { node: planned.to_string(), why, offered: false });
-    if candidates.contains(&planned) {
-        return Some(Steer { node: planned.to_string(), why: format!("the provisioning plan put the pod on node {planned}"), offered: true });
+    if let Some(s) = offered(placement, candidates) {
+        return Some(s);
     }
+    let planned = placement.node.as_str();
+    let since_plan = state.plans.age(placement.at_ms);
+    let waits = |why: String| Some(Steer { node: planned.to_string(), why, offered: false });
     let Some(node) = state.node(planned) else {
         return node_coming(planned, since_plan, state).and_then(waits);
     };
     // Registered moments ago counts only while the node would take the pod by Archer's own view
     // of it: if its room is taken, kube-scheduler refuses it for that, and no event would end
     // the wait.
-    let recently = state.plans.registered_at(planned).map(|at| age(at, state.now_ms)).filter(|d| *d < SCHEDULER_VIEW_LAG);
+    let recently = state.plans.registered_at(planned).map(|at| state.plans.age(at)).filter(|d| *d < SCHEDULER_VIEW_LAG);
     let recently = recently.filter(|_| !archer_core::taints::node_registering(node) && fits_alone(&PodInfo::from_pod(pod), node, state));
     if let Some(why) = awaiting_registration(planned, node, recently) {
         return waits(why);
@@ -82,6 +82,14 @@ pub fn steer(state: &ClusterState, pod: &Pod, candidates: &[&str]) -> Option<Ste
         return waits(format!("waiting for node {planned}, where the provisioning plan put the pod, until the pods planned before it in other domains land"));
     }
     None
+}
+
+/// The pod takes only its planned node when kube-scheduler offers it: the first rule of
+/// [`steer`], which needs nothing but the pod's placement (the extender answers it before
+/// building a state).
+pub fn offered(placement: &Placement, candidates: &[&str]) -> Option<Steer> {
+    let planned = placement.node.as_str();
+    candidates.contains(&planned).then(|| Steer { node: planned.to_string(), why: format!("the provisioning plan put the pod on node {planned}"), offered: true })
 }
 
 /// Why a pod should wait for `planned`, the node its plan bought, which kube-scheduler did not
@@ -180,14 +188,27 @@ impl HeldRoom {
         let held = state.plans.by_node();
         let wanted: HashSet<&str> = held.values().flatten().copied().collect();
         let pending: HashMap<String, &Arc<Pod>> = state.pods.iter().filter(|p| awaits_node(p)).map(|p| (pod_id(p), p)).filter(|(id, _)| wanted.contains(id.as_str())).collect();
+        let waiting: HashMap<&str, Vec<&Arc<Pod>>> = held
+            .iter()
+            .map(|(node, ids)| (*node, ids.iter().filter_map(|i| pending.get(*i).copied()).collect::<Vec<_>>()))
+            .filter(|(_, ps)| !ps.is_empty())
+            .collect();
+        // The pods bound to those nodes, in one pass.
+        let mut bound: HashMap<&str, Vec<&Arc<Pod>>> = HashMap::new();
+        if !waiting.is_empty() {
+            for p in &state.pods {
+                if let Some((node, _)) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).and_then(|n| waiting.get_key_value(n)) {
+                    bound.entry(node).or_default().push(p);
+                }
+            }
+        }
         let nodes = state.nodes_by_name();
         let mut out = HashMap::new();
-        for (node, ids) in held {
-            let planned: Vec<&Arc<Pod>> = ids.iter().filter_map(|i| pending.get(*i).copied()).collect();
-            let Some(n) = nodes.get(node).filter(|_| !planned.is_empty()) else { continue };
+        for (node, planned) in waiting {
+            let Some(n) = nodes.get(node) else { continue };
             let mut snap = Snapshot::default();
             snap.nodes.push(NodeInfo::from_node(n));
-            for p in state.pods_on(node) {
+            for p in bound.get(node).into_iter().flatten() {
                 snap.bind(PodInfo::from_pod(p), 0);
             }
             let (mut ids, mut priority) = (HashSet::new(), i32::MIN);

@@ -1,7 +1,8 @@
 //! Where the provisioner's recent plans put pending pods, and which nodes were recently seen to
 //! finish registering: what the extender's hand-off ([`crate::handoff`]) and the next batch read.
-//! The runtime records both as they happen and hands each [`crate::ClusterState`] a snapshot;
-//! times are Unix milliseconds, read against the state's `now_ms`.
+//! The runtime records both as they happen and hands each [`crate::ClusterState`] a snapshot.
+//! Times are milliseconds on the recorder's own clock (the runtime's is monotonic, so a step of
+//! the wall clock neither ages nor freshens a plan), read against [`Plans::now_ms`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,6 +21,8 @@ pub struct Plans {
     /// Changes whenever a placement is recorded or forgotten (views built from the plans are
     /// current while it holds still).
     pub version: u64,
+    /// Now, on the clock the times below are on.
+    pub now_ms: i64,
     /// `namespace/name` -> where a recent plan put the pod.
     placements: Arc<HashMap<String, Placement>>,
     /// Node name -> when it was seen free of registering taints, for nodes seen registering
@@ -28,8 +31,8 @@ pub struct Plans {
 }
 
 impl Plans {
-    pub fn new(version: u64, placements: Arc<HashMap<String, Placement>>, registered: Arc<HashMap<String, i64>>) -> Self {
-        Plans { version, placements, registered }
+    pub fn new(version: u64, now_ms: i64, placements: Arc<HashMap<String, Placement>>, registered: Arc<HashMap<String, i64>>) -> Self {
+        Plans { version, now_ms, placements, registered }
     }
 
     /// Where a recent plan put the pod (`namespace/name`).
@@ -52,7 +55,9 @@ impl Plans {
     }
 }
 
-/// How long ago `at_ms` was at `now_ms` (a time not yet come reads as now).
-pub fn age(at_ms: i64, now_ms: i64) -> std::time::Duration {
-    std::time::Duration::from_millis(u64::try_from(now_ms.saturating_sub(at_ms)).unwrap_or(0))
+impl Plans {
+    /// How long ago `at_ms` was (a time not yet come reads as now).
+    pub fn age(&self, at_ms: i64) -> std::time::Duration {
+        std::time::Duration::from_millis(u64::try_from(self.now_ms.saturating_sub(at_ms)).unwrap_or(0))
+    }
 }

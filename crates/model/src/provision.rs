@@ -88,7 +88,7 @@ mod tests {
         let plan = provision(&gone, &pending, Policy::default(), Duration::from_secs(1));
         assert_eq!(plan.unschedulable.iter().map(|u| (u.pod.as_str(), u.reason.as_str())).collect::<Vec<_>>(), vec![("shop/web", "no NodePool exists")]);
         // The state's plans name the node an earlier plan put the pod on.
-        state.plans = Plans::new(1, Arc::new([("shop/web".to_string(), Placement { node: "general-abc".into(), at_ms: 0 })].into()), Arc::default());
+        state.plans = Plans::new(1, 0, Arc::new([("shop/web".to_string(), Placement { node: "general-abc".into(), at_ms: 0 })].into()), Arc::default());
         let batch = pending_pods(&state, &[pod], &state.volumes(), Policy::default());
         assert_eq!(batch[0].planned.as_deref(), Some("general-abc"));
     }

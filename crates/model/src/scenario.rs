@@ -100,49 +100,42 @@ impl Scenario {
         Ok(s)
     }
 
-    /// Pods bound to the scenario's nodes.
-    /// The scenario's cluster as if Archer had launched its pools' nodes: each node of a pool
-    /// with no NodeClaim gets one, launched long ago and priced by its offering among
-    /// `offerings` (instance type, zone and capacity type labels), and a node with no Ready
-    /// condition is taken as Ready. Disruption then reads it by the worker's own rule
+    /// The scenario's cluster as if Archer had launched its pools' nodes, long ago: each node of
+    /// a pool with an offering among `offerings` (instance type, zone and capacity type labels)
+    /// gets a NodeClaim priced by it, in place of any claim the scenario has (a dump's claims
+    /// record what was paid then; a plan compares with the catalog now), and is taken as Ready
+    /// and registered. Disruption then reads it by the worker's own rule
     /// ([`crate::disruption::candidates`]); a node with no offering gets no claim and is left
     /// alone.
     pub fn as_launched(&self, offerings: &[archer_core::packer::Offering]) -> ClusterState {
         use k8s_openapi::api::core::v1::NodeCondition;
         let mut state = self.state.clone();
-        let claimed: std::collections::HashSet<String> = state.claims_by_node().keys().map(|n| n.to_string()).collect();
         let mut claims = Vec::new();
         for node in &mut state.nodes {
             let Some(pool) = crate::objects::node_pool_of(node).map(str::to_string) else { continue };
-            let name = node.metadata.name.clone().unwrap_or_default();
-            if !node.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready")) {
-                let n = Arc::make_mut(node);
-                let conditions = n.status.get_or_insert_with(Default::default).conditions.get_or_insert_with(Vec::new);
-                conditions.push(NodeCondition { type_: "Ready".into(), status: "True".into(), ..Default::default() });
-            }
             let Some(price) = crate::objects::node_price(node, offerings) else { continue };
-            if claimed.contains(&name) {
-                continue;
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let n = Arc::make_mut(node);
+            let conditions = n.status.get_or_insert_with(Default::default).conditions.get_or_insert_with(Vec::new);
+            conditions.retain(|c| c.type_ != "Ready");
+            conditions.push(NodeCondition { type_: "Ready".into(), status: "True".into(), ..Default::default() });
+            if let Some(taints) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+                taints.retain(|t| t.key != archer_core::labels::UNREGISTERED_TAINT);
             }
-            let labels = crate::objects::labels_of(node);
+            let labels = crate::objects::labels_of(n);
             let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
-            let claim = archer_api::nodeclaim::NodeClaim {
+            claims.push(Arc::new(archer_api::nodeclaim::NodeClaim {
                 metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta { name: Some(name.clone()), ..Default::default() },
-                spec: archer_api::nodeclaim::NodeClaimSpec {
-                    node_pool: pool,
-                    instance_type: get(archer_core::labels::INSTANCE_TYPE),
-                    zone: get(archer_core::labels::ZONE),
-                    price_per_hour: price,
-                    ..Default::default()
-                },
+                spec: archer_api::nodeclaim::NodeClaimSpec { node_pool: pool, instance_type: get(archer_core::labels::INSTANCE_TYPE), zone: get(archer_core::labels::ZONE), price_per_hour: price, ..Default::default() },
                 status: Some(archer_api::nodeclaim::NodeClaimStatus { node_name: Some(name), launched_at: Some("1970-01-01T00:00:00Z".into()), ..Default::default() }),
-            };
-            claims.push(Arc::new(claim));
+            }));
         }
-        state.claims.extend(claims);
+        state.claims = claims;
+        state.now_ms = 0;
         state
     }
 
+    /// Pods bound to the scenario's nodes.
     pub fn bound(&self) -> impl Iterator<Item = &Pod> {
         self.state.pods.iter().map(|p| p.as_ref()).filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty()))
     }

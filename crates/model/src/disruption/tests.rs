@@ -171,11 +171,20 @@ fn a_scenario_is_read_as_launched_by_archer() {
     odd.metadata.labels.as_mut().expect("labels").insert("node.kubernetes.io/instance-type".into(), "no-such-type".into());
     let mut unready = on_demand("plain");
     unready.status.as_mut().expect("status").conditions = None;
-    let scenario = crate::scenario::Scenario { state: ClusterState { nodes: vec![Arc::new(unready), Arc::new(odd)], pools: vec![Arc::new(pool)], ..Default::default() }, ..Default::default() };
+    // A dump's node: NotReady then, still registering, with the claim it was launched by (at
+    // another price, an hour before the dump was taken).
+    let mut dumped = on_demand("dumped");
+    dumped.status.as_mut().expect("status").conditions = Some(vec![k8s_openapi::api::core::v1::NodeCondition { type_: "Ready".into(), status: "False".into(), ..Default::default() }]);
+    dumped.spec = Some(k8s_openapi::api::core::v1::NodeSpec { taints: Some(vec![k8s_openapi::api::core::v1::Taint { key: "karpenter.sh/unregistered".into(), effect: "NoSchedule".into(), ..Default::default() }]), ..Default::default() });
+    let mut paid = claim("dumped", 1, &pool, true).as_ref().clone();
+    paid.spec.price_per_hour = 9.99;
+    let state = ClusterState { nodes: vec![Arc::new(unready), Arc::new(odd), Arc::new(dumped)], claims: vec![Arc::new(paid)], pools: vec![Arc::new(pool)], ..Default::default() };
+    let scenario = crate::scenario::Scenario { state, ..Default::default() };
     let offerings = Offering::embedded_on_demand();
     let launched = scenario.as_launched(&offerings);
     let found = candidates(&launched, "default", std::time::Duration::ZERO);
     let price = crate::objects::node_price(&on_demand("plain"), &offerings).expect("m5.xlarge is offered in us-east-1a");
-    assert_eq!(found.candidates.iter().map(|c| (c.name(), c.price)).collect::<Vec<_>>(), vec![("plain", price)]);
-    assert!(scenario.state.claims.is_empty(), "the scenario itself is unchanged");
+    assert_eq!(found.candidates.iter().map(|c| (c.name(), c.price)).collect::<Vec<_>>(), vec![("plain", price), ("dumped", price)], "every pool node with an offering, priced by the catalog");
+    assert_eq!(scenario.state.claims.len(), 1, "the scenario itself is unchanged");
+    assert_eq!(scenario.state.claims[0].spec.price_per_hour, 9.99);
 }

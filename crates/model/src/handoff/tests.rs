@@ -44,8 +44,7 @@ fn state(nodes: Vec<Node>, pods: Vec<Pod>, planned: &[(&str, &str, i64)], regist
     ClusterState {
         nodes: nodes.into_iter().map(Arc::new).collect(),
         pods: pods.into_iter().map(Arc::new).collect(),
-        plans: Plans::new(1, Arc::new(placements), Arc::new(registered)),
-        now_ms: NOW,
+        plans: Plans::new(1, NOW, Arc::new(placements), Arc::new(registered)),
         ..Default::default()
     }
 }
