@@ -9,7 +9,7 @@ use kube::Resource;
 use serde::Serialize;
 
 /// The field manager of every object Archer writes.
-pub const FIELD_MANAGER: &str = "archer";
+pub(crate) const FIELD_MANAGER: &str = "archer";
 
 /// The parameters and body that apply `status` as the whole status of the object `name` of kind
 /// `K`, read at `resource_version`. Forced: the status is Archer's, whoever wrote a field of it

@@ -47,12 +47,12 @@ impl Plans {
     }
 
     /// When the node was seen to finish registering, if it was recently.
-    pub fn registered_at(&self, node: &str) -> Option<i64> {
+    pub(crate) fn registered_at(&self, node: &str) -> Option<i64> {
         self.registered.get(node).copied()
     }
 }
 
 /// How long ago `at_ms` was at `now_ms` (a time not yet come reads as now).
-pub fn age(at_ms: i64, now_ms: i64) -> std::time::Duration {
+pub(crate) fn age(at_ms: i64, now_ms: i64) -> std::time::Duration {
     std::time::Duration::from_millis(u64::try_from(now_ms.saturating_sub(at_ms)).unwrap_or(0))
 }
