@@ -9,7 +9,7 @@ use kube::Resource;
 use serde::Serialize;
 
 /// The field manager of every object Archer writes.
-pub const FIELD_MANAGER: &str = "archer";
+pub(crate) const FIELD_MANAGER: &str = "archer";
 
 /// Patch parameters under [`FIELD_MANAGER`], for Archer's writes that are not a whole status
 /// (a taint, an annotation, a scheduling gate).

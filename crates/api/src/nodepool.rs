@@ -246,7 +246,7 @@ impl NodePool {
 }
 
 /// Karpenter on Azure's API group (its `AKSNodeClass`).
-pub const AZURE_GROUP: &str = "karpenter.azure.com";
+const AZURE_GROUP: &str = "karpenter.azure.com";
 
 /// Which cloud's sizes a pool plans with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

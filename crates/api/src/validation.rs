@@ -9,16 +9,16 @@ use std::collections::BTreeMap;
 
 
 /// A label or taint value: empty, or up to 63 of `[A-Za-z0-9._-]`, alphanumeric at both ends.
-pub const LABEL_VALUE_PATTERN: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$";
+pub(crate) const LABEL_VALUE_PATTERN: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$";
 /// A label or taint key: a qualified name, `[DNS subdomain/]name`.
-pub const QUALIFIED_NAME_PATTERN: &str = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$";
+pub(crate) const QUALIFIED_NAME_PATTERN: &str = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$";
 /// The longest qualified name: a 253-character prefix, `/`, a 63-character name.
-pub const QUALIFIED_NAME_MAX: usize = 317;
+const QUALIFIED_NAME_MAX: usize = 317;
 /// A taint's effects.
-pub const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
+const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
 /// Labels a pool or claim may carry at most (Karpenter's NodePool has the same bound; it keeps
 /// the CEL rule on the keys within the API server's cost budget).
-pub const MAX_LABELS: usize = 100;
+const MAX_LABELS: usize = 100;
 
 fn name_part_ok(name: &str) -> bool {
     let b = name.as_bytes();
@@ -68,7 +68,7 @@ pub fn labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
 }
 
 /// Why a taint (key, value, effect) cannot go on a node, if it cannot.
-pub fn taint(key: &str, value: Option<&str>, effect: &str) -> Result<(), String> {
+pub(crate) fn taint(key: &str, value: Option<&str>, effect: &str) -> Result<(), String> {
     qualified_name(key).map_err(|e| format!("taint key {e}"))?;
     label_value(value.unwrap_or_default()).map_err(|e| format!("taint {key}: value {e}"))?;
     if !TAINT_EFFECTS.contains(&effect) {
@@ -86,7 +86,7 @@ pub fn node_shape<'a>(node_labels: &BTreeMap<String, String>, taints: impl IntoI
 
 /// The schema of a labels map in the CRDs: values by pattern, keys by a CEL rule (OpenAPI
 /// schemas of CRDs have no `propertyNames`), at most [`MAX_LABELS`] of them.
-pub fn labels_schema(_generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn labels_schema(_generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     // The pattern has no backslash, so it reads the same inside a CEL string literal.
     let rule = format!("self.all(k, size(k) <= {QUALIFIED_NAME_MAX} && k.matches('{QUALIFIED_NAME_PATTERN}'))");
     schemars::json_schema!({

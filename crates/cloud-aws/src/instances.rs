@@ -11,12 +11,12 @@ use archer_api::nodeclaim::NodeClaim;
 const LIVE: [&str; 4] = ["pending", "running", "stopping", "stopped"];
 
 /// `aws:///<zone>/<instance id>`, as the AWS cloud provider of Kubernetes sets `spec.providerID`.
-pub fn provider_id(zone: &str, id: &str) -> String {
+pub(crate) fn provider_id(zone: &str, id: &str) -> String {
     format!("aws:///{zone}/{id}")
 }
 
 /// The instance id of a provider id.
-pub fn instance_id(provider_id: &str) -> Option<&str> {
+pub(crate) fn instance_id(provider_id: &str) -> Option<&str> {
     provider_id.rsplit('/').next().filter(|s| s.starts_with("i-"))
 }
 
@@ -46,13 +46,13 @@ fn cluster_filter(cluster: &str) -> Filter {
 }
 
 /// One instance by id.
-pub async fn describe(ec2: &Client, id: &str, claim: &str) -> Result<Instance, CloudError> {
+pub(crate) async fn describe(ec2: &Client, id: &str, claim: &str) -> Result<Instance, CloudError> {
     let resp = ec2.describe_instances().instance_ids(id).send().await.map_err(|e| api_error(sdk_error(e)))?;
     resp.reservations().iter().flat_map(|r| r.instances()).find_map(|i| instance_of(i, Some(claim))).ok_or_else(|| api_error(format!("instance {id} launched but not found")))
 }
 
 /// The live instance launched for a claim, if any.
-pub async fn of_claim(ec2: &Client, cluster: &str, claim: &str) -> Result<Option<Instance>, CloudError> {
+pub(crate) async fn of_claim(ec2: &Client, cluster: &str, claim: &str) -> Result<Option<Instance>, CloudError> {
     let resp = ec2
         .describe_instances()
         .filters(cluster_filter(cluster))
@@ -65,7 +65,7 @@ pub async fn of_claim(ec2: &Client, cluster: &str, claim: &str) -> Result<Option
 }
 
 /// Every live instance of the cluster that was launched for a claim.
-pub async fn list(ec2: &Client, cluster: &str) -> Result<Vec<Instance>, CloudError> {
+pub(crate) async fn list(ec2: &Client, cluster: &str) -> Result<Vec<Instance>, CloudError> {
     let mut out = Vec::new();
     let mut pages = ec2.describe_instances().filters(cluster_filter(cluster)).filters(live_filter()).into_paginator().send();
     while let Some(page) = pages.next().await {
@@ -80,7 +80,7 @@ pub async fn list(ec2: &Client, cluster: &str) -> Result<Vec<Instance>, CloudErr
 /// write a NodeClaim's status could name any instance of the account): an instance it names
 /// without Archer's tags for the claim is left running, with a warning. One already gone is not
 /// an error.
-pub async fn terminate_claim(ec2: &Client, cluster: &str, claim: &NodeClaim) -> Result<(), CloudError> {
+pub(crate) async fn terminate_claim(ec2: &Client, cluster: &str, claim: &NodeClaim) -> Result<(), CloudError> {
     let recorded = claim.status.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(instance_id).map(String::from);
     let resp = ec2
         .describe_instances()
@@ -97,7 +97,7 @@ pub async fn terminate_claim(ec2: &Client, cluster: &str, claim: &NodeClaim) -> 
     terminate(ec2, &ids).await
 }
 
-pub async fn terminate(ec2: &Client, ids: &[String]) -> Result<(), CloudError> {
+pub(crate) async fn terminate(ec2: &Client, ids: &[String]) -> Result<(), CloudError> {
     if ids.is_empty() {
         return Ok(());
     }

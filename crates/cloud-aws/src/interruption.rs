@@ -40,7 +40,7 @@ impl Kind {
     }
 
     /// Whether the instances' nodes are taken out (replaced, drained, deleted).
-    pub fn disrupts(self) -> bool {
+    fn disrupts(self) -> bool {
         !matches!(self, Kind::Rebalance)
     }
 }
@@ -52,7 +52,7 @@ pub struct Interruption {
 }
 
 /// The event sources Karpenter's interruption controller parses messages of.
-pub const SOURCES: [&str; 2] = ["aws.ec2", "aws.health"];
+const SOURCES: [&str; 2] = ["aws.ec2", "aws.health"];
 
 /// Why a message was deleted without being acted on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl Dropped {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ParseError {
+pub(crate) enum ParseError {
     #[error("not an EventBridge event: {0}")]
     Malformed(String),
     /// Not from a source or account Archer trusts.
@@ -109,13 +109,13 @@ pub struct Trust {
 }
 
 /// The account the SDK's credentials belong to (STS `GetCallerIdentity`).
-pub async fn own_account(sts: &aws_sdk_sts::Client) -> Result<String, String> {
+async fn own_account(sts: &aws_sdk_sts::Client) -> Result<String, String> {
     let r = sts.get_caller_identity().send().await.map_err(|e| aws_sdk_sts::error::DisplayErrorContext(&e).to_string())?;
     r.account().filter(|a| !a.is_empty()).map(String::from).ok_or_else(|| "STS GetCallerIdentity named no account".to_string())
 }
 
 /// Parse one message body: an event of [`SOURCES`] from `account`, or why not.
-pub fn parse(body: &str, account: &str) -> Result<Interruption, ParseError> {
+pub(crate) fn parse(body: &str, account: &str) -> Result<Interruption, ParseError> {
     let e: Event = serde_json::from_str(body).map_err(|e| ParseError::Malformed(e.to_string()))?;
     if !SOURCES.contains(&e.source.as_str()) {
         return Err(ParseError::Untrusted(Dropped::ForeignSource, format!("source {:?} is not one of {}", e.source, SOURCES.join(", "))));
@@ -153,7 +153,7 @@ pub fn parse(body: &str, account: &str) -> Result<Interruption, ParseError> {
 
 /// Read the queue until dropped, handing each notice to `handler`: once the queue's URL and
 /// Archer's own account are known, and only the notices that account's EC2 and Health sent.
-pub async fn run(sqs: aws_sdk_sqs::Client, sts: aws_sdk_sts::Client, queue: String, max_receives: u32, handler: std::sync::Arc<dyn archer_cloud::InterruptionHandler>) {
+pub(crate) async fn run(sqs: aws_sdk_sqs::Client, sts: aws_sdk_sts::Client, queue: String, max_receives: u32, handler: std::sync::Arc<dyn archer_cloud::InterruptionHandler>) {
     let url = loop {
         match queue_url(&sqs, &queue).await {
             Ok(u) => break u,

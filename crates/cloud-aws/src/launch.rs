@@ -50,7 +50,7 @@ fn kubelet_taints(claim: &NodeClaim) -> Vec<String> {
 /// settings when `clusterEndpoint` is set, followed by the node class's own user data (nodeadm
 /// merges the documents, so without the settings the class supplies the cluster section);
 /// otherwise the class's user data as given.
-pub fn user_data(spec: &EC2NodeClassSpec, claim: &NodeClaim, settings: &archer_cloud::settings::AwsConfig) -> Option<String> {
+pub(crate) fn user_data(spec: &EC2NodeClassSpec, claim: &NodeClaim, settings: &archer_cloud::settings::AwsConfig) -> Option<String> {
     let al2023 = spec.ami_family.as_deref().is_some_and(|f| f.eq_ignore_ascii_case("al2023")) || spec.ami_selector_terms.iter().any(|t| t.alias.as_deref().is_some_and(|a| a.to_ascii_lowercase().starts_with("al2023")));
     if !al2023 {
         return spec.user_data.clone();
@@ -160,7 +160,7 @@ fn tags(aws: &Aws, class: &str, claim: Option<&NodeClaim>, extra: &BTreeMap<Stri
 
 /// The claim's launch template, created when no template of that name exists yet. Concurrent
 /// launches of one shape wait for one lookup (and creation) instead of racing.
-pub async fn ensure_template(aws: &Aws, class_name: &str, class: &Class, claim: &NodeClaim) -> Result<String, CloudError> {
+pub(crate) async fn ensure_template(aws: &Aws, class_name: &str, class: &Class, claim: &NodeClaim) -> Result<String, CloudError> {
     let data = template_data(&class.spec, &class.resolved, claim, &aws.settings)?;
     let name = template_name(&aws.settings.cluster_name, class_name, &format!("{data:?}"));
     aws.known_templates.try_get_with(name.clone(), create_template(aws, &name, class_name, class, data)).await.map_err(|e| api_error(e.to_string()))?;
@@ -241,7 +241,7 @@ fn instance_types(aws: &Aws, claim: &NodeClaim) -> Vec<String> {
 }
 
 /// Launch the claim's instance: one instant fleet over its instance types and its zone's subnets.
-pub async fn fleet(aws: &Aws, template: &str, class: &Resolved, claim: &NodeClaim) -> Result<Instance, CloudError> {
+pub(crate) async fn fleet(aws: &Aws, template: &str, class: &Resolved, claim: &NodeClaim) -> Result<Instance, CloudError> {
     let capacity = CapacityType::parse(&claim.spec.capacity_type).unwrap_or(CapacityType::OnDemand);
     let subnets = class.subnets_in(&claim.spec.zone);
     if subnets.is_empty() {
@@ -296,7 +296,7 @@ pub async fn fleet(aws: &Aws, template: &str, class: &Resolved, claim: &NodeClai
 }
 
 /// A hash of a node class's spec: a claim launched under another one has drifted.
-pub fn class_hash(spec: &EC2NodeClassSpec) -> String {
+pub(crate) fn class_hash(spec: &EC2NodeClassSpec) -> String {
     hex::encode(Sha256::digest(serde_json::to_string(spec).unwrap_or_default().as_bytes()).get(..8).unwrap_or_default())
 }
 

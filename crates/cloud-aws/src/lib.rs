@@ -38,17 +38,17 @@ use resolve::Resolved;
 
 pub(crate) const PROVIDER: &str = "aws";
 /// Tags on everything Archer creates.
-pub const CLUSTER_TAG: &str = "archer.dev/cluster";
-pub const NODECLAIM_TAG: &str = "archer.dev/nodeclaim";
-pub const NODEPOOL_TAG: &str = "archer.dev/nodepool";
-pub const NODECLASS_TAG: &str = "archer.dev/ec2nodeclass";
+pub(crate) const CLUSTER_TAG: &str = "archer.dev/cluster";
+pub(crate) const NODECLAIM_TAG: &str = "archer.dev/nodeclaim";
+pub(crate) const NODEPOOL_TAG: &str = "archer.dev/nodepool";
+pub(crate) const NODECLASS_TAG: &str = "archer.dev/ec2nodeclass";
 /// A claim younger than this with no status was just written by this process: the claim keeper
 /// relaunches only older ones (`worker::keep_claims`), so it cannot have been launched yet.
 const FRESH_CLAIM: Duration = Duration::from_secs(5);
 /// A launch template no launch used for this long (and older than that) is deleted.
 const TEMPLATE_UNUSED_FOR: Duration = Duration::from_secs(3600);
 /// The condition a node class reports.
-pub const READY_CONDITION: &str = "Ready";
+const READY_CONDITION: &str = "Ready";
 
 /// A readable message of an SDK error (of any AWS service): the service's code and message, or
 /// the chain of causes of a failure to get an answer. Never the raw response (SDK errors' own
@@ -116,7 +116,7 @@ pub async fn read_book(settings: &AwsConfig, catalog: Arc<Catalog>) -> Result<(B
 }
 
 /// A node class and what it resolved to.
-pub type Class = ResolvedClass<EC2NodeClassSpec, Resolved>;
+pub(crate) type Class = ResolvedClass<EC2NodeClassSpec, Resolved>;
 
 pub struct Aws {
     ec2: aws_sdk_ec2::Client,

@@ -195,7 +195,7 @@ impl EC2NodeClass {
 
 /// An AMI alias: the family's image name pattern per architecture and the version.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Alias {
+pub(crate) struct Alias {
     pub family: &'static str,
     pub version: String,
 }
@@ -217,7 +217,7 @@ impl Alias {
 
     /// The image-name pattern of this alias for an architecture (`amd64`/`arm64`), as EKS
     /// publishes its optimised images.
-    pub fn name_pattern(&self, arch: &str) -> String {
+    pub(crate) fn name_pattern(&self, arch: &str) -> String {
         let version = if self.version == "latest" { "*".to_string() } else { format!("*{}*", self.version.trim_start_matches('v')) };
         match (self.family, arch) {
             ("AL2023", "arm64") => format!("amazon-eks-node-al2023-arm64-standard-{version}"),

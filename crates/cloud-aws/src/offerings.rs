@@ -55,7 +55,7 @@ impl Book {
     }
 
     /// Leave an offering out of plans for the cache's TTL.
-    pub fn mark_unavailable(&self, key: OfferingKey, why: &str) {
+    pub(crate) fn mark_unavailable(&self, key: OfferingKey, why: &str) {
         self.unavailable.mark(key, why);
     }
 
@@ -69,7 +69,7 @@ impl Book {
     }
 
     /// Read the region's instance types and their zones again.
-    pub async fn refresh_types(&self, ec2: &Client) -> Result<(), CloudError> {
+    pub(crate) async fn refresh_types(&self, ec2: &Client) -> Result<(), CloudError> {
         let mut zones: HashMap<String, BTreeSet<String>> = HashMap::new();
         let mut pages = ec2.describe_instance_type_offerings().location_type(LocationType::AvailabilityZone).into_paginator().send();
         while let Some(page) = pages.next().await {
@@ -112,7 +112,7 @@ impl Book {
     }
 
     /// Read the current spot prices (Linux) and rebuild the offerings.
-    pub async fn refresh_spot(&self, ec2: &Client) -> Result<(), CloudError> {
+    pub(crate) async fn refresh_spot(&self, ec2: &Client) -> Result<(), CloudError> {
         let names: Vec<String> = self.types.load().iter().map(|(t, _)| t.name.clone()).collect();
         let mut spot: HashMap<(String, String), (String, f64)> = HashMap::new();
         // EC2 takes at most a few hundred types a request; ask in chunks.
@@ -168,7 +168,7 @@ impl Book {
 /// that fits the plan fits), allowed by the claim's requirements, within `margin` (a fraction) of
 /// the planned price. A requirement's `minValues` on the instance type widens the list past the
 /// margin until it has that many types.
-pub fn alternatives(offerings: &[Offering], planned: &Offering, allowed: &dyn Fn(&Offering) -> bool, margin: f64, min_values: usize) -> Vec<String> {
+pub(crate) fn alternatives(offerings: &[Offering], planned: &Offering, allowed: &dyn Fn(&Offering) -> bool, margin: f64, min_values: usize) -> Vec<String> {
     let p = &planned.instance;
     let mut fits: Vec<&Offering> = offerings
         .iter()

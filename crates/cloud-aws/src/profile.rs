@@ -19,7 +19,7 @@ fn iam_error<E: std::error::Error + aws_sdk_iam::error::ProvideErrorMetadata + '
 }
 
 /// The instance profile holding `role`, made (or corrected) when needed; its name.
-pub async fn ensure(iam: &aws_sdk_iam::Client, cluster: &str, class: &str, role: &str) -> Result<String, String> {
+pub(crate) async fn ensure(iam: &aws_sdk_iam::Client, cluster: &str, class: &str, role: &str) -> Result<String, String> {
     let name = profile_name(cluster, role);
     let found = match iam.get_instance_profile().instance_profile_name(&name).send().await {
         Ok(r) => r.instance_profile().cloned(),

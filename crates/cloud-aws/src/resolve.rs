@@ -30,7 +30,7 @@ impl Resolved {
     }
 
     /// Subnets of a zone, the one with the most free addresses first.
-    pub fn subnets_in(&self, zone: &str) -> Vec<&ResolvedSubnet> {
+    pub(crate) fn subnets_in(&self, zone: &str) -> Vec<&ResolvedSubnet> {
         let mut s: Vec<&ResolvedSubnet> = self.subnets.iter().filter(|s| s.zone == zone).collect();
         s.sort_by_key(|s| std::cmp::Reverse(s.available_ips.unwrap_or(0)));
         s

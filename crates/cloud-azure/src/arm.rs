@@ -41,7 +41,7 @@ struct ErrorBody {
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub struct ErrorDetail {
+struct ErrorDetail {
     #[serde(default)]
     pub code: String,
     #[serde(default)]

@@ -15,7 +15,7 @@ use archer_cloud::settings::AzureConfig;
 
 const PUBLIC_AUTHORITY: &str = "https://login.microsoftonline.com/";
 /// The scope of Azure Resource Manager's tokens (the public cloud).
-pub const ARM_SCOPE: &str = "https://management.azure.com/.default";
+const ARM_SCOPE: &str = "https://management.azure.com/.default";
 const ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 /// A token is exchanged again this long before it expires.
 const EARLY: Duration = Duration::from_secs(300);
@@ -39,7 +39,7 @@ pub struct Credential {
 
 impl Credential {
     /// From the settings, falling back to the `AZURE_*` variables of the workload-identity webhook.
-    pub fn workload_identity(http: reqwest::Client, settings: &AzureConfig) -> Result<Self, ArmError> {
+    pub(crate) fn workload_identity(http: reqwest::Client, settings: &AzureConfig) -> Result<Self, ArmError> {
         let env = |v: &str| std::env::var(v).ok().filter(|s| !s.trim().is_empty());
         let missing = |what: &str, var: &str| ArmError::Auth(format!("no {what}: set provisioner.azure.{what} or {var} (workload identity)"));
         let authority = settings.authority_host.clone().or_else(|| env("AZURE_AUTHORITY_HOST")).unwrap_or_else(|| PUBLIC_AUTHORITY.into());

@@ -15,7 +15,7 @@ use crate::nodeclass::{AKSNodeClass, AKSNodeClassSpec, AKSNodeClassStatus, Image
 use archer_cloud_classes::ResolvedClass;
 use archer_cloud::settings::AzureConfig;
 
-pub const ARCHES: [&str; 2] = ["amd64", "arm64"];
+const ARCHES: [&str; 2] = ["amd64", "arm64"];
 
 /// What a node class resolved to.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ impl Resolution {
 }
 
 /// A node class and what it resolved to.
-pub type Class = ResolvedClass<AKSNodeClassSpec, Resolution>;
+pub(crate) type Class = ResolvedClass<AKSNodeClassSpec, Resolution>;
 
 /// Resolve a class: an image per architecture, a subnet.
 pub async fn resolve(arm: &Arm, settings: &AzureConfig, spec: &AKSNodeClassSpec) -> Resolution {

@@ -8,12 +8,12 @@ use crate::models::{ImageVersion, GALLERY_API};
 use crate::nodeclass::ImageFamily;
 
 /// AKS's public galleries (facts: their public names).
-pub const UBUNTU_GALLERY: &str = "AKSUbuntu-38d80f77-467a-481f-a8d4-09b6d4220bd2";
-pub const AZURE_LINUX_GALLERY: &str = "AKSAzureLinux-f7c7cda5-1c9a-4bdc-a222-9614c968580b";
+const UBUNTU_GALLERY: &str = "AKSUbuntu-38d80f77-467a-481f-a8d4-09b6d4220bd2";
+const AZURE_LINUX_GALLERY: &str = "AKSAzureLinux-f7c7cda5-1c9a-4bdc-a222-9614c968580b";
 
 /// The gallery and image definition of a family for an architecture (Gen2 VMs: every D-series
 /// v5 and v6 size is one). `Ubuntu` is Ubuntu 22.04, as NAP's default.
-pub fn definition(family: ImageFamily, arch: &str) -> (&'static str, &'static str) {
+pub(crate) fn definition(family: ImageFamily, arch: &str) -> (&'static str, &'static str) {
     let arm = arch == "arm64";
     match family {
         ImageFamily::Ubuntu | ImageFamily::Ubuntu2204 => (UBUNTU_GALLERY, if arm { "2204gen2arm64containerd" } else { "2204gen2containerd" }),
@@ -23,7 +23,7 @@ pub fn definition(family: ImageFamily, arch: &str) -> (&'static str, &'static st
 }
 
 /// The id of the newest version of a definition that is not excluded from "latest".
-pub async fn newest(arm: &Arm, subscription: &str, location: &str, gallery: &str, definition: &str) -> Result<String, ArmError> {
+pub(crate) async fn newest(arm: &Arm, subscription: &str, location: &str, gallery: &str, definition: &str) -> Result<String, ArmError> {
     let path = format!("/subscriptions/{subscription}/providers/Microsoft.Compute/locations/{location}/communityGalleries/{gallery}/images/{definition}/versions");
     let versions: Vec<ImageVersion> = arm.list(&path, GALLERY_API).await?;
     pick(&versions).map(|v| id(gallery, definition, &v.name)).ok_or_else(|| ArmError::Decode(format!("no usable version of {definition} in {gallery} ({location})")))
@@ -35,7 +35,7 @@ pub fn pick(versions: &[ImageVersion]) -> Option<&ImageVersion> {
     versions.iter().filter(|v| !v.name.is_empty() && v.properties.exclude_from_latest != Some(true)).max_by_key(|v| key(v))
 }
 
-pub fn id(gallery: &str, definition: &str, version: &str) -> String {
+pub(crate) fn id(gallery: &str, definition: &str, version: &str) -> String {
     format!("/CommunityGalleries/{gallery}/images/{definition}/versions/{version}")
 }
 

@@ -16,10 +16,10 @@ use archer_cloud::settings::AzureConfig;
 
 /// Tags on everything Archer creates (Azure tag names cannot hold `/`: Karpenter on Azure's
 /// convention replaces it with `_`).
-pub const CLUSTER_TAG: &str = "archer.dev_cluster";
-pub const NODECLAIM_TAG: &str = "archer.dev_nodeclaim";
-pub const NODEPOOL_TAG: &str = "archer.dev_nodepool";
-pub const NODECLASS_TAG: &str = "archer.dev_aksnodeclass";
+pub(crate) const CLUSTER_TAG: &str = "archer.dev_cluster";
+pub(crate) const NODECLAIM_TAG: &str = "archer.dev_nodeclaim";
+pub(crate) const NODEPOOL_TAG: &str = "archer.dev_nodepool";
+pub(crate) const NODECLASS_TAG: &str = "archer.dev_aksnodeclass";
 /// AKS bills a node by this tag, as on NAP's nodes.
 const BILLING_TAG: (&str, &str) = ("compute.aks.billing", "linux");
 /// Azure's limit on a Linux VM's name.
@@ -28,7 +28,7 @@ const DEFAULT_OS_DISK_GB: i32 = 128;
 
 /// The VM's name, which is also its NIC's and the Node's: `aks-<claim>` (64 characters at most,
 /// a hash of the claim's name keeping long ones apart). A retried launch finds the same VM.
-pub fn vm_name(claim: &str) -> String {
+pub(crate) fn vm_name(claim: &str) -> String {
     let name = format!("aks-{claim}");
     if name.len() <= MAX_NAME {
         return name;
@@ -38,16 +38,16 @@ pub fn vm_name(claim: &str) -> String {
     format!("{keep}-{hash}")
 }
 
-pub fn vm_path(settings: &AzureConfig, name: &str) -> String {
+pub(crate) fn vm_path(settings: &AzureConfig, name: &str) -> String {
     format!("/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Compute/virtualMachines/{name}", settings.subscription_id, settings.resource_group)
 }
 
-pub fn nic_path(settings: &AzureConfig, name: &str) -> String {
+pub(crate) fn nic_path(settings: &AzureConfig, name: &str) -> String {
     format!("/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Network/networkInterfaces/{name}", settings.subscription_id, settings.resource_group)
 }
 
 /// The class's own tags (`/` made `_`), under Archer's, which win.
-pub fn tags(settings: &AzureConfig, class_name: &str, spec: &AKSNodeClassSpec, claim: &NodeClaim) -> BTreeMap<String, String> {
+pub(crate) fn tags(settings: &AzureConfig, class_name: &str, spec: &AKSNodeClassSpec, claim: &NodeClaim) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = spec.tags.iter().map(|(k, v)| (k.replace('/', "_"), v.clone())).collect();
     out.insert(BILLING_TAG.0.into(), BILLING_TAG.1.into());
     out.insert(CLUSTER_TAG.into(), settings.cluster_name.clone());
@@ -58,12 +58,12 @@ pub fn tags(settings: &AzureConfig, class_name: &str, spec: &AKSNodeClassSpec, c
 }
 
 /// The zone number Azure takes (`eastus-2` -> `2`), if the claim's zone is one.
-pub fn zone_number(zone: &str) -> Option<String> {
+fn zone_number(zone: &str) -> Option<String> {
     let (_, n) = zone.rsplit_once('-')?;
     (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then(|| n.to_string())
 }
 
-pub fn nic_request(settings: &AzureConfig, subnet: &str, tags: BTreeMap<String, String>, accelerated: bool) -> NicRequest {
+pub(crate) fn nic_request(settings: &AzureConfig, subnet: &str, tags: BTreeMap<String, String>, accelerated: bool) -> NicRequest {
     NicRequest {
         location: settings.location.clone(),
         tags,
@@ -78,7 +78,7 @@ pub fn nic_request(settings: &AzureConfig, subnet: &str, tags: BTreeMap<String, 
 }
 
 /// Everything of the VM but the NIC's id and the image: see [`vm_request`].
-pub struct VmShape<'a> {
+pub(crate) struct VmShape<'a> {
     pub settings: &'a AzureConfig,
     pub spec: &'a AKSNodeClassSpec,
     pub claim: &'a NodeClaim,
@@ -90,7 +90,7 @@ pub struct VmShape<'a> {
     pub custom_data: &'a str,
 }
 
-pub fn vm_request(s: VmShape<'_>) -> VmRequest {
+pub(crate) fn vm_request(s: VmShape<'_>) -> VmRequest {
     let spot = s.claim.spec.capacity_type == "spot";
     VmRequest {
         location: s.settings.location.clone(),
@@ -149,7 +149,7 @@ struct WriteFile {
 /// space in a label would be another variable or another kubelet flag. So the labels, taints
 /// and kubelet settings are first held to Kubernetes' syntax (refused with why, whatever the CRD
 /// let through), then each value is written double-quoted and escaped ([`env_value`]).
-pub fn custom_data(settings: &AzureConfig, spec: &AKSNodeClassSpec, claim: &NodeClaim) -> Result<String, String> {
+pub(crate) fn custom_data(settings: &AzureConfig, spec: &AKSNodeClassSpec, claim: &NodeClaim) -> Result<String, String> {
     let claim_name = claim.metadata.name.as_deref().unwrap_or_default();
     archer_api::validation::node_shape(&claim.spec.labels, claim.spec.taints.iter().chain(&claim.spec.startup_taints).map(|t| (t.key.as_str(), t.value.as_deref(), t.effect.as_str()))).map_err(|e| format!("NodeClaim {claim_name} cannot be written into the node's bootstrap: {e}"))?;
     if let Some(k) = &spec.kubelet {
@@ -183,7 +183,7 @@ pub fn custom_data(settings: &AzureConfig, spec: &AKSNodeClassSpec, claim: &Node
 /// A value of a systemd environment file that a shell can source as well: double-quoted, with
 /// `\`, `"`, `$` and `` ` `` escaped (both read those escapes inside double quotes). Control
 /// characters have no escape both read alike: refused.
-pub fn env_value(value: &str) -> Result<String, String> {
+fn env_value(value: &str) -> Result<String, String> {
     if let Some(c) = value.chars().find(|c| c.is_control()) {
         return Err(format!("{value:?} holds the control character {c:?}"));
     }
@@ -222,7 +222,7 @@ fn kubelet_flags(k: &KubeletConfiguration) -> Vec<String> {
 /// What a failed creation says about the offerings, as Karpenter on Azure reads ARM's errors
 /// (its offerings error handlers; the codes and the terms its SDK extensions match on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The size is unavailable: in the claim's zone or in all, for the claim's capacity type or
     /// for both, for `ttl`.
     Size { all_zones: bool, both_capacities: bool, ttl: Duration },
@@ -236,9 +236,9 @@ pub enum Failure {
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// A family quota not used up entirely: the smaller sizes of the family are tried meanwhile.
-pub const LOW_QUOTA_TTL: Duration = Duration::from_secs(600);
+const LOW_QUOTA_TTL: Duration = Duration::from_secs(600);
 
-pub fn classify(code: &str, message: &str, spot: bool) -> Option<Failure> {
+pub(crate) fn classify(code: &str, message: &str, spot: bool) -> Option<Failure> {
     let quota = |term: &str| code == "OperationNotAllowed" && message.contains(term);
     let size = |all_zones, both_capacities, ttl| Some(Failure::Size { all_zones, both_capacities, ttl });
     if quota("LowPriorityCores") {
@@ -261,7 +261,7 @@ pub fn classify(code: &str, message: &str, spot: bool) -> Option<Failure> {
 }
 
 /// A hash of a node class's spec: a claim launched under another one has drifted.
-pub fn class_hash(spec: &AKSNodeClassSpec) -> String {
+pub(crate) fn class_hash(spec: &AKSNodeClassSpec) -> String {
     hex::encode(Sha256::digest(serde_json::to_string(spec).unwrap_or_default().as_bytes()).get(..8).unwrap_or_default())
 }
 

@@ -24,9 +24,9 @@ pub mod image;
 #[cfg(feature = "provider")]
 pub mod launch;
 #[cfg(feature = "provider")]
-pub mod models;
+mod models;
 #[cfg(feature = "provider")]
-pub mod preemption;
+mod preemption;
 #[cfg(feature = "provider")]
 pub mod provider;
 #[cfg(feature = "provider")]

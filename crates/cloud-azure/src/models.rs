@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// The api-versions the operations are called with.
-pub const COMPUTE_API: &str = "2026-04-01";
-pub const NETWORK_API: &str = "2026-03-01";
-pub const GALLERY_API: &str = "2026-03-03";
+pub(crate) const COMPUTE_API: &str = "2026-04-01";
+pub(crate) const NETWORK_API: &str = "2026-03-01";
+pub(crate) const GALLERY_API: &str = "2026-03-03";
 
 /// A reference to another resource by id.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct Id {
+pub(crate) struct Id {
     pub id: String,
 }
 
@@ -21,7 +21,7 @@ pub struct Id {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NicRequest {
+pub(crate) struct NicRequest {
     pub location: String,
     pub tags: BTreeMap<String, String>,
     pub properties: NicProperties,
@@ -29,20 +29,20 @@ pub struct NicRequest {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NicProperties {
+pub(crate) struct NicProperties {
     pub ip_configurations: Vec<IpConfiguration>,
     pub enable_accelerated_networking: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct IpConfiguration {
+pub(crate) struct IpConfiguration {
     pub name: String,
     pub properties: IpConfigurationProperties,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct IpConfigurationProperties {
+pub(crate) struct IpConfigurationProperties {
     pub primary: bool,
     #[serde(rename = "privateIPAllocationMethod")]
     pub private_ip_allocation_method: String,
@@ -50,7 +50,7 @@ pub struct IpConfigurationProperties {
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
-pub struct Nic {
+pub(crate) struct Nic {
     #[serde(default)]
     pub id: String,
     #[serde(default)]
@@ -61,7 +61,7 @@ pub struct Nic {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct VmRequest {
+pub(crate) struct VmRequest {
     pub location: String,
     pub tags: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -71,7 +71,7 @@ pub struct VmRequest {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct VmRequestProperties {
+pub(crate) struct VmRequestProperties {
     pub hardware_profile: HardwareProfile,
     pub storage_profile: StorageProfile,
     pub os_profile: OsProfile,
@@ -88,28 +88,28 @@ pub struct VmRequestProperties {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct HardwareProfile {
+pub(crate) struct HardwareProfile {
     #[serde(default)]
     pub vm_size: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StorageProfile {
+pub(crate) struct StorageProfile {
     pub image_reference: ImageReference,
     pub os_disk: OsDisk,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ImageReference {
+pub(crate) struct ImageReference {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub community_gallery_image_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OsDisk {
+pub(crate) struct OsDisk {
     pub name: String,
     pub create_option: String,
     pub delete_option: String,
@@ -122,13 +122,13 @@ pub struct OsDisk {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ManagedDisk {
+pub(crate) struct ManagedDisk {
     pub storage_account_type: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OsProfile {
+pub(crate) struct OsProfile {
     pub computer_name: String,
     pub admin_username: String,
     /// The node's bootstrap (cloud-init), base64.
@@ -138,39 +138,39 @@ pub struct OsProfile {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct LinuxConfiguration {
+pub(crate) struct LinuxConfiguration {
     pub disable_password_authentication: bool,
     pub ssh: Ssh,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Ssh {
+pub(crate) struct Ssh {
     pub public_keys: Vec<SshPublicKey>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SshPublicKey {
+pub(crate) struct SshPublicKey {
     pub path: String,
     pub key_data: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NetworkProfile {
+pub(crate) struct NetworkProfile {
     pub network_interfaces: Vec<NicReference>,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct NicReference {
+pub(crate) struct NicReference {
     pub id: String,
     pub properties: NicReferenceProperties,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NicReferenceProperties {
+pub(crate) struct NicReferenceProperties {
     pub primary: bool,
     /// `Delete`: the NIC goes with the VM.
     pub delete_option: String,
@@ -178,20 +178,20 @@ pub struct NicReferenceProperties {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct BillingProfile {
+pub(crate) struct BillingProfile {
     pub max_price: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SecurityProfile {
+pub(crate) struct SecurityProfile {
     pub encryption_at_host: bool,
 }
 
 // ---- Virtual machine (GET, list) ----
 
 #[derive(Debug, Clone, Default, Deserialize)]
-pub struct Vm {
+pub(crate) struct Vm {
     #[serde(default)]
     pub id: String,
     #[serde(default)]
@@ -206,7 +206,7 @@ pub struct Vm {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct VmProperties {
+pub(crate) struct VmProperties {
     #[serde(default)]
     pub hardware_profile: HardwareProfile,
     #[serde(default)]
@@ -222,14 +222,14 @@ pub struct VmProperties {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StorageProfileView {
+pub(crate) struct StorageProfileView {
     #[serde(default)]
     pub image_reference: Option<ImageReference>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OsProfileView {
+pub(crate) struct OsProfileView {
     #[serde(default)]
     pub computer_name: Option<String>,
 }

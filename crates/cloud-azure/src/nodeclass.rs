@@ -107,11 +107,11 @@ pub struct KubeletConfiguration {
 }
 
 /// A Go duration as the kubelet reads one (`100ms`, `1m30s`).
-pub const DURATION_PATTERN: &str = "^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$";
+const DURATION_PATTERN: &str = "^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$";
 /// A quantity with a unit, as Karpenter on Azure's CRD has it (`50Mi`, `1G`).
-pub const QUANTITY_PATTERN: &str = "^[0-9]+(E|P|T|G|M|K|Ei|Pi|Ti|Gi|Mi|Ki)$";
+const QUANTITY_PATTERN: &str = "^[0-9]+(E|P|T|G|M|K|Ei|Pi|Ti|Gi|Mi|Ki)$";
 /// A sysctl name (segments of `[a-z0-9_-]` joined by `.` or `/`), optionally ending in `*`.
-pub const SYSCTL_PATTERN: &str = "^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[./])*([a-z0-9]([-_a-z0-9]*[a-z0-9])?[*]?|[*])$";
+const SYSCTL_PATTERN: &str = "^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[./])*([a-z0-9]([-_a-z0-9]*[a-z0-9])?[*]?|[*])$";
 const CPU_MANAGER_POLICIES: [&str; 2] = ["none", "static"];
 const TOPOLOGY_MANAGER_POLICIES: [&str; 4] = ["restricted", "best-effort", "none", "single-numa-node"];
 
@@ -215,9 +215,6 @@ pub struct NodeImage {
     #[serde(default)]
     pub requirements: Vec<k8s_openapi::api::core::v1::NodeSelectorRequirement>,
 }
-
-/// The condition types, as Karpenter on Azure names them.
-pub const CONDITION_TYPES: [&str; 5] = ["Ready", "ImagesReady", "KubernetesVersionReady", "SubnetsReady", "ValidationSucceeded"];
 
 #[cfg(test)]
 mod tests {

@@ -15,13 +15,13 @@ use kube::{Api, Client, ResourceExt};
 use archer_cloud::{InterruptionHandler, Interruption};
 
 /// The Node condition the node agent sets (Karpenter on Azure's `SpotConditionPreemptionScheduled`).
-pub const CONDITION: &str = "PreemptionScheduled";
+const CONDITION: &str = "PreemptionScheduled";
 const KIND: &str = "spot-interruption";
 /// Nodes remembered as handled (forgotten all at once past this).
 const REMEMBERED: usize = 10_000;
 
 /// The VM name of a node whose preemption is scheduled, if it is an Azure VM's.
-pub fn preempted(node: &Node) -> Option<String> {
+pub(crate) fn preempted(node: &Node) -> Option<String> {
     let provider_id = node.spec.as_ref()?.provider_id.as_deref()?;
     if !provider_id.starts_with("azure://") {
         return None;
@@ -31,7 +31,7 @@ pub fn preempted(node: &Node) -> Option<String> {
 }
 
 /// Until dropped: each node newly marked is handed to `handler` once.
-pub async fn run(kube: Client, handler: Arc<dyn InterruptionHandler>) {
+pub(crate) async fn run(kube: Client, handler: Arc<dyn InterruptionHandler>) {
     let api: Api<Node> = Api::all(kube);
     let mut handled: BTreeSet<String> = BTreeSet::new();
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff().applied_objects());

@@ -227,7 +227,7 @@ impl Azure {
 
 /// The Node's provider id of a VM, as Azure's cloud provider writes it: `azure://` and the VM's
 /// resource id, its resource group in lower case.
-pub fn provider_id(vm_id: &str) -> String {
+pub(crate) fn provider_id(vm_id: &str) -> String {
     let mut parts: Vec<String> = vm_id.split('/').map(str::to_string).collect();
     if let Some(i) = parts.iter().position(|p| p.eq_ignore_ascii_case("resourceGroups")) {
         if let Some(rg) = parts.get_mut(i + 1) {

@@ -2,7 +2,7 @@
 //! bound.
 
 /// The largest answer read (a page of 1,000 VMs is about 5 MiB).
-pub const MAX_BODY: usize = 16 << 20;
+const MAX_BODY: usize = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArmError {

@@ -21,9 +21,9 @@ use archer_api::nodepool::offerings;
 
 const PROVIDER: &str = "kwok";
 /// kwok manages nodes carrying this label (`--manage-nodes-with-label-selector=type=kwok`) ...
-pub const MANAGED_LABEL: (&str, &str) = ("type", "kwok");
+const MANAGED_LABEL: (&str, &str) = ("type", "kwok");
 /// ... or this annotation (its default selector).
-pub const MANAGED_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+const MANAGED_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
 
 pub struct Kwok {
     client: Client,
@@ -66,7 +66,7 @@ fn instance(node: &Node) -> Option<Instance> {
 }
 
 /// The Node a claim becomes.
-pub fn node_for(claim: &NodeClaim) -> Node {
+fn node_for(claim: &NodeClaim) -> Node {
     let name = claim.name();
     let mut node_labels = claim.spec.labels.clone();
     node_labels.insert(labels::HOSTNAME.into(), name.clone());

@@ -6,7 +6,7 @@
 use crate::instance::{CapacityType, InstanceType};
 
 /// The keys EC2 types carry.
-pub const AWS_KEYS: [&str; 5] = [
+pub(crate) const AWS_KEYS: [&str; 5] = [
     "karpenter.k8s.aws/instance-family",
     "karpenter.k8s.aws/instance-category",
     "karpenter.k8s.aws/instance-generation",
@@ -14,25 +14,25 @@ pub const AWS_KEYS: [&str; 5] = [
     "karpenter.k8s.aws/instance-memory",
 ];
 
-pub const AZURE_SKU_NAME: &str = "karpenter.azure.com/sku-name";
-pub const AZURE_SKU_FAMILY: &str = "karpenter.azure.com/sku-family";
-pub const AZURE_SKU_SERIES: &str = "karpenter.azure.com/sku-series";
-pub const AZURE_SKU_VERSION: &str = "karpenter.azure.com/sku-version";
-pub const AZURE_SKU_CPU: &str = "karpenter.azure.com/sku-cpu";
+const AZURE_SKU_NAME: &str = "karpenter.azure.com/sku-name";
+const AZURE_SKU_FAMILY: &str = "karpenter.azure.com/sku-family";
+const AZURE_SKU_SERIES: &str = "karpenter.azure.com/sku-series";
+const AZURE_SKU_VERSION: &str = "karpenter.azure.com/sku-version";
+const AZURE_SKU_CPU: &str = "karpenter.azure.com/sku-cpu";
 /// In MiB, as Karpenter on Azure writes it.
-pub const AZURE_SKU_MEMORY: &str = "karpenter.azure.com/sku-memory";
-pub const AZURE_ACCELERATED_NETWORKING: &str = "karpenter.azure.com/sku-networking-accelerated";
-pub const AZURE_PREMIUM_STORAGE: &str = "karpenter.azure.com/sku-storage-premium-capable";
+const AZURE_SKU_MEMORY: &str = "karpenter.azure.com/sku-memory";
+const AZURE_ACCELERATED_NETWORKING: &str = "karpenter.azure.com/sku-networking-accelerated";
+const AZURE_PREMIUM_STORAGE: &str = "karpenter.azure.com/sku-storage-premium-capable";
 /// In GB; written only where the size supports an ephemeral OS disk.
-pub const AZURE_EPHEMERAL_OS_MAX: &str = "karpenter.azure.com/sku-storage-ephemeralos-maxsize";
-pub const AZURE_GPU_NAME: &str = "karpenter.azure.com/sku-gpu-name";
-pub const AZURE_GPU_MANUFACTURER: &str = "karpenter.azure.com/sku-gpu-manufacturer";
-pub const AZURE_GPU_COUNT: &str = "karpenter.azure.com/sku-gpu-count";
-pub const AKS_SKU_CPU: &str = "kubernetes.azure.com/sku-cpu";
-pub const AKS_SKU_MEMORY: &str = "kubernetes.azure.com/sku-memory";
+const AZURE_EPHEMERAL_OS_MAX: &str = "karpenter.azure.com/sku-storage-ephemeralos-maxsize";
+const AZURE_GPU_NAME: &str = "karpenter.azure.com/sku-gpu-name";
+const AZURE_GPU_MANUFACTURER: &str = "karpenter.azure.com/sku-gpu-manufacturer";
+const AZURE_GPU_COUNT: &str = "karpenter.azure.com/sku-gpu-count";
+const AKS_SKU_CPU: &str = "kubernetes.azure.com/sku-cpu";
+const AKS_SKU_MEMORY: &str = "kubernetes.azure.com/sku-memory";
 
 /// The keys Azure sizes carry.
-pub const AZURE_KEYS: [&str; 15] = [
+const AZURE_KEYS: [&str; 15] = [
     AZURE_SKU_NAME,
     AZURE_SKU_FAMILY,
     AZURE_SKU_SERIES,
@@ -52,12 +52,12 @@ pub const AZURE_KEYS: [&str; 15] = [
 
 /// Whether `key` is a label some cloud's types set (so a pool's requirement on it selects types
 /// rather than labelling the node).
-pub fn is_cloud_key(key: &str) -> bool {
+pub(crate) fn is_cloud_key(key: &str) -> bool {
     AWS_KEYS.contains(&key) || AZURE_KEYS.contains(&key)
 }
 
 /// The labels a node of `t` sold as `capacity` carries from its cloud.
-pub fn labels(t: &InstanceType, capacity: CapacityType) -> Vec<(&'static str, String)> {
+pub(crate) fn labels(t: &InstanceType, capacity: CapacityType) -> Vec<(&'static str, String)> {
     match t.provider.as_str() {
         "azure" => azure(t, capacity),
         "aws" => aws(t),

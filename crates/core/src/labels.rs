@@ -11,7 +11,7 @@ pub const ZONE: &str = "topology.kubernetes.io/zone";
 pub const KARPENTER_CAPACITY_TYPE: &str = "karpenter.sh/capacity-type";
 pub const CAPACITY_TYPE: &str = "archer.dev/capacity-type";
 /// EKS managed node groups' capacity label (`ON_DEMAND`, `SPOT`).
-pub const EKS_CAPACITY_TYPE: &str = "eks.amazonaws.com/capacityType";
+pub(crate) const EKS_CAPACITY_TYPE: &str = "eks.amazonaws.com/capacityType";
 /// AKS's capacity label (`spot`, `regular`), as Karpenter on Azure writes it.
 pub const AKS_SCALE_SET_PRIORITY: &str = "kubernetes.azure.com/scalesetpriority";
 /// The annotation a ReplicaSet's scale-down reads (lower goes first); Karpenter also counts it
@@ -45,7 +45,7 @@ pub const PLANNED_PODS_ANNOTATION: &str = "archer.dev/planned-pods";
 
 /// The region of a zone name: EC2's `us-east-1a` -> `us-east-1`, Azure's `eastus-2` -> `eastus`
 /// (Azure region names have no dash); a region name stays as it is.
-pub fn region_of(zone: &str) -> &str {
+pub(crate) fn region_of(zone: &str) -> &str {
     if let Some((region, n)) = zone.rsplit_once('-') {
         if !region.contains('-') && !region.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
             return region;

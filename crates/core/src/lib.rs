@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod catalog;
-pub mod cloud_labels;
+mod cloud_labels;
 pub mod exec_format;
 pub mod instance;
 pub mod labels;

@@ -128,7 +128,7 @@ impl PendingPod {
 }
 
 /// A taint as Kubernetes writes it: one type for pools, planned and existing nodes.
-pub type Taint = k8s_openapi::api::core::v1::Taint;
+pub(crate) type Taint = k8s_openapi::api::core::v1::Taint;
 
 /// A NodePool, reduced to what packing needs.
 #[derive(Debug, Clone)]
@@ -220,7 +220,7 @@ impl Offering {
     }
 
     /// Whether [`Offering::labels`] sets `key` from the offering itself (whatever the pool).
-    pub fn sets_label(key: &str) -> bool {
+    pub(crate) fn sets_label(key: &str) -> bool {
         OFFERING_KEYS.contains(&key) || crate::cloud_labels::is_cloud_key(key)
     }
 
@@ -263,26 +263,20 @@ impl Offering {
     }
 }
 
-/// The labels a new node of offering `o` in `pool` would carry, if such a node could take the pod
-/// (its size aside): the pool's requirements, template labels and taints, the pod's node
-/// affinity, its images' platforms, its spread keys and extended resources.
-pub fn could_host(pod: &PendingPod, pool: &Pool, o: &Offering) -> Option<BTreeMap<String, String>> {
-    let labels = o.labels(pool);
-    could_host_with(pod, pool, o, &labels).then_some(labels)
-}
-
-/// [`could_host`] with the offering's labels in the pool already computed.
-pub fn could_host_with(pod: &PendingPod, pool: &Pool, o: &Offering, labels: &BTreeMap<String, String>) -> bool {
+/// Whether a new node of offering `o` in `pool`, carrying `labels` (the offering's labels in the
+/// pool), could take the pod (its size aside): the pool's requirements, template labels and taints,
+/// the pod's node affinity, its images' platforms, its spread keys and extended resources.
+pub(crate) fn could_host_with(pod: &PendingPod, pool: &Pool, o: &Offering, labels: &BTreeMap<String, String>) -> bool {
     tolerates_all(pod, &pool.taints) && could_host_but_for_taints(pod, pool, o, labels)
 }
 
 /// [`could_host_with`], whatever the pool's taints (a topology spread with `nodeTaintsPolicy:
 /// Ignore` counts the domains of nodes the pod does not tolerate).
-pub fn could_host_but_for_taints(pod: &PendingPod, pool: &Pool, o: &Offering, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn could_host_but_for_taints(pod: &PendingPod, pool: &Pool, o: &Offering, labels: &BTreeMap<String, String>) -> bool {
     pool.requirements.matches_map(labels) && Offering::keeps_template_labels(labels, pool) && labels_fit(pod, labels).is_ok() && extended_fit(pod, o, &pool.name).is_ok()
 }
 
-pub use crate::labels::region_of;
+use crate::labels::region_of;
 
 /// An existing (or in-flight) node with free room.
 #[derive(Debug, Clone)]
@@ -697,7 +691,7 @@ pub fn pack(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existin
 }
 
 /// [`pack`], spending at most `budget` on the optimal plan (then the greedy plan stands).
-pub fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existing: &[ExistingNode], budget: std::time::Duration) -> Plan {
+pub(crate) fn pack_within(pods: &[PendingPod], pools: &[Pool], offerings: &[Offering], existing: &[ExistingNode], budget: std::time::Duration) -> Plan {
     let mut plan = Plan::default();
     let remaining = fill_existing(pods, existing, &mut plan);
     let priced: Vec<Offering> = offerings.iter().map(|o| Offering { price: o.price + NODE_TIE_BREAK, ..o.clone() }).collect();

@@ -67,7 +67,7 @@ fn replace<T: Serialize>(tokens: &[&str], value: &T) -> Op {
 }
 
 /// Set annotations (an `add` on an existing key replaces its value).
-pub fn set_annotations(pod: &mut Pod, annotations: &BTreeMap<String, String>) -> Vec<Op> {
+pub(crate) fn set_annotations(pod: &mut Pod, annotations: &BTreeMap<String, String>) -> Vec<Op> {
     if annotations.is_empty() {
         return Vec::new();
     }
@@ -90,7 +90,7 @@ const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
 /// Require one of `groups` (each a list of expressions ANDed) on top of every existing
 /// nodeSelectorTerm: the result is the product, so the pod's own terms keep their meaning.
-pub fn require_node_expressions(pod: &mut Pod, groups: &[Vec<NodeSelectorRequirement>]) -> Vec<Op> {
+pub(crate) fn require_node_expressions(pod: &mut Pod, groups: &[Vec<NodeSelectorRequirement>]) -> Vec<Op> {
     if groups.is_empty() {
         return Vec::new();
     }
@@ -144,7 +144,7 @@ fn node_affinity_mut(pod: &mut Pod) -> &mut NodeAffinity {
 }
 
 /// Append a preferred node-affinity term (unless an identical one is there already).
-pub fn add_preferred_term(pod: &mut Pod, term: PreferredSchedulingTerm) -> Vec<Op> {
+pub(crate) fn add_preferred_term(pod: &mut Pod, term: PreferredSchedulingTerm) -> Vec<Op> {
     let existing = pod
         .spec
         .as_ref()
@@ -185,7 +185,7 @@ fn node_affinity_ops(pod: &Pod, wanted: NodeAffinity, field: &str) -> Vec<Op> {
 pub use super::taints::tolerates;
 
 /// Append the tolerations the pod does not already have.
-pub fn add_tolerations(pod: &mut Pod, wanted: &[Toleration]) -> Vec<Op> {
+pub(crate) fn add_tolerations(pod: &mut Pod, wanted: &[Toleration]) -> Vec<Op> {
     let existing = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
     let missing: Vec<Toleration> = wanted
         .iter()

@@ -11,11 +11,11 @@ use super::platform::PlatformSet;
 use super::policy::{FailurePolicy, Mode, Policy};
 
 pub const ARCH_LABEL: &str = "kubernetes.io/arch";
-pub const OS_LABEL: &str = "kubernetes.io/os";
+const OS_LABEL: &str = "kubernetes.io/os";
 pub const PLATFORMS_ANNOTATION: &str = "archer.dev/platforms";
 pub const DECISION_ANNOTATION: &str = "archer.dev/decision";
-pub const CONFLICT_ANNOTATION: &str = "archer.dev/conflict";
-pub const INSPECTION_ERROR_ANNOTATION: &str = "archer.dev/inspection-error";
+const CONFLICT_ANNOTATION: &str = "archer.dev/conflict";
+const INSPECTION_ERROR_ANNOTATION: &str = "archer.dev/inspection-error";
 
 /// A taint that keeps pods off nodes of one architecture unless they tolerate it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,7 +151,7 @@ pub fn pod_platforms<'a>(pod: &Pod, lookup: &dyn Fn(&str) -> Option<&'a Platform
 
 /// The architectures a pod's own nodeSelector / required affinity admits, as a predicate;
 /// `None` when the pod does not constrain the architecture itself.
-pub fn existing_arch_constraint(pod: &Pod) -> Option<impl Fn(&str) -> bool + '_> {
+fn existing_arch_constraint(pod: &Pod) -> Option<impl Fn(&str) -> bool + '_> {
     let spec = pod.spec.as_ref()?;
     let selector = spec.node_selector.as_ref().and_then(|s| s.get(ARCH_LABEL));
     let terms: &[NodeSelectorTerm] = spec

@@ -48,13 +48,13 @@ impl Platform {
     /// Could a node ever be labelled with this platform? `kubernetes.io/os` and
     /// `kubernetes.io/arch` are Go's GOOS and GOARCH of the kubelet, and variants are short
     /// tokens (`v7`, `v8.2`, `rva22u64`); an entry naming anything else can never be scheduled.
-    pub fn is_schedulable(&self) -> bool {
+    fn is_schedulable(&self) -> bool {
         let variant_ok = self.variant.as_deref().is_none_or(|v| v.len() <= 16 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '.'));
         KNOWN_OS.contains(&self.os.as_str()) && KNOWN_ARCH.contains(&self.architecture.as_str()) && variant_ok
     }
 
     /// Attestation manifests and other non-runnable entries of an index.
-    pub fn is_unknown(&self) -> bool {
+    fn is_unknown(&self) -> bool {
         self.os == "unknown" || self.architecture == "unknown" || self.os.is_empty() || self.architecture.is_empty()
     }
 }
@@ -107,7 +107,7 @@ impl PlatformSet {
         self.0.is_empty()
     }
 
-    pub fn intersect(&self, other: &PlatformSet) -> PlatformSet {
+    pub(crate) fn intersect(&self, other: &PlatformSet) -> PlatformSet {
         PlatformSet(self.0.intersection(&other.0).cloned().collect())
     }
 
@@ -124,7 +124,7 @@ impl PlatformSet {
     }
 
     /// Values of `kubernetes.io/os` this set can run on.
-    pub fn operating_systems(&self) -> BTreeSet<String> {
+    pub(crate) fn operating_systems(&self) -> BTreeSet<String> {
         self.0.iter().map(|p| p.os.clone()).collect()
     }
 
@@ -134,7 +134,7 @@ impl PlatformSet {
     }
 
     /// Keep only the platforms whose architecture passes `keep`.
-    pub fn retain_architectures(&self, keep: impl Fn(&str) -> bool) -> PlatformSet {
+    pub(crate) fn retain_architectures(&self, keep: impl Fn(&str) -> bool) -> PlatformSet {
         PlatformSet(self.0.iter().filter(|p| keep(&p.architecture)).cloned().collect())
     }
 

@@ -6,16 +6,15 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-pub const ANNOTATION_PREFIX: &str = "archer.dev/";
-pub const MODE: &str = "archer.dev/mode";
-pub const PREFER: &str = "archer.dev/prefer";
-pub const ALLOWED_ARCHITECTURES: &str = "archer.dev/allowed-architectures";
-pub const ON_INSPECTION_FAILURE: &str = "archer.dev/on-inspection-failure";
-pub const FALLBACK_ARCHITECTURE: &str = "archer.dev/fallback-architecture";
+const MODE: &str = "archer.dev/mode";
+const PREFER: &str = "archer.dev/prefer";
+const ALLOWED_ARCHITECTURES: &str = "archer.dev/allowed-architectures";
+const ON_INSPECTION_FAILURE: &str = "archer.dev/on-inspection-failure";
+const FALLBACK_ARCHITECTURE: &str = "archer.dev/fallback-architecture";
 /// `"true"`: the patch rewrites each image reference to the digest that was inspected.
-pub const PIN_DIGESTS: &str = "archer.dev/pin-digests";
+const PIN_DIGESTS: &str = "archer.dev/pin-digests";
 /// `"false"`: a pod whose binary fails with an exec format error gets only the Event.
-pub const REPLACE_ON_EXEC_FORMAT_ERROR: &str = "archer.dev/replace-on-exec-format-error";
+const REPLACE_ON_EXEC_FORMAT_ERROR: &str = "archer.dev/replace-on-exec-format-error";
 /// Label that opts a namespace (via the webhook's namespaceSelector) or a pod (objectSelector) out.
 pub const IGNORE_LABEL: &str = "archer.dev/ignore";
 
@@ -126,7 +125,7 @@ impl Policy {
     }
 
     /// Rank of an architecture in the preference order (lower is better; unlisted last).
-    pub fn preference_rank(&self, arch: &str) -> usize {
+    pub(crate) fn preference_rank(&self, arch: &str) -> usize {
         self.prefer.iter().position(|p| p == arch).unwrap_or(self.prefer.len())
     }
 }

@@ -61,8 +61,9 @@ pub fn value(q: &str) -> Option<i64> {
     parse_scaled(q, 1)
 }
 
-pub const MIB: i64 = 1024 * 1024;
-pub const GIB: i64 = 1024 * MIB;
+pub(crate) const MIB: i64 = 1024 * 1024;
+#[cfg(test)]
+pub(crate) const GIB: i64 = 1024 * MIB;
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,7 @@ use std::fmt;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operator {
+enum Operator {
     In,
     NotIn,
     Exists,
@@ -174,7 +174,7 @@ impl Requirements {
         Ok(r)
     }
 
-    pub fn from_term(term: &NodeSelectorTerm) -> Result<Self, RequirementError> {
+    pub(crate) fn from_term(term: &NodeSelectorTerm) -> Result<Self, RequirementError> {
         Self::from_expressions(term.match_expressions.as_deref().unwrap_or(&[]))
     }
 
@@ -187,7 +187,7 @@ impl Requirements {
         self.keys.keys().map(String::as_str)
     }
 
-    pub fn intersect(&self, other: &Requirements) -> Requirements {
+    pub(crate) fn intersect(&self, other: &Requirements) -> Requirements {
         let mut keys = self.keys.clone();
         for (k, c) in &other.keys {
             let merged = keys.get(k).map_or(c.clone(), |e| e.intersect(c));
@@ -197,7 +197,7 @@ impl Requirements {
     }
 
     /// Some label set satisfies both.
-    pub fn compatible(&self, other: &Requirements) -> bool {
+    pub(crate) fn compatible(&self, other: &Requirements) -> bool {
         !self.intersect(other).keys.values().any(KeyConstraint::is_empty)
     }
 
@@ -208,7 +208,7 @@ impl Requirements {
 
     /// Labels a node made under these requirements carries for keys that list their values, as
     /// Karpenter labels a NodePool's custom requirement keys: the first value each allows.
-    pub fn implied_labels(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn implied_labels(&self) -> impl Iterator<Item = (&str, &str)> {
         self.keys.iter().filter_map(|(k, c)| c.values().and_then(|v| v.first().copied()).map(|v| (k.as_str(), v)))
     }
 
@@ -217,7 +217,8 @@ impl Requirements {
     }
 
     /// The first key no value can satisfy, for error messages.
-    pub fn conflict_with(&self, other: &Requirements) -> Option<String> {
+    #[cfg(test)]
+    fn conflict_with(&self, other: &Requirements) -> Option<String> {
         self.intersect(other).keys.into_iter().find(|(_, c)| c.is_empty()).map(|(k, _)| k)
     }
 }

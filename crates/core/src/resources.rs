@@ -10,8 +10,8 @@ use crate::sched::resources::{container_requests, effective_requests};
 
 /// The scheduler scores a container without requests as if it asked for this much
 /// (kube-scheduler's non-zero defaults), so "free" pods still have a size.
-pub const DEFAULT_CPU_MILLIS: i64 = 100;
-pub const DEFAULT_MEMORY_BYTES: i64 = 200 * quantity::MIB;
+const DEFAULT_CPU_MILLIS: i64 = 100;
+const DEFAULT_MEMORY_BYTES: i64 = 200 * quantity::MIB;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Resources {
@@ -40,7 +40,7 @@ impl Resources {
     }
 
     /// The larger of the CPU and memory shares of `of` this takes (0..).
-    pub fn dominant_share(self, of: Resources) -> f64 {
+    pub(crate) fn dominant_share(self, of: Resources) -> f64 {
         let cpu = if of.cpu_millis > 0 { self.cpu_millis as f64 / of.cpu_millis as f64 } else { f64::INFINITY };
         let mem = if of.memory_bytes > 0 { self.memory_bytes as f64 / of.memory_bytes as f64 } else { f64::INFINITY };
         cpu.max(mem)

@@ -235,7 +235,7 @@ fn oldest_of<T>(items: &[T], pick: impl Fn(&T) -> bool, at: impl Fn(&T) -> i64) 
 
 impl SafetyRecord {
     /// The architectures `digest` was found not to run on, for pods in `namespace` at `now`.
-    pub fn broken_arches(&self, digest: &str, namespace: &str, now: i64) -> BTreeSet<&str> {
+    fn broken_arches(&self, digest: &str, namespace: &str, now: i64) -> BTreeSet<&str> {
         self.broken.iter().filter(|b| b.digest == digest && b.holds(namespace, now)).map(|b| b.arch.as_str()).collect()
     }
 
@@ -423,7 +423,7 @@ impl Verdict {
 /// The key of a pod's template: its namespace, its controller, and the revision the controller
 /// stamps on it (`pod-template-hash`, `controller-revision-hash`, a Job's controller uid), else
 /// the controller's uid. `None` for a pod no controller owns.
-pub fn template_key(pod: &Pod) -> Option<String> {
+fn template_key(pod: &Pod) -> Option<String> {
     let owner = pod.metadata.owner_references.as_ref()?.iter().find(|o| o.controller == Some(true))?;
     let labels = pod.metadata.labels.as_ref();
     let revision = ["pod-template-hash", "controller-revision-hash", "batch.kubernetes.io/controller-uid", "controller-uid"]

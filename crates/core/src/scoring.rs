@@ -10,7 +10,7 @@ use super::policy::Policy;
 use super::resources::Resources;
 
 pub const MAX_SCORE: i64 = 10;
-pub const NEUTRAL_SCORE: i64 = 5;
+const NEUTRAL_SCORE: i64 = 5;
 
 #[derive(Debug, Clone)]
 pub struct Candidate {
@@ -22,7 +22,7 @@ pub struct Candidate {
 }
 
 /// The cost of running `pod` on `c`, before preference; `None` when it cannot be known.
-pub fn cost(pod: Resources, c: &Candidate) -> Option<f64> {
+pub(crate) fn cost(pod: Resources, c: &Candidate) -> Option<f64> {
     let price = c.price.filter(|p| p.is_finite() && *p >= 0.0)?;
     let share = pod.dominant_share(c.allocatable);
     let cost = price * share;
@@ -32,7 +32,7 @@ pub fn cost(pod: Resources, c: &Candidate) -> Option<f64> {
 
 /// Fraction taken off a node's cost for the namespace's preference: `bonus` for the most
 /// preferred architecture, decreasing linearly down the list, nothing for unlisted ones.
-pub fn preference_discount(policy: &Policy, arch: Option<&str>, bonus: f64) -> f64 {
+fn preference_discount(policy: &Policy, arch: Option<&str>, bonus: f64) -> f64 {
     let n = policy.prefer.len();
     match arch {
         Some(a) if n > 0 => {

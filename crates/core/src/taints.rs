@@ -19,7 +19,7 @@ pub fn tolerates(toleration: &Toleration, key: &str, value: &str, effect: &str) 
 }
 
 /// The first taint with a scheduling effect (NoSchedule, NoExecute) no toleration tolerates.
-pub fn untolerated<'a>(taints: &'a [k8s_openapi::api::core::v1::Taint], tolerations: &[Toleration]) -> Option<&'a k8s_openapi::api::core::v1::Taint> {
+pub(crate) fn untolerated<'a>(taints: &'a [k8s_openapi::api::core::v1::Taint], tolerations: &[Toleration]) -> Option<&'a k8s_openapi::api::core::v1::Taint> {
     taints
         .iter()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")

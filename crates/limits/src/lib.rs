@@ -155,7 +155,7 @@ impl MemoryBudget {
     }
 
     /// The gauge of bytes held and the counter of refusals by consumer, for the metrics registry.
-    pub fn metric_families(&self) -> (Gauge, Family<Labels, Counter>) {
+    fn metric_families(&self) -> (Gauge, Family<Labels, Counter>) {
         (self.inner.in_use.clone(), self.inner.refusals.clone())
     }
 

@@ -81,7 +81,7 @@ const SHAPE_FREE_KEYS: [&str; 10] = [
 
 /// Whether a pod selects nodes (node selector, required node affinity or topology spread) on a
 /// label that depends on the instance type (the type itself, its family, size, ...).
-pub fn selects_on_instance_shape(pod: &Pod) -> bool {
+pub(crate) fn selects_on_instance_shape(pod: &Pod) -> bool {
     let Some(spec) = pod.spec.as_ref() else { return false };
     let mut keys: Vec<&str> = spec.node_selector.iter().flatten().map(|(k, _)| k.as_str()).collect();
     let terms = spec.affinity.as_ref().and_then(|a| a.node_affinity.as_ref()).and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
@@ -95,7 +95,8 @@ pub fn selects_on_instance_shape(pod: &Pod) -> bool {
 
 /// The packer's view of a pod, with `platforms` decided by the caller (read from its scheduler
 /// view: [`PendingPod::from_info`]).
-pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> PendingPod {
+#[cfg(test)]
+pub(crate) fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> PendingPod {
     PendingPod::from_info(id, &PodInfo::from_pod(pod), platforms)
 }
 
@@ -104,7 +105,7 @@ pub fn pending_pod(id: &str, pod: &Pod, platforms: Option<PlatformSet>) -> Pendi
 /// with their room: taints a starting node sheds are left out, and a node (or claim) with no pods
 /// yet holds its DaemonSets' room. `skip` names nodes to leave out (those a disruption is about
 /// to remove).
-pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], namespaces: &[&Namespace], pools: &[Pool], skip: &dyn Fn(&str) -> bool) -> Snapshot {
+pub(crate) fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], namespaces: &[&Namespace], pools: &[Pool], skip: &dyn Fn(&str) -> bool) -> Snapshot {
     let mut snap = Snapshot::with_namespaces(namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.labels.clone().unwrap_or_default()))).collect());
     let bound = objects::usage_by_node(pods.iter().copied());
     let mut seen = std::collections::HashSet::new();
@@ -179,7 +180,7 @@ pub fn cluster_snapshot(nodes: &[&Node], claims: &[&NodeClaim], pods: &[&Pod], n
 /// (kube-scheduler is still binding the pods it was bought for). They are not planned again, and
 /// their room on that node is held, so the next batch neither buys a second node for them nor
 /// gives their room away. Afterwards a pod still pending is planned afresh.
-pub fn covered<'a>(claims: &[&NodeClaim], nodes: &[&Node], pods: &[&'a Pod]) -> Vec<(&'a Pod, String)> {
+pub(crate) fn covered<'a>(claims: &[&NodeClaim], nodes: &[&Node], pods: &[&'a Pod]) -> Vec<(&'a Pod, String)> {
     let by_name: HashMap<&str, &Node> = nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, *n))).collect();
     // Once the node is registered and Ready its free room is in the snapshot: a pod still
     // pending is planned again (it stays on that node if it still fits: `Pending::planned`).

@@ -16,7 +16,7 @@ use crate::{adapter, ClusterState};
 /// The NodeClaim for one planned node: its pool's template, the offering's shape and price, the
 /// pods it was planned for, `reason` (`provisioning`, `replacement`). `Err` says why there is
 /// none: the pool is gone from `state` or unusable, or the offering from `offerings`.
-pub fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &PlannedNode, reason: &str) -> Result<NodeClaim, String> {
+pub(crate) fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &PlannedNode, reason: &str) -> Result<NodeClaim, String> {
     let np = state.pools.iter().find(|p| p.name() == planned.pool).ok_or_else(|| format!("NodePool {} is gone", planned.pool))?;
     let pool = np.to_pool().map_err(|e| format!("NodePool {} is unusable: {e}", planned.pool))?;
     let offering = Offering::find(offerings, &planned.instance_type, &planned.zone, &planned.capacity_type)

@@ -138,12 +138,12 @@ impl ClusterState {
     }
 
     /// Every node by name, for lookups in a loop.
-    pub fn nodes_by_name(&self) -> HashMap<&str, &Arc<Node>> {
+    pub(crate) fn nodes_by_name(&self) -> HashMap<&str, &Arc<Node>> {
         self.nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, n))).collect()
     }
 
     /// Every launched claim by the name of its node ([`Self::claim_of_node`], for a loop).
-    pub fn claims_by_node(&self) -> HashMap<&str, &Arc<NodeClaim>> {
+    pub(crate) fn claims_by_node(&self) -> HashMap<&str, &Arc<NodeClaim>> {
         self.claims.iter().filter_map(|c| Some((c.status.as_ref()?.node_name.as_deref()?, c))).collect()
     }
 

@@ -70,10 +70,10 @@ pub struct Balance {
 }
 
 /// Karpenter's `BalancedK`.
-pub const BALANCED_K: f64 = 2.0;
+const BALANCED_K: f64 = 2.0;
 
 /// What draining a node costs in disruption: 1 (the drain itself) plus its moving pods'.
-pub fn node_disruption_cost(c: &Candidate<'_>) -> f64 {
+fn node_disruption_cost(c: &Candidate<'_>) -> f64 {
     1.0 + objects::evictable(&c.pods).iter().map(|p| objects::eviction_cost(p).max(0.0)).sum::<f64>()
 }
 
@@ -100,7 +100,7 @@ impl Balance {
     }
 
     /// Whether a move saving `saving` per hour at `disruption` passes.
-    pub fn approves(&self, saving: f64, disruption: f64) -> bool {
+    fn approves(&self, saving: f64, disruption: f64) -> bool {
         self.score(saving, disruption) >= 1.0 / BALANCED_K
     }
 }
@@ -179,7 +179,7 @@ pub fn consolidate_pool(world: &World<'_>, pool: &str, settings: &DisruptionSett
 }
 
 /// Empty candidates (no pods but DaemonSets'), at most `budget` of them.
-pub fn empty(pool: &str, candidates: &[&Candidate<'_>], budget: usize) -> Option<Decision> {
+pub(crate) fn empty(pool: &str, candidates: &[&Candidate<'_>], budget: usize) -> Option<Decision> {
     let gone: Vec<&Candidate> = candidates.iter().copied().filter(|c| objects::evictable(&c.pods).is_empty()).take(budget).collect();
     (!gone.is_empty()).then(|| Decision {
         pool: pool.to_string(),
@@ -245,7 +245,7 @@ impl Search {
 /// with one, the set unless a node alone saves more. At most `search.max_evaluations` sets are
 /// planned. A set can go when its pods all have a place (on the other nodes plus at most one
 /// replacement) and the re-plan saves more than the margin.
-pub fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>], budget: usize, search: Search) -> Option<Decision> {
+pub(crate) fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidate<'_>], budget: usize, search: Search) -> Option<Decision> {
     let mut order: Vec<&Candidate> = eligible.iter().copied().filter(|c| !c.pods.is_empty()).collect();
     if order.is_empty() || budget == 0 {
         return None;
@@ -328,7 +328,7 @@ fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'stati
 
 /// The pods that would move off each node (DaemonSet pods stay with their node): what a decision
 /// was taken on, compared again before it is acted on.
-pub fn signature(set: &[&Candidate<'_>]) -> BTreeMap<String, Vec<String>> {
+pub(crate) fn signature(set: &[&Candidate<'_>]) -> BTreeMap<String, Vec<String>> {
     set.iter()
         .map(|c| {
             let mut ids: Vec<String> = objects::evictable(&c.pods).iter().map(|p| objects::pod_id(p)).collect();

@@ -13,7 +13,7 @@ use archer_core::platform::PlatformSet;
 
 /// `pod` rewritten for amd64 when its own constraints pin it to arm64 and its images (when known)
 /// run on amd64; `None` otherwise (it is compared as it is).
-pub fn on_amd64(pod: &Pod, platforms: Option<&PlatformSet>) -> Option<Pod> {
+pub(crate) fn on_amd64(pod: &Pod, platforms: Option<&PlatformSet>) -> Option<Pod> {
     if platforms.is_some_and(|p| !p.architectures().contains("amd64")) {
         return None;
     }

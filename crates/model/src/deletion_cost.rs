@@ -40,7 +40,7 @@ pub struct CostWrite {
 
 /// The deletion cost of the pods on node `name` priced `price` $/h: dearer nodes lower (to the
 /// thousandth of a dollar), nodes of one price ordered by a hash of the name.
-pub fn node_cost(name: &str, price: Option<f64>) -> i32 {
+fn node_cost(name: &str, price: Option<f64>) -> i32 {
     let millis = price.filter(|p| p.is_finite() && *p > 0.0).map_or(0, |p| ((p * 1000.0).round() as i64).min(MAX_PRICE_MILLIS));
     let key = (MAX_PRICE_MILLIS - millis) * PRICE_STEP + i64::from(fnv1a(name) % PRICE_STEP as u32);
     i32::try_from(key).unwrap_or(i32::MAX)

@@ -10,11 +10,11 @@ use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
 
 /// On a NodeClaim: the hash of its pool's node template when it was written.
-pub const POOL_HASH_ANNOTATION: &str = "archer.dev/nodepool-hash";
+pub(crate) const POOL_HASH_ANNOTATION: &str = "archer.dev/nodepool-hash";
 
 /// The hash of the parts of a pool's template that shape a node (requirements are checked
 /// against the node's labels instead, as Karpenter does, so widening them drifts nothing).
-pub fn pool_hash(pool: &NodePool) -> String {
+pub(crate) fn pool_hash(pool: &NodePool) -> String {
     let t = &pool.spec.template;
     let shape = serde_json::json!({
         "labels": t.metadata.labels,
@@ -27,7 +27,7 @@ pub fn pool_hash(pool: &NodePool) -> String {
 }
 
 /// Why a claim's node has drifted from its pool, if it has. `node_label` reads the node's labels.
-pub fn drift_reason(claim: &NodeClaim, pool: &NodePool, node_label: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+pub(crate) fn drift_reason(claim: &NodeClaim, pool: &NodePool, node_label: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     let recorded = claim.metadata.annotations.as_ref().and_then(|a| a.get(POOL_HASH_ANNOTATION));
     if let Some(h) = recorded {
         if *h != pool_hash(pool) {

@@ -41,12 +41,12 @@ use crate::ClusterState;
 
 /// How long after its plan a pod may wait for its planned node: to be created, or to be
 /// accepted by kube-scheduler's spread.
-pub const PLAN_PATIENCE: Duration = Duration::from_secs(60);
+const PLAN_PATIENCE: Duration = Duration::from_secs(60);
 
 /// How long after Archer saw a node finish registering kube-scheduler may still filter on a view
 /// in which it has not (its informer lags under load; tens of milliseconds were seen on a busy
 /// 2-core machine, where a pod then bound to a sibling node the plan had counted on for others).
-pub const SCHEDULER_VIEW_LAG: Duration = Duration::from_secs(5);
+const SCHEDULER_VIEW_LAG: Duration = Duration::from_secs(5);
 
 /// The plan's node for a pod, and why every other candidate is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -91,7 +91,7 @@ pub fn keep(state: &ClusterState, instances: &[Instance], settings: KeeperSettin
 
 /// Whether a claim whose launch failed is due another attempt: 10 s after the first failure,
 /// doubling up to 5 minutes.
-pub fn retry_due(c: &NodeClaim, now: OffsetDateTime) -> bool {
+fn retry_due(c: &NodeClaim, now: OffsetDateTime) -> bool {
     let Some(s) = c.status.as_ref() else { return true };
     let attempts = s.launch_attempts.unwrap_or(0);
     if attempts == 0 {

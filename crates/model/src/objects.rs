@@ -60,7 +60,7 @@ fn eager_scheduler(spec: &k8s_openapi::api::core::v1::PodSpec, eager: &[String])
 }
 
 /// Requests of the live pods bound to each node.
-pub fn usage_by_node<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> HashMap<String, (Resources, Vec<&'a Pod>)> {
+pub(crate) fn usage_by_node<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> HashMap<String, (Resources, Vec<&'a Pod>)> {
     let mut m: HashMap<String, (Resources, Vec<&Pod>)> = HashMap::new();
     for p in pods {
         let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).filter(|n| !n.is_empty()) else { continue };
@@ -79,7 +79,7 @@ pub fn node_ready(n: &Node) -> bool {
 }
 
 /// How long the node has been Ready (from its Ready condition's last transition), if it is.
-pub fn ready_for(n: &Node) -> Option<std::time::Duration> {
+pub(crate) fn ready_for(n: &Node) -> Option<std::time::Duration> {
     let c = n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;
     age_of(&c.last_transition_time.as_ref()?.0.to_string())
 }
@@ -90,12 +90,12 @@ pub fn has_taint(node: &Node, key: &str) -> bool {
 }
 
 /// How long ago an RFC 3339 timestamp was (`None`: unparseable or in the future).
-pub fn age_of(t: &str) -> Option<std::time::Duration> {
+fn age_of(t: &str) -> Option<std::time::Duration> {
     age_at(t, time::OffsetDateTime::now_utc())
 }
 
 /// How long before `now` the RFC 3339 time `t` was (`None`: unreadable, or after `now`).
-pub fn age_at(t: &str, now: time::OffsetDateTime) -> Option<std::time::Duration> {
+pub(crate) fn age_at(t: &str, now: time::OffsetDateTime) -> Option<std::time::Duration> {
     let then = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
     (now - then).try_into().ok()
 }
@@ -106,7 +106,7 @@ pub fn node_leaving(node: &Node) -> bool {
 }
 
 /// A DaemonSet's pod as a load on the nodes it would run on.
-pub fn daemon_load(d: &DaemonSet) -> DaemonLoad {
+pub(crate) fn daemon_load(d: &DaemonSet) -> DaemonLoad {
     let t = d.spec.as_ref().map(|s| &s.template);
     let pod = Pod { metadata: t.and_then(|t| t.metadata.clone()).unwrap_or_default(), spec: t.and_then(|t| t.spec.clone()), status: None };
     let spec = pod.spec.as_ref();
@@ -155,7 +155,7 @@ pub fn packer_pools(pools: &[&NodePool], claims: &[&NodeClaim], daemons: &[Daemo
 }
 
 /// A Karpenter-style duration: `30s`, `5m`, `720h`, `1h30m`; `Never` is `None`.
-pub fn parse_duration(s: &str) -> Result<Option<Duration>, String> {
+fn parse_duration(s: &str) -> Result<Option<Duration>, String> {
     if s.eq_ignore_ascii_case("never") {
         return Ok(None);
     }
@@ -236,7 +236,7 @@ impl DisruptionSettings {
 /// its priority / 2^25, clamped to [-10, 10]. A deletion cost Archer wrote itself (recorded in
 /// `archer.dev/deletion-cost`: the node's price order, for scale-downs) is not the owner's and is
 /// left out.
-pub fn eviction_cost(pod: &Pod) -> f64 {
+pub(crate) fn eviction_cost(pod: &Pod) -> f64 {
     let annotations = pod.metadata.annotations.as_ref();
     let get = |k: &str| annotations.and_then(|a| a.get(k));
     let deletion = get(archer_core::labels::POD_DELETION_COST).filter(|v| get(archer_core::labels::ARCHER_DELETION_COST) != Some(*v)).and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| v.is_finite()).unwrap_or(0.0);
@@ -246,13 +246,13 @@ pub fn eviction_cost(pod: &Pod) -> f64 {
 
 /// Is the object (pod or node) annotated `archer.dev/do-not-disrupt` or
 /// `karpenter.sh/do-not-disrupt` = "true"?
-pub fn do_not_disrupt(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+pub(crate) fn do_not_disrupt(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
     let a = meta.annotations.as_ref();
     [labels::DO_NOT_DISRUPT, labels::KARPENTER_DO_NOT_DISRUPT].iter().any(|k| a.and_then(|a| a.get(*k)).map(String::as_str) == Some("true"))
 }
 
 /// Pods on a node that block its voluntary disruption, and why.
-pub fn disruption_blocker(pods: &[&Pod]) -> Option<String> {
+pub(crate) fn disruption_blocker(pods: &[&Pod]) -> Option<String> {
     for p in pods {
         if do_not_disrupt(&p.metadata) {
             return Some(format!("pod {} is annotated do-not-disrupt", pod_id(p)));
@@ -276,7 +276,7 @@ pub fn evictable<'a>(pods: &[&'a Pod]) -> Vec<&'a Pod> {
 /// has not settled. Pods still wait for capacity Archer is providing (`waiting`: pending pods
 /// the last plan could place), or a claim of the pool has no Ready, registered node yet. A node
 /// launched for pending pods is empty until they land; taking it then undoes the launch.
-pub fn consolidation_hold(pool: &str, claims: &[&NodeClaim], nodes: &[&Node], waiting: &[String]) -> Option<String> {
+pub(crate) fn consolidation_hold(pool: &str, claims: &[&NodeClaim], nodes: &[&Node], waiting: &[String]) -> Option<String> {
     if let Some(p) = waiting.first() {
         return Some(format!("pod {p} is waiting for capacity"));
     }

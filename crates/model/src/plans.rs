@@ -50,14 +50,12 @@ impl Plans {
     }
 
     /// When the node was seen to finish registering, if it was recently.
-    pub fn registered_at(&self, node: &str) -> Option<i64> {
+    pub(crate) fn registered_at(&self, node: &str) -> Option<i64> {
         self.registered.get(node).copied()
     }
-}
 
-impl Plans {
     /// How long ago `at_ms` was (a time not yet come reads as now).
-    pub fn age(&self, at_ms: i64) -> std::time::Duration {
+    pub(crate) fn age(&self, at_ms: i64) -> std::time::Duration {
         std::time::Duration::from_millis(u64::try_from(self.now_ms.saturating_sub(at_ms)).unwrap_or(0))
     }
 }

@@ -20,7 +20,7 @@ use crate::{adapter, claims, ClusterState};
 /// The planner's view of `pods` through the one adapter, with the platforms `state` knows. Each
 /// carries the node an earlier plan put it on: the state's plans (this process's latest), else
 /// the live claims' record (after a restart).
-pub fn pending_pods<P: std::borrow::Borrow<Pod>>(state: &ClusterState, pods: &[P], volumes: &Volumes, preferences: Policy) -> Vec<Pending> {
+fn pending_pods<P: std::borrow::Borrow<Pod>>(state: &ClusterState, pods: &[P], volumes: &Volumes, preferences: Policy) -> Vec<Pending> {
     let claimed = state.planned_nodes();
     pods.iter()
         .map(|p| {

@@ -47,11 +47,11 @@ impl ReadAllowance {
     }
 }
 
-pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
-pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-pub const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+prettyjws";
+pub(crate) const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub(crate) const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub(crate) const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+prettyjws";
 pub(crate) const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json;q=0.9, application/vnd.docker.distribution.manifest.v1+prettyjws;q=0.5, application/json;q=0.1";
 const ATTESTATION_ANNOTATION: &str = "vnd.docker.reference.type";
 const MAX_RATE_LIMIT_RETRIES: usize = 3;
@@ -472,7 +472,7 @@ impl Repo<'_> {
 }
 
 /// `Bearer realm="https://auth.docker.io/token",service="registry.docker.io"` -> ("Bearer", {...}).
-pub fn parse_challenge(header: &str) -> (String, BTreeMap<String, String>) {
+fn parse_challenge(header: &str) -> (String, BTreeMap<String, String>) {
     let header = header.trim();
     let (scheme, rest) = header.split_once(' ').unwrap_or((header, ""));
     let mut params = BTreeMap::new();
@@ -526,7 +526,7 @@ fn httpdate_parse(v: &str) -> Option<std::time::SystemTime> {
     Some(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(dt.unix_timestamp()).ok()?))
 }
 
-pub fn verify_digest(expected: &str, body: &[u8]) -> Result<(), RegistryError> {
+pub(crate) fn verify_digest(expected: &str, body: &[u8]) -> Result<(), RegistryError> {
     let actual = match expected.split_once(':') {
         Some(("sha256", _)) => format!("sha256:{}", hex::encode(Sha256::digest(body))),
         Some(("sha512", _)) => format!("sha512:{}", hex::encode(Sha512::digest(body))),

@@ -52,7 +52,7 @@ impl RegistryError {
     }
 
     /// Worth trying the next endpoint (a mirror failing falls back to the origin).
-    pub fn is_endpoint_failure(&self) -> bool {
+    pub(crate) fn is_endpoint_failure(&self) -> bool {
         matches!(
             self,
             RegistryError::Unavailable(_) | RegistryError::NotFound(_) | RegistryError::RateLimited | RegistryError::Unauthorized { .. }

@@ -15,7 +15,7 @@ use url::{Host, Url};
 use super::error::RegistryError;
 use super::reference::normalise_registry;
 
-pub const MAX_REDIRECTS: usize = 3;
+pub(crate) const MAX_REDIRECTS: usize = 3;
 /// Cloud metadata and host-agent addresses outside the link-local ranges (which are refused
 /// whole): AWS IMDS over IPv6, GCP's IPv6 metadata server, Alibaba Cloud's metadata server,
 /// Azure's wire server (168.63.129.16, which also answers instance metadata and health probes)
@@ -70,7 +70,7 @@ impl AddressGuard {
 
     /// Does `url` address an insecure registry's exact host:port? A URL without a port uses its
     /// scheme's default, which only an entry without a port names.
-    pub fn is_insecure_url(&self, url: &Url) -> bool {
+    pub(crate) fn is_insecure_url(&self, url: &Url) -> bool {
         let host = match url.host() {
             Some(Host::Ipv6(v6)) => format!("[{v6}]"),
             Some(h) => h.to_string(),
@@ -83,7 +83,7 @@ impl AddressGuard {
     }
 
     /// May Archer ask this registry (by name) at all?
-    pub fn check_registry(&self, registry: &str) -> Result<(), RegistryError> {
+    pub(crate) fn check_registry(&self, registry: &str) -> Result<(), RegistryError> {
         if self.deny_registries.contains(registry) || self.deny_registries.contains(host_of(registry)) {
             return Err(RegistryError::Forbidden(format!("{registry} (on the deny list)")));
         }
@@ -94,7 +94,7 @@ impl AddressGuard {
     }
 
     /// Reason an address is refused, if it is.
-    pub fn forbidden_ip(&self, ip: IpAddr) -> Option<&'static str> {
+    fn forbidden_ip(&self, ip: IpAddr) -> Option<&'static str> {
         let ip = match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
             v4 => v4,
@@ -114,7 +114,7 @@ impl AddressGuard {
 
     /// Check a URL before it is requested (first request, token realm, every redirect).
     /// IP literals are checked here; names are checked by [`GuardedResolver`] after resolution.
-    pub fn check_url(&self, url: &Url) -> Result<(), RegistryError> {
+    pub(crate) fn check_url(&self, url: &Url) -> Result<(), RegistryError> {
         let host_port = match (url.host_str(), url.port()) {
             (Some(h), Some(p)) => format!("{h}:{p}"),
             (Some(h), None) => h.to_string(),
@@ -145,7 +145,7 @@ impl AddressGuard {
     }
 
     /// A name some insecure registry is listed under (at one port or the default one).
-    pub fn name_exempt(&self, name: &str) -> bool {
+    pub(crate) fn name_exempt(&self, name: &str) -> bool {
         self.insecure.iter().any(|i| host_of(i).trim_start_matches('[').trim_end_matches(']') == name.trim_start_matches('[').trim_end_matches(']'))
     }
 }
@@ -162,7 +162,7 @@ fn host_of(registry: &str) -> &str {
 /// sees no port, so the one that exempts insecure registries' names (`exempt_insecure`) serves
 /// only requests to their exact host:port (see `RegistryClient`).
 #[derive(Clone)]
-pub struct GuardedResolver {
+pub(crate) struct GuardedResolver {
     pub guard: Arc<AddressGuard>,
     pub exempt_insecure: bool,
 }

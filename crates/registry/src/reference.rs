@@ -5,14 +5,14 @@
 
 use std::fmt;
 
-pub const DEFAULT_REGISTRY: &str = "docker.io";
+const DEFAULT_REGISTRY: &str = "docker.io";
 /// The OCI distribution spec's bounds: a name (registry host, `/`, repository) of at most 255
 /// characters, a tag of at most 128, and a digest (sha512 is the longest Archer accepts).
 const MAX_NAME_LEN: usize = 255;
 const MAX_TAG_LEN: usize = 128;
 const MAX_DIGEST_LEN: usize = "sha512:".len() + 128;
 /// The longest reference the spec allows: `name:tag@digest`.
-pub const MAX_REFERENCE_LEN: usize = MAX_NAME_LEN + 1 + MAX_TAG_LEN + 1 + MAX_DIGEST_LEN;
+const MAX_REFERENCE_LEN: usize = MAX_NAME_LEN + 1 + MAX_TAG_LEN + 1 + MAX_DIGEST_LEN;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ImageRef {
@@ -91,7 +91,8 @@ impl ImageRef {
     }
 
     /// The host to send API requests to (Docker Hub's API lives on another name).
-    pub fn api_host(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn api_host(&self) -> &str {
         api_host(&self.registry)
     }
 
@@ -101,7 +102,7 @@ impl ImageRef {
     }
 }
 
-pub fn api_host(registry: &str) -> &str {
+pub(crate) fn api_host(registry: &str) -> &str {
     if registry == DEFAULT_REGISTRY {
         "registry-1.docker.io"
     } else {

@@ -15,7 +15,7 @@ fn invalid(source_name: &str, message: String) -> CatalogError {
 }
 
 /// Parse a provider CSV; every `ondemand_usd_per_hour_<region>` column is a region's price.
-pub fn parse_csv(provider: &str, text: &str) -> Result<Vec<InstanceType>, CatalogError> {
+pub(crate) fn parse_csv(provider: &str, text: &str) -> Result<Vec<InstanceType>, CatalogError> {
     let mut reader = csv::ReaderBuilder::new().trim(csv::Trim::All).from_reader(text.as_bytes());
     let headers = reader.headers().map_err(|e| invalid(provider, format!("header: {e}")))?.clone();
     let col = |name: &str| headers.iter().position(|h| h == name);
@@ -148,7 +148,7 @@ fn linux() -> String {
 }
 
 impl InstanceTypeEntry {
-    pub fn into_instance_type(self, source_name: &str) -> Result<InstanceType, CatalogError> {
+    pub(crate) fn into_instance_type(self, source_name: &str) -> Result<InstanceType, CatalogError> {
         let cpu_s = self.allocatable.get("cpu").cloned().unwrap_or_default();
         let mem_s = self.allocatable.get("memory").cloned().unwrap_or_default();
         let cpu = quantity::cpu_millis(&cpu_s).ok_or_else(|| invalid(source_name, format!("{}: allocatable.cpu {cpu_s:?}", self.name)))?;

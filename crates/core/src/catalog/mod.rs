@@ -19,15 +19,15 @@ pub use crate::instance::{CapacityType, InstanceType};
 pub use file::{CatalogFile, PriceOverride, PriceRule};
 
 /// The catalog built into the binary.
-pub const EMBEDDED_CSV: &[(&str, &str)] = &[
+const EMBEDDED_CSV: &[(&str, &str)] = &[
     ("aws", include_str!("../../data/catalog/aws-ec2-instance-types.csv")),
     ("azure", include_str!("../../data/catalog/azure-vm-sizes.csv")),
 ];
-pub const DEFAULT_REGION: &str = "us-east-1";
+const DEFAULT_REGION: &str = "us-east-1";
 /// The region Azure pools plan in when nothing names one (their zones default to its three).
 pub const DEFAULT_AZURE_REGION: &str = "eastus";
 /// Spot capacity is typically 60-70% below on-demand; a planning estimate, overridable.
-pub const DEFAULT_SPOT_DISCOUNT: f64 = 0.65;
+const DEFAULT_SPOT_DISCOUNT: f64 = 0.65;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
@@ -68,7 +68,7 @@ impl Catalog {
         Ok(c)
     }
 
-    pub fn apply_file(&mut self, path: &Path) -> Result<(), CatalogError> {
+    fn apply_file(&mut self, path: &Path) -> Result<(), CatalogError> {
         let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read { path: path.display().to_string(), source })?;
         if path.extension().is_some_and(|e| e == "csv") {
             let provider = path.file_stem().and_then(|s| s.to_str()).unwrap_or("user");

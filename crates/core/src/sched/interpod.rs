@@ -15,7 +15,7 @@ use super::{DomainRule, NodeInfo, PodInfo, Snapshot, Unfit};
 type Domain = (String, String);
 
 #[derive(Debug, Clone)]
-pub struct State {
+pub(crate) struct State {
     /// Domains holding a pod that matches all the incoming pod's affinity terms (per term key).
     affinity: BTreeSet<Domain>,
     /// Whether the pod matches its own affinity terms.
@@ -88,7 +88,7 @@ impl State {
     }
 
     /// What a new node's domains must be for the pod (see [`Snapshot::new_node_domains`]).
-    pub fn domain_rules(&self) -> Result<Vec<DomainRule>, Unfit> {
+    pub(crate) fn domain_rules(&self) -> Result<Vec<DomainRule>, Unfit> {
         use crate::labels::HOSTNAME;
         let mut rules: BTreeMap<(String, bool), BTreeSet<String>> = BTreeMap::new();
         for (k, v) in self.anti.iter().chain(&self.existing_anti) {

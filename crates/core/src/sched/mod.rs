@@ -205,7 +205,7 @@ impl Volumes {
 
     /// The node affinity each of the pod's bound claims imposes. A claim not bound yet (its
     /// class binds on first consumer) imposes nothing: the volume follows the pod.
-    pub fn terms_for(&self, pod: &Pod) -> Vec<Vec<NodeSelectorTerm>> {
+    fn terms_for(&self, pod: &Pod) -> Vec<Vec<NodeSelectorTerm>> {
         let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
         pod.spec
             .iter()
@@ -252,7 +252,7 @@ impl NodeInfo {
 
 /// A requirement on a topology domain of a new node: `key In values` or `key NotIn values`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DomainRule {
+pub(crate) struct DomainRule {
     pub key: String,
     pub allowed: bool,
     pub values: BTreeSet<String>,
@@ -314,7 +314,7 @@ pub struct Snapshot {
 }
 
 /// A score per topology domain: `(key, value)` -> score.
-pub type TopologyScores = BTreeMap<(String, String), i64>;
+type TopologyScores = BTreeMap<(String, String), i64>;
 
 /// What a running pod's required affinity term that selects the incoming pod adds to a node's
 /// score (kube-scheduler's `hardPodAffinityWeight`, 1 by default).
@@ -348,7 +348,7 @@ impl Snapshot {
         Snapshot { namespace_labels, ..Default::default() }
     }
 
-    pub fn node_index(&self, name: &str) -> Option<usize> {
+    pub(crate) fn node_index(&self, name: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.name == name)
     }
 
@@ -380,7 +380,7 @@ impl Snapshot {
     /// topology key; a preferred anti-affinity term takes its weight away; a required affinity
     /// term that selects `pod` adds 1 (`hardPodAffinityWeight`). `(key, value)` -> score. The
     /// incoming pod's own preferences are scored by the planner.
-    pub fn affinity_scores(&self, pod: &PodInfo) -> TopologyScores {
+    pub(crate) fn affinity_scores(&self, pod: &PodInfo) -> TopologyScores {
         let own_ns = self.ns_labels(&pod.namespace);
         let mut cache = self.scoring.borrow_mut();
         let (done, scores) = cache.entry((pod.namespace.clone(), pod.labels.clone())).or_default();
@@ -403,12 +403,13 @@ impl Snapshot {
     }
 
     /// Every node the pod may be bound to, or for each node why not.
-    pub fn feasible(&self, pod: &PodInfo) -> Vec<Result<usize, (usize, Unfit)>> {
+    pub(crate) fn feasible(&self, pod: &PodInfo) -> Vec<Result<usize, (usize, Unfit)>> {
         self.memo.borrow_mut().with(self, pod, |spread, interpod| (0..self.nodes.len()).map(|i| self.filter(pod, i, spread, interpod).map(|()| i).map_err(|e| (i, e))).collect())
     }
 
     /// The first node (in snapshot order) that takes the pod, or the reasons for each refusal.
-    pub fn first_fit(&self, pod: &PodInfo) -> Result<usize, Vec<(usize, Unfit)>> {
+    #[cfg(test)]
+    fn first_fit(&self, pod: &PodInfo) -> Result<usize, Vec<(usize, Unfit)>> {
         let mut why = Vec::new();
         for r in self.feasible(pod) {
             match r {
@@ -430,7 +431,7 @@ impl Snapshot {
     /// affinity and anti-affinity (its own and running pods') the domains it must or must not be
     /// in. Hostname-keyed rules need nothing: a new node is a domain of its own, except affinity
     /// to a pod already running on some node, which no new node meets. `Err`: no domain can work.
-    pub fn new_node_domains(&self, pod: &PodInfo) -> Result<Vec<DomainRule>, Unfit> {
+    pub(crate) fn new_node_domains(&self, pod: &PodInfo) -> Result<Vec<DomainRule>, Unfit> {
         self.memo.borrow_mut().with(self, pod, |spread, interpod| {
             let mut rules = spread.allowed(pod)?;
             rules.extend(interpod.domain_rules()?);
@@ -481,7 +482,7 @@ impl Snapshot {
 
     /// Does node `i` have room for the pod: free host ports, a pod slot, and every requested
     /// resource (NodePorts and NodeResourcesFit)? The rest of the filters aside.
-    pub fn room_for(&self, pod: &PodInfo, i: usize) -> Result<(), Unfit> {
+    fn room_for(&self, pod: &PodInfo, i: usize) -> Result<(), Unfit> {
         let node = &self.nodes[i];
         let used_ports = node.pods.iter().flat_map(|&p| self.pods[p].host_ports.iter());
         if used_ports.into_iter().any(|u| pod.host_ports.iter().any(|w| w.conflicts(u))) {

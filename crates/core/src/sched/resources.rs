@@ -43,7 +43,7 @@ impl ResourceList {
 
     /// The first resource of `self` (a request) that `free` cannot hold: (name, requested, free).
     /// Resources requested at zero are never checked, as kube-scheduler does.
-    pub fn first_short(&self, free: &ResourceList) -> Option<(&str, i64, i64)> {
+    pub(crate) fn first_short(&self, free: &ResourceList) -> Option<(&str, i64, i64)> {
         self.0.iter().filter(|(_, v)| **v > 0).find(|(k, v)| **v > free.get(k)).map(|(k, v)| (k.as_str(), *v, free.get(k)))
     }
 }
@@ -57,7 +57,7 @@ fn amount(name: &str, q: &str) -> Option<i64> {
 }
 
 /// What one container requests of every resource.
-pub fn container_requests(c: &Container) -> ResourceList {
+pub(crate) fn container_requests(c: &Container) -> ResourceList {
     // A limit without a request defaults the request (API defaulting; pods read back from the
     // API server already carry it, pods from YAML may not).
     let r = c.resources.as_ref();
@@ -77,7 +77,7 @@ pub fn pod_requests(pod: &Pod) -> ResourceList {
 /// non-zero defaults are applied there when a caller wants them): regular containers summed,
 /// sidecars added, each other init container as the peak it reaches on top of the sidecars
 /// started before it, plus the pod's overhead. Resources requested at zero are left out.
-pub fn effective_requests(pod: &Pod, container: &dyn Fn(&Container) -> ResourceList) -> ResourceList {
+pub(crate) fn effective_requests(pod: &Pod, container: &dyn Fn(&Container) -> ResourceList) -> ResourceList {
     let Some(spec) = &pod.spec else { return ResourceList::default() };
     let mut sidecars = ResourceList::default();
     let mut init_peak = ResourceList::default();

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-pub type Labels = BTreeMap<String, String>;
+pub(crate) type Labels = BTreeMap<String, String>;
 
 /// A `metav1.LabelSelector` as `LabelSelectorAsSelector` reads it: `None` selects nothing, an
 /// empty selector selects everything.
@@ -73,7 +73,7 @@ impl Selector {
     }
 
     /// Add `key In [value]` (how `matchLabelKeys` narrows a selector to the pod's own value).
-    pub fn and_equals(mut self, key: &str, value: &str) -> Self {
+    pub(crate) fn and_equals(mut self, key: &str, value: &str) -> Self {
         if let Some(r) = &mut self.requirements {
             r.push(Requirement { key: key.into(), op: Op::In, values: vec![value.into()], source: Source::LabelKeys });
         }
@@ -92,13 +92,13 @@ impl Selector {
 
     /// The labels a pod must carry to be selected by equality: `matchLabels` and the values
     /// `matchLabelKeys` took from the pod's own labels (a later key wins).
-    pub fn group_labels(&self) -> BTreeMap<&str, &str> {
+    pub(crate) fn group_labels(&self) -> BTreeMap<&str, &str> {
         self.of(&[Source::Labels, Source::LabelKeys]).filter_map(|r| Some((r.key.as_str(), r.values.first()?.as_str()))).collect()
     }
 
     /// The keys the selector names as written (`matchLabels` and `matchExpressions`), sorted,
     /// each once.
-    pub fn written_keys(&self) -> Vec<&str> {
+    pub(crate) fn written_keys(&self) -> Vec<&str> {
         let mut keys: Vec<&str> = self.of(&[Source::Labels, Source::Expressions]).map(|r| r.key.as_str()).collect();
         keys.sort_unstable();
         keys.dedup();
@@ -124,18 +124,18 @@ impl Selector {
 }
 
 /// A node's fields a `matchFields` term may name (only `metadata.name` exists).
-pub struct NodeFields<'a> {
+pub(crate) struct NodeFields<'a> {
     pub name: &'a str,
     pub labels: &'a Labels,
 }
 
 /// A required node selector: the terms are ORed; a term's expressions and fields are ANDed; a
 /// term with neither matches nothing.
-pub fn node_matches_terms(terms: &[NodeSelectorTerm], node: &NodeFields<'_>) -> bool {
+pub(crate) fn node_matches_terms(terms: &[NodeSelectorTerm], node: &NodeFields<'_>) -> bool {
     terms.iter().any(|t| term_matches(t, node))
 }
 
-pub fn term_matches(term: &NodeSelectorTerm, node: &NodeFields<'_>) -> bool {
+fn term_matches(term: &NodeSelectorTerm, node: &NodeFields<'_>) -> bool {
     let exprs = term.match_expressions.as_deref().unwrap_or_default();
     let fields = term.match_fields.as_deref().unwrap_or_default();
     if exprs.is_empty() && fields.is_empty() {

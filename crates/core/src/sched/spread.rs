@@ -57,7 +57,7 @@ impl Constraint {
 
 /// Matching pods per domain for each constraint, computed once per incoming pod.
 #[derive(Debug, Clone)]
-pub struct State {
+pub(crate) struct State {
     counts: Vec<BTreeMap<String, i64>>,
 }
 
