@@ -1,6 +1,6 @@
 //! Azure. Always: the `AKSNodeClass` custom resource ([`nodeclass`]), so a pool names its Azure
 //! settings the way Karpenter on Azure's do; the sizes, prices and labels are the catalog's
-//! (`archer_core::catalog`, `archer_core::cloud_labels`). With the `provider` feature (the
+//! (`archer_core::catalog`, whose facts give each cloud's well-known labels). With the `provider` feature (the
 //! binary's `azure`), the VM provider, which launches through Azure Resource Manager:
 //!
 //! - `auth`: workload identity tokens; `arm`: the thin ARM client (pages, long-running
