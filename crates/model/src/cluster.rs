@@ -197,7 +197,7 @@ impl ClusterState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -243,13 +243,11 @@ mod tests {
         assert_eq!(state.pod_platforms(&recorded), Some(set("linux/amd64")), "the webhook's record comes first");
     }
 
-    /// The webhook recorded the pod's platforms before the safety net found its image broken on
-    /// arm64: the plan must not buy arm64 for it (the extender would refuse that node).
-    #[test]
-    fn a_pod_annotated_before_a_detection_is_not_planned_onto_the_broken_architecture() {
-        use archer_core::safety_net::{Broken, Limits};
+    /// A pending pod `shop/web` (500m, 512Mi, image `example.com/web:1`) with `annotations`, and
+    /// the on-demand pool `general` of m6g.large and m6i.large: the arm64 node is the cheaper.
+    pub(crate) fn web_pod_and_pool(annotations: serde_json::Value) -> (Pod, NodePool) {
         let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "annotations": {"archer.dev/platforms": "linux/amd64,linux/arm64"}},
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "annotations": annotations},
             "spec": {"containers": [{"name": "c", "image": "example.com/web:1", "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]},
             "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}))
         .expect("pod");
@@ -257,6 +255,15 @@ mod tests {
             "spec": {"template": {"spec": {"requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
                 {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m6g.large", "m6i.large"]}]}}}}))
         .expect("pool");
+        (pod, pool)
+    }
+
+    /// The webhook recorded the pod's platforms before the safety net found its image broken on
+    /// arm64: the plan must not buy arm64 for it (the extender would refuse that node).
+    #[test]
+    fn a_pod_annotated_before_a_detection_is_not_planned_onto_the_broken_architecture() {
+        use archer_core::safety_net::{Broken, Limits};
+        let (pod, pool) = web_pod_and_pool(json!({"archer.dev/platforms": "linux/amd64,linux/arm64"}));
         let mut state = ClusterState { pods: vec![Arc::new(pod.clone())], pools: vec![Arc::new(pool)], offerings: Arc::new(Offering::embedded_on_demand()), now_ms: 1_000_000, ..Default::default() };
         let arch_planned = |state: &ClusterState| {
             let pools = state.packer_pools();

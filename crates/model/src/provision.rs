@@ -55,19 +55,11 @@ mod tests {
     #![allow(clippy::expect_used, reason = "test code")]
     use super::*;
     use crate::plans::{Placement, Plans};
-    use archer_api::nodepool::NodePool;
     use archer_core::packer::Offering;
     use serde_json::json;
 
     fn state() -> (ClusterState, Arc<Pod>) {
-        let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
-            "spec": {"containers": [{"name": "c", "image": "example.com/web:1", "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]},
-            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}))
-        .expect("pod");
-        let pool: NodePool = serde_json::from_value(json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodePool", "metadata": {"name": "general"},
-            "spec": {"template": {"spec": {"requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
-                {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m6g.large", "m6i.large"]}]}}}}))
-        .expect("pool");
+        let (pod, pool) = crate::cluster::tests::web_pod_and_pool(json!({}));
         let pod = Arc::new(pod);
         (ClusterState { pods: vec![pod.clone()], pools: vec![Arc::new(pool)], offerings: Arc::new(Offering::embedded_on_demand()), ..Default::default() }, pod)
     }
