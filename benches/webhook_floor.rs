@@ -64,7 +64,7 @@ fn start_floor(certs: &std::path::Path) -> String {
             let store = archer::server::tls::CertStore::load(&certs.join("tls.crt"), &certs.join("tls.key")).expect("certs");
             let (listener, addr) = archer::server::bind("127.0.0.1:0").await.expect("bind");
             let metrics = Arc::new(archer::metrics::Metrics::new());
-            let conn_limits = archer::cli::connection_limits(&cfg, metrics);
+            let conn_limits = archer::cli::connection_limits(&cfg, metrics.server.clone());
             let (_trigger, shutdown) = archer::server::shutdown_channel();
             tx.send(format!("https://{addr}")).expect("send");
             archer::server::serve_https(listener, store.server_config(), router, shutdown, conn_limits).await;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use archer_core::placement::{ArchitectureTaint, PlacementSettings};
 use archer_core::policy::PolicyDefaults;
-use archer_registry::{AddressGuard, CacheSettings, ClientSettings};
+use archer_registry::AddressGuard;
 pub use archer_cloud::settings::{AwsConfig, AzureConfig};
 
 pub const DEFAULT_NAMESPACE: &str = "archer-system";
@@ -549,48 +549,8 @@ impl Config {
         }
         self.provisioner.validate()?;
         self.safety_net.validate()?;
-        self.address_guard()?;
+        AddressGuard::new(&self.registry.deny, &self.registry.allow, &self.registry.insecure).map_err(ConfigError::Invalid)?;
         Ok(())
-    }
-
-    pub fn address_guard(&self) -> Result<AddressGuard, ConfigError> {
-        AddressGuard::new(&self.registry.deny, &self.registry.allow, &self.registry.insecure).map_err(ConfigError::Invalid)
-    }
-
-    /// The registry client's settings; its reads draw from `budget`.
-    pub fn client_settings(&self, budget: archer_limits::MemoryBudget) -> Result<ClientSettings, ConfigError> {
-        let extra_ca_pem = match &self.registry.ca_file {
-            Some(p) => Some(std::fs::read(p).map_err(|source| ConfigError::Read { path: p.clone(), source })?),
-            None => None,
-        };
-        let mirrors = self
-            .registry
-            .mirrors
-            .iter()
-            .map(|(k, v)| (archer_registry::reference::normalise_registry(k).unwrap_or_else(|| k.clone()), v.clone()))
-            .collect();
-        Ok(ClientSettings {
-            guard: std::sync::Arc::new(self.address_guard()?),
-            mirrors,
-            max_body_bytes: self.registry.max_manifest_bytes,
-            connect_timeout: Duration::from_secs_f64(self.registry.timeout_seconds.min(2.0)),
-            extra_ca_pem,
-            budget,
-        })
-    }
-
-    pub fn cache_settings(&self) -> CacheSettings {
-        CacheSettings {
-            capacity: self.registry.cache_capacity,
-            max_bytes: self.registry.cache_max_bytes,
-            failure_max_bytes: self.registry.failure_cache_max_bytes,
-            failure_ttl: Duration::from_secs_f64(self.registry.failure_cache_ttl_seconds),
-            timeout_ttl: Duration::from_secs_f64(self.registry.timeout_cache_ttl_seconds),
-            tag_ttl: Duration::from_secs(self.registry.tag_cache_ttl_seconds),
-            lookup_timeout: Duration::from_secs_f64(self.registry.timeout_seconds),
-            per_pod_concurrency: self.registry.max_concurrent_lookups_per_pod,
-            per_pod_bytes: self.registry.max_bytes_per_pod,
-        }
     }
 
     /// The worst-case resident memory of `archer serve` with this config in a cluster of
@@ -718,8 +678,8 @@ webhook:
         assert_eq!(cfg.admin_listen, "0.0.0.0:8080");
         assert_eq!(cfg.architecture_taints[1].applies_to(), Some("s390x"));
         assert!(cfg.excluded().contains("archer-system") && cfg.excluded().contains("monitoring"));
-        assert_eq!(cfg.cache_settings().lookup_timeout, Duration::from_millis(1500));
-        assert!(cfg.client_settings(archer_limits::MemoryBudget::unlimited()).expect("client").guard.is_insecure("127.0.0.1:5000"));
+        assert_eq!(cfg.registry.timeout_seconds, 1.5);
+        assert_eq!(cfg.registry.insecure, ["127.0.0.1:5000"]);
     }
 
     #[test]

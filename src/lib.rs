@@ -8,7 +8,6 @@
 pub use archer_core as core;
 pub use archer_core::{catalog, yaml};
 pub use archer_limits as limits;
-pub use archer_metrics as metrics;
 pub use archer_registry as registry;
 
 pub mod admission;
@@ -16,6 +15,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod extender;
+pub mod metrics;
 pub mod provisioner;
 pub mod report;
 pub mod safety;

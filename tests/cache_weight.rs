@@ -88,7 +88,7 @@ async fn the_caches_hold_no_more_than_their_weights_and_the_memory_bound_counts_
     cfg.registry.cache_capacity = 1_000_000; // the byte budgets bind, not the count
     cfg.validate().expect("config");
     let metrics = Arc::new(archer::metrics::Metrics::new());
-    let inspector = archer::cli::inspector(&cfg, metrics, archer::limits::MemoryBudget::unlimited()).expect("inspector");
+    let inspector = archer::cli::inspector(&cfg, metrics.registry.clone(), archer::limits::MemoryBudget::unlimited()).expect("inspector");
     let keyring = archer::registry::Keyring::default();
 
     // Warm the client (connection pool, DNS, metric families) before measuring.

@@ -89,7 +89,7 @@ fn inspector(reg: &Registry, limits: EntrypointLimits) -> (Inspector, prometheus
     let requests = prometheus_client::metrics::counter::Counter::default();
     let client = archer::registry::RegistryClient::new(settings).expect("client").count_requests_in(requests.clone());
     let metrics = Arc::new(archer::metrics::Metrics::new());
-    (Inspector::new(client, &archer::registry::CacheSettings::default(), metrics).with_entrypoint_limits(limits), requests)
+    (Inspector::new(client, &archer::registry::CacheSettings::default(), metrics.registry.clone()).with_entrypoint_limits(limits), requests)
 }
 
 async fn check(inspector: &Inspector, image: &str, digest: Option<&str>, arch: &str) -> EntrypointCheck {

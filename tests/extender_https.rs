@@ -60,6 +60,28 @@ async fn filter_drops_nodes_the_images_cannot_run_with_reasons() {
     assert_eq!(r["FailedAndUnresolvableNodes"], json!({}));
 }
 
+/// A pod that runs on both architectures but carries no affinity (admitted before the policy,
+/// or its inspection failed open) is not bound onto an architecture its namespace's policy
+/// forbids: the filter applies the planner's rule (`Policy::placeable`), with the policy as the
+/// reason; under observe the policy moves nothing.
+#[tokio::test]
+async fn filter_keeps_only_the_architectures_the_policy_allows() {
+    let nodes = workshop_nodes();
+    let both = with_annotation(pod("web", &["unreachable.invalid/x:1"]), "archer.dev/platforms", "linux/amd64,linux/arm64");
+    let kept = |r: &Value| -> Vec<String> { r["Nodes"]["items"].as_array().expect("items").iter().filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string)).collect() };
+
+    let archer = Archer::start("defaults:\n  allowedArchitectures: [amd64]\n", &[]).await;
+    let (status, r) = archer.post_json("/scheduler/filter", &extender_args_full(&both, &nodes)).await;
+    assert_eq!((status, r["Error"].as_str()), (200, Some("")));
+    assert_eq!(kept(&r), ["ip-m6i-large", "ip-t3a-large", "ip-c6i-large"]);
+    let why = r["FailedAndUnresolvableNodes"]["ip-m7g-large"].as_str().expect("refused with a reason");
+    assert!(why.contains("archer.dev/allowed-architectures") && why.contains("amd64") && why.contains("arm64"), "{why}");
+
+    let observing = Archer::start("defaults:\n  mode: observe\n  allowedArchitectures: [amd64]\n", &[]).await;
+    let (_, r) = observing.post_json("/scheduler/filter", &extender_args_full(&both, &nodes)).await;
+    assert_eq!(kept(&r).len(), 6, "observe changes no placement: {r}");
+}
+
 #[tokio::test]
 async fn prioritize_ranks_by_cost_per_pod_arm64_first() {
     let archer = Archer::start("", &[]).await;

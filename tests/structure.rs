@@ -315,6 +315,19 @@ fn the_registry_client_reaches_no_web_framework() {
 fn the_config_builds_plain_settings() {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config.rs")).expect("config.rs");
     let mut named = Vec::new();
+    // Components' types are built from the config by the CLI (`cli::client_settings`,
+    // `cli::connection_limits`, ...); the config names another crate's type only to validate a
+    // field (the registry's address guard parses `deny`, `allow` and `insecure`).
+    for (i, _) in text.match_indices("archer_registry::") {
+        let path: String = text[i..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':' || *c == '{' || *c == ',' || *c == ' ').collect();
+        for item in path.trim_start_matches("archer_registry::").trim_start_matches('{').split(',').map(|p| p.trim().rsplit("::").next().unwrap_or("").trim()) {
+            let constant = !item.is_empty() && item.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            let type_name = item.chars().next().is_some_and(|c| c.is_ascii_uppercase());
+            if type_name && !constant && item != "AddressGuard" {
+                named.push(format!("archer_registry::{item}"));
+            }
+        }
+    }
     for (i, _) in text.match_indices("crate::") {
         let path: String = text[i..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
         let last = path.rsplit("::").next().unwrap_or("");
@@ -324,4 +337,31 @@ fn the_config_builds_plain_settings() {
         }
     }
     assert!(named.is_empty(), "src/config.rs builds or names components' types: {named:?}");
+}
+
+/// Each component defines and registers its own metric families (`<component>/metrics.rs`,
+/// `new(&mut Registry)`) and is handed only those: no component's code names the process-wide
+/// `Metrics`, which only the CLI assembles and `/metrics` renders.
+#[test]
+fn each_component_registers_its_own_metrics() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["src/webhook", "src/extender", "src/server", "src/provisioner", "src/safety", "crates/registry/src"] {
+        let text = std::fs::read_to_string(root.join(dir).join("metrics.rs")).unwrap_or_else(|e| panic!("{dir}/metrics.rs: {e}"));
+        assert!(text.contains("pub fn new(registry: &mut Registry"), "{dir}/metrics.rs registers nothing of its own");
+    }
+    let shared = std::fs::read_to_string(root.join("crates/metrics/src/lib.rs")).expect("archer-metrics");
+    assert!(!shared.contains("pub struct"), "archer-metrics defines a component's families");
+    let mut whole = Vec::new();
+    for file in sources(&root.join("src")) {
+        let rel = file.strip_prefix(root).expect("under root").to_string_lossy().replace('\\', "/");
+        if rel.starts_with("src/cli/") || rel == "src/metrics.rs" || is_test_file(&rel) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("source");
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        if code.contains("metrics::Metrics") {
+            whole.push(rel);
+        }
+    }
+    assert!(whole.is_empty(), "components handed every component's metrics: {whole:?}");
 }

@@ -1,11 +1,9 @@
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use super::RegistryArgs;
-use archer_metrics::Metrics;
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
@@ -27,7 +25,7 @@ pub enum Output {
 pub async fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let InspectArgs { registry, output, images } = args;
     let cfg = registry.load()?;
-    let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;
+    let inspector = super::inspector(&cfg, crate::metrics::Metrics::new().registry.clone(), cfg.memory_budget())?;
     let keyring = super::base_keyring(&cfg)?;
     let results = inspector.inspect_each(&images, &keyring).await;
     let mut failed = false;

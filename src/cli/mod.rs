@@ -143,11 +143,48 @@ pub fn main(cli: Cli) -> ExitCode {
 }
 
 /// Build the shared registry lookup path from a config.
-pub fn inspector(cfg: &Config, metrics: std::sync::Arc<archer_metrics::Metrics>, budget: archer_limits::MemoryBudget) -> anyhow::Result<archer_registry::Inspector> {
-    let client = archer_registry::RegistryClient::new(cfg.client_settings(budget)?)
+pub fn inspector(cfg: &Config, metrics: std::sync::Arc<archer_registry::metrics::RegistryMetrics>, budget: archer_limits::MemoryBudget) -> anyhow::Result<archer_registry::Inspector> {
+    let client = archer_registry::RegistryClient::new(client_settings(cfg, budget)?)
         .map_err(anyhow::Error::msg)?
-        .count_requests_in(metrics.registry.registry_requests.clone());
-    Ok(archer_registry::Inspector::new(client, &cfg.cache_settings(), metrics))
+        .count_requests_in(metrics.registry_requests.clone());
+    Ok(archer_registry::Inspector::new(client, &cache_settings(cfg), metrics))
+}
+
+/// The registry client's settings from the config's `registry` section; its reads draw from
+/// `budget` (the config builds no registry type).
+pub fn client_settings(cfg: &Config, budget: archer_limits::MemoryBudget) -> anyhow::Result<archer_registry::ClientSettings> {
+    let r = &cfg.registry;
+    let extra_ca_pem = match &r.ca_file {
+        Some(p) => Some(std::fs::read(p).with_context(|| format!("reading registry.caFile {}", p.display()))?),
+        None => None,
+    };
+    let mirrors = r.mirrors.iter().map(|(k, v)| (archer_registry::reference::normalise_registry(k).unwrap_or_else(|| k.clone()), v.clone())).collect();
+    let guard = archer_registry::AddressGuard::new(&r.deny, &r.allow, &r.insecure).map_err(|e| anyhow::anyhow!("registry: {e}"))?;
+    Ok(archer_registry::ClientSettings {
+        guard: std::sync::Arc::new(guard),
+        mirrors,
+        max_body_bytes: r.max_manifest_bytes,
+        connect_timeout: std::time::Duration::from_secs_f64(r.timeout_seconds.min(2.0)),
+        extra_ca_pem,
+        budget,
+    })
+}
+
+/// The image cache's settings from the config's `registry` section.
+pub fn cache_settings(cfg: &Config) -> archer_registry::CacheSettings {
+    let r = &cfg.registry;
+    let secs = std::time::Duration::from_secs_f64;
+    archer_registry::CacheSettings {
+        capacity: r.cache_capacity,
+        max_bytes: r.cache_max_bytes,
+        failure_max_bytes: r.failure_cache_max_bytes,
+        failure_ttl: secs(r.failure_cache_ttl_seconds),
+        timeout_ttl: secs(r.timeout_cache_ttl_seconds),
+        tag_ttl: std::time::Duration::from_secs(r.tag_cache_ttl_seconds),
+        lookup_timeout: secs(r.timeout_seconds),
+        per_pod_concurrency: r.max_concurrent_lookups_per_pod,
+        per_pod_bytes: r.max_bytes_per_pod,
+    }
 }
 
 /// Credentials from the configured docker config file, if any.
@@ -183,7 +220,23 @@ pub(super) async fn connect(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Opti
 }
 
 /// The listeners' limits from the config's plain settings (the config builds no server type).
-pub fn connection_limits(cfg: &crate::config::Config, metrics: std::sync::Arc<archer_metrics::Metrics>) -> crate::server::ConnectionLimits {
+pub fn connection_limits(cfg: &crate::config::Config, metrics: std::sync::Arc<crate::server::metrics::ServerMetrics>) -> crate::server::ConnectionLimits {
     let s = cfg.connection_settings();
     crate::server::ConnectionLimits { max_connections: s.max_connections, handshake_timeout: s.handshake_timeout, header_read_timeout: s.header_read_timeout, idle_timeout: s.idle_timeout, grace: s.grace, metrics }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registry section becomes the client's and cache's own settings here, not in the config.
+    #[test]
+    fn the_registry_section_becomes_the_clients_settings() {
+        let cfg: Config = archer_core::yaml::from_str("registry:\n  insecure: [\"127.0.0.1:5000\"]\n  timeoutSeconds: 1.5\n  caFile: /nonexistent/ca.pem\n").expect("config");
+        let err = client_settings(&cfg, archer_limits::MemoryBudget::unlimited()).map(|_| ()).expect_err("unreadable caFile");
+        assert!(format!("{err:#}").contains("registry.caFile /nonexistent/ca.pem"), "{err:#}");
+        let cfg = Config { registry: crate::config::RegistryConfig { ca_file: None, ..cfg.registry }, ..cfg };
+        assert!(client_settings(&cfg, archer_limits::MemoryBudget::unlimited()).expect("client").guard.is_insecure("127.0.0.1:5000"));
+        assert_eq!(cache_settings(&cfg).lookup_timeout, std::time::Duration::from_millis(1500));
+    }
 }

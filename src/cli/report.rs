@@ -18,7 +18,6 @@ use archer_core::catalog::Catalog;
 use crate::cluster::ClusterView;
 use archer_model::ClusterState;
 use archer_core::platform::PlatformSet;
-use archer_metrics::Metrics;
 use archer_registry::{Inspector, Keyring};
 use crate::report::{self, ImagePlatforms};
 
@@ -139,7 +138,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         let wanted: BTreeSet<String> = unannotated(&pods).flat_map(archer_core::placement::pod_images).collect();
         wanted.into_iter().map(|i| (i, Err("not inspected (--offline)".to_string()))).collect()
     } else {
-        let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;
+        let inspector = super::inspector(&cfg, crate::metrics::Metrics::new().registry.clone(), cfg.memory_budget())?;
         inspect_unannotated(&pods, &inspector, &super::base_keyring(&cfg)?, cluster.as_ref()).await
     };
     let report = tokio::task::block_in_place(|| report::build(&state, &images, &catalog));

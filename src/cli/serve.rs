@@ -11,7 +11,7 @@ use super::RegistryArgs;
 use crate::cluster::picture::Picture;
 use crate::cluster::ClusterView;
 use crate::extender::{self, Extender};
-use archer_metrics::Metrics;
+use crate::metrics::Metrics;
 use crate::server::{self, admin, tls::CertStore};
 use crate::webhook::{self, Webhook};
 
@@ -67,7 +67,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let health = Arc::new(admin::Health::default());
     health.set_not_ready("starting");
     let store = CertStore::load(&cert, &key)?;
-    let inspector = super::inspector(&cfg, metrics.clone(), budget.clone())?;
+    let inspector = super::inspector(&cfg, metrics.registry.clone(), budget.clone())?;
     let (cluster, watch) = match super::connect(kubeconfig.as_ref()).await? {
         Some(client) => {
             let (view, watch) = ClusterView::start(client, cfg.safety_net.enabled.then_some((cfg.namespace.as_str(), cfg.safety_net.config_map.as_str())));
@@ -77,18 +77,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let base_keyring = super::base_keyring(&cfg)?;
     // The one place the cluster state is built (the provisioner's caches attach to it).
-    let picture = cluster.clone().map(Picture::new);
+    let picture = cluster.clone().map(|view| Picture::new(view, cfg.defaults.clone()));
     let parts = Parts { cfg: &cfg, budget: &budget, inspector: &inspector, cluster: cluster.as_ref(), picture: picture.as_ref(), base_keyring: &base_keyring, metrics: &metrics };
     let catalog = Arc::new(archer_core::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
     let cluster_for_safety = cluster.clone();
-    let provisioning = provisioner_task(&cfg, picture.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.clone())?;
+    let provisioning = provisioner_task(&cfg, picture.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.provisioner.clone())?;
     let extender_router = extender::router(parts.extender(catalog));
     let router = webhook::router(parts.webhook()).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));
 
     let (trigger, shutdown) = server::shutdown_channel();
-    let mut servers = Servers::start(&cfg, &store, router, extender_router, admin::router(health.clone(), metrics.clone()), shutdown, super::connection_limits(&cfg, metrics.clone())).await?;
+    let mut servers = Servers::start(&cfg, &store, router, extender_router, admin::router(health.clone(), metrics.clone()), shutdown, super::connection_limits(&cfg, metrics.server.clone())).await?;
     tracing::info!(standalone = cluster.is_none(), "serving");
-    let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.clone()));
+    let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.server.clone()));
     let ready = tokio::spawn(become_ready(cluster, health.clone()));
     // The namespace watch runs for the life of the process; if it ever ends, so does Archer.
     let mut watch = tokio::spawn(async move {
@@ -98,7 +98,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let mut provisioning = tokio::spawn(provisioning);
-    let mut safety = tokio::spawn(safety_task(&cfg, cluster_for_safety, inspector.clone(), base_keyring.clone(), metrics.clone()));
+    let mut safety = tokio::spawn(safety_task(&cfg, cluster_for_safety, inspector.clone(), base_keyring.clone(), metrics.safety.clone()));
     let outcome = tokio::select! {
         _ = terminate_signal() => {
             tracing::info!("shutdown signal received; draining");
@@ -178,7 +178,7 @@ impl Parts<'_> {
             inspector: self.inspector.clone(),
             cluster: self.cluster.cloned(),
             base_keyring: self.base_keyring.clone(),
-            metrics: self.metrics.clone(),
+            metrics: self.metrics.webhook.clone(),
             body: body_limits(cfg, self.budget, cfg.webhook.max_body_bytes, WEBHOOK_EXPANSION, "webhook_body"),
             decision_timeout: Duration::from_secs_f64(cfg.webhook.decision_timeout_seconds),
             memo: {
@@ -199,7 +199,7 @@ impl Parts<'_> {
             picture: self.picture.cloned(),
             defaults: cfg.defaults.clone(),
             base_keyring: self.base_keyring.clone(),
-            metrics: self.metrics.clone(),
+            metrics: self.metrics.extender.clone(),
             inspection_timeout: Duration::from_secs_f64(cfg.extender.inspection_timeout_seconds),
             preference_bonus: cfg.extender.preference_bonus,
             body: body_limits(cfg, self.budget, cfg.extender.max_body_bytes, EXTENDER_EXPANSION, "extender_body"),
@@ -300,7 +300,7 @@ fn provisioner_task(
     catalog: Arc<archer_core::catalog::Catalog>,
     inspector: archer_registry::Inspector,
     base_keyring: archer_registry::Keyring,
-    metrics: Arc<Metrics>,
+    metrics: Arc<crate::provisioner::metrics::ProvisionerMetrics>,
 ) -> anyhow::Result<std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>> {
     let settings = cfg.provisioner.clone();
     if !settings.enabled() {
@@ -351,14 +351,14 @@ fn provisioner_task(
                 }
             }
         };
-        crate::cluster::leader::while_leader(lease_client, &namespace, &lease, duration, &leader_metrics.provisioner.leader, work).await?;
+        crate::cluster::leader::while_leader(lease_client, &namespace, &lease, duration, &leader_metrics.leader, work).await?;
         Ok(())
     }))
 }
 
 /// The safety net's controllers under their own lease, or a future that never ends when they
 /// are off (or there is no cluster).
-fn safety_task(cfg: &crate::config::Config, cluster: Option<ClusterView>, inspector: archer_registry::Inspector, base_keyring: archer_registry::Keyring, metrics: Arc<Metrics>) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>> {
+fn safety_task(cfg: &crate::config::Config, cluster: Option<ClusterView>, inspector: archer_registry::Inspector, base_keyring: archer_registry::Keyring, metrics: Arc<crate::safety::metrics::SafetyNetMetrics>) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>> {
     let Some(cluster) = cluster.filter(|_| cfg.safety_net.enabled) else { return Box::pin(std::future::pending()) };
     let client = cluster.client().clone();
     let net = crate::safety::SafetyNet::new(cluster, cfg, inspector, base_keyring, metrics.clone());
@@ -366,7 +366,7 @@ fn safety_task(cfg: &crate::config::Config, cluster: Option<ClusterView>, inspec
     let duration = Duration::from_secs(cfg.safety_net.lease_duration_seconds);
     Box::pin(async move {
         let work = move || net.clone().run();
-        crate::cluster::leader::while_leader(client, &namespace, &lease, duration, &metrics.safety.leader, work).await?;
+        crate::cluster::leader::while_leader(client, &namespace, &lease, duration, &metrics.leader, work).await?;
         Ok(())
     })
 }

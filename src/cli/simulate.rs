@@ -1,6 +1,5 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,7 +13,6 @@ use archer_core::labels;
 use archer_core::packer::Plan;
 use archer_core::planner::plan_batch;
 use crate::provisioner::consolidation::{self, Decision};
-use archer_metrics::Metrics;
 use archer_model::scenario::{all_images, Scenario};
 
 #[derive(Args, Debug)]
@@ -170,7 +168,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         }
         let images = all_images(&all);
         if !images.is_empty() {
-            let inspector = super::inspector(&cfg, Arc::new(Metrics::new()), cfg.memory_budget())?;
+            let inspector = super::inspector(&cfg, crate::metrics::Metrics::new().registry.clone(), cfg.memory_budget())?;
             let keyring = super::base_keyring(&cfg)?;
             for (image, r) in images.iter().zip(inspector.inspect_each(&images, &keyring).await) {
                 match r {
@@ -183,6 +181,8 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         }
     }
     s.state.platforms = found;
+    // Namespaces in the scenario resolve their policy over the config's defaults, as live.
+    s.state.policy_defaults = std::sync::Arc::new(cfg.defaults.clone());
     let inputs = s.inputs(&catalog, cfg.provisioner.preference_policy)?;
     if inputs.assumed > 0 {
         notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));

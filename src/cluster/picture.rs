@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use archer_cloud::{CloudProvider, NodeClassReadiness};
 use archer_model::plans::Plans;
+use archer_core::policy::PolicyDefaults;
 use archer_model::ClusterState;
 
 use super::plans::PlanBook;
@@ -25,11 +26,13 @@ pub struct Picture {
     plans: PlanBook,
     /// The provisioner's caches and provider, while this process provisions.
     live: Arc<RwLock<Option<Live>>>,
+    /// The config's policy defaults, which namespaces' annotations override.
+    defaults: Arc<PolicyDefaults>,
 }
 
 impl Picture {
-    pub fn new(view: ClusterView) -> Self {
-        Picture { view, plans: PlanBook::default(), live: Arc::default() }
+    pub fn new(view: ClusterView, defaults: PolicyDefaults) -> Self {
+        Picture { view, plans: PlanBook::default(), live: Arc::default(), defaults: Arc::new(defaults) }
     }
 
     /// The Namespace, Node and pull-secret caches.
@@ -84,12 +87,13 @@ impl Picture {
         state
     }
 
-    /// The caches' objects, the namespaces, the plans and the time.
+    /// The caches' objects, the namespaces and the policy defaults, the plans and the time.
     fn objects(&self, stores: &Stores) -> ClusterState {
         let (version, placements) = self.plans.snapshot();
         let mut state = stores.state(self.view.namespaces());
         state.plans = Plans::new(version, super::monotonic_ms(), placements, self.view.registrations().snapshot());
         state.now_ms = super::unix_now_ms();
+        state.policy_defaults = self.defaults.clone();
         state
     }
 }

@@ -3,6 +3,7 @@
 //! the webhook never saw); prioritize scores nodes by what the pod costs there.
 //! One job each: nothing the default scheduler already checks (resources, taints) is re-checked.
 
+pub mod metrics;
 pub mod wire;
 
 use std::borrow::Cow;
@@ -28,7 +29,8 @@ use archer_core::platform::PlatformSet;
 use archer_core::policy::{self, PolicyDefaults};
 use archer_core::resources::{pod_requests, Resources};
 use archer_core::scoring::{self, Candidate};
-use archer_metrics::{labels2, Metrics};
+use archer_metrics::labels2;
+use metrics::ExtenderMetrics;
 use archer_registry::{Inspector, Keyring};
 use crate::server::body::{held_body, read_body, BodyLimits};
 use archer_limits::MemoryPermit;
@@ -45,7 +47,7 @@ pub struct Extender {
     pub nodes: Option<Store<Node>>,
     pub defaults: PolicyDefaults,
     pub base_keyring: Keyring,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<ExtenderMetrics>,
     /// Bound on inspecting images of a pod that carries no `archer.dev/platforms` annotation.
     pub inspection_timeout: Duration,
     /// Fraction of cost taken off the namespace's most preferred architecture.
@@ -311,8 +313,8 @@ fn reason(why: String) -> String {
     out
 }
 
-fn filter_error(metrics: &Metrics, reason: &str, message: String) -> Response {
-    metrics.extender.requests.get_or_create(&labels2("verb", "filter", "result", reason)).inc();
+fn filter_error(metrics: &ExtenderMetrics, reason: &str, message: String) -> Response {
+    metrics.requests.get_or_create(&labels2("verb", "filter", "result", reason)).inc();
     tracing::warn!(verb = "filter", reason, %message, "extender call with bad input");
     let r = FilterResult { error: message, ..Default::default() };
     json_response(StatusCode::OK, r.to_json())
@@ -341,7 +343,7 @@ impl Extender {
             None => handoff::steer(&picture.handoff_state()?, pod, candidates)?,
         };
         if steer.offered {
-            self.metrics.extender.planned_placements.inc();
+            self.metrics.planned_placements.inc();
         }
         Some((steer.node, steer.why))
     }
@@ -374,7 +376,7 @@ impl Extender {
         if refused.is_empty() {
             return Default::default();
         }
-        self.metrics.extender.held_room_refusals.inc_by(refused.len() as u64);
+        self.metrics.held_room_refusals.inc_by(refused.len() as u64);
         tracing::debug!(nodes = refused.len(), first = refused.first().map(|(_, why)| why.as_str()).unwrap_or(""), "nodes refused: room held for planned pods");
         refused.into_iter().collect()
     }
@@ -405,13 +407,19 @@ fn batch_registering(store: &Store<Node>, name: &str) -> Option<String> {
 fn unrunnable_reason(node: &NodeFacts, all: &PlatformSet, per_image: &[(String, PlatformSet)]) -> Option<String> {
     let arch = node.arch.as_deref()?;
     let os = node.os.as_deref().unwrap_or("linux");
-    let runs = |set: &PlatformSet| set.0.iter().any(|p| p.architecture == arch && p.os == os);
+    let runs = |set: &PlatformSet| runs_on(set, Some(os), arch);
     if runs(all) {
         return None;
     }
     let culprits: Vec<String> = per_image.iter().filter(|(_, p)| !runs(p)).map(|(i, p)| format!("image {i} supports {p}")).collect();
     let why = if culprits.is_empty() { format!("the pod's images support {all} ({PLATFORMS_ANNOTATION})") } else { culprits.join("; ") };
     Some(format!("{why}; node is {os}/{arch}"))
+}
+
+/// Whether a node of `os` (Linux when unlabelled) and `arch` runs a platform of `set`.
+fn runs_on(set: &PlatformSet, os: Option<&str>, arch: &str) -> bool {
+    let os = os.unwrap_or("linux");
+    set.0.iter().any(|p| p.architecture == arch && p.os == os)
 }
 
 /// The filter's answer for one node.
@@ -431,16 +439,21 @@ struct NodeChecks<'a> {
     held: std::collections::HashMap<String, String>,
     all: Option<&'a PlatformSet>,
     per_image: &'a [(String, PlatformSet)],
+    /// `all` less what the pod's namespace's policy forbids ([`policy::Policy::placeable`],
+    /// the planner's rule too), when it forbids anything.
+    placeable: Option<(PlatformSet, Vec<String>)>,
 }
 
 impl<'a> NodeChecks<'a> {
     fn new(x: &Extender, pod: &Pod, names: &[&str], all: Option<&'a PlatformSet>, per_image: &'a [(String, PlatformSet)]) -> NodeChecks<'a> {
+        let policy = x.policy_for(pod);
+        let placeable = all.zip(policy.placement_architectures()).map(|(a, allowed)| (policy.placeable(a), allowed.to_vec()));
         let steer = x.plan_steer(pod, names);
         if let Some((planned, _)) = &steer {
             tracing::Span::current().record("planned", planned.as_str());
         }
         let held = if steer.is_none() { x.held_refusals(pod, names) } else { Default::default() };
-        NodeChecks { steer, held, all, per_image }
+        NodeChecks { steer, held, all, per_image, placeable }
     }
 
     /// The plan's steer first, then held room, then the images' platforms; a node that passes
@@ -458,6 +471,11 @@ impl<'a> NodeChecks<'a> {
         let Some(facts) = facts else { return Verdict::Fails("node not found in Archer's node cache".into()) };
         if let Some(why) = self.all.and_then(|a| unrunnable_reason(facts, a, self.per_image)) {
             return Verdict::Unrunnable(why);
+        }
+        if let Some((placeable, allowed)) = &self.placeable {
+            if let Some(arch) = facts.arch.as_deref().filter(|arch| !runs_on(placeable, facts.os.as_deref(), arch)) {
+                return Verdict::Unrunnable(format!("the namespace allows only {} ({}); node is {arch}", allowed.join(","), policy::ALLOWED_ARCHITECTURES));
+            }
         }
         match self.steer.is_none().then(|| registering(name)).flatten() {
             Some(why) => Verdict::Fails(why),
@@ -538,9 +556,9 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
             result.node_names = Some(keep);
         }
     }
-    x.metrics.extender.filtered_nodes.inc_by(removed);
-    x.metrics.extender.requests.get_or_create(&labels2("verb", "filter", "result", "ok")).inc();
-    x.metrics.extender.filter_seconds.observe(started.elapsed().as_secs_f64());
+    x.metrics.filtered_nodes.inc_by(removed);
+    x.metrics.requests.get_or_create(&labels2("verb", "filter", "result", "ok")).inc();
+    x.metrics.filter_seconds.observe(started.elapsed().as_secs_f64());
     tracing::debug!(removed, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "filter answered");
     held_response(result.to_json(), budget)
 }
@@ -552,7 +570,7 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     // neutral), counted and logged, so scheduling never stalls on Archer.
     let empty = || json_response(StatusCode::OK, b"[]".to_vec());
     let bad = |reason: &str, error: &dyn std::fmt::Display| {
-        x.metrics.extender.requests.get_or_create(&labels2("verb", "prioritize", "result", reason)).inc();
+        x.metrics.requests.get_or_create(&labels2("verb", "prioritize", "result", reason)).inc();
         tracing::warn!(reason, %error, "prioritize call with bad input");
         empty()
     };
@@ -582,11 +600,11 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     };
     span.record("nodes", facts.len());
     for f in facts.iter().filter(|f| f.bad_price.is_some()) {
-        x.metrics.extender.invalid_prices.inc();
+        x.metrics.invalid_prices.inc();
         tracing::warn!(node = %f.name, reason = f.bad_price.as_deref().unwrap_or(""), "node price not believed; scored as unknown");
     }
     let unknown = facts.iter().filter(|f| f.price.is_none()).count() as u64;
-    x.metrics.extender.unknown_price_nodes.inc_by(unknown);
+    x.metrics.unknown_price_nodes.inc_by(unknown);
     let policy = x.policy_for(&args.pod);
     let request = pod_requests(&args.pod, true);
     let candidates: Vec<Candidate> = facts
@@ -605,8 +623,8 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
         }
     }
     let list: Vec<HostPriority> = candidates.into_iter().zip(scores).map(|(c, score)| HostPriority { host: c.name, score }).collect();
-    x.metrics.extender.requests.get_or_create(&labels2("verb", "prioritize", "result", "ok")).inc();
-    x.metrics.extender.prioritize_seconds.observe(started.elapsed().as_secs_f64());
+    x.metrics.requests.get_or_create(&labels2("verb", "prioritize", "result", "ok")).inc();
+    x.metrics.prioritize_seconds.observe(started.elapsed().as_secs_f64());
     held_response(wire::priorities_json(&list), budget)
 }
 
@@ -683,17 +701,17 @@ mod tests {
 
     fn extender(budget: archer_limits::MemoryBudget) -> Arc<Extender> {
         let cfg = crate::config::Config::default();
-        let metrics = Arc::new(Metrics::new());
-        let client = archer_registry::RegistryClient::new(cfg.client_settings(budget.clone()).expect("settings")).expect("client");
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let client = archer_registry::RegistryClient::new(crate::cli::client_settings(&cfg, budget.clone()).expect("settings")).expect("client");
         Arc::new(Extender {
             catalog: Arc::new(Catalog::embedded().expect("catalog")),
-            inspector: Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
+            inspector: Inspector::new(client, &crate::cli::cache_settings(&cfg), metrics.registry.clone()),
             cluster: None,
             picture: None,
             nodes: None,
             defaults: cfg.defaults.clone(),
             base_keyring: Keyring::default(),
-            metrics,
+            metrics: metrics.extender.clone(),
             inspection_timeout: Duration::from_secs(1),
             preference_bonus: cfg.extender.preference_bonus,
             body: BodyLimits { max_bytes: cfg.extender.max_body_bytes, expansion: 3, read_timeout: Duration::from_secs(5), budget_wait: Duration::from_millis(100), budget, consumer: "extender_body" },
@@ -730,9 +748,9 @@ mod tests {
         let volumes = vec!["{}"; 10_000].join(",");
         let v = call(&x, "/scheduler/prioritize", format!(r#"{{"Pod":{{"spec":{{"volumes":[{volumes}]}}}},"NodeNames":["a"]}}"#)).await;
         assert_eq!(v, serde_json::json!([]));
-        let refused = x.metrics.encode();
-        assert!(refused.contains(r#"archer_extender_requests_total{verb="filter",result="memory_budget"} 1"#), "{refused}");
-        assert!(refused.contains(r#"archer_extender_requests_total{verb="prioritize",result="memory_budget"} 1"#), "{refused}");
+        for verb in ["filter", "prioritize"] {
+            assert_eq!(x.metrics.requests.get_or_create(&labels2("verb", verb, "result", "memory_budget")).get(), 1, "{verb}");
+        }
         assert_eq!(budget.in_use_bytes(), 0);
     }
 }

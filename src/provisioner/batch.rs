@@ -63,7 +63,7 @@ impl Batcher {
     pub async fn provision_once(self: &Arc<Self>) {
         let started = Instant::now();
         let Some((state, pending, covered, plan)) = self.decide().await else { return };
-        self.ctx.metrics.provisioner.provisioner_batches.inc();
+        self.ctx.metrics.provisioner_batches.inc();
         // kube-scheduler goes on binding pods while the batch is decided: nodes bought for pods
         // bound meanwhile would stay (partly) empty. Decide once more on the cluster as it is
         // now; what is bound even then leaves the plan.
@@ -83,7 +83,7 @@ impl Batcher {
             plan.without(&gone)
         };
         if !plan.nodes.is_empty() && plan.lower_bound_per_hour > 0.0 {
-            self.ctx.metrics.provisioner.plan_cost_ratio.observe(plan.total_price_per_hour / plan.lower_bound_per_hour);
+            self.ctx.metrics.plan_cost_ratio.observe(plan.total_price_per_hour / plan.lower_bound_per_hour);
         }
         tracing::Span::current().record("nodes", plan.nodes.len());
         tracing::info!(
@@ -114,7 +114,7 @@ impl Batcher {
             }
         }
         self.launcher.launch_claims(provision::claims_for(&state, &plan.nodes, PROVISIONING), PROVISIONING).await;
-        self.ctx.metrics.provisioner.provisioner_batch_seconds.observe(started.elapsed().as_secs_f64());
+        self.ctx.metrics.provisioner_batch_seconds.observe(started.elapsed().as_secs_f64());
     }
 
     /// What a batch would do on the cluster as the caches have it now: the state it read, the
@@ -155,7 +155,7 @@ impl Batcher {
             }
             seen.insert(uid, note.clone());
         }
-        self.ctx.metrics.provisioner.unprovisionable_pods.inc();
+        self.ctx.metrics.unprovisionable_pods.inc();
         tracing::warn!(pod = %pod_id(pod), reason, "no node launched for the pod");
         self.ctx.post_event(&pod.object_ref(&()), EventType::Warning, UNPROVISIONABLE_REASON, "Provisioning", &note).await;
     }

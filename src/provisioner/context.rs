@@ -15,7 +15,8 @@ use kube::{Client, Resource};
 use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
 use archer_cloud::{CloudError, CloudProvider};
-use archer_metrics::{labels2, Metrics};
+use archer_metrics::labels2;
+use super::metrics::ProvisionerMetrics;
 use archer_model::objects::{self as state, pod_id};
 use archer_model::ClusterState;
 use archer_registry::{Inspector, Keyring};
@@ -32,7 +33,7 @@ pub struct Context {
     /// Where the state is built from, and the plans recorded.
     pub picture: Picture,
     pub base_keyring: Keyring,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<ProvisionerMetrics>,
     pub settings: ProvisionerConfig,
     pub recorder: Recorder,
     pub stores: Stores,
@@ -74,7 +75,7 @@ impl ReconcileError {
 
 /// Run an executor's passes until the future is dropped: each pass says when the next one runs;
 /// a failed pass is counted by executor and error, logged, and retried after `retry`.
-pub async fn run_loop<F, Fut>(executor: &'static str, metrics: &Metrics, retry: Duration, mut pass: F)
+pub async fn run_loop<F, Fut>(executor: &'static str, metrics: &ProvisionerMetrics, retry: Duration, mut pass: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Action, ReconcileError>>,
@@ -83,7 +84,7 @@ where
         let wait = match pass().await {
             Ok(a) => a.requeue_after,
             Err(e) => {
-                metrics.provisioner.reconcile_errors.get_or_create(&labels2("executor", executor, "error", e.label())).inc();
+                metrics.reconcile_errors.get_or_create(&labels2("executor", executor, "error", e.label())).inc();
                 tracing::warn!(executor, error = %e, "pass failed; retrying");
                 retry
             }

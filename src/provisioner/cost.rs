@@ -64,14 +64,14 @@ fn counterfactual_pools(cluster: &archer_model::ClusterState) -> Vec<Pool> {
 }
 
 /// Empties the cost and savings gauges when dropped (the loop's task aborted).
-struct ClearOnDrop(Arc<archer_metrics::Metrics>);
+struct ClearOnDrop(Arc<super::metrics::ProvisionerMetrics>);
 
 impl Drop for ClearOnDrop {
     fn drop(&mut self) {
-        self.0.provisioner.managed_nodes.clear();
-        self.0.provisioner.nodes_cost.clear();
-        self.0.provisioner.savings.clear();
-        self.0.provisioner.baseline_cost.set(0.0);
+        self.0.managed_nodes.clear();
+        self.0.nodes_cost.clear();
+        self.0.savings.clear();
+        self.0.baseline_cost.set(0.0);
     }
 }
 
@@ -132,7 +132,7 @@ impl CostReporter {
                 continue;
             }
             if let Some(s) = startup_seconds(&pod) {
-                self.ctx.metrics.provisioner.pod_startup_seconds.observe(s);
+                self.ctx.metrics.pod_startup_seconds.observe(s);
                 observed.insert(id);
             }
         }
@@ -146,11 +146,11 @@ impl CostReporter {
         let offerings = cluster.offerings.clone();
         let nodes = &cluster.nodes;
         let costs = node_costs(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &offerings);
-        self.ctx.metrics.provisioner.managed_nodes.clear();
-        self.ctx.metrics.provisioner.nodes_cost.clear();
+        self.ctx.metrics.managed_nodes.clear();
+        self.ctx.metrics.nodes_cost.clear();
         for (key, (count, price)) in &costs {
-            self.ctx.metrics.provisioner.managed_nodes.get_or_create(&labels3(key)).set(*count);
-            self.ctx.metrics.provisioner.nodes_cost.get_or_create(&labels3(key)).set(*price);
+            self.ctx.metrics.managed_nodes.get_or_create(&labels3(key)).set(*count);
+            self.ctx.metrics.nodes_cost.get_or_create(&labels3(key)).set(*price);
         }
         let managed: HashSet<&str> = nodes.iter().filter(|n| node_key(n).is_some()).filter_map(|n| n.metadata.name.as_deref()).collect();
         let pods: Vec<Arc<Pod>> = cluster
@@ -190,9 +190,9 @@ impl CostReporter {
         let pools = counterfactual_pools(&cluster);
         let empty = archer_core::sched::Snapshot::new(&[], &[], &namespaces);
         let c = tokio::task::block_in_place(|| archer_core::planner::compare::compare(&empty, &pending, &on_amd64, &pools, &offerings));
-        self.ctx.metrics.provisioner.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(c.arm64_saving());
-        self.ctx.metrics.provisioner.savings.get_or_create(&vec![("source", "spot".to_string())]).set(c.spot_saving());
-        self.ctx.metrics.provisioner.baseline_cost.set(c.baseline());
+        self.ctx.metrics.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(c.arm64_saving());
+        self.ctx.metrics.savings.get_or_create(&vec![("source", "spot".to_string())]).set(c.spot_saving());
+        self.ctx.metrics.baseline_cost.set(c.baseline());
         tracing::debug!(baseline = c.baseline(), arm64 = c.arm64_saving(), spot = c.spot_saving(), left_out = c.left_out.len(), "cost and savings");
     }
 }
@@ -237,14 +237,14 @@ mod tests {
 
     #[test]
     fn a_replica_that_stops_provisioning_stops_reporting_cost() {
-        let metrics = Arc::new(archer_metrics::Metrics::new());
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         let key = ("default".to_string(), "arm64".to_string(), "spot".to_string());
         metrics.provisioner.nodes_cost.get_or_create(&labels3(&key)).set(1.5);
         metrics.provisioner.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(0.7);
         metrics.provisioner.baseline_cost.set(3.0);
-        let sample = |m: &archer_metrics::Metrics, name: &str| m.encode().lines().any(|l| l.starts_with(name) && !l.ends_with(" 0") && !l.ends_with(" 0.0"));
+        let sample = |m: &crate::metrics::Metrics, name: &str| m.encode().lines().any(|l| l.starts_with(name) && !l.ends_with(" 0") && !l.ends_with(" 0.0"));
         assert!(sample(&metrics, "archer_nodes_cost_per_hour_dollars{") && sample(&metrics, "archer_baseline_cost_per_hour_dollars"));
-        drop(ClearOnDrop(metrics.clone()));
+        drop(ClearOnDrop(metrics.provisioner.clone()));
         for name in ["archer_nodes_cost_per_hour_dollars{", "archer_savings_per_hour_dollars{", "archer_baseline_cost_per_hour_dollars"] {
             assert!(!sample(&metrics, name), "{name} still reported:\n{}", metrics.encode());
         }

@@ -39,7 +39,7 @@ impl DeletionCosts {
         let busy = writes.len() == PER_PASS;
         let outcomes: Vec<&'static str> = futures::stream::iter(writes.into_iter().map(|w| self.write(w))).buffer_unordered(IN_FLIGHT).collect().await;
         for outcome in outcomes {
-            self.ctx.metrics.provisioner.deletion_cost_writes.get_or_create(&label("outcome", outcome)).inc();
+            self.ctx.metrics.deletion_cost_writes.get_or_create(&label("outcome", outcome)).inc();
         }
         Ok(Action::requeue(if busy { EVERY } else { IDLE }))
     }

@@ -188,7 +188,7 @@ impl Disrupter {
                     return;
                 }
                 tracing::info!(node = %name, pool = %pool, why = %why, "node drifted; replacing it");
-                self.ctx.metrics.provisioner.disruption_decisions.get_or_create(&labels2("reason", "drifted", "result", "taken")).inc();
+                self.ctx.metrics.disruption_decisions.get_or_create(&labels2("reason", "drifted", "result", "taken")).inc();
                 self.status.mark_claim(&claim.name(), DRIFTED, "Drifted", &why).await;
                 self.take_out(node, claim, "drifted", true).await;
                 self.tracker.release(&name);
@@ -226,12 +226,12 @@ impl Disrupter {
         let decision = match result {
             Ok(d) => d,
             Err(why) => {
-                self.ctx.metrics.provisioner.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "stale")).inc();
+                self.ctx.metrics.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "stale")).inc();
                 tracing::info!(pool, nodes = ?decision.nodes, why = %why, "disruption decision dropped: no longer valid");
                 return;
             }
         };
-        self.ctx.metrics.provisioner.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "taken")).inc();
+        self.ctx.metrics.disruption_decisions.get_or_create(&labels2("reason", decision.reason, "result", "taken")).inc();
         let state = self.ctx.state();
         let set: Vec<(Arc<Node>, Arc<NodeClaim>)> = decision.nodes.iter().filter_map(|name| Self::node_and_claim(&state, name)).collect();
         tracing::info!(pool, reason = decision.reason, nodes = ?decision.nodes, replacements = decision.replacements.len(), saving_per_hour = decision.saving_per_hour, "disrupting");
@@ -302,7 +302,7 @@ impl Disrupter {
                 let pname = p.metadata.name.clone().unwrap_or_default();
                 match Api::<Pod>::namespaced(self.ctx.client.clone(), &ns).evict(&pname, &EvictParams::default()).await {
                     Ok(_) => {
-                        self.ctx.metrics.provisioner.pod_evictions.get_or_create(&label("reason", reason)).inc();
+                        self.ctx.metrics.pod_evictions.get_or_create(&label("reason", reason)).inc();
                         tracing::info!(pod = %pname, namespace = %ns, "evicted");
                     }
                     Err(kube::Error::Api(s)) if s.code == 429 => tracing::debug!(pod = %pname, namespace = %ns, "eviction refused by a PodDisruptionBudget; retrying"),
@@ -321,7 +321,7 @@ impl Disrupter {
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => tracing::warn!(error = %e, "could not delete the claim"),
         }
-        self.ctx.metrics.provisioner.nodes_terminated.get_or_create(&label("reason", reason)).inc();
+        self.ctx.metrics.nodes_terminated.get_or_create(&label("reason", reason)).inc();
         tracing::info!("node removed");
     }
 
@@ -407,10 +407,10 @@ impl InterruptionHandler for Interruptions {
     }
 
     fn count(&self, kind: &str, outcome: &str) {
-        self.0.ctx.metrics.provisioner.interruption_messages.get_or_create(&labels2("kind", kind, "outcome", outcome)).inc();
+        self.0.ctx.metrics.interruption_messages.get_or_create(&labels2("kind", kind, "outcome", outcome)).inc();
     }
 
     fn dropped(&self, reason: &str) {
-        self.0.ctx.metrics.provisioner.interruption_messages_dropped.get_or_create(&label("reason", reason)).inc();
+        self.0.ctx.metrics.interruption_messages_dropped.get_or_create(&label("reason", reason)).inc();
     }
 }

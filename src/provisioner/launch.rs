@@ -70,7 +70,7 @@ impl Launcher {
         let mut writes = Vec::with_capacity(total);
         for (i, (planned, claim)) in made.into_iter().enumerate() {
             if capped && self.limiter.check().is_err() {
-                self.ctx.metrics.provisioner.launches_rate_limited.inc_by((total - i) as u64);
+                self.ctx.metrics.launches_rate_limited.inc_by((total - i) as u64);
                 tracing::warn!(deferred = total - i, per_minute = self.ctx.settings.max_launches_per_minute, "launch cap reached; the rest wait for the next batch");
                 break;
             }
@@ -175,7 +175,7 @@ impl Launcher {
         let api: Api<NodeClaim> = Api::all(self.ctx.client.clone());
         let status = match self.ctx.provider.create(claim).await {
             Ok(i) => {
-                self.ctx.metrics.provisioner.nodes_launched.get_or_create(&label("pool", claim.spec.node_pool.clone())).inc();
+                self.ctx.metrics.nodes_launched.get_or_create(&label("pool", claim.spec.node_pool.clone())).inc();
                 tracing::info!(node = %i.node_name, provider_id = %i.provider_id, "node launched");
                 let what = format!("{} ({} in {}, {}) for node {}", i.provider_id, i.instance_type.as_deref().unwrap_or(&claim.spec.instance_type), i.zone.as_deref().unwrap_or(&claim.spec.zone), claim.spec.capacity_type, i.node_name);
                 self.ctx.post_event(&claim.object_ref(&()), EventType::Normal, "Launched", "Launching", &what).await;
@@ -185,7 +185,7 @@ impl Launcher {
                 NodeClaimStatus { provider_id: Some(i.provider_id), node_name: Some(i.node_name), launched_at: Some(now_rfc3339()), instance_type: i.instance_type, zone: i.zone, image_id: i.image_id, node_class_hash: i.node_class_hash, ..Default::default() }
             }
             Err(e) => {
-                self.ctx.metrics.provisioner.launch_errors.get_or_create(&label("provider", self.ctx.provider.name())).inc();
+                self.ctx.metrics.launch_errors.get_or_create(&label("provider", self.ctx.provider.name())).inc();
                 tracing::warn!(error = %e, "launch failed");
                 if matches!(e, archer_cloud::CloudError::InsufficientCapacity { .. }) {
                     // Give the pods back to the next batch, which picks another offering.
@@ -211,7 +211,7 @@ impl Launcher {
     /// instance, if any: it stops counting as room and against the pool's limits.
     async fn give_up(&self, claim: &NodeClaim, reason: &str, note: &str) {
         tracing::warn!(claim = %claim.name(), reason, note, "claim given up");
-        self.ctx.metrics.provisioner.claims_given_up.get_or_create(&label("reason", reason)).inc();
+        self.ctx.metrics.claims_given_up.get_or_create(&label("reason", reason)).inc();
         self.ctx.post_event(&claim.object_ref(&()), EventType::Warning, reason, "Launching", note).await;
         self.ctx.post_pool_event(&claim.spec.node_pool, EventType::Warning, reason, "Launching", &format!("node claim {}: {note}", claim.name())).await;
         if let Err(e) = self.ctx.provider.delete(claim).await {
@@ -263,7 +263,7 @@ impl Launcher {
                     tracing::warn!(node = %i.node_name, claim = %i.claim, "instance without a claim; deleting it");
                     let orphan = NodeClaim { metadata: ObjectMeta { name: Some(i.claim.clone()), ..Default::default() }, spec: Default::default(), status: None };
                     if self.ctx.provider.delete(&orphan).await.is_ok() {
-                        self.ctx.metrics.provisioner.nodes_terminated.get_or_create(&label("reason", "garbage")).inc();
+                        self.ctx.metrics.nodes_terminated.get_or_create(&label("reason", "garbage")).inc();
                     }
                 }
             }

@@ -16,6 +16,7 @@ mod cost;
 mod deletion_cost;
 mod disruption;
 mod launch;
+pub mod metrics;
 mod nodes;
 mod status;
 pub mod worker;

@@ -16,7 +16,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 
 use archer_cloud::CloudProvider;
-use archer_metrics::Metrics;
+use super::metrics::ProvisionerMetrics;
 use archer_registry::{Inspector, Keyring};
 
 use super::batch::Batcher;
@@ -55,7 +55,7 @@ impl Provisioner {
         inspector: Inspector,
         picture: Picture,
         base_keyring: Keyring,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ProvisionerMetrics>,
         settings: ProvisionerConfig,
     ) -> (Arc<Self>, impl std::future::Future<Output = ()> + Send + 'static) {
         let pending = Arc::new(tokio::sync::Notify::new());

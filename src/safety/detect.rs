@@ -114,10 +114,10 @@ impl SafetyNet {
                 return false;
             }
         };
-        self.metrics.safety.record_entries_dropped.inc_by(dropped as u64);
-        self.metrics.safety.exec_format_errors.get_or_create(&labels2("namespace", namespace.as_str(), "arch", arch.as_str())).inc();
+        self.metrics.record_entries_dropped.inc_by(dropped as u64);
+        self.metrics.exec_format_errors.get_or_create(&labels2("namespace", namespace.as_str(), "arch", arch.as_str())).inc();
         for b in &finding.learned {
-            self.metrics.safety.learned.get_or_create(&label("scope", if b.verified { "cluster" } else { "namespace" })).inc();
+            self.metrics.learned.get_or_create(&label("scope", if b.verified { "cluster" } else { "namespace" })).inc();
         }
         tracing::warn!(verdict = finding.verdict.as_str(), learned = finding.learned.len(), "exec format error: the image's binary does not run on this architecture");
         self.tell(pod, &arch, &node, &detections, &finding).await;
@@ -127,11 +127,11 @@ impl SafetyNet {
                 let eviction = Eviction { namespace: namespace.clone(), name: pod.metadata.name.clone().unwrap_or_default(), uid: pod.metadata.uid.clone(), give_up: now + EVICTION_PATIENCE, next: now };
                 if !evictions.push(&namespace, eviction) {
                     tracing::warn!("the eviction queue of this namespace is full; the pod is left as it is");
-                    self.metrics.safety.replacements.get_or_create(&label("outcome", "eviction_queue_full")).inc();
+                    self.metrics.replacements.get_or_create(&label("outcome", "eviction_queue_full")).inc();
                 }
             }
             skipped => {
-                self.metrics.safety.replacements.get_or_create(&label("outcome", skipped.as_str())).inc();
+                self.metrics.replacements.get_or_create(&label("outcome", skipped.as_str())).inc();
             }
         }
         true
@@ -164,7 +164,7 @@ impl SafetyNet {
             Ok(Err(_)) => "error",
             Err(_) => "timeout",
         };
-        self.metrics.safety.verifications.get_or_create(&label("outcome", outcome)).inc();
+        self.metrics.verifications.get_or_create(&label("outcome", outcome)).inc();
         match checked {
             Ok(Ok(archer_registry::EntrypointCheck::Machine { path, arch, .. })) => Some(Entrypoint { path, arch }),
             Ok(Ok(archer_registry::EntrypointCheck::Undetermined(why))) => {
@@ -237,7 +237,7 @@ impl SafetyNet {
                         // queue of waiting evictions does not spin.
                         queue.done(&namespace);
                         if !queue.push(&namespace, e) {
-                            this.metrics.safety.replacements.get_or_create(&label("outcome", "eviction_queue_full")).inc();
+                            this.metrics.replacements.get_or_create(&label("outcome", "eviction_queue_full")).inc();
                         }
                         tokio::time::sleep(wait.min(Duration::from_millis(500))).await;
                         continue;
@@ -247,15 +247,15 @@ impl SafetyNet {
                     match outcome {
                         None if Instant::now() < e.give_up => {
                             if !queue.push(&namespace, Eviction { next: Instant::now() + EVICTION_RETRY, ..e }) {
-                                this.metrics.safety.replacements.get_or_create(&label("outcome", "eviction_queue_full")).inc();
+                                this.metrics.replacements.get_or_create(&label("outcome", "eviction_queue_full")).inc();
                             }
                         }
                         None => {
                             tracing::warn!(namespace = %e.namespace, pod = %e.name, "the pod could not be evicted in time (a PodDisruptionBudget?); it is left as it is");
-                            this.metrics.safety.replacements.get_or_create(&label("outcome", "eviction_refused")).inc();
+                            this.metrics.replacements.get_or_create(&label("outcome", "eviction_refused")).inc();
                         }
                         Some(outcome) => {
-                            this.metrics.safety.replacements.get_or_create(&label("outcome", outcome)).inc();
+                            this.metrics.replacements.get_or_create(&label("outcome", outcome)).inc();
                         }
                     }
                 }
@@ -272,7 +272,7 @@ impl SafetyNet {
         let params = EvictParams { delete_options: Some(DeleteParams { preconditions: Some(Preconditions { uid: e.uid.clone(), resource_version: None }), ..Default::default() }), ..Default::default() };
         match api.evict(&e.name, &params).await {
             Ok(_) => {
-                self.metrics.provisioner.pod_evictions.get_or_create(&label("reason", "exec_format_error")).inc();
+                self.metrics.pod_evictions.get_or_create(&label("reason", "exec_format_error")).inc();
                 tracing::info!("evicted: its replacement is admitted without this architecture");
                 Some("evicted")
             }

@@ -197,7 +197,7 @@ impl SafetyNet {
         match result {
             Ok(_) => {
                 gated.with(|m| m.remove(&key));
-                self.metrics.safety.gate_releases.get_or_create(&label("outcome", outcome)).inc();
+                self.metrics.gate_releases.get_or_create(&label("outcome", outcome)).inc();
                 tracing::info!(outcome, held_for, "gate removed");
                 let kind = if outcome == "decided" { EventType::Normal } else { EventType::Warning };
                 crate::cluster::events::post(&self.recorder, &pod_ref, kind, if outcome == "decided" { "Inspected" } else { "InspectionTimedOut" }, "Released", &note).await;
@@ -234,7 +234,7 @@ impl SafetyNet {
         match result {
             Ok(()) => {
                 gated.with(|m| m.remove(key));
-                self.metrics.safety.gate_releases.get_or_create(&label("outcome", "not_decided")).inc();
+                self.metrics.gate_releases.get_or_create(&label("outcome", "not_decided")).inc();
                 tracing::info!(why, "gate removed from a pod Archer does not decide");
                 let note = format!("Archer does not decide this pod ({why}): its scheduling gate {GATE} was removed and nothing else changed.");
                 crate::cluster::events::post(&self.recorder, &pod.object_ref(&()), EventType::Normal, "NotDecided", "Released", &note).await;

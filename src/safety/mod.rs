@@ -14,6 +14,7 @@
 mod detect;
 mod fair;
 mod gate;
+pub mod metrics;
 
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ use crate::cluster::ClusterView;
 use crate::config::SafetyNetConfig;
 use archer_core::placement::PlacementSettings;
 use archer_core::policy::{Policy, PolicyDefaults};
-use archer_metrics::Metrics;
+use metrics::SafetyNetMetrics;
 use archer_registry::{Inspector, Keyring};
 
 pub use gate::ungate_all;
@@ -43,7 +44,7 @@ pub struct SafetyNet {
     pub defaults: PolicyDefaults,
     pub settings: PlacementSettings,
     pub config: SafetyNetConfig,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<SafetyNetMetrics>,
     /// Namespaces Archer never decides (config `excludedNamespaces` and its own).
     excluded_namespaces: std::collections::BTreeSet<String>,
     recorder: Recorder,
@@ -52,7 +53,7 @@ pub struct SafetyNet {
 impl SafetyNet {
     /// The safety net of `cluster` under `cfg`'s policy defaults, placement settings and
     /// `safetyNet` section.
-    pub fn new(cluster: ClusterView, cfg: &crate::config::Config, inspector: Inspector, base_keyring: Keyring, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(cluster: ClusterView, cfg: &crate::config::Config, inspector: Inspector, base_keyring: Keyring, metrics: Arc<SafetyNetMetrics>) -> Arc<Self> {
         let client = cluster.client().clone();
         let reporter = Reporter { controller: "archer-safety-net".into(), instance: std::env::var("POD_NAME").ok() };
         let recorder = Recorder::new(client.clone(), reporter);
@@ -78,7 +79,7 @@ impl SafetyNet {
                     if detect::failing(&pod) {
                         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
                         if !failing.push(&namespace, pod) {
-                            self.metrics.safety.detections_dropped.inc();
+                            self.metrics.detections_dropped.inc();
                             tracing::warn!(%namespace, "the detector is behind for this namespace; a failing pod waits for its next status change");
                         }
                     }
@@ -88,7 +89,7 @@ impl SafetyNet {
                 Ok(watcher::Event::InitDone) => {}
                 Err(e) => tracing::warn!(error = %e, kind = "pod", "watch error; retrying"),
             }
-            self.metrics.safety.gated_pods.set(i64::try_from(gated.len()).unwrap_or(i64::MAX));
+            self.metrics.gated_pods.set(i64::try_from(gated.len()).unwrap_or(i64::MAX));
             futures::future::ready(())
         });
         tokio::select! {

@@ -10,7 +10,10 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use archer_metrics::Metrics;
+/// What `/metrics` renders: the process's registry in the Prometheus text format.
+pub trait Exposition: Send + Sync {
+    fn encode(&self) -> String;
+}
 
 #[derive(Default)]
 pub struct Health {
@@ -38,10 +41,10 @@ impl Health {
 #[derive(Clone)]
 struct AdminState {
     health: Arc<Health>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
 }
 
-pub fn router(health: Arc<Health>, metrics: Arc<Metrics>) -> Router {
+pub fn router(health: Arc<Health>, metrics: Arc<dyn Exposition>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

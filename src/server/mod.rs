@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod metrics;
 mod conn;
 mod panics;
 pub mod tls;
@@ -20,7 +21,8 @@ use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use archer_metrics::{label, Metrics};
+use archer_metrics::label;
+use metrics::ServerMetrics;
 pub use panics::{guard, install_hook, ErrorBody};
 
 /// A shutdown signal every server and background task listens to.
@@ -66,12 +68,12 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     /// After shutdown, how long open requests may take to finish.
     pub grace: Duration,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<ServerMetrics>,
 }
 
 impl ConnectionLimits {
     fn timed_out(&self, phase: &'static str) {
-        self.metrics.server.connection_timeouts.get_or_create(&label("phase", phase)).inc();
+        self.metrics.connection_timeouts.get_or_create(&label("phase", phase)).inc();
     }
 }
 
@@ -112,7 +114,7 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, 
             Err(_) => match make_room(&table, &slots, &limits).await {
                 Some(slot) => slot,
                 None => {
-                    limits.metrics.server.connections_refused.inc();
+                    limits.metrics.connections_refused.inc();
                     if last_refusal_log.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
                         tracing::warn!(%peer, max = limits.max_connections, "connection cap reached and every connection is answering a request; closing new connections");
                         last_refusal_log = Some(tokio::time::Instant::now());
@@ -126,7 +128,7 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, 
         let activity = conn::Activity::new(tls.is_some());
         let registered = table.register(activity.clone());
         let conn = Connection { tls: tls.clone(), router: router.clone(), watcher: graceful.watcher(), limits: limits.clone() };
-        let open = limits.metrics.server.connections_open.clone();
+        let open = limits.metrics.connections_open.clone();
         tokio::spawn(async move {
             open.inc();
             conn.run(tcp, peer, activity).await;
@@ -147,7 +149,7 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, 
 /// connections cannot keep kube-apiserver out. Waits briefly for the displaced one to close.
 async fn make_room(table: &conn::Table, slots: &Arc<Semaphore>, limits: &ConnectionLimits) -> Option<tokio::sync::OwnedSemaphorePermit> {
     let phase = table.displace_one()?;
-    limits.metrics.server.connections_displaced.get_or_create(&label("phase", phase)).inc();
+    limits.metrics.connections_displaced.get_or_create(&label("phase", phase)).inc();
     tracing::debug!(phase, "connection cap reached; displaced the connection with the least progress");
     tokio::time::timeout(Duration::from_millis(500), slots.clone().acquire_owned()).await.ok()?.ok()
 }

@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use futures::FutureExt;
 
-use archer_metrics::{label, Metrics};
+use archer_metrics::label;
+use super::metrics::ServerMetrics;
 
 /// The JSON body of every refusal Archer's listeners answer with.
 #[derive(serde::Serialize)]
@@ -23,16 +24,16 @@ pub struct ErrorBody<'a> {
 }
 
 /// Wrap every route of `router` so a panic in its handler is answered 500 and counted.
-pub fn guard(router: Router, metrics: Arc<Metrics>) -> Router {
+pub fn guard(router: Router, metrics: Arc<ServerMetrics>) -> Router {
     router.route_layer(axum::middleware::from_fn_with_state(metrics, catch))
 }
 
-async fn catch(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+async fn catch(State(metrics): State<Arc<ServerMetrics>>, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
     match AssertUnwindSafe(next.run(req)).catch_unwind().await {
         Ok(response) => response,
         Err(payload) => {
-            metrics.server.panics.get_or_create(&label("route", route.clone())).inc();
+            metrics.panics.get_or_create(&label("route", route.clone())).inc();
             let what = message(payload.as_ref());
             tracing::error!(route, panic = what, "a request handler panicked; answered 500");
             let error = format!("archer failed while answering this request ({route}): internal error");
@@ -67,11 +68,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_handler_is_answered_500_and_counted_by_route() {
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(crate::metrics::Metrics::new());
         let router = Router::new()
             .route("/boom", post(|| async { if true { panic!("deliberate") } "never" }))
             .route("/fine", post(|| async { "ok" }));
-        let router = guard(router, metrics.clone());
+        let router = guard(router, metrics.server.clone());
         let response = router.clone().oneshot(Request::post("/boom").body(Body::empty()).expect("request")).await.expect("answered");
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
         let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.expect("body");

@@ -17,7 +17,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
 
-use archer_metrics::{label, Metrics};
+use archer_metrics::label;
+use super::metrics::ServerMetrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -95,7 +96,7 @@ impl CertStore {
     }
 
     /// Poll the files until the process ends.
-    pub async fn watch(self: Arc<Self>, every: Duration, metrics: Arc<Metrics>) {
+    pub async fn watch(self: Arc<Self>, every: Duration, metrics: Arc<ServerMetrics>) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -103,12 +104,12 @@ impl CertStore {
             tick.tick().await;
             match self.reload() {
                 Ok(true) => {
-                    metrics.server.cert_reloads.get_or_create(&label("result", "ok")).inc();
+                    metrics.cert_reloads.get_or_create(&label("result", "ok")).inc();
                     tracing::info!(cert = %self.cert_path.display(), "serving certificate reloaded");
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    metrics.server.cert_reloads.get_or_create(&label("result", "error")).inc();
+                    metrics.cert_reloads.get_or_create(&label("result", "error")).inc();
                     tracing::warn!(error = %e, "serving certificate changed on disk but cannot be used; keeping the old one");
                 }
             }

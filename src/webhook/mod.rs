@@ -4,6 +4,7 @@
 
 mod key;
 pub mod memo;
+pub mod metrics;
 mod review;
 
 use std::collections::BTreeSet;
@@ -23,7 +24,8 @@ use crate::cluster::ClusterView;
 use archer_core::placement::PlacementSettings;
 use archer_core::policy::{self, Mode, PolicyDefaults};
 use crate::server::body::{read_body, BodyError, BodyLimits};
-use archer_metrics::{label, Metrics};
+use archer_metrics::label;
+use metrics::WebhookMetrics;
 use archer_registry::{Inspector, Keyring};
 pub use memo::DecisionMemo;
 pub use review::{decode, pod_view, Answer, ReviewError};
@@ -37,7 +39,7 @@ pub struct Webhook {
     pub cluster: Option<ClusterView>,
     /// Credentials from a mounted docker config, for every namespace.
     pub base_keyring: Keyring,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<WebhookMetrics>,
     /// The body cap, read timeout and memory budget of `/mutate`.
     pub body: BodyLimits,
     /// Every review is answered within this long; images not inspected by then are failures.
@@ -54,18 +56,18 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
 }
 
 /// A JSON error body with HTTP 400, counted by reason.
-fn bad_request(metrics: &Metrics, reason: &'static str, message: String) -> Response {
+fn bad_request(metrics: &WebhookMetrics, reason: &'static str, message: String) -> Response {
     refuse(metrics, StatusCode::BAD_REQUEST, reason, message)
 }
 
-fn refuse(metrics: &Metrics, status: StatusCode, reason: &'static str, message: String) -> Response {
-    metrics.webhook.bad_requests.get_or_create(&label("reason", reason)).inc();
+fn refuse(metrics: &WebhookMetrics, status: StatusCode, reason: &'static str, message: String) -> Response {
+    metrics.bad_requests.get_or_create(&label("reason", reason)).inc();
     tracing::warn!(reason, %message, "request refused");
     (status, Json(crate::server::ErrorBody { error: &message, reason })).into_response()
 }
 
 /// Bodies over the cap keep the documented HTTP 400; a slow body is 408, a spent budget 503.
-fn body_refused(metrics: &Metrics, e: BodyError) -> Response {
+fn body_refused(metrics: &WebhookMetrics, e: BodyError) -> Response {
     let status = match e {
         BodyError::TooLarge(_) | BodyError::Unreadable(_) => StatusCode::BAD_REQUEST,
         _ => e.status(),
@@ -102,13 +104,13 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
     }
     .instrument(span.clone())
     .await;
-    w.metrics.webhook.admission_seconds.observe(started.elapsed().as_secs_f64());
+    w.metrics.admission_seconds.observe(started.elapsed().as_secs_f64());
     span.in_scope(|| tracing::info!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
     ([(axum::http::header::CONTENT_TYPE, "application/json")], response.answer().to_json_for(&request.uid)).into_response()
 }
 
 fn count(w: &Webhook, outcome: &'static str) {
-    w.metrics.webhook.admission(outcome);
+    w.metrics.admission(outcome);
     tracing::Span::current().record("outcome", outcome);
 }
 
@@ -145,7 +147,7 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
     }
     let (policy, policy_warnings) = crate::cluster::namespace_policy(w.cluster.as_ref(), &w.defaults, namespace);
     if !policy_warnings.is_empty() {
-        w.metrics.webhook.policy_warnings.inc_by(policy_warnings.len() as u64);
+        w.metrics.policy_warnings.inc_by(policy_warnings.len() as u64);
     }
     if policy.mode == Mode::Off {
         count(w, "off");
@@ -230,7 +232,7 @@ fn gated(w: &Webhook, pod: &Pod, allow: Answer, mut warnings: Vec<String>) -> An
 /// A remembered answer given to another pod with the same inputs: counted and logged as the
 /// first one was.
 fn reused(w: &Webhook, found: Arc<memo::Remembered>) -> Reply {
-    w.metrics.webhook.admission_decisions_reused.inc();
+    w.metrics.admission_decisions_reused.inc();
     count(w, found.outcome);
     if let Some((_, _, message)) = found.answer.status.as_ref().filter(|_| !found.answer.allowed) {
         tracing::info!(%message, "pod denied (decision reused)");

@@ -633,16 +633,16 @@ pub fn extender(
 ) -> std::sync::Arc<archer::extender::Extender> {
     use std::sync::Arc;
     let cfg = archer::config::Config::default();
-    let client = archer::registry::RegistryClient::new(cfg.client_settings(budget.clone()).expect("settings")).expect("client");
+    let client = archer::registry::RegistryClient::new(archer::cli::client_settings(&cfg, budget.clone()).expect("settings")).expect("client");
     Arc::new(archer::extender::Extender {
         catalog: Arc::new(archer::catalog::Catalog::embedded().expect("catalog")),
-        inspector: archer::registry::Inspector::new(client, &cfg.cache_settings(), metrics.clone()),
+        inspector: archer::registry::Inspector::new(client, &archer::cli::cache_settings(&cfg), metrics.registry.clone()),
         cluster: None,
         picture: None,
         nodes,
         defaults: cfg.defaults.clone(),
         base_keyring: Default::default(),
-        metrics,
+        metrics: metrics.extender.clone(),
         inspection_timeout: Duration::from_secs(1),
         preference_bonus: cfg.extender.preference_bonus,
         body: archer::server::body::BodyLimits {
@@ -684,7 +684,7 @@ pub async fn serve_extender_with_metrics(
     let (stop, shutdown) = archer::server::shutdown_channel();
     // The server lives as long as the test process; the trigger is leaked on purpose.
     std::mem::forget(stop);
-    let limits = archer::cli::connection_limits(&cfg, server_metrics.clone());
+    let limits = archer::cli::connection_limits(&cfg, server_metrics.server.clone());
     tokio::spawn(archer::server::serve_https(listener, tls.server_config(), archer::extender::router(ext), shutdown, limits));
     let http = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(certs.join("ca.crt")).expect("ca")).expect("pem"))

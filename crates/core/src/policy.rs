@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 const MODE: &str = "archer.dev/mode";
 const PREFER: &str = "archer.dev/prefer";
-const ALLOWED_ARCHITECTURES: &str = "archer.dev/allowed-architectures";
+/// The architectures a namespace's pods may be placed on (comma-separated; unset: any).
+pub const ALLOWED_ARCHITECTURES: &str = "archer.dev/allowed-architectures";
 const ON_INSPECTION_FAILURE: &str = "archer.dev/on-inspection-failure";
 const FALLBACK_ARCHITECTURE: &str = "archer.dev/fallback-architecture";
 /// `"true"`: the patch rewrites each image reference to the digest that was inspected.
@@ -122,6 +123,29 @@ pub struct Policy {
 impl Policy {
     pub fn allows(&self, arch: &str) -> bool {
         self.allowed_architectures.as_ref().is_none_or(|a| a.iter().any(|x| x == arch))
+    }
+
+    /// The architectures this namespace's pods may be placed on, when its policy restricts
+    /// them: `allowedArchitectures` under a mode that changes placement (enforce, gate). Under
+    /// observe or off Archer changes no pod's placement, so nothing is restricted (`None`).
+    pub fn placement_architectures(&self) -> Option<&[String]> {
+        if self.mode.enforces() {
+            self.allowed_architectures.as_deref()
+        } else {
+            None
+        }
+    }
+
+    /// `platforms` less those of architectures [`Policy::placement_architectures`] leaves out:
+    /// what a pod of this namespace may be placed on. The one rule the planner (through
+    /// `ClusterState::pod_platforms`) and the extender's filter apply, so a pod the webhook could
+    /// not constrain (its inspection failed open, or it was admitted before the policy) is
+    /// neither planned nor bound onto an architecture its namespace forbids.
+    pub fn placeable(&self, platforms: &crate::platform::PlatformSet) -> crate::platform::PlatformSet {
+        match self.placement_architectures() {
+            Some(allowed) => platforms.retain_architectures(|a| allowed.iter().any(|x| x == a)),
+            None => platforms.clone(),
+        }
     }
 
     /// Rank of an architecture in the preference order (lower is better; unlisted last).
@@ -249,6 +273,20 @@ mod tests {
         assert_eq!(p.allowed_architectures, None);
         assert_eq!(p.on_inspection_failure, FailurePolicy::FailOpen);
         assert!(p.allows("s390x"));
+    }
+
+    #[test]
+    fn only_a_mode_that_changes_placement_restricts_where_pods_go() {
+        let both = crate::platform::PlatformSet::parse_annotation("linux/amd64,linux/arm64").expect("set");
+        let amd64 = crate::platform::PlatformSet::parse_annotation("linux/amd64").expect("set");
+        for (mode, expected) in [("enforce", &amd64), ("gate", &amd64), ("observe", &both), ("off", &both)] {
+            let (p, w) = resolve(&PolicyDefaults::default(), &ann(&[(MODE, mode), (ALLOWED_ARCHITECTURES, "amd64")]));
+            assert!(w.is_empty(), "{w:?}");
+            assert_eq!(&p.placeable(&both), expected, "{mode}");
+        }
+        let (open, _) = resolve(&PolicyDefaults::default(), &BTreeMap::new());
+        assert_eq!(open.placement_architectures(), None);
+        assert_eq!(open.placeable(&both), both, "no allowedArchitectures: every architecture");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use archer_api::nodeclaim::NodeClaim;
 use archer_api::nodepool::NodePool;
 use archer_core::packer::{DaemonLoad, Offering, Pool};
 use archer_core::platform::PlatformSet;
+use archer_core::policy::{Policy, PolicyDefaults};
 use archer_core::safety_net::SafetyRecord;
 use archer_core::sched::{Snapshot, Volumes};
 
@@ -48,6 +49,9 @@ pub struct ClusterState {
     /// Where the provisioner's recent plans put pending pods, and which nodes recently finished
     /// registering (this process's; empty for a scenario).
     pub plans: Plans,
+    /// The cluster-wide policy defaults (the config's `defaults`) that namespaces' annotations
+    /// override: [`ClusterState::policy`].
+    pub policy_defaults: Arc<PolicyDefaults>,
     /// When this state was taken (Unix milliseconds): the safety record's entries expire, claims
     /// age. (Plans age on their own clock, [`Plans::now_ms`].)
     pub now_ms: i64,
@@ -67,16 +71,31 @@ pub fn refs<T>(v: &[Arc<T>]) -> Vec<&T> {
 }
 
 impl ClusterState {
-    /// A pod's platforms: the webhook's record on it, else the intersection of its images'
-    /// platforms as this state knows them; `None` (unknown: assumed to run anywhere) when an
-    /// image is not known. Either way less the architectures the safety record holds broken,
-    /// for the pod's namespace, on the digests its images resolved to: the rule the extender
+    /// Where a pod may be placed: the webhook's record of its platforms, else the intersection
+    /// of its images' platforms as this state knows them; `None` (unknown: assumed to run
+    /// anywhere) when an image is not known. Either way less the architectures the safety record
+    /// holds broken, for the pod's namespace, on the digests its images resolved to, and less
+    /// those its namespace's policy forbids ([`Policy::placeable`]): the rules the extender
     /// filters by, so no plan buys a node the extender then refuses.
     pub fn pod_platforms(&self, pod: &Pod) -> Option<PlatformSet> {
         let platforms = archer_core::placement::pod_platforms(pod, &|i| self.platforms.get(i))?;
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let digests = archer_core::placement::pod_images(pod).into_iter().filter_map(|i| self.digests.get(&i).cloned());
-        Some(self.safety.exclude_all(digests, namespace, self.now_ms.div_euclid(1000), &platforms))
+        let runnable = self.safety.exclude_all(digests, namespace, self.now_ms.div_euclid(1000), &platforms);
+        Some(self.policy(namespace).placeable(&runnable))
+    }
+
+    /// A namespace's placement policy: its `archer.dev/*` annotations over
+    /// [`ClusterState::policy_defaults`] (annotations that cannot be used give way to the
+    /// default; the webhook reports them). A namespace this state does not hold has the defaults.
+    pub fn policy(&self, namespace: &str) -> Policy {
+        let annotations = self
+            .namespaces
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(namespace))
+            .and_then(|n| n.metadata.annotations.clone())
+            .unwrap_or_default();
+        archer_core::policy::resolve(&self.policy_defaults, &annotations).0
     }
 
     /// Whether the platforms of `pod` depend on an image digest this state has not resolved:

@@ -84,4 +84,31 @@ mod tests {
         let batch = pending_pods(&state, &[pod], &state.volumes(), Policy::default());
         assert_eq!(batch[0].planned.as_deref(), Some("general-abc"));
     }
+    /// A pod whose images run on both architectures but which carries no affinity (its
+    /// inspection failed open, or it was admitted before its namespace's policy) is planned onto
+    /// an architecture its namespace allows, under a mode that changes placement; under observe
+    /// the namespace's policy moves nothing. Archer's provisioner and extender read the same rule.
+    #[test]
+    fn a_pod_is_planned_only_onto_architectures_its_namespace_allows() {
+        let arch = |annotations: serde_json::Value| {
+            let (mut state, _) = state();
+            state.platforms.insert("example.com/web:1".into(), archer_core::platform::PlatformSet::parse_annotation("linux/amd64,linux/arm64").expect("platforms"));
+            let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "annotations": annotations}});
+            state.namespaces.push(Arc::new(serde_json::from_value(namespace).expect("namespace")));
+            let (pending, _) = state.provisionable(&[]);
+            let plan = provision(&state, &pending, Policy::default(), Duration::from_secs(1));
+            plan.nodes.iter().map(|n| n.arch.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(arch(json!({})), ["arm64"], "no policy: the cheaper arm64 node");
+        assert_eq!(arch(json!({"archer.dev/allowed-architectures": "amd64"})), ["amd64"]);
+        assert_eq!(arch(json!({"archer.dev/allowed-architectures": "amd64", "archer.dev/mode": "gate"})), ["amd64"]);
+        assert_eq!(arch(json!({"archer.dev/allowed-architectures": "amd64", "archer.dev/mode": "observe"})), ["arm64"], "observe changes no placement");
+        // The cluster-wide default stands where the namespace says nothing.
+        let (mut state, _) = state();
+        state.platforms.insert("example.com/web:1".into(), archer_core::platform::PlatformSet::parse_annotation("linux/amd64,linux/arm64").expect("platforms"));
+        state.policy_defaults = Arc::new(archer_core::policy::PolicyDefaults { allowed_architectures: vec!["amd64".into()], ..Default::default() });
+        assert_eq!(state.policy("shop").allowed_architectures.as_deref(), Some(&["amd64".to_string()][..]));
+        let (pending, _) = state.provisionable(&[]);
+        assert_eq!(provision(&state, &pending, Policy::default(), Duration::from_secs(1)).nodes.iter().map(|n| n.arch.as_str()).collect::<Vec<_>>(), ["amd64"]);
+    }
 }

@@ -13,7 +13,8 @@ use super::credentials::Keyring;
 use super::entrypoint::{Bound, EntrypointCheck, EntrypointLimits, Undetermined};
 use super::error::RegistryError;
 use super::reference::ImageRef;
-use archer_metrics::{label, Metrics};
+use archer_metrics::label;
+use crate::metrics::RegistryMetrics;
 
 #[derive(Debug, Clone)]
 pub struct CacheSettings {
@@ -58,7 +59,7 @@ pub struct Inspector {
     lookup_timeout: Duration,
     per_pod_concurrency: usize,
     per_pod_bytes: usize,
-    metrics: Arc<Metrics>,
+    metrics: Arc<RegistryMetrics>,
     /// Entrypoint checks by digest, architecture and credential: what a digest holds never
     /// changes, and one check may read hundreds of megabytes.
     entrypoints: Cache<String, Arc<EntrypointCheck>>,
@@ -80,7 +81,7 @@ enum NotKept {
 }
 
 impl Inspector {
-    pub fn new(client: RegistryClient, settings: &CacheSettings, metrics: Arc<Metrics>) -> Self {
+    pub fn new(client: RegistryClient, settings: &CacheSettings, metrics: Arc<RegistryMetrics>) -> Self {
         // Each entry weighs at least its share of the budget, so `capacity` bounds the count too.
         let floor = u32::try_from(settings.max_bytes / settings.capacity.max(1)).unwrap_or(u32::MAX);
         Self {
@@ -171,8 +172,8 @@ impl Inspector {
     async fn inspect_within(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance) -> Result<Arc<Inspection>, RegistryError> {
         let result = self.inspect_inner(image, keyring, allowance).await;
         if let Err(e) = &result {
-            self.metrics.registry.image_lookups.get_or_create(&label("result", "error")).inc();
-            self.metrics.registry.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
+            self.metrics.image_lookups.get_or_create(&label("result", "error")).inc();
+            self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
             tracing::warn!(reason = e.reason(), error = %e, "image inspection failed");
         }
         result
@@ -185,20 +186,20 @@ impl Inspector {
         let key = format!("{parsed}#{who}");
         let cache = if parsed.digest.is_some() { &self.by_digest } else { &self.by_tag };
         if let Some(hit) = cache.get(&key).await {
-            self.metrics.registry.image_lookups.get_or_create(&label("result", "hit")).inc();
+            self.metrics.image_lookups.get_or_create(&label("result", "hit")).inc();
             return Ok(hit);
         }
         if let Some(failed) = self.failures.get(&key).await {
-            self.metrics.registry.image_lookups.get_or_create(&label("result", "failure_hit")).inc();
+            self.metrics.image_lookups.get_or_create(&label("result", "failure_hit")).inc();
             return Err(failed);
         }
         if let Some(stalled) = &self.stalled {
             if let Some(failed) = stalled.get(&key).await {
-                self.metrics.registry.image_lookups.get_or_create(&label("result", "timeout_hit")).inc();
+                self.metrics.image_lookups.get_or_create(&label("result", "timeout_hit")).inc();
                 return Err(failed);
             }
         }
-        self.metrics.registry.image_lookups.get_or_create(&label("result", "miss")).inc();
+        self.metrics.image_lookups.get_or_create(&label("result", "miss")).inc();
         let timeout = self.lookup_timeout;
         let client = self.client.clone();
         let allowance = allowance.clone();
@@ -261,7 +262,7 @@ impl Inspector {
                     Ok(r) => r,
                     Err(_) => {
                         let e = RegistryError::Timeout(self.lookup_timeout.min(deadline.saturating_duration_since(Instant::now())));
-                        self.metrics.registry.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
+                        self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
                         tracing::warn!(image = %image, "image not inspected before the pod's deadline");
                         Err(e)
                     }

@@ -7,6 +7,7 @@ pub mod entrypoint;
 pub mod error;
 pub mod guard;
 pub mod inspector;
+pub mod metrics;
 pub mod reference;
 
 pub use client::{ClientSettings, Inspection, RegistryClient};
