@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use archer::catalog::Catalog;
 use archer::provisioner::consolidation::{self, Decision, Search, World, EVALUATIONS_PER_PASS};
-use archer::provisioner::objects::{node_price, DisruptionSettings};
+use archer::provisioner::objects::DisruptionSettings;
 use archer::provisioner::scenario::Scenario;
 use serde_json::json;
 
@@ -69,7 +69,8 @@ fn main() {
         let inputs = s.inputs(&catalog, Default::default()).expect("inputs");
         let volumes = s.state.volumes();
         let world = World { state: &s.state, pools: &inputs.pools, volumes: &volumes, budget: archer::core::packer::DEFAULT_BUDGET, preferences: Default::default() };
-        let price = |node: &k8s_openapi::api::core::v1::Node| node_price(node, &inputs.offerings);
+        let prices = s.state.pricer();
+        let price = |node: &k8s_openapi::api::core::v1::Node| prices.per_hour(node);
         let nodes = consolidation::pool_nodes(&s.state, "general", &|_| true, &price, &mut |_| {});
         assert_eq!(nodes.candidates.len(), n, "every node is a priced candidate");
         let settings = DisruptionSettings::of(&s.state.pools[0]).expect("settings");

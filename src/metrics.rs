@@ -103,6 +103,7 @@ mod tests {
         "archer_launches_rate_limited",
         "archer_managed_nodes",
         "archer_node_launch_errors",
+        "archer_node_price_dollars_per_hour",
         "archer_nodeclaims_given_up",
         "archer_nodes_cost_per_hour_dollars",
         "archer_nodes_launched",

@@ -155,6 +155,8 @@ fn each_provisioner_adds_exactly_its_rules() {
             rule("archer.dev", &["nodepools/status"], &["patch"]),
             rule("archer.dev", &["nodeclaims"], &["get", "list", "watch", "create", "delete"]),
             rule("archer.dev", &["nodeclaims/status"], &["patch"]),
+            rule("karpenter.sh", &["nodeoverlays"], READ),
+            rule("karpenter.sh", &["nodeoverlays/status"], &["patch"]),
         ]
     };
     let classes = |plural: &str| [rule("archer.dev", &[plural], READ), rule("archer.dev", &[&format!("{plural}/status")], &["patch"])];
@@ -266,6 +268,31 @@ fn nodeclaim_crd_is_generated_from_the_types() {
     let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
     let resources: Vec<&str> = k["resources"].as_array().expect("resources").iter().filter_map(|r| r.as_str()).collect();
     assert!(resources.contains(&"crds/nodeclaim.yaml") && resources.contains(&"crds/nodepool.yaml"));
+}
+
+/// Karpenter's NodeOverlay CRD as Archer ships it: for kustomize users to apply where Karpenter's
+/// is absent (deploy/crds/nodeoverlay.yaml, not in the base), and in the chart's files/ for the
+/// template that installs it unless the cluster serves it; regenerated like the others.
+#[test]
+fn nodeoverlay_crd_is_generated_from_the_types() {
+    let crd = archer::provisioner::nodeoverlay::chart_crd();
+    let generated = format!("# Generated from crates/api/src/nodeoverlay.rs: ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests\n{}", serde_saphyr::to_string(&crd).expect("yaml"));
+    for file in ["deploy/crds/nodeoverlay.yaml", "deploy/helm/archer/files/nodeoverlay-crd.yaml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        if std::env::var_os("ARCHER_UPDATE_CRDS").is_some() {
+            std::fs::write(&path, &generated).expect("write crd");
+        }
+        assert_eq!(std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{file}: {e}")), generated, "{file} is stale: regenerate it");
+    }
+    assert_eq!((crd.metadata.name.as_deref(), crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str()), (Some("nodeoverlays.karpenter.sh"), "karpenter.sh", "Cluster", "NodeOverlay"));
+    assert_eq!(crd.spec.names.short_names.as_deref(), Some(&["overlays".to_string()][..]));
+    assert_eq!(crd.metadata.annotations.as_ref().and_then(|a| a.get("helm.sh/resource-policy")).map(String::as_str), Some("keep"));
+    let schema = serde_json::to_string(&crd.spec.versions[0].schema).expect("schema");
+    for field in ["requirements", "priceAdjustment", "price", "capacity", "weight", "!has(self.price) || !has(self.priceAdjustment)"] {
+        assert!(schema.contains(field), "schema lacks {field}");
+    }
+    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
+    assert!(!k["resources"].as_array().expect("resources").iter().any(|r| r == "crds/nodeoverlay.yaml"), "Karpenter's CRD is not in the base: Karpenter users have it");
 }
 
 #[test]

@@ -124,8 +124,14 @@ fn is_hook(v: &Value) -> bool {
     v["metadata"]["annotations"].get("helm.sh/hook").is_some()
 }
 
+/// Karpenter's NodeOverlay CRD, which the chart installs where the cluster does not serve it;
+/// the kustomize base leaves it to the user (deploy/crds/nodeoverlay.yaml).
+fn is_overlay_crd(v: &Value) -> bool {
+    v["kind"] == "CustomResourceDefinition" && v["metadata"]["name"] == "nodeoverlays.karpenter.sh"
+}
+
 fn assert_same_objects(mut chart: Vec<Value>, mut kustomize: Vec<Value>) {
-    chart.retain(|o| !is_hook(o));
+    chart.retain(|o| !is_hook(o) && !is_overlay_crd(o));
     chart.iter_mut().for_each(normalize);
     kustomize.iter_mut().for_each(normalize);
     assert_eq!(keys(&chart), keys(&kustomize), "the chart and kustomize render different objects");
@@ -233,6 +239,21 @@ fn non_default_values_reach_the_manifests() {
     assert_eq!(sa.metadata.annotations.and_then(|a| a.get("eks.amazonaws.com/role-arn").cloned()).as_deref(), Some("arn:aws:iam::111122223333:role/archer"));
     assert!(!objects.iter().any(|o| o["kind"] == "PodDisruptionBudget"), "podDisruptionBudget.enabled=false");
     assert_eq!(archer_config(&objects).webhook.decision_timeout_seconds, 8.0);
+}
+
+/// Karpenter's NodeOverlay CRD comes with the chart where the cluster does not serve it, kept on
+/// upgrade and uninstall; where it is served (Karpenter's chart installed it), or when turned off,
+/// the chart leaves it alone.
+#[test]
+fn the_chart_installs_the_nodeoverlay_crd_only_where_it_is_not_served() {
+    let crds = |flags: &[&str]| rendered(flags).into_iter().filter(is_overlay_crd).collect::<Vec<_>>();
+    let installed = crds(&[]);
+    assert_eq!(installed.len(), 1);
+    assert_eq!(installed[0]["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+    let file = &file_docs("deploy/crds/nodeoverlay.yaml")[0];
+    assert_eq!(&installed[0], file, "the chart's copy is the generated one");
+    assert!(crds(&["--api-versions", "karpenter.sh/v1alpha1/NodeOverlay"]).is_empty(), "Karpenter's own is served");
+    assert!(crds(&["--set", "nodeOverlays.installCRD=false"]).is_empty());
 }
 
 #[test]
@@ -498,6 +519,8 @@ fn cluster_rules(pods: bool, provisioner: Option<&[&str]>, classes: Option<&str>
             rule("archer.dev", &["nodepools/status"], &["patch"]),
             rule("archer.dev", &["nodeclaims"], &["get", "list", "watch", "create", "delete"]),
             rule("archer.dev", &["nodeclaims/status"], &["patch"]),
+            rule("karpenter.sh", &["nodeoverlays"], READ),
+            rule("karpenter.sh", &["nodeoverlays/status"], &["patch"]),
         ]);
     }
     if let Some(plural) = classes {

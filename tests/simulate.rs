@@ -565,3 +565,107 @@ spec:
     let placed: usize = c["withArm64"]["nodes"].as_array().expect("nodes").iter().map(|n| n["pods"].as_array().map_or(0, Vec::len)).sum();
     assert_eq!(placed, 6, "the left-out pod is in no plan of the comparison");
 }
+
+/// A pool in a region the catalog has no prices for is planned in the catalog's default region,
+/// and every line that uses such a price says so (the text plan) as the notes do (JSON); a
+/// catalog with the region's prices (`--catalog`) prices it there, with no warning.
+#[test]
+fn a_region_without_prices_is_said_on_every_line_that_uses_another() {
+    let scenario = r#"
+apiVersion: archer.dev/v1alpha1
+kind: NodePool
+metadata: {name: dublin}
+spec:
+  template:
+    spec:
+      requirements:
+        - {key: topology.kubernetes.io/zone, operator: In, values: [eu-west-1a]}
+        - {key: node.kubernetes.io/instance-type, operator: In, values: [m7g.large]}
+        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: default, annotations: {archer.dev/platforms: linux/arm64}}
+spec:
+  containers: [{name: c, image: nginx, resources: {requests: {cpu: 500m, memory: 512Mi}}}]
+"#;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("dublin.yaml");
+    std::fs::write(&path, scenario).expect("write");
+    let path = path.to_str().expect("path");
+    let plan = simulate(&["--scenario", path, "--offline"]);
+    assert_eq!(node_of(&plan, "default/web")["zone"], "eu-west-1a");
+    let notes: Vec<&str> = plan["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).collect();
+    assert!(notes.iter().any(|n| n.contains("eu-west-1a") && n.contains("no eu-west-1 prices") && n.contains("us-east-1") && n.contains("--catalog")), "{notes:?}");
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_archer")).args(["simulate", "--scenario", path, "--offline"]).output().expect("run");
+    let text = String::from_utf8_lossy(&text.stdout);
+    let line = text.lines().find(|l| l.contains("m7g.large") && l.contains("eu-west-1a")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("[priced as us-east-1: the catalog has no eu-west-1 prices"), "{line}");
+
+    // With eu-west-1 prices in a user catalog: that price, and nothing to say.
+    let catalog = dir.path().join("eu.yaml");
+    std::fs::write(&catalog, "instanceTypes:\n  - {name: m7g.large, provider: aws, arch: arm64, family: m7g, vcpu: 2, memoryMib: 8192, allocatable: {cpu: 1930m, memory: 6844Mi}, maxPods: 29, prices: {us-east-1: 0.0816, eu-west-1: 0.0901}}\n").expect("write");
+    let plan = simulate(&["--scenario", path, "--offline", "--catalog", catalog.to_str().expect("path")]);
+    assert_eq!(node_of(&plan, "default/web")["pricePerHour"].as_f64(), Some(0.0901), "{plan}");
+    assert!(plan["notes"].as_array().is_none_or(|n| n.iter().all(|n| !n.as_str().unwrap_or("").contains("no eu-west-1 prices"))), "{plan}");
+}
+
+/// A Karpenter NodeOverlay in the scenario prices the plan as Karpenter would: `-20%` on the
+/// c7g family moves an arm64 pod there; without it the plan is as before; an overlay keyed on
+/// the NodePool is not applied, and the notes say so.
+#[test]
+fn a_nodeoverlay_moves_the_plan_and_what_archer_does_not_apply_is_said() {
+    let scenario = r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: default}
+spec:
+  template:
+    spec:
+      requirements:
+        - {key: node.kubernetes.io/instance-type, operator: In, values: [c7g.large, c6g.large, m6g.large]}
+        - {key: topology.kubernetes.io/zone, operator: In, values: [us-east-1a]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: default, annotations: {archer.dev/platforms: linux/arm64}}
+spec:
+  containers: [{name: c, image: nginx, resources: {requests: {cpu: 500m, memory: 2Gi}}}]
+"#;
+    let overlay = r#"
+---
+apiVersion: karpenter.sh/v1alpha1
+kind: NodeOverlay
+metadata: {name: savings-plan}
+spec:
+  requirements:
+    - {key: karpenter.k8s.aws/instance-family, operator: In, values: [c7g]}
+  priceAdjustment: "-20%"
+  weight: 10
+---
+apiVersion: karpenter.sh/v1alpha1
+kind: NodeOverlay
+metadata: {name: by-pool}
+spec:
+  requirements:
+    - {key: karpenter.sh/nodepool, operator: In, values: [default]}
+  price: "0.001"
+"#;
+    let dir = tempfile::tempdir().expect("tmp");
+    let plain = dir.path().join("plain.yaml");
+    std::fs::write(&plain, scenario).expect("write");
+    let overlaid = dir.path().join("overlaid.yaml");
+    std::fs::write(&overlaid, format!("{scenario}{overlay}")).expect("write");
+    let before = simulate(&["--scenario", plain.to_str().expect("path"), "--offline"]);
+    let was = node_of(&before, "default/web").clone();
+    assert_eq!(was["instanceType"], "c6g.large", "without the overlay c6g is the cheapest here: {was}");
+    let after = simulate(&["--scenario", overlaid.to_str().expect("path"), "--offline"]);
+    let now = node_of(&after, "default/web");
+    assert_eq!(now["instanceType"], "c7g.large", "{after}");
+    let catalog = archer::catalog::Catalog::embedded().expect("catalog");
+    let listed = catalog.price("c7g.large", Some("us-east-1"), archer::core::instance::CapacityType::OnDemand).expect("listed");
+    assert!((now["pricePerHour"].as_f64().expect("price") - listed * 0.8).abs() < 1e-6, "{now}");
+    let notes: Vec<&str> = after["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).collect();
+    assert!(notes.iter().any(|n| n.contains("NodeOverlay by-pool: not applied (NotApplied)") && n.contains("karpenter.sh/nodepool")), "{notes:?}");
+    assert!(!notes.iter().any(|n| n.contains("savings-plan")), "{notes:?}");
+}

@@ -22,6 +22,11 @@ pub struct PricesArgs {
     /// A user catalog file (YAML or CSV) on top of the embedded one.
     #[arg(long, env = "ARCHER_CATALOG")]
     pub catalog: Option<PathBuf>,
+    /// Karpenter NodeOverlays (`karpenter.sh/v1alpha1`, YAML documents, as `kubectl get
+    /// nodeoverlays -o yaml` prints them) applied to the catalog's prices as the provisioner
+    /// applies them: the prices shown are the overlaid ones, with the overlay that set each.
+    #[arg(long)]
+    pub overlays: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// `aws`: what the EC2 provider sees (the types EC2 offers in the region, by zone, with EC2's
@@ -76,8 +81,24 @@ async fn aws_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The NodeOverlays of a YAML file (documents, or a `List`); anything else in it is an error.
+fn read_overlays(path: &std::path::Path) -> anyhow::Result<Vec<std::sync::Arc<archer_api::nodeoverlay::NodeOverlay>>> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let (state, ignored) = archer_model::ClusterState::from_objects(archer_core::yaml::objects(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)?;
+    if let Some(other) = ignored.first() {
+        anyhow::bail!("{}: {other} is not a NodeOverlay (karpenter.sh/v1alpha1)", path.display());
+    }
+    Ok(state.overlays)
+}
+
+/// The zone a region's prices are shown for when overlays are applied (its first zone).
+fn first_zone(region: &str, provider: &str) -> String {
+    if provider == "azure" { format!("{region}-1") } else { format!("{region}a") }
+}
+
 fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
-    let PricesArgs { arch, family, region, catalog, output, .. } = args;
+    let PricesArgs { arch, family, region, catalog, output, overlays, .. } = args;
     let c = Catalog::with_user_file(catalog.as_deref())?;
     let region = region.unwrap_or_else(|| c.default_region.clone());
     let known = c.regions();
@@ -97,6 +118,39 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
             (t.clone(), od, spot)
         })
         .collect();
+    // Overlays, as the provisioner applies them to offerings (in the region's first zone).
+    let mut by: std::collections::HashMap<(String, CapacityType), String> = Default::default();
+    if let Some(path) = &overlays {
+        let overlays = read_overlays(path)?;
+        let offerings: Vec<archer_core::packer::Offering> = rows
+            .iter()
+            .flat_map(|(t, od, spot)| {
+                let zone = first_zone(&region, &t.provider);
+                [(CapacityType::OnDemand, *od), (CapacityType::Spot, *spot)].into_iter().filter_map(move |(c, p)| Some(archer_core::packer::Offering { instance: t.clone(), zone: zone.clone(), capacity: c, price: p? }))
+            })
+            .collect();
+        let overlaid = archer_model::overlay::apply(&overlays, &[], &offerings);
+        let prices: std::collections::HashMap<(String, CapacityType), f64> = overlaid.offerings.iter().map(|o| ((o.instance.name.clone(), o.capacity), o.price)).collect();
+        for (i, name) in &overlaid.priced_by {
+            if let Some(o) = offerings.get(*i) {
+                by.insert((o.instance.name.clone(), o.capacity), name.clone());
+            }
+        }
+        for (t, od, spot) in &mut rows {
+            *od = od.and(prices.get(&(t.name.clone(), CapacityType::OnDemand)).copied());
+            *spot = spot.and(prices.get(&(t.name.clone(), CapacityType::Spot)).copied());
+        }
+        for (name, outcome) in &overlaid.outcomes {
+            let (status, reason, message) = outcome.condition();
+            let applied = outcome.conditions().into_iter().find(|c| c.0 == "ArcherApplied").map(|c| (c.2, c.3)).unwrap_or_default();
+            if status != "True" {
+                eprintln!("NodeOverlay {name}: not applied ({reason}: {message})");
+            } else if applied.0 != "Applied" {
+                eprintln!("NodeOverlay {name}: {}", applied.1);
+            }
+        }
+    }
+    let overlay_of = |t: &str, c: CapacityType| by.get(&(t.to_string(), c)).cloned();
     rows.sort_by(|a, b| a.1.unwrap_or(f64::INFINITY).total_cmp(&b.1.unwrap_or(f64::INFINITY)).then_with(|| a.0.name.cmp(&b.0.name)));
     match output {
         Output::Json => {
@@ -107,18 +161,25 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
                     "vcpu": t.vcpu, "memoryMib": t.memory_mib, "allocatableCpu": t.allocatable_cpu,
                     "allocatableMemory": t.allocatable_memory, "maxPods": t.max_pods, "region": region,
                     "onDemandPerHour": od, "spotPerHour": spot,
+                    "onDemandOverlay": overlay_of(&t.name, CapacityType::OnDemand), "spotOverlay": overlay_of(&t.name, CapacityType::Spot),
                 }))
                 .collect();
             println!("{}", serde_json::to_string_pretty(&docs)?);
         }
         Output::Text => {
-            println!("{:<20} {:<6} {:>5} {:>9} {:>10} {:>11} {:>5} {:>10} {:>10} {:>10}", "TYPE", "ARCH", "VCPU", "MEM(MiB)", "ALLOC CPU", "ALLOC MEM", "PODS", "ON-DEMAND", "SPOT(est)", "$/vCPU-h");
+            let overlay_column = |t: &str| match (overlay_of(t, CapacityType::OnDemand), overlay_of(t, CapacityType::Spot)) {
+                (None, None) => String::new(),
+                (Some(a), Some(b)) if a == b => format!("  {a}"),
+                (a, b) => format!("  {}/{}", a.unwrap_or_else(|| "-".into()), b.unwrap_or_else(|| "-".into())),
+            };
+            let header = if overlays.is_some() { "  OVERLAY" } else { "" };
+            println!("{:<20} {:<6} {:>5} {:>9} {:>10} {:>11} {:>5} {:>10} {:>10} {:>10}{header}", "TYPE", "ARCH", "VCPU", "MEM(MiB)", "ALLOC CPU", "ALLOC MEM", "PODS", "ON-DEMAND", "SPOT(est)", "$/vCPU-h");
             let fmt = |p: &Option<f64>| p.map_or("-".to_string(), |p| format!("{p:.4}"));
             for (t, od, spot) in &rows {
                 let per_cpu = od.map_or("-".to_string(), |p| format!("{:.4}", p / f64::from(t.vcpu.max(1))));
                 println!(
-                    "{:<20} {:<6} {:>5} {:>9} {:>10} {:>11} {:>5} {:>10} {:>10} {:>10}",
-                    t.name, t.arch, t.vcpu, t.memory_mib, t.allocatable_cpu, t.allocatable_memory, t.max_pods, fmt(od), fmt(spot), per_cpu
+                    "{:<20} {:<6} {:>5} {:>9} {:>10} {:>11} {:>5} {:>10} {:>10} {:>10}{}",
+                    t.name, t.arch, t.vcpu, t.memory_mib, t.allocatable_cpu, t.allocatable_memory, t.max_pods, fmt(od), fmt(spot), per_cpu, overlay_column(&t.name)
                 );
             }
             eprintln!("{} instance types, region {region}", rows.len());

@@ -77,9 +77,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let base_keyring = super::base_keyring(&cfg)?;
     // The one place the cluster state is built (the provisioner's caches attach to it).
-    let picture = cluster.clone().map(|view| Picture::new(view, cfg.defaults.clone()));
-    let parts = Parts { cfg: &cfg, budget: &budget, inspector: &inspector, cluster: cluster.as_ref(), picture: picture.as_ref(), base_keyring: &base_keyring, metrics: &metrics };
     let catalog = Arc::new(archer_core::catalog::Catalog::with_user_file(cfg.catalog.as_deref())?);
+    let picture = cluster.clone().map(|view| Picture::new(view, cfg.defaults.clone(), catalog.clone()));
+    let parts = Parts { cfg: &cfg, budget: &budget, inspector: &inspector, cluster: cluster.as_ref(), picture: picture.as_ref(), base_keyring: &base_keyring, metrics: &metrics };
     let cluster_for_safety = cluster.clone();
     let provisioning = provisioner_task(&cfg, picture.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.provisioner.clone())?;
     let extender_router = extender::router(parts.extender(catalog));

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -47,7 +48,7 @@ pub struct SimulateArgs {
 /// instance type, zone and capacity type), and the candidates are the worker's
 /// ([`archer_model::disruption::candidates`]), every node taken as long settled.
 fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, preferences: archer_core::sched::preferences::Policy, notes: &mut Vec<String>) -> Vec<Decision> {
-    use crate::provisioner::objects::{labels_of, node_leaving, node_pool_of, node_price, DisruptionSettings};
+    use crate::provisioner::objects::{labels_of, node_leaving, node_pool_of, DisruptionSettings};
     let volumes = s.state.volumes();
     let world = consolidation::World { state: &s.state, pools: &inputs.pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences };
     let launched = s.as_launched(&inputs.offerings);
@@ -62,10 +63,14 @@ fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, prefe
                 continue;
             }
         };
-        for n in s.state.nodes.iter().filter(|n| node_pool_of(n) == Some(pool.as_str()) && !node_leaving(n) && node_price(n, &inputs.offerings).is_none()) {
+        let offered = |n: &k8s_openapi::api::core::v1::Node| {
+            let l = labels_of(n);
+            archer_core::packer::Offering::of_node(&inputs.offerings, &|k| l.get(k).cloned()).is_some()
+        };
+        for n in s.state.nodes.iter().filter(|n| node_pool_of(n) == Some(pool.as_str()) && !node_leaving(n) && !offered(n)) {
             let l = labels_of(n);
             let get = |k: &str| l.get(k).cloned().unwrap_or_default();
-            let capacity = if get(labels::KARPENTER_CAPACITY_TYPE).is_empty() { get(labels::CAPACITY_TYPE) } else { get(labels::KARPENTER_CAPACITY_TYPE) };
+            let capacity = archer_core::instance::CapacityType::of_node(&|k| l.get(k).cloned()).as_str();
             notes.push(format!("node {} has no catalog price ({} {} {capacity}); left alone", n.metadata.name.as_deref().unwrap_or(""), get(labels::INSTANCE_TYPE), get(labels::ZONE)));
         }
         let nodes = archer_model::disruption::candidates(&launched, &pool, Duration::ZERO);
@@ -120,7 +125,31 @@ fn round(p: f64) -> f64 {
     (p * 1e6).round() / 1e6
 }
 
-fn print_plan(title: &str, plan: &Plan) {
+/// Zones of the scenario's pools whose region the catalog has no prices in, with that region:
+/// their offerings are priced in the catalog's default region, which every line that uses one
+/// says (simulate plans on rather than refusing, and never silently).
+fn priced_elsewhere(s: &Scenario, catalog: &Catalog) -> BTreeMap<String, String> {
+    let known = catalog.regions();
+    s.state
+        .pools
+        .iter()
+        .flat_map(|np| np.zones())
+        .filter_map(|z| {
+            let region = archer_core::labels::region_of(&z).to_string();
+            (!known.contains_key(&region)).then_some((z, region))
+        })
+        .collect()
+}
+
+/// What a plan's line says of a node priced in another region than its zone's.
+fn elsewhere_suffix(elsewhere: &BTreeMap<String, String>, zone: &str, default_region: &str) -> String {
+    match elsewhere.get(zone) {
+        Some(region) => format!("  [priced as {default_region}: the catalog has no {region} prices; pass --catalog with them]"),
+        None => String::new(),
+    }
+}
+
+fn print_plan(title: &str, plan: &Plan, elsewhere: &BTreeMap<String, String>, default_region: &str) {
     println!("{title}: {} new node(s), ${:.4}/hour", plan.nodes.len(), plan.total_price_per_hour);
     if let Some(line) = bound_line(plan) {
         println!("  {line}");
@@ -132,8 +161,8 @@ fn print_plan(title: &str, plan: &Plan) {
         println!("  {:<wn$} {:<wp$} {:<wt$} {:<6} {:<11} {:<10} {:>8}  PODS", "NODE", "POOL", "TYPE", "ARCH", "ZONE", "CAPACITY", "$/HOUR");
         for n in &plan.nodes {
             println!(
-                "  {:<wn$} {:<wp$} {:<wt$} {:<6} {:<11} {:<10} {:>8.4}  {}",
-                n.name, n.pool, n.instance_type, n.arch, n.zone, n.capacity_type, n.price_per_hour, n.pods.join(", ")
+                "  {:<wn$} {:<wp$} {:<wt$} {:<6} {:<11} {:<10} {:>8.4}  {}{}",
+                n.name, n.pool, n.instance_type, n.arch, n.zone, n.capacity_type, n.price_per_hour, n.pods.join(", "), elsewhere_suffix(elsewhere, &n.zone, default_region)
             );
         }
         // Values chosen for keys a pool's requirements leave open (`key In [a,b,c]`).
@@ -181,9 +210,23 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         }
     }
     s.state.platforms = found;
-    // Namespaces in the scenario resolve their policy over the config's defaults, as live.
+    // Namespaces in the scenario resolve their policy over the config's defaults, as live; nodes
+    // are priced by the one rule with this catalog.
     s.state.policy_defaults = std::sync::Arc::new(cfg.defaults.clone());
+    s.state.catalog = Some(std::sync::Arc::new(catalog.clone()));
+    let elsewhere = priced_elsewhere(&s, &catalog);
+    for (zone, region) in &elsewhere {
+        notes.push(format!("zone {zone}: the catalog has no {region} prices, so its nodes are priced as {}; pass --catalog with {region} prices", catalog.default_region));
+    }
     let inputs = s.inputs(&catalog, cfg.provisioner.preference_policy)?;
+    // NodeOverlays the plan's prices do not reflect as Karpenter's would, each said.
+    for (name, outcome) in &s.state.overlay_outcomes {
+        for (type_, status, reason, message) in outcome.conditions() {
+            if type_ == "ArcherApplied" && reason != "Applied" {
+                notes.push(format!("NodeOverlay {name}: {} ({reason}){}", if status == "True" { "applied in part" } else { "not applied" }, if message.is_empty() { String::new() } else { format!(": {message}") }));
+            }
+        }
+    }
     if inputs.assumed > 0 {
         notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));
     }
@@ -221,10 +264,10 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&doc)?);
         }
         Output::Text => {
-            print_plan("Plan", &plan);
+            print_plan("Plan", &plan, &elsewhere, &catalog.default_region);
             if let Some(c) = &comparison {
                 println!();
-                print_plan("With arm64 forbidden", &c.without_arm64);
+                print_plan("With arm64 forbidden", &c.without_arm64, &elsewhere, &catalog.default_region);
                 let (with, without) = (c.with_arm64.total_price_per_hour, c.without_arm64.total_price_per_hour);
                 let saved = c.arm64_saving();
                 let pct = if without > 0.0 { 100.0 * saved / without } else { 0.0 };

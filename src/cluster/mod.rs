@@ -46,6 +46,14 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
+    (store, reflect_writer(api, config, what, writer, on_applied))
+}
+
+/// [`reflect_with`] into a writer made beforehand (its store handed out earlier).
+fn reflect_writer<K>(api: Api<K>, config: watcher::Config, what: &'static str, writer: reflector::store::Writer<K>, on_applied: impl Fn(&K) + Send + Sync + 'static) -> impl std::future::Future<Output = ()> + Send + 'static
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
     let on_applied = Arc::new(on_applied);
     let stream = watcher(api, config.any_semantic())
         .default_backoff()
@@ -63,7 +71,12 @@ where
                 }
             }
         });
-    (store, stream)
+    stream
+}
+
+/// The NodeOverlay watch into `writer` (its store was handed out before the CRD was found).
+pub(super) fn reflect_into(api: Api<archer_api::nodeoverlay::NodeOverlay>, writer: reflector::store::Writer<archer_api::nodeoverlay::NodeOverlay>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    reflect_writer(api, watcher::Config::default(), "nodeoverlay", writer, |_| {})
 }
 
 /// Every page of a list, 500 objects at a time (as kubectl pages), one page an item.

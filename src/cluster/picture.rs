@@ -5,10 +5,14 @@
 //! read the same state; only a process that provisions has one (the caches and the plans are
 //! the provisioner's).
 
-use std::sync::{Arc, RwLock};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
 
 use archer_cloud::{CloudProvider, NodeClassReadiness};
 use archer_model::plans::Plans;
+use archer_core::catalog::Catalog;
+use archer_core::packer::Offering;
+use archer_model::overlay::Outcome;
 use archer_core::policy::PolicyDefaults;
 use archer_model::ClusterState;
 
@@ -28,11 +32,31 @@ pub struct Picture {
     live: Arc<RwLock<Option<Live>>>,
     /// The config's policy defaults, which namespaces' annotations override.
     defaults: Arc<PolicyDefaults>,
+    /// The price catalog, for nodes no claim or offering prices.
+    catalog: Arc<Catalog>,
+    /// The provider's offerings last overlaid, and the result: overlays are applied again only
+    /// when the offerings, an overlay or a pool change.
+    overlaid: Arc<Mutex<Option<Overlaid>>>,
+}
+
+/// Offerings with NodeOverlays applied, and what they were applied from.
+struct Overlaid {
+    source: Arc<Vec<Offering>>,
+    versions: Vec<(String, String)>,
+    offerings: Arc<Vec<Offering>>,
+    outcomes: BTreeMap<String, Outcome>,
+}
+
+/// The names and resource versions of the overlays and pools: what an overlaid result depends on
+/// besides the offerings.
+fn versions(state: &ClusterState) -> Vec<(String, String)> {
+    let of = |m: &kube::api::ObjectMeta| (m.name.clone().unwrap_or_default(), m.resource_version.clone().unwrap_or_default());
+    state.overlays.iter().map(|o| of(&o.metadata)).chain(state.pools.iter().map(|p| of(&p.metadata))).collect()
 }
 
 impl Picture {
-    pub fn new(view: ClusterView, defaults: PolicyDefaults) -> Self {
-        Picture { view, plans: PlanBook::default(), live: Arc::default(), defaults: Arc::new(defaults) }
+    pub fn new(view: ClusterView, defaults: PolicyDefaults, catalog: Arc<Catalog>) -> Self {
+        Picture { view, plans: PlanBook::default(), live: Arc::default(), defaults: Arc::new(defaults), catalog, overlaid: Arc::default() }
     }
 
     /// The Namespace, Node and pull-secret caches.
@@ -72,7 +96,7 @@ impl Picture {
     /// The cluster at this moment from these caches and this provider.
     pub fn state_of(&self, stores: &Stores, provider: &dyn CloudProvider) -> ClusterState {
         let mut state = self.objects(stores);
-        state.offerings = provider.offerings();
+        self.overlay(&mut state, provider.offerings());
         state.safety = self.view.safety_record().get();
         // A pool whose node class is not ready gets no new node: its pods fall through to the
         // next pool by weight, as Karpenter skips a NodePool that is not Ready.
@@ -87,6 +111,24 @@ impl Picture {
         state
     }
 
+    /// `state`'s offerings: `offerings` with its NodeOverlays applied, from the last result
+    /// while nothing it depends on changed.
+    fn overlay(&self, state: &mut ClusterState, offerings: Arc<Vec<Offering>>) {
+        if state.overlays.is_empty() {
+            state.overlay_offerings(offerings);
+            return;
+        }
+        let versions = versions(state);
+        let mut cached = self.overlaid.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cached.as_ref().filter(|c| Arc::ptr_eq(&c.source, &offerings) && c.versions == versions) {
+            state.offerings = c.offerings.clone();
+            state.overlay_outcomes = c.outcomes.clone();
+            return;
+        }
+        state.overlay_offerings(offerings.clone());
+        *cached = Some(Overlaid { source: offerings, versions, offerings: state.offerings.clone(), outcomes: state.overlay_outcomes.clone() });
+    }
+
     /// The caches' objects, the namespaces and the policy defaults, the plans and the time.
     fn objects(&self, stores: &Stores) -> ClusterState {
         let (version, placements) = self.plans.snapshot();
@@ -94,6 +136,7 @@ impl Picture {
         state.plans = Plans::new(version, super::monotonic_ms(), placements, self.view.registrations().snapshot());
         state.now_ms = super::unix_now_ms();
         state.policy_defaults = self.defaults.clone();
+        state.catalog = Some(self.catalog.clone());
         state
     }
 }

@@ -11,11 +11,12 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 
 use archer_api::nodeclaim::NodeClaim;
+use archer_api::nodeoverlay::NodeOverlay;
 use archer_api::nodepool::NodePool;
 use archer_model::objects as state;
 use archer_model::ClusterState;
 
-use super::reflect_with;
+use super::{reflect_into, reflect_with};
 
 /// Watch-backed caches of what the worker reads.
 #[derive(Clone)]
@@ -27,6 +28,8 @@ pub struct Stores {
     pub daemonsets: Store<DaemonSet>,
     pub claims_pv: Store<PersistentVolumeClaim>,
     pub volumes: Store<PersistentVolume>,
+    /// Karpenter's NodeOverlays, once their CRD is served (empty until then).
+    pub overlays: Store<NodeOverlay>,
 }
 
 impl Stores {
@@ -51,10 +54,11 @@ impl Stores {
         let (daemonsets, d) = reflect_with(Api::<DaemonSet>::all(client.clone()), watcher::Config::default(), "daemonset", |_: &DaemonSet| {});
         let (claims_pv, pvc) = reflect_with(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default(), "persistentvolumeclaim", |_: &PersistentVolumeClaim| {});
         let (volumes, pv) = reflect_with(Api::<PersistentVolume>::all(client.clone()), watcher::Config::default(), "persistentvolume", |_: &PersistentVolume| {});
+        let (overlays, ov) = watch_overlays(client.clone());
         let drive = async move {
-            futures::future::join(futures::future::join5(p, n, c, np, d), futures::future::join(pvc, pv)).await;
+            futures::future::join(futures::future::join5(p, n, c, np, d), futures::future::join3(pvc, pv, ov)).await;
         };
-        (Stores { pods, nodes, claims, pools, daemonsets, claims_pv, volumes }, drive)
+        (Stores { pods, nodes, claims, pools, daemonsets, claims_pv, volumes, overlays }, drive)
     }
 
     /// The objects as the caches hold them now, with the namespaces the process keeps (the rest
@@ -69,6 +73,7 @@ impl Stores {
             daemonsets: self.daemonsets.state(),
             volume_claims: self.claims_pv.state(),
             volumes: self.volumes.state(),
+            overlays: self.overlays.state(),
             ..Default::default()
         }
     }
@@ -77,4 +82,27 @@ impl Stores {
         let _ = futures::future::join5(self.pods.wait_until_ready(), self.nodes.wait_until_ready(), self.claims.wait_until_ready(), self.pools.wait_until_ready(), self.daemonsets.wait_until_ready()).await;
         let _ = futures::future::join(self.claims_pv.wait_until_ready(), self.volumes.wait_until_ready()).await;
     }
+}
+
+/// How often Archer looks again for the NodeOverlay CRD while it is not served.
+const OVERLAY_CRD_RECHECK: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The NodeOverlay cache. Karpenter's CRD (`nodeoverlays.karpenter.sh`) may not be installed:
+/// until the API serves it, the cache stays empty and the absence is logged once per look (every
+/// five minutes), rather than a watch failing every few seconds.
+fn watch_overlays(client: Client) -> (Store<NodeOverlay>, impl std::future::Future<Output = ()> + Send + 'static) {
+    let (store, writer) = kube::runtime::reflector::store();
+    let drive = async move {
+        let api = Api::<NodeOverlay>::all(client);
+        loop {
+            match api.list(&kube::api::ListParams::default().limit(1)).await {
+                Ok(_) => break,
+                Err(kube::Error::Api(e)) if e.code == 404 => tracing::info!("NodeOverlay (karpenter.sh/v1alpha1) is not served: no overlays; looking again in 5 minutes"),
+                Err(e) => tracing::warn!(error = %e, "listing NodeOverlays; looking again in 5 minutes"),
+            }
+            tokio::time::sleep(OVERLAY_CRD_RECHECK).await;
+        }
+        reflect_into(api, writer).await;
+    };
+    (store, drive)
 }

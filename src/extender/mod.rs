@@ -163,31 +163,20 @@ pub struct PriceRules<'a> {
 }
 
 impl PriceRules<'_> {
-    /// The node's price, or why a price it names cannot be used. A price annotation that is not
-    /// a finite number in `0..=max_per_hour` makes the price unknown (it is not replaced by the
-    /// catalog's: the annotation is the operator's word, and it is wrong). The reason quotes at
-    /// most [`QUOTED_CHARS`] characters of the annotation.
+    /// The node's price by the one rule ([`archer_model::price::node_price`]), from what the
+    /// extender reads on its hot path: the node's annotation, else the catalog (it reads no
+    /// claims or offerings per call). A price the node names that is not a finite number in
+    /// `0..=max_per_hour` makes the price unknown, with the reason (it is not replaced by the
+    /// catalog's: the annotation is the operator's word, and it is wrong).
     fn price(&self, label: &dyn Fn(&str) -> Option<String>, annotation: Option<&str>) -> Result<Option<f64>, String> {
-        let sane = |p: f64| p.is_finite() && (0.0..=self.max_per_hour).contains(&p);
-        if let Some(a) = annotation {
-            return match a.trim().parse::<f64>() {
-                Ok(p) if sane(p) => Ok(Some(p)),
-                _ => {
-                    let quoted: String = a.chars().take(QUOTED_CHARS).collect();
-                    let cut = if quoted.len() < a.len() { "..." } else { "" };
-                    Err(format!("{} {quoted:?}{cut} is not a price in 0..={} USD/h", labels::PRICE_ANNOTATION, self.max_per_hour))
-                }
-            };
-        }
-        match self.catalog.node_price(label, None) {
-            Some(p) if !sane(p) => Err(format!("catalog price {p} is not in 0..={} USD/h", self.max_per_hour)),
-            p => Ok(p),
+        let sources = archer_model::price::Sources { offerings: &[], catalog: Some(self.catalog), max_per_hour: self.max_per_hour };
+        match archer_model::price::node_price(&sources, label, annotation, None) {
+            Ok(p) => Ok(Some(p.per_hour)),
+            Err(archer_model::price::Unpriced::NotBelieved(why)) => Err(why),
+            Err(archer_model::price::Unpriced::Unknown(_)) => Ok(None),
         }
     }
 }
-
-/// The most of a node's text a reason quotes.
-const QUOTED_CHARS: usize = 64;
 
 /// What a node offers the decision, from either a full Node object or the Node cache.
 #[derive(Debug, Clone)]

@@ -13,7 +13,7 @@ use archer_model::adapter as model;
 use archer_model::objects as state;
 use super::context::Context;
 use archer_core::labels;
-use archer_core::packer::{Offering, Pool};
+use archer_core::packer::Pool;
 use archer_metrics::Labels;
 
 /// How often pods that became Ready are looked for.
@@ -30,17 +30,25 @@ fn node_key(node: &Node) -> Option<Key> {
     Some((pool.clone(), arch, capacity))
 }
 
-/// Managed nodes and their summed hourly price per (nodepool, arch, capacity_type). A node
-/// whose offering is unknown counts, at no price.
-fn node_costs(nodes: &[&Node], offerings: &[Offering]) -> BTreeMap<Key, (i64, f64)> {
+/// Managed nodes and their summed hourly price per (nodepool, arch, capacity_type), by the one
+/// price rule ([`archer_model::price`]). A node no price is known for counts, at no price.
+fn node_costs(cluster: &archer_model::ClusterState) -> BTreeMap<Key, (i64, f64)> {
+    let pricer = cluster.pricer();
     let mut out: BTreeMap<Key, (i64, f64)> = BTreeMap::new();
-    for n in nodes {
+    for n in &cluster.nodes {
         let Some(key) = node_key(n) else { continue };
         let entry = out.entry(key).or_default();
         entry.0 += 1;
-        entry.1 += state::node_price(n, offerings).unwrap_or(0.0);
+        entry.1 += pricer.per_hour(n).unwrap_or(0.0);
     }
     out
+}
+
+/// Every node's price and where it came from (`archer_node_price_dollars_per_hour{node,source}`),
+/// managed by Archer or not; nodes no price is known for are left out.
+fn node_prices(cluster: &archer_model::ClusterState) -> Vec<(String, &'static str, f64)> {
+    let pricer = cluster.pricer();
+    cluster.nodes.iter().filter_map(|n| Some((n.metadata.name.clone()?, pricer.price(n).ok()?))).map(|(name, p)| (name, p.source.as_str(), p.per_hour)).collect()
 }
 
 /// Seconds from a pod's creation to its Ready condition turning true; None while not Ready.
@@ -70,6 +78,7 @@ impl Drop for ClearOnDrop {
     fn drop(&mut self) {
         self.0.managed_nodes.clear();
         self.0.nodes_cost.clear();
+        self.0.node_price.clear();
         self.0.savings.clear();
         self.0.baseline_cost.set(0.0);
     }
@@ -144,14 +153,18 @@ impl CostReporter {
     async fn report_cost(&self, last: &mut Option<u64>) {
         let mut cluster = self.ctx.state();
         let offerings = cluster.offerings.clone();
-        let nodes = &cluster.nodes;
-        let costs = node_costs(&nodes.iter().map(|n| n.as_ref()).collect::<Vec<_>>(), &offerings);
+        let costs = node_costs(&cluster);
         self.ctx.metrics.managed_nodes.clear();
         self.ctx.metrics.nodes_cost.clear();
         for (key, (count, price)) in &costs {
             self.ctx.metrics.managed_nodes.get_or_create(&labels3(key)).set(*count);
             self.ctx.metrics.nodes_cost.get_or_create(&labels3(key)).set(*price);
         }
+        self.ctx.metrics.node_price.clear();
+        for (node, source, price) in node_prices(&cluster) {
+            self.ctx.metrics.node_price.get_or_create(&vec![("node", node), ("source", source.to_string())]).set(price);
+        }
+        let nodes = &cluster.nodes;
         let managed: HashSet<&str> = nodes.iter().filter(|n| node_key(n).is_some()).filter_map(|n| n.metadata.name.as_deref()).collect();
         let pods: Vec<Arc<Pod>> = cluster
             .pods
@@ -216,8 +229,8 @@ mod tests {
 
     #[test]
     fn node_costs_sum_offering_prices_per_pool_arch_and_capacity_and_skip_unmanaged_nodes() {
-        let offerings = Offering::embedded_on_demand();
-        let price = |t: &str| Offering::find(&offerings, t, "us-east-1a", "on-demand").map(|o| o.price).expect("offered");
+        let offerings = archer_core::packer::Offering::embedded_on_demand();
+        let price = |t: &str| archer_core::packer::Offering::find(&offerings, t, "us-east-1a", "on-demand").map(|o| o.price).expect("offered");
         let nodes = [
             node("a", Some("default"), "arm64", "m7g.large", "on-demand"),
             node("b", Some("default"), "arm64", "m7g.large", "on-demand"),
@@ -225,7 +238,8 @@ mod tests {
             node("d", None, "amd64", "m7i.large", "on-demand"),
             node("e", Some("batch"), "amd64", "no-such.type", "on-demand"),
         ];
-        let costs = node_costs(&nodes.iter().collect::<Vec<_>>(), &offerings);
+        let cluster = archer_model::ClusterState { nodes: nodes.into_iter().map(Arc::new).collect(), offerings: Arc::new(offerings.clone()), ..Default::default() };
+        let costs = node_costs(&cluster);
         let key = |p: &str, a: &str| (p.to_string(), a.to_string(), "on-demand".to_string());
         assert_eq!(costs.len(), 3, "{costs:?}");
         let (n, p) = costs[&key("default", "arm64")];
@@ -233,6 +247,9 @@ mod tests {
         assert!((p - 2.0 * price("m7g.large")).abs() < 1e-9);
         assert!((costs[&key("default", "amd64")].1 - price("m7i.large")).abs() < 1e-9);
         assert_eq!(costs[&key("batch", "amd64")], (1, 0.0), "an unknown offering counts at no price");
+        // Every priced node, managed or not, with where its price came from.
+        let prices = node_prices(&cluster);
+        assert_eq!(prices.iter().map(|(n, s, _)| (n.as_str(), *s)).collect::<Vec<_>>(), [("a", "offering"), ("b", "offering"), ("c", "offering"), ("d", "offering")]);
     }
 
     #[test]

@@ -367,7 +367,7 @@ impl Disrupter {
         let state = &self.ctx.state();
         let on_node: Vec<&Pod> = state.pods_on(&node_name).map(|p| p.as_ref()).collect();
         let moving = state::evictable(&on_node);
-        let leaving = consolidation::Candidate { node: node.as_ref(), pods: on_node, price: claim.spec.price_per_hour };
+        let leaving = consolidation::Candidate { node: node.as_ref(), pods: on_node, price: state.pricer().per_hour(&node).unwrap_or(f64::INFINITY) };
         let plan = self.with_world(state, &moving, |world| consolidation::evaluate(world, &[&leaving])).await;
         let replacements = match plan {
             Some(p) => {

@@ -46,6 +46,9 @@ pub struct ProvisionerMetrics {
     pub managed_nodes: Family<Labels, Gauge>,
     /// Their hourly price, by the same labels.
     pub nodes_cost: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Every node's hourly price by the one price rule, by node and source (annotation,
+    /// nodeclaim, offering, catalog, catalog-default-region).
+    pub node_price: Family<Labels, Gauge<f64, AtomicU64>>,
     /// Hourly saving of the pods on managed nodes against amd64 on-demand, by source (arm64, spot).
     pub savings: Family<Labels, Gauge<f64, AtomicU64>>,
     /// Hourly price of the same pods on amd64 on-demand nodes.
@@ -75,6 +78,7 @@ impl Default for ProvisionerMetrics {
             interruption_messages_dropped: Family::default(),
             managed_nodes: Family::default(),
             nodes_cost: Family::default(),
+            node_price: Family::default(),
             savings: Family::default(),
             baseline_cost: Gauge::default(),
             pod_startup_seconds: Histogram::new(exponential_buckets(0.5, 2.0, 14)),
@@ -92,6 +96,7 @@ impl ProvisionerMetrics {
 
     fn register(&self, r: &mut Registry) {
         r.register("managed_nodes", "Nodes Archer manages, by nodepool, arch and capacity_type", self.managed_nodes.clone());
+        r.register("node_price_dollars_per_hour", "Hourly price of each node by the one price rule, by node and where the price came from (annotation, nodeclaim, offering, catalog, catalog-default-region)", self.node_price.clone());
         r.register("nodes_cost_per_hour_dollars", "Hourly price of the nodes Archer manages, by nodepool, arch and capacity_type", self.nodes_cost.clone());
         r.register("savings_per_hour_dollars", "Hourly saving of the pods on managed nodes against the same pods on amd64 on-demand nodes (as simulate --compare plans them), by source: arm64, spot", self.savings.clone());
         r.register("baseline_cost_per_hour_dollars", "Hourly price of the pods on managed nodes if they ran on amd64 on-demand nodes (as simulate --compare plans them)", self.baseline_cost.clone());

@@ -21,7 +21,7 @@ mod nodes;
 mod status;
 pub mod worker;
 
-pub use archer_api::{conditions, nodeclaim, nodepool};
+pub use archer_api::{conditions, nodeclaim, nodeoverlay, nodepool};
 pub use archer_model::{adapter, consolidation, drift, objects, scenario, ClusterState};
 pub use worker::Provisioner;
 

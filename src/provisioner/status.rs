@@ -11,6 +11,7 @@ use kube::{Api, Resource};
 
 use archer_cloud::NodeClassReadiness;
 use archer_api::conditions;
+use archer_api::nodeoverlay::NodeOverlay;
 use archer_api::nodeclaim::{NodeClaim, NodeClaimStatus};
 use archer_api::nodepool::{NodePool, NodePoolStatus};
 use archer_model::objects as state;
@@ -167,7 +168,35 @@ impl StatusWriter {
                 tracing::debug!(pool = %np.name(), error = %e, "could not write the pool's status; next pass");
             }
         }
+        self.write_overlay_statuses().await;
         Ok(Action::requeue(Duration::from_secs_f64(self.ctx.settings.disruption_interval_seconds.min(10.0))))
+    }
+
+    /// Each NodeOverlay's conditions as this pass applied it: Karpenter's `ValidationSucceeded`
+    /// and `Ready`, and Archer's `ArcherApplied` (written only where they changed).
+    async fn write_overlay_statuses(&self) {
+        if self.ctx.stores.overlays.state().is_empty() {
+            return;
+        }
+        let state = self.ctx.state();
+        for o in &state.overlays {
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let Some(outcome) = state.overlay_outcomes.get(&name) else { continue };
+            let old = o.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+            let mut new = old.clone();
+            let mut changed = false;
+            for (type_, status, reason, message) in outcome.conditions() {
+                changed |= archer_api::conditions::set(&mut new, type_, status, reason, &message, o.metadata.generation);
+            }
+            if !changed {
+                continue;
+            }
+            let status = archer_api::nodeoverlay::NodeOverlayStatus { conditions: new };
+            let (params, patch) = archer_api::apply::status::<NodeOverlay>(&name, o.metadata.resource_version.as_deref(), &status);
+            if let Err(e) = Api::<NodeOverlay>::all(self.ctx.client.clone()).patch_status(&name, &params, &patch).await {
+                tracing::debug!(overlay = %name, error = %e, "could not write the overlay's status; next pass");
+            }
+        }
     }
 
     /// Write a claim's conditions (its whole status, the rest as read), guarded by the

@@ -42,9 +42,12 @@ pub struct Summary {
     pub nodes: usize,
     pub nodes_by_arch: BTreeMap<String, usize>,
     pub pods: usize,
-    /// What the nodes cost per month, and the part of it on arm64 nodes.
+    /// What the nodes cost per month, and the part of it on arm64 nodes (unpriced nodes left
+    /// out: see `unpriced_nodes`).
     pub cost_per_month: f64,
     pub arm64_cost_per_month: f64,
+    /// Nodes no price is known for, which the costs above do not count (each named in the notes).
+    pub unpriced_nodes: usize,
     pub workloads: usize,
     pub movable: usize,
     pub blocked: usize,
@@ -134,11 +137,6 @@ fn node_arch(node: &Node) -> String {
     node.metadata.labels.as_ref().and_then(|l| l.get(labels::ARCH)).cloned().unwrap_or_else(|| "unknown".into())
 }
 
-fn node_price(catalog: &Catalog, node: &Node) -> Option<f64> {
-    let l = node.metadata.labels.clone().unwrap_or_default();
-    let annotation = node.metadata.annotations.as_ref().and_then(|a| a.get(labels::PRICE_ANNOTATION)).map(String::as_str);
-    catalog.node_price(&|k| l.get(k).cloned(), annotation)
-}
 
 /// A pod's share of its node: the mean of its cpu and memory requests' fractions of the node's
 /// allocatable (requests as the scheduler counts them, defaults for containers without).
@@ -216,22 +214,27 @@ pub fn build(cluster: &archer_model::ClusterState, images: &ImagePlatforms, cata
     let (nodes, pods) = (archer_model::cluster::refs(&cluster.nodes), archer_model::cluster::refs(&cluster.pods));
     let mut notes = Vec::new();
     let by_name: BTreeMap<&str, &Node> = nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, *n))).collect();
+    // The one price rule (annotation, claim, catalog), with the report's catalog.
+    let priced = archer_model::ClusterState { catalog: Some(std::sync::Arc::new(catalog.clone())), ..cluster.clone() };
+    let pricer = priced.pricer();
+    let mut unpriced_nodes = 0;
     let prices: BTreeMap<&str, f64> = nodes
         .iter()
         .filter_map(|n| {
             let name = n.metadata.name.as_deref()?;
-            let price = node_price(catalog, n);
-            if price.is_none() {
-                notes.push(format!("node {name}: no price known for its instance type; counted at $0"));
+            let price = pricer.price(n);
+            if let Err(why) = &price {
+                unpriced_nodes += 1;
+                notes.push(format!("node {name}: unpriced ({why}); left out of the costs"));
             }
-            Some((name, price.unwrap_or(0.0)))
+            Some((name, price.map_or(0.0, |p| p.per_hour)))
         })
         .collect();
     let zones: Vec<String> = {
         let z: BTreeSet<String> = nodes.iter().filter_map(|n| n.metadata.labels.as_ref()?.get(labels::ZONE).cloned()).collect();
         if z.is_empty() { archer_api::nodepool::DEFAULT_ZONES.iter().map(|s| s.to_string()).collect() } else { z.into_iter().collect() }
     };
-    let mut summary = Summary { nodes: nodes.len(), ..Default::default() };
+    let mut summary = Summary { nodes: nodes.len(), unpriced_nodes, ..Default::default() };
     for n in nodes.iter().copied() {
         *summary.nodes_by_arch.entry(node_arch(n)).or_default() += 1;
         let p = prices.get(n.metadata.name.as_deref().unwrap_or("")).copied().unwrap_or(0.0) * HOURS_PER_MONTH;

@@ -34,7 +34,12 @@ pub fn render_text(r: &Report) -> String {
     let mut out = String::new();
     let archs: Vec<String> = s.nodes_by_arch.iter().map(|(a, n)| format!("{a} {n}")).collect();
     let share = if s.cost_per_month > 0.0 { 100.0 * s.arm64_cost_per_month / s.cost_per_month } else { 0.0 };
-    let _ = writeln!(out, "Cluster: {} nodes ({}), {} pods, {}/month ({} on arm64, {share:.0}%)", s.nodes, archs.join(", "), s.pods, dollars(s.cost_per_month), dollars(s.arm64_cost_per_month));
+    let unpriced = match s.unpriced_nodes {
+        0 => String::new(),
+        1 => "; 1 node unpriced, not counted".to_string(),
+        n => format!("; {n} nodes unpriced, not counted"),
+    };
+    let _ = writeln!(out, "Cluster: {} nodes ({}), {} pods, {}/month ({} on arm64, {share:.0}%{unpriced})", s.nodes, archs.join(", "), s.pods, dollars(s.cost_per_month), dollars(s.arm64_cost_per_month));
     let _ = writeln!(out, "Workloads: {}; movable to arm64: {} (saving {}/month); blocked by single-arch images: {}; unknown: {}", s.workloads, s.movable, dollars(s.saving_per_month), s.blocked, s.unknown);
     let _ = writeln!(out, "Pods on an architecture their images do not support: {}", s.misplaced_pods);
     let mut rows = vec![["NAMESPACE", "KIND", "NAME", "PODS", "ARCH", "COST/MONTH", "ARM64", "SAVING/MONTH"].iter().map(|c| c.to_string()).collect::<Vec<_>>()];

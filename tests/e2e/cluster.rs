@@ -337,10 +337,11 @@ impl Cluster {
         self.identity_for = Some(self.cloud_provider);
     }
 
-    /// Archer's CRDs (NodePool, NodeClaim, EC2NodeClass) from deploy/crds, Established.
+    /// Archer's CRDs (NodePool, NodeClaim, EC2NodeClass, AKSNodeClass) and Karpenter's NodeOverlay
+    /// from deploy/crds, Established.
     async fn install_crds(&self) {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds");
-        self.install_crd_files(&["nodepool.yaml", "nodeclaim.yaml", "ec2nodeclass.yaml", "aksnodeclass.yaml"].map(|f| dir.join(f))).await;
+        self.install_crd_files(&["nodepool.yaml", "nodeclaim.yaml", "ec2nodeclass.yaml", "aksnodeclass.yaml", "nodeoverlay.yaml"].map(|f| dir.join(f))).await;
     }
 
     /// Archer's namespace (its provisioner Lease lives there; the webhook leaves it alone).

@@ -5,5 +5,6 @@
 pub mod apply;
 pub mod conditions;
 pub mod nodeclaim;
+pub mod nodeoverlay;
 pub mod nodepool;
 pub mod validation;

@@ -23,6 +23,21 @@ impl CapacityType {
         }
     }
 
+    /// A node's capacity type from its labels: Karpenter's `karpenter.sh/capacity-type`, else
+    /// Archer's `archer.dev/capacity-type`, else EKS managed node groups'
+    /// `eks.amazonaws.com/capacityType`, else AKS's `kubernetes.azure.com/scalesetpriority`
+    /// (`spot`, else on-demand); on-demand when none says. The one reading every price of a
+    /// running node uses.
+    pub fn of_node(label: &dyn Fn(&str) -> Option<String>) -> CapacityType {
+        use crate::labels as l;
+        label(l::KARPENTER_CAPACITY_TYPE)
+            .or_else(|| label(l::CAPACITY_TYPE))
+            .or_else(|| label(l::EKS_CAPACITY_TYPE))
+            .or_else(|| label(l::AKS_SCALE_SET_PRIORITY).map(|p| if p == "spot" { "spot".into() } else { "on-demand".into() }))
+            .and_then(|c| CapacityType::parse(&c))
+            .unwrap_or(CapacityType::OnDemand)
+    }
+
     /// `on-demand` / `spot`, also as EKS managed node groups write them (`ON_DEMAND`, `SPOT`).
     pub fn parse(s: &str) -> Option<Self> {
         match s.to_ascii_lowercase().as_str() {

@@ -45,7 +45,7 @@ pub const PLANNED_PODS_ANNOTATION: &str = "archer.dev/planned-pods";
 
 /// The region of a zone name: EC2's `us-east-1a` -> `us-east-1`, Azure's `eastus-2` -> `eastus`
 /// (Azure region names have no dash); a region name stays as it is.
-pub(crate) fn region_of(zone: &str) -> &str {
+pub fn region_of(zone: &str) -> &str {
     if let Some((region, n)) = zone.rsplit_once('-') {
         if !region.contains('-') && !region.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
             return region;

@@ -197,15 +197,12 @@ impl Offering {
     }
 
     /// The offering a node runs as, by its labels: instance type (`node.kubernetes.io/instance-type`
-    /// or its beta name), zone, and capacity type (Karpenter's label, else Archer's). The price of
-    /// a running node by the provider's current offerings (cost metrics, `simulate --disruption`);
-    /// the catalog prices a node with no offering at hand (`Catalog::node_price`), and a claim
-    /// records what its node was bought at.
+    /// or its beta name), zone, and capacity type ([`CapacityType::of_node`]). One source of a
+    /// running node's price (`archer_model::price`, the one rule).
     pub fn of_node<'a>(offerings: &'a [Offering], label: &dyn Fn(&str) -> Option<String>) -> Option<&'a Offering> {
         let instance = label(crate::labels::INSTANCE_TYPE).or_else(|| label(crate::labels::INSTANCE_TYPE_BETA))?;
         let zone = label(crate::labels::ZONE)?;
-        let capacity = label(crate::labels::KARPENTER_CAPACITY_TYPE).or_else(|| label(crate::labels::CAPACITY_TYPE))?;
-        Offering::find(offerings, &instance, &zone, &capacity)
+        Offering::find(offerings, &instance, &zone, CapacityType::of_node(label).as_str())
     }
 
     /// Every on-demand type of the embedded catalog, offered in us-east-1a (the fixture of tests
@@ -219,6 +216,25 @@ impl Offering {
             .collect()
     }
 
+    /// The labels a node of this offering carries whatever its pool: the instance type's
+    /// well-known and cloud labels, its zone, region and capacity type.
+    pub fn own_labels(&self) -> impl Iterator<Item = (&'static str, String)> {
+        use super::labels as l;
+        let t = &self.instance;
+        [
+            (l::ARCH, t.arch.clone()),
+            (l::OS, t.os.clone()),
+            (l::INSTANCE_TYPE, t.name.clone()),
+            (l::ZONE, self.zone.clone()),
+            (l::KARPENTER_CAPACITY_TYPE, self.capacity.as_str().to_string()),
+            (l::CAPACITY_TYPE, self.capacity.as_str().to_string()),
+            (l::REGION, region_of(&self.zone).to_string()),
+            ("archer.dev/instance-family", t.family.clone()),
+        ]
+        .into_iter()
+        .chain(crate::cloud_labels::labels(t, self.capacity))
+    }
+
     /// Whether [`Offering::labels`] sets `key` from the offering itself (whatever the pool).
     pub(crate) fn sets_label(key: &str) -> bool {
         OFFERING_KEYS.contains(&key) || crate::cloud_labels::is_cloud_key(key)
@@ -227,24 +243,8 @@ impl Offering {
     /// The labels a node from this offering in `pool` would carry.
     pub fn labels(&self, pool: &Pool) -> BTreeMap<String, String> {
         use super::labels as l;
-        let t = &self.instance;
         let mut m = pool.labels.clone();
-        for (k, v) in [
-            (l::ARCH, t.arch.clone()),
-            (l::OS, t.os.clone()),
-            (l::INSTANCE_TYPE, t.name.clone()),
-            (l::ZONE, self.zone.clone()),
-            (l::KARPENTER_CAPACITY_TYPE, self.capacity.as_str().to_string()),
-            (l::CAPACITY_TYPE, self.capacity.as_str().to_string()),
-            (l::REGION, region_of(&self.zone).to_string()),
-            (l::KARPENTER_NODEPOOL, pool.name.clone()),
-            (l::KARPENTER_PROVISIONER_NAME, pool.name.clone()),
-            (l::NODEPOOL, pool.name.clone()),
-            ("archer.dev/instance-family", t.family.clone()),
-        ]
-        .into_iter()
-        .chain(crate::cloud_labels::labels(t, self.capacity))
-        {
+        for (k, v) in self.own_labels().chain([(l::KARPENTER_NODEPOOL, pool.name.clone()), (l::KARPENTER_PROVISIONER_NAME, pool.name.clone()), (l::NODEPOOL, pool.name.clone())]) {
             m.insert(k.to_string(), v);
         }
         // Requirement keys no offering label covers (custom keys) label the node, as Karpenter

@@ -10,7 +10,9 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 
 use archer_api::nodeclaim::NodeClaim;
+use archer_api::nodeoverlay::NodeOverlay;
 use archer_api::nodepool::NodePool;
+use archer_core::catalog::Catalog;
 use archer_core::packer::{DaemonLoad, Offering, Pool};
 use archer_core::platform::PlatformSet;
 use archer_core::policy::{Policy, PolicyDefaults};
@@ -49,6 +51,13 @@ pub struct ClusterState {
     /// Where the provisioner's recent plans put pending pods, and which nodes recently finished
     /// registering (this process's; empty for a scenario).
     pub plans: Plans,
+    /// Karpenter's NodeOverlays (`karpenter.sh/v1alpha1`): the user's own prices, applied to
+    /// `offerings` by [`ClusterState::overlay_offerings`].
+    pub overlays: Vec<Arc<NodeOverlay>>,
+    /// What became of each overlay when `offerings` were overlaid, by name.
+    pub overlay_outcomes: BTreeMap<String, crate::overlay::Outcome>,
+    /// The price catalog, for nodes no claim or offering prices ([`crate::price`]).
+    pub catalog: Option<Arc<Catalog>>,
     /// The cluster-wide policy defaults (the config's `defaults`) that namespaces' annotations
     /// override: [`ClusterState::policy`].
     pub policy_defaults: Arc<PolicyDefaults>,
@@ -63,6 +72,28 @@ pub struct ClusterState {
 pub struct ObjectError {
     pub kind: String,
     pub message: String,
+}
+
+/// [`ClusterState::pricer`].
+pub struct Pricer<'a> {
+    state: &'a ClusterState,
+    claims: HashMap<&'a str, &'a Arc<NodeClaim>>,
+}
+
+impl Pricer<'_> {
+    /// `node`'s hourly price and where it came from, or why it has none.
+    pub fn price(&self, node: &Node) -> Result<crate::price::NodePrice, crate::price::Unpriced> {
+        let labels = node.metadata.labels.as_ref();
+        let annotation = node.metadata.annotations.as_ref().and_then(|a| a.get(archer_core::labels::PRICE_ANNOTATION)).map(String::as_str);
+        let claim = node.metadata.name.as_deref().and_then(|n| self.claims.get(n)).map(|c| c.spec.price_per_hour);
+        let sources = crate::price::Sources { offerings: &self.state.offerings, catalog: self.state.catalog.as_deref(), max_per_hour: crate::price::DEFAULT_MAX_PER_HOUR };
+        crate::price::node_price(&sources, &|k| labels.and_then(|l| l.get(k)).cloned(), annotation, claim)
+    }
+
+    /// The price alone, when known.
+    pub fn per_hour(&self, node: &Node) -> Option<f64> {
+        self.price(node).ok().map(|p| p.per_hour)
+    }
 }
 
 /// The objects of one kind as plain references (what the adapter's functions take).
@@ -83,6 +114,19 @@ impl ClusterState {
         let digests = archer_core::placement::pod_images(pod).into_iter().filter_map(|i| self.digests.get(&i).cloned());
         let runnable = self.safety.exclude_all(digests, namespace, self.now_ms.div_euclid(1000), &platforms);
         Some(self.policy(namespace).placeable(&runnable))
+    }
+
+    /// Set the offerings every decision reads: `offerings` with this state's NodeOverlays
+    /// applied ([`crate::overlay`]), and what became of each overlay.
+    pub fn overlay_offerings(&mut self, offerings: Arc<Vec<Offering>>) {
+        if self.overlays.is_empty() {
+            self.offerings = offerings;
+            self.overlay_outcomes.clear();
+            return;
+        }
+        let overlaid = crate::overlay::apply(&self.overlays, &self.pools, &offerings);
+        self.offerings = Arc::new(overlaid.offerings);
+        self.overlay_outcomes = overlaid.outcomes;
     }
 
     /// A namespace's placement policy: its `archer.dev/*` annotations over
@@ -136,6 +180,7 @@ impl ClusterState {
             ("DaemonSet", _) => self.daemonsets.push(read(&kind, object)?),
             ("PersistentVolumeClaim", _) => self.volume_claims.push(read(&kind, object)?),
             ("PersistentVolume", _) => self.volumes.push(read(&kind, object)?),
+            ("NodeOverlay", "karpenter.sh/v1alpha1") => self.overlays.push(read(&kind, object)?),
             _ => return Ok(Some(format!("{api} {kind}"))),
         }
         Ok(None)
@@ -164,6 +209,12 @@ impl ClusterState {
     /// Every launched claim by the name of its node ([`Self::claim_of_node`], for a loop).
     pub(crate) fn claims_by_node(&self) -> HashMap<&str, &Arc<NodeClaim>> {
         self.claims.iter().filter_map(|c| Some((c.status.as_ref()?.node_name.as_deref()?, c))).collect()
+    }
+
+    /// Nodes' prices by the one rule ([`crate::price::node_price`]: the node's annotation, its
+    /// claim, the offerings, the catalog), the claims indexed once for many nodes.
+    pub fn pricer(&self) -> Pricer<'_> {
+        Pricer { state: self, claims: self.claims_by_node() }
     }
 
     /// The DaemonSets' pods as loads on the nodes they would run on.

@@ -71,6 +71,7 @@ fn owned_by_replica_set(pod: &Pod) -> bool {
 /// of a NodePool, whose cost is Archer's to set and not yet their node's.
 pub fn writes(state: &ClusterState, limit: usize) -> Vec<CostWrite> {
     let managed: HashMap<&str, &Node> = state.nodes.iter().filter(|n| objects::node_pool_of(n).is_some()).filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref()))).collect();
+    let prices = state.pricer();
     let mut out = Vec::new();
     for pod in &state.pods {
         if out.len() >= limit {
@@ -80,7 +81,7 @@ pub fn writes(state: &ClusterState, limit: usize) -> Vec<CostWrite> {
         if pod.metadata.deletion_timestamp.is_some() || archer_core::is_terminal(pod) || objects::is_daemon_pod(pod) || !owned_by_replica_set(pod) || !archers_to_set(pod) {
             continue;
         }
-        let cost = node_cost(node, objects::node_price(n, &state.offerings));
+        let cost = node_cost(node, prices.per_hour(n));
         let written = pod.metadata.annotations.as_ref().and_then(|a| a.get(POD_DELETION_COST)).and_then(|v| v.parse::<i32>().ok());
         if written == Some(cost) {
             continue;

@@ -20,7 +20,8 @@ use crate::ClusterState;
 /// The nodes of `pool` disruption may take now, and what each costs: the one rule the worker
 /// and `archer simulate --disruption` read. A candidate is Ready, registered (no unregistered
 /// taint), not being deleted, and made by a NodeClaim launched at least `grace` before the
-/// state's time; it is priced by what its claim pays (a claim with no price is never worth
+/// state's time; it is priced by the one rule ([`crate::price`]: its annotation, else its
+/// offering now, else what its claim paid, else the catalog; a node none prices is never worth
 /// replacing: it is priced infinite). A node no claim made (Karpenter's, or one left behind) is
 /// never a candidate: Archer has nothing to take it out with. A scenario's nodes are given
 /// claims first ([`crate::scenario::Scenario::as_launched`]).
@@ -30,7 +31,8 @@ pub fn candidates<'a>(state: &'a ClusterState, pool: &str, grace: std::time::Dur
     let claim_of = |n: &Node| claims.get(n.metadata.name.as_deref().unwrap_or("")).map(|c| c.as_ref());
     let settled = |c: &NodeClaim| c.status.as_ref().and_then(|s| s.launched_at.as_deref()).and_then(|t| age_at(t, now)).is_some_and(|a| a >= grace);
     let eligible = |n: &Node| objects::node_ready(n) && n.metadata.deletion_timestamp.is_none() && !objects::has_taint(n, labels::UNREGISTERED_TAINT) && claim_of(n).is_some_and(settled);
-    let price = |n: &Node| Some(claim_of(n).map(|c| c.spec.price_per_hour).filter(|p| *p > 0.0).unwrap_or(f64::INFINITY));
+    let prices = state.pricer();
+    let price = |n: &Node| Some(prices.per_hour(n).unwrap_or(f64::INFINITY));
     consolidation::pool_nodes(state, pool, &eligible, &price, &mut |_| {})
 }
 

@@ -29,7 +29,9 @@ pub mod drift;
 pub mod handoff;
 pub mod lifecycle;
 pub mod objects;
+pub mod overlay;
 pub mod plans;
+pub mod price;
 pub mod provision;
 pub mod scenario;
 

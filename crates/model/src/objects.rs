@@ -299,13 +299,6 @@ pub fn node_pool_of(node: &Node) -> Option<&str> {
     l.get(labels::NODEPOOL).or_else(|| l.get(labels::KARPENTER_NODEPOOL)).map(String::as_str)
 }
 
-/// The hourly price of a node: the price of its offering among `offerings`
-/// ([`Offering::of_node`]: instance type, zone and capacity type labels).
-pub fn node_price(node: &Node, offerings: &[archer_core::packer::Offering]) -> Option<f64> {
-    let labels = node.metadata.labels.as_ref()?;
-    archer_core::packer::Offering::of_node(offerings, &|k| labels.get(k).cloned()).map(|o| o.price)
-}
-
 pub fn labels_of(node: &Node) -> BTreeMap<String, String> {
     node.metadata.labels.clone().unwrap_or_default()
 }

@@ -113,7 +113,8 @@ impl Scenario {
         let mut claims = Vec::new();
         for node in &mut state.nodes {
             let Some(pool) = crate::objects::node_pool_of(node).map(str::to_string) else { continue };
-            let Some(price) = crate::objects::node_price(node, offerings) else { continue };
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            let Some(price) = archer_core::packer::Offering::of_node(offerings, &|k| labels.get(k).cloned()).map(|o| o.price) else { continue };
             let name = node.metadata.name.clone().unwrap_or_default();
             let n = Arc::make_mut(node);
             let conditions = n.status.get_or_insert_with(Default::default).conditions.get_or_insert_with(Vec::new);
@@ -143,7 +144,8 @@ impl Scenario {
     /// The planner's inputs: each pending pod with its platforms (its annotation, else the
     /// platforms the state knows for all its images, else unknown), the pools with the scenario's
     /// DaemonSets, offerings in the pools' zones, and the cluster as the live worker sees it.
-    /// Also fills the state's offerings: the catalog's, in every zone a pool allows.
+    /// Also fills the state's offerings: the catalog's, in every zone a pool allows, with the
+    /// scenario's NodeOverlays applied.
     pub fn inputs(&mut self, catalog: &archer_core::catalog::Catalog, policy: archer_core::sched::preferences::Policy) -> Result<Inputs, ScenarioError> {
         use crate::adapter;
         let volumes = self.state.volumes();
@@ -168,8 +170,8 @@ impl Scenario {
         let mut zones: Vec<String> = self.state.pools.iter().flat_map(|p| p.zones()).collect();
         zones.sort();
         zones.dedup();
-        let offerings = Arc::new(archer_api::nodepool::offerings(catalog, &zones));
-        self.state.offerings = offerings.clone();
+        self.state.overlay_offerings(Arc::new(archer_api::nodepool::offerings(catalog, &zones)));
+        let offerings = self.state.offerings.clone();
         let snapshot = self.state.snapshot(&pools, &|_| false);
         Ok(Inputs { pending, pools, offerings, snapshot, assumed, on_amd64 })
     }

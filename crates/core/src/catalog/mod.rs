@@ -178,25 +178,6 @@ impl Catalog {
     pub fn price(&self, instance_type: &str, region: Option<&str>, capacity: CapacityType) -> Option<f64> {
         self.price_of(self.get(instance_type)?, region, capacity)
     }
-
-    /// The hourly price of a node from its labels and annotations: the explicit
-    /// `archer.dev/price-per-hour` annotation, else the catalog by instance type, region and
-    /// capacity type (`karpenter.sh/capacity-type`, `archer.dev/capacity-type` or EKS managed node groups'
-    /// `eks.amazonaws.com/capacityType`; default on-demand).
-    pub fn node_price(&self, labels: &dyn Fn(&str) -> Option<String>, annotation: Option<&str>) -> Option<f64> {
-        if let Some(p) = annotation.and_then(|a| a.trim().parse::<f64>().ok()).filter(|p| p.is_finite() && *p >= 0.0) {
-            return Some(p);
-        }
-        let instance_type = labels(labels::INSTANCE_TYPE).or_else(|| labels(labels::INSTANCE_TYPE_BETA))?;
-        let region = labels(labels::REGION).or_else(|| labels(labels::REGION_BETA));
-        let capacity = labels(labels::KARPENTER_CAPACITY_TYPE)
-            .or_else(|| labels(labels::CAPACITY_TYPE))
-            .or_else(|| labels(labels::EKS_CAPACITY_TYPE))
-            .or_else(|| labels(labels::AKS_SCALE_SET_PRIORITY).map(|p| if p == "spot" { "spot".into() } else { "on-demand".into() }))
-            .and_then(|c| CapacityType::parse(&c))
-            .unwrap_or(CapacityType::OnDemand);
-        self.price(&instance_type, region.as_deref(), capacity)
-    }
 }
 
 #[cfg(test)]

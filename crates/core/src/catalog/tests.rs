@@ -149,18 +149,3 @@ c4a-standard-4,arm64,linux,c4a,c,4,google,4,16384,,,3920m,13Gi,110,0.2,0.18\n";
     assert!(file::parse_csv("gcp", "instance_type,arch\nx,arm64\n").is_err());
 }
 
-#[test]
-fn node_price_reads_the_capacity_type_of_karpenter_archer_and_eks_node_groups() {
-    let c = Catalog::embedded().expect("catalog");
-    let od = c.price("m7g.large", Some("us-east-1"), CapacityType::OnDemand).expect("price");
-    let spot = c.price("m7g.large", Some("us-east-1"), CapacityType::Spot).expect("price");
-    assert!(spot < od);
-    let price = |cap_key: &str, cap: &str| {
-        let labels: std::collections::BTreeMap<String, String> = [(crate::labels::INSTANCE_TYPE, "m7g.large"), (crate::labels::REGION, "us-east-1"), (cap_key, cap)].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        c.node_price(&|k| labels.get(k).cloned(), None)
-    };
-    assert_eq!(price(crate::labels::KARPENTER_CAPACITY_TYPE, "spot"), Some(spot));
-    assert_eq!(price(crate::labels::EKS_CAPACITY_TYPE, "SPOT"), Some(spot));
-    assert_eq!(price(crate::labels::EKS_CAPACITY_TYPE, "ON_DEMAND"), Some(od));
-    assert_eq!(price("unrelated", "spot"), Some(od), "no capacity label: on-demand");
-}

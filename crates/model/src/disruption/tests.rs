@@ -183,7 +183,8 @@ fn a_scenario_is_read_as_launched_by_archer() {
     let offerings = Offering::embedded_on_demand();
     let launched = scenario.as_launched(&offerings);
     let found = candidates(&launched, "default", std::time::Duration::ZERO);
-    let price = crate::objects::node_price(&on_demand("plain"), &offerings).expect("m5.xlarge is offered in us-east-1a");
+    let plain = on_demand("plain");
+    let price = ClusterState { offerings: Arc::new(offerings.clone()), ..Default::default() }.pricer().per_hour(&plain).expect("m5.xlarge is offered in us-east-1a");
     assert_eq!(found.candidates.iter().map(|c| (c.name(), c.price)).collect::<Vec<_>>(), vec![("plain", price), ("dumped", price)], "every pool node with an offering, priced by the catalog");
     assert_eq!(scenario.state.claims.len(), 1, "the scenario itself is unchanged");
     assert_eq!(scenario.state.claims[0].spec.price_per_hour, 9.99);

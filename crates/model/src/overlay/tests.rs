@@ -1,0 +1,208 @@
+//! Karpenter's own NodeOverlay cases, ported: the validation table of
+//! `pkg/apis/v1alpha1/nodeoverlay_validation_test.go`, and the application cases of
+//! `pkg/controllers/nodeoverlay/suite_test.go` and `store_test.go` that do not depend on the
+//! NodePool (those that do are shown not applied, with the reason).
+#![allow(clippy::expect_used, clippy::indexing_slicing, reason = "test code")]
+
+use super::*;
+use archer_core::catalog::Catalog;
+use archer_core::instance::CapacityType;
+use serde_json::json;
+
+fn overlay(name: &str, spec: serde_json::Value) -> Arc<NodeOverlay> {
+    Arc::new(serde_json::from_value(json!({"apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay", "metadata": {"name": name}, "spec": spec})).expect("overlay"))
+}
+
+fn valid(spec: serde_json::Value) -> bool {
+    validate(&overlay("o", spec)).is_ok()
+}
+
+fn req(key: &str, operator: &str, values: &[&str]) -> serde_json::Value {
+    json!({"key": key, "operator": operator, "values": values})
+}
+
+/// `it` is an instance type of the embedded catalog; offerings in zone `z` at `price`.
+fn offering(it: &str, zone: &str, capacity: CapacityType, price: f64) -> Offering {
+    static CATALOG: std::sync::LazyLock<Catalog> = std::sync::LazyLock::new(|| Catalog::embedded().expect("catalog"));
+    let catalog = &*CATALOG;
+    Offering { instance: catalog.get(it).expect("type").clone(), zone: zone.into(), capacity, price }
+}
+
+fn prices(o: &Overlaid) -> Vec<f64> {
+    o.offerings.iter().map(|o| (o.price * 1e6).round() / 1e6).collect()
+}
+
+use CapacityType::{OnDemand, Spot};
+
+#[test]
+fn requirements_validate_as_karpenters() {
+    let base = |r: serde_json::Value| json!({"requirements": [r]});
+    assert!(!valid(base(req("Test", "In", &[]))), "In with no values");
+    assert!(!valid(base(req("Test", "NotIn", &[]))), "NotIn with no values");
+    for key in ["Test", "test.com/Test", "test.com.com/test", "key-only"] {
+        assert!(valid(base(req(key, "Exists", &[]))), "{key}");
+    }
+    for key in ["test.com.com}", "Test.com/test", "test/test/test", "test/", "/test"] {
+        assert!(!valid(base(req(key, "Exists", &[]))), "{key}");
+    }
+    assert!(valid(base(req("karpenter.sh/nodepool", "In", &["x"]))));
+    assert!(!valid(base(req("karpenter.sh/test", "In", &["test"]))), "the karpenter.sh domain is restricted");
+    assert!(!valid(base(req("kubernetes.io/hostname", "In", &["a"]))), "hostname is restricted");
+    for key in ["kubernetes.io/test", "k8s.io/test", "subdomain.kubernetes.io/test", "subdomain.k8s.io/test"] {
+        assert!(valid(base(req(key, "In", &["test"]))), "{key}");
+    }
+    let zone = labels::ZONE;
+    for op in ["Gt", "Lt", "Gte", "Lte"] {
+        assert!(valid(base(req(zone, op, &["1"]))), "{op} [1]");
+        for values in [&[][..], &["1", "2"][..], &["a"][..], &["-1"][..]] {
+            assert!(!valid(base(req(zone, op, values))), "{op} {values:?}");
+        }
+    }
+    assert!(valid(base(req(zone, "In", &["test"]))) && valid(base(req(zone, "NotIn", &["1"]))) && valid(base(req(zone, "Exists", &[]))));
+    assert!(!valid(base(req(zone, "unknown", &["a"]))), "unknown operator");
+    assert!(valid(json!({"requirements": [req(zone, "In", &["test", "foo"]), req(zone, "NotIn", &["test", "bar"])]})));
+    assert!(!valid(base(req(labels::KARPENTER_CAPACITY_TYPE, "In", &["sometimes"]))), "capacity-type In names none");
+    let many: Vec<_> = (0..101).map(|i| req(&format!("k{i}"), "Exists", &[])).collect();
+    assert!(!valid(json!({"requirements": many})), "at most 100");
+}
+
+#[test]
+fn prices_and_adjustments_validate_as_karpenters() {
+    assert!(!valid(json!({"price": "0.432", "priceAdjustment": "+10%"})), "both at once");
+    for p in ["+42", ".5", "42.", "42%", "3,14", "1e10", "0x42", "forty-two", "42a", "42 ", " 42", "42.0.0", "-", ".", "-.42", "-100.0%", "-101.1%", "-129"] {
+        assert!(!valid(json!({"price": p})), "price {p:?}");
+    }
+    for p in ["43", "34.43"] {
+        assert!(valid(json!({"price": p})), "price {p:?}");
+    }
+    for a in ["1%", "1", "1.3", "-100.0%", "-101.1%", "-5.%", "+1e3", "10%", "+", "-%"] {
+        assert!(!valid(json!({"priceAdjustment": a})), "priceAdjustment {a:?}");
+    }
+    for a in ["+1%", "-1%", "-100%", "+100.102%", "+298%", "+43", "-43", "+34.43", "-34.43", "+.5", "-129", "+42", "-99.99%", "-0%", "+0"] {
+        assert!(valid(json!({"priceAdjustment": a})), "priceAdjustment {a:?}");
+    }
+    assert!(valid(json!({"capacity": {"smarter-devices/fuse": "1"}})));
+    for r in ["cpu", "memory", "pods", "ephemeral-storage"] {
+        assert!(!valid(json!({"capacity": {r: "1"}})), "capacity {r}");
+    }
+    assert!(!valid(json!({"weight": 0})) && !valid(json!({"weight": 10001})) && valid(json!({"weight": 1})) && valid(json!({"weight": 10000})));
+}
+
+/// store_test.go: `+0.01` on 0.096, `+10%`, `-5%`; and the floor at 0.
+#[test]
+fn adjustments_add_an_amount_or_a_percentage_and_never_go_below_zero() {
+    let o = [offering("m7g.large", "test-zone-1", OnDemand, 0.096)];
+    let adjusted = |a: &str| prices(&apply(&[overlay("o", json!({"priceAdjustment": a}))], &[], &o))[0];
+    assert_eq!(adjusted("+0.01"), 0.106);
+    assert_eq!(adjusted("+10%"), 0.1056);
+    assert_eq!(adjusted("-5%"), 0.0912);
+    assert_eq!(adjusted("-1"), 0.0, "floored at 0");
+    assert_eq!(adjusted("-100%"), 0.0);
+    assert_eq!(prices(&apply(&[overlay("o", json!({"price": "13234.223"}))], &[], &o))[0], 13234.223, "a price replaces it");
+    assert_eq!(prices(&apply(&[], &[], &o))[0], 0.096, "no overlays: unchanged");
+}
+
+/// suite_test.go's offerings: spot/z1 1.02, on-demand/z2 2.02, spot/z3 3.02, on-demand/z4 4.02
+/// (Karpenter's fourth is `reserved`, which Archer does not buy).
+fn four() -> Vec<Offering> {
+    vec![offering("m7g.large", "test-zone-1", Spot, 1.02), offering("m7g.large", "test-zone-2", OnDemand, 2.02), offering("m7g.large", "test-zone-3", Spot, 3.02), offering("m7g.large", "test-zone-4", OnDemand, 4.02)]
+}
+
+fn outcome(o: &Overlaid, name: &str) -> &'static str {
+    o.outcomes.get(name).map(|x| x.condition().1).expect("an outcome")
+}
+
+#[test]
+fn equal_weights_that_reach_the_same_offering_conflict_and_the_earlier_name_loses() {
+    let zone = labels::ZONE;
+    let ct = labels::KARPENTER_CAPACITY_TYPE;
+    let cases = [
+        // (overlay-a's requirements, overlay-b's, conflict?)
+        (req(labels::ARCH, "In", &["arm64"]), req(ct, "Exists", &[]), true),
+        (req(labels::ARCH, "In", &["arm64"]), req(labels::OS, "In", &["ios"]), false),
+        (req(zone, "In", &["test-zone-1", "test-zone-4"]), req(ct, "Exists", &[]), true),
+        (req(ct, "Exists", &[]), req(ct, "In", &["spot"]), true),
+        (req(zone, "In", &["test-zone-6", "test-zone-4"]), req(ct, "In", &["spot"]), false),
+        (req(zone, "In", &["test-zone-1", "test-zone-4"]), req(ct, "In", &["spot"]), true),
+        (req(labels::INSTANCE_TYPE, "In", &["m7g.large"]), req(labels::INSTANCE_TYPE, "NotIn", &["m7g.large"]), false),
+    ];
+    for (a, b, conflict) in cases {
+        for (pa, pb) in [(json!({"price": "1.03"}), json!({"price": "23"})), (json!({"priceAdjustment": "+54"}), json!({"priceAdjustment": "-2"})), (json!({"price": "100"}), json!({"price": "100"}))] {
+            let mut sa = json!({"requirements": [a.clone()], "weight": 10});
+            let mut sb = json!({"requirements": [b.clone()], "weight": 10});
+            sa.as_object_mut().expect("spec").extend(pa.as_object().expect("price").clone());
+            sb.as_object_mut().expect("spec").extend(pb.as_object().expect("price").clone());
+            let o = apply(&[overlay("overlay-a", sa), overlay("overlay-b", sb)], &[], &four());
+            let expected = if conflict { "Conflict" } else { "ValidationSucceeded" };
+            assert_eq!((outcome(&o, "overlay-a"), outcome(&o, "overlay-b")), (expected, "ValidationSucceeded"), "{a} vs {b}");
+        }
+    }
+    // Different weights never conflict; the heavier one prices what both reach.
+    let o = apply(&[overlay("heavy", json!({"price": "34", "weight": 20})), overlay("light", json!({"price": "2", "weight": 10, "requirements": [req(zone, "In", &["test-zone-1"])]}))], &[], &four());
+    assert_eq!((outcome(&o, "heavy"), outcome(&o, "light")), ("ValidationSucceeded", "ValidationSucceeded"));
+    assert_eq!(prices(&o), [34.0, 34.0, 34.0, 34.0]);
+    assert_eq!(o.outcomes["light"], Outcome::Applied { offerings: 0, unused: None });
+}
+
+#[test]
+fn an_overlay_prices_only_the_offerings_its_requirements_select() {
+    let ct = labels::KARPENTER_CAPACITY_TYPE;
+    let zone = labels::ZONE;
+    let two = [offering("m7g.large", "test-zone-1", Spot, 1.02), offering("m7g.large", "test-zone-1", OnDemand, 5.02)];
+    let on_demand = |p: serde_json::Value| {
+        let mut s = json!({"requirements": [req(ct, "In", &["on-demand"])], "weight": 10});
+        s.as_object_mut().expect("spec").extend(p.as_object().expect("p").clone());
+        prices(&apply(&[overlay("o", s)], &[], &two))
+    };
+    assert_eq!(on_demand(json!({"price": "12321.32"})), [1.02, 12321.32]);
+    assert_eq!(on_demand(json!({"priceAdjustment": "+1000"})), [1.02, 1005.02]);
+    let zones = [offering("m7g.large", "test-zone-1", Spot, 1.02), offering("m7g.large", "test-zone-2", Spot, 5.02)];
+    let in_z1 = |p: serde_json::Value| {
+        let mut s = json!({"requirements": [req(zone, "In", &["test-zone-1"])]});
+        s.as_object_mut().expect("spec").extend(p.as_object().expect("p").clone());
+        prices(&apply(&[overlay("o", s)], &[], &zones))
+    };
+    assert_eq!(in_z1(json!({"price": "121.421"})), [121.421, 5.02]);
+    assert_eq!(in_z1(json!({"priceAdjustment": "+1000"})), [1001.02, 5.02]);
+    // An instance type no offering has: nothing changes.
+    assert_eq!(prices(&apply(&[overlay("o", json!({"price": "9", "requirements": [req(labels::INSTANCE_TYPE, "In", &["default-instance-type-not-found"])]}))], &[], &zones)), [1.02, 5.02]);
+}
+
+/// Disjoint overlays of one weight both apply; of two weights the heavier prices the offerings
+/// both reach, and adjustments do not stack.
+#[test]
+fn heavier_overlays_price_first_and_adjustments_do_not_stack() {
+    let zone = labels::ZONE;
+    let ct = labels::KARPENTER_CAPACITY_TYPE;
+    let three = [offering("m7g.large", "test-zone-1", Spot, 1.02), offering("m7g.large", "test-zone-2", OnDemand, 2.02), offering("m7g.large", "test-zone-4", OnDemand, 4.02)];
+    let o = apply(&[overlay("zones", json!({"requirements": [req(zone, "In", &["test-zone-2", "test-zone-4"])], "weight": 10, "price": "121.421"})), overlay("spot", json!({"requirements": [req(ct, "In", &["spot"])], "weight": 10, "price": "165.421"}))], &[], &three);
+    assert_eq!(prices(&o), [165.421, 121.421, 121.421]);
+    let o = apply(&[overlay("zones", json!({"requirements": [req(zone, "In", &["test-zone-2", "test-zone-4"])], "weight": 10, "priceAdjustment": "+201"})), overlay("spot", json!({"requirements": [req(ct, "In", &["spot"])], "weight": 10, "priceAdjustment": "-0.5"}))], &[], &three);
+    assert_eq!(prices(&o), [0.52, 203.02, 205.02]);
+    let o = apply(&[overlay("a-test-100", json!({"requirements": [req(zone, "In", &["test-zone-2"])], "weight": 20, "priceAdjustment": "+201"})), overlay("b-test-100", json!({"requirements": [req(zone, "In", &["test-zone-2", "test-zone-4"])], "weight": 10, "priceAdjustment": "-1.5"}))], &[], &three);
+    assert_eq!(prices(&o), [1.02, 203.02, 2.52], "zone 2 takes the heavier overlay's only");
+}
+
+/// What Archer does not do as Karpenter does is said, not skipped silently: an overlay keyed on
+/// the NodePool (or a key its template labels set) is not applied; `capacity` is not used.
+#[test]
+fn what_archer_cannot_apply_is_said() {
+    let pool: Arc<NodePool> = Arc::new(serde_json::from_value(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "np2"}, "spec": {"template": {"metadata": {"labels": {"test-label": "test-value"}}, "spec": {"requirements": []}}}})).expect("pool"));
+    let o = apply(
+        &[overlay("by-pool", json!({"requirements": [req("karpenter.sh/nodepool", "In", &["np1"])], "price": "13234.223"})), overlay("by-label", json!({"requirements": [req("test-label", "In", &["test-value"])], "priceAdjustment": "+1000"})), overlay("fuse", json!({"capacity": {"smarter-devices/fuse": "1"}, "priceAdjustment": "+1000.0"}))],
+        &[pool],
+        &four(),
+    );
+    assert!(matches!(&o.outcomes["by-pool"], Outcome::NotApplied(why) if why.contains("karpenter.sh/nodepool")), "{:?}", o.outcomes);
+    let said: Vec<_> = o.outcomes["by-pool"].conditions().into_iter().map(|(t, s, r, _)| (t, s, r)).collect();
+    assert_eq!(said, [("ValidationSucceeded", "True", "ValidationSucceeded"), ("Ready", "True", "Ready"), ("ArcherApplied", "False", "NotApplied")], "valid as Karpenter has it; not applied, as Archer says");
+    assert!(matches!(&o.outcomes["by-label"], Outcome::NotApplied(why) if why.contains("test-label")), "{:?}", o.outcomes);
+    assert!(matches!(&o.outcomes["fuse"], Outcome::Applied { offerings: 4, unused: Some(why) } if why.contains("smarter-devices/fuse")), "{:?}", o.outcomes);
+    assert_eq!(prices(&o), [1001.02, 1002.02, 1003.02, 1004.02]);
+    // An invalid overlay applies nowhere, and says why.
+    let o = apply(&[overlay("bad", json!({"requirements": [req("karpenter.sh/test", "In", &["x"])], "price": "1"}))], &[], &four());
+    assert_eq!(outcome(&o, "bad"), "RuntimeValidation");
+    let ready = o.outcomes["bad"].conditions().into_iter().find(|c| c.0 == "Ready").expect("Ready");
+    assert_eq!((ready.1, ready.2, ready.3.as_str()), ("False", "UnhealthyDependents", "ValidationSucceeded=False"));
+    assert_eq!(prices(&o), [1.02, 2.02, 3.02, 4.02]);
+}
