@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod config;
 pub mod extender;
 pub mod metrics;
+pub mod prices;
 pub mod provisioner;
 pub mod report;
 pub mod safety;

@@ -1,5 +1,6 @@
 //! The command line: one file per subcommand.
 
+mod catalog;
 mod certs;
 mod inspect;
 mod prices;
@@ -45,6 +46,8 @@ pub enum Command {
     Certs(certs::CertsArgs),
     /// List the instance types and prices the catalog knows.
     Prices(prices::PricesArgs),
+    /// Price catalogs: `archer catalog fetch` writes a region's prices from a cloud's price API.
+    Catalog(catalog::CatalogArgs),
     /// Plan nodes for a scenario offline: the provisioner's deciding code, no cluster.
     Simulate(simulate::SimulateArgs),
     /// Report a cluster's arm64 readiness and cost (read-only): a live cluster or a dump.
@@ -128,6 +131,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Inspect(a) => inspect::run(a).await,
             Command::Certs(a) => certs::run(a),
             Command::Prices(a) => prices::run(a).await,
+            Command::Catalog(a) => catalog::run(a).await,
             Command::Simulate(a) => simulate::run(a).await,
             Command::Report(a) => report::run(a).await,
             Command::Ungate(a) => ungate::run(a).await,

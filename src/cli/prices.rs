@@ -104,7 +104,7 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
     let known = c.regions();
     if !known.contains_key(&region) {
         let list: Vec<&str> = known.keys().map(String::as_str).collect();
-        anyhow::bail!("the catalog has no prices for region {region:?} (it has: {}); add them with --catalog", list.join(", "));
+        anyhow::bail!("the catalog has no prices for region {region:?} (it has: {}); add them with --catalog (for an Azure region, `archer catalog fetch --cloud azure --region {region} --out FILE` writes one)", list.join(", "));
     }
     let mut rows: Vec<_> = c
         .types()

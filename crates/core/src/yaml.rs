@@ -19,6 +19,11 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
     serde_saphyr::from_str_with_options(text, options())
 }
 
+/// `value` as one YAML document (what Archer writes: a fetched catalog file).
+pub fn to_string<T: serde::Serialize>(value: &T) -> Result<String, serde_saphyr::ser::Error> {
+    serde_saphyr::to_string(value)
+}
+
 /// Every document of a `---`-separated stream.
 pub fn from_multiple<T: DeserializeOwned>(text: &str) -> Result<Vec<T>, Error> {
     serde_saphyr::from_multiple_with_options(text, options())

@@ -148,6 +148,29 @@ fn linux() -> String {
 }
 
 impl InstanceTypeEntry {
+    /// The entry a catalog file would give for `t` (what `archer catalog fetch` writes).
+    pub fn of(t: &InstanceType) -> Self {
+        InstanceTypeEntry {
+            name: t.name.clone(),
+            provider: t.provider.clone(),
+            arch: t.arch.clone(),
+            os: t.os.clone(),
+            family: t.family.clone(),
+            category: t.category.clone(),
+            generation: t.generation,
+            cpu_manufacturer: t.cpu_manufacturer.clone(),
+            vcpu: t.vcpu,
+            memory_mib: t.memory_mib,
+            gpu_count: t.gpu_count,
+            gpu_name: t.gpu_name.clone(),
+            allocatable: [("cpu".to_string(), t.allocatable_cpu.clone()), ("memory".to_string(), t.allocatable_memory.clone())].into(),
+            max_pods: t.max_pods,
+            prices: t.prices.clone(),
+            facts: t.facts.clone(),
+            spot_discount: t.spot_discount,
+        }
+    }
+
     pub(crate) fn into_instance_type(self, source_name: &str) -> Result<InstanceType, CatalogError> {
         let cpu_s = self.allocatable.get("cpu").cloned().unwrap_or_default();
         let mem_s = self.allocatable.get("memory").cloned().unwrap_or_default();

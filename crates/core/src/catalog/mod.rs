@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::labels;
 pub use crate::instance::{CapacityType, InstanceType};
-pub use file::{CatalogFile, PriceOverride, PriceRule};
+pub use file::{CatalogFile, InstanceTypeEntry, PriceOverride, PriceRule};
 
 /// The catalog built into the binary.
 const EMBEDDED_CSV: &[(&str, &str)] = &[
