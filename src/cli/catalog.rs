@@ -24,7 +24,10 @@ pub enum CatalogCommand {
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cloud {
-    /// The Azure Retail Prices API (public; no credentials).
+    /// The AWS Price List Query API (GetProducts): on-demand Linux prices; credentials from the
+    /// standard chain (spot prices stay EC2's, read live by the provider).
+    Aws,
+    /// The Azure Retail Prices API (public; no credentials): pay-as-you-go and Spot.
     Azure,
 }
 
@@ -32,7 +35,7 @@ pub enum Cloud {
 pub struct FetchArgs {
     #[arg(long, value_enum)]
     pub cloud: Cloud,
-    /// The region (Azure: an ARM region name, like westus3).
+    /// The region (AWS: like eu-west-1; Azure: an ARM region name, like westus3).
     #[arg(long)]
     pub region: String,
     /// Where to write the catalog file (default: standard output).
@@ -46,11 +49,27 @@ pub struct FetchArgs {
     pub catalog: Option<PathBuf>,
 }
 
+/// A region's EC2 on-demand prices from the Price List Query API.
+#[cfg(feature = "aws")]
+async fn aws(args: &FetchArgs) -> anyhow::Result<(crate::prices::Fetched, String)> {
+    let settings = crate::config::AwsConfig { endpoint: args.endpoint.clone(), ..Default::default() };
+    let sdk = archer_cloud_aws::sdk_config(&settings).await;
+    let (on_demand, pages) = archer_cloud_aws::prices::on_demand(&sdk, &args.region).await?;
+    let fetched = crate::prices::Fetched { region: args.region.clone(), on_demand, spot: Default::default(), pages };
+    Ok((fetched, "the AWS Price List Query API (GetProducts, AmazonEC2)".into()))
+}
+
+#[cfg(not(feature = "aws"))]
+async fn aws(_: &FetchArgs) -> anyhow::Result<(crate::prices::Fetched, String)> {
+    anyhow::bail!("--cloud aws: this archer was built without the aws feature (cargo build --features aws)")
+}
+
 pub async fn run(args: CatalogArgs) -> anyhow::Result<ExitCode> {
     let CatalogCommand::Fetch(args) = args.command;
     let catalog = Catalog::with_user_file(args.catalog.as_deref())?;
     let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(60)).build().context("building the HTTP client")?;
     let (fetched, source) = match args.cloud {
+        Cloud::Aws => aws(&args).await?,
         Cloud::Azure => {
             let endpoint = args.endpoint.clone().unwrap_or_else(|| crate::prices::azure::ENDPOINT.to_string());
             (crate::prices::azure::fetch(&http, &endpoint, &args.region).await?, format!("the Azure Retail Prices API ({endpoint})"))

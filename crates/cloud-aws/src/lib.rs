@@ -14,6 +14,7 @@ pub mod interruption;
 pub mod launch;
 pub mod nodeclass;
 pub mod offerings;
+pub mod prices;
 pub mod profile;
 pub mod resolve;
 mod instances;
