@@ -47,10 +47,10 @@ struct Overlaid {
     outcomes: BTreeMap<String, Outcome>,
 }
 
-/// The names and resource versions of the overlays and pools: what an overlaid result depends on
-/// besides the offerings.
+/// The names and generations of the overlays and pools (their specs; status writes leave the
+/// generation alone): what an overlaid result depends on besides the offerings.
 fn versions(state: &ClusterState) -> Vec<(String, String)> {
-    let of = |m: &kube::api::ObjectMeta| (m.name.clone().unwrap_or_default(), m.resource_version.clone().unwrap_or_default());
+    let of = |m: &kube::api::ObjectMeta| (m.name.clone().unwrap_or_default(), format!("{}/{}", m.uid.as_deref().unwrap_or(""), m.generation.unwrap_or(0)));
     state.overlays.iter().map(|o| of(&o.metadata)).chain(state.pools.iter().map(|p| of(&p.metadata))).collect()
 }
 

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -32,9 +33,9 @@ pub struct NodeOverlaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price: Option<String>,
     /// Extended resources the selected instance types' nodes have (not cpu, memory,
-    /// ephemeral-storage or pods).
+    /// ephemeral-storage or pods): quantities, written as numbers or strings (`1`, `2Gi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity: Option<BTreeMap<String, String>>,
+    pub capacity: Option<BTreeMap<String, IntOrString>>,
     /// Overlays are applied from the highest weight down (1 to 10000; none counts as 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<i32>,

@@ -26,15 +26,16 @@ impl CapacityType {
     /// A node's capacity type from its labels: Karpenter's `karpenter.sh/capacity-type`, else
     /// Archer's `archer.dev/capacity-type`, else EKS managed node groups'
     /// `eks.amazonaws.com/capacityType`, else AKS's `kubernetes.azure.com/scalesetpriority`
-    /// (`spot`, else on-demand); on-demand when none says. The one reading every price of a
-    /// running node uses.
+    /// (`spot`, else on-demand); on-demand when none says (a value none of these names, like
+    /// Karpenter's `reserved`, gives way to the next). The one reading every price of a running
+    /// node uses.
     pub fn of_node(label: &dyn Fn(&str) -> Option<String>) -> CapacityType {
         use crate::labels as l;
-        label(l::KARPENTER_CAPACITY_TYPE)
-            .or_else(|| label(l::CAPACITY_TYPE))
-            .or_else(|| label(l::EKS_CAPACITY_TYPE))
-            .or_else(|| label(l::AKS_SCALE_SET_PRIORITY).map(|p| if p == "spot" { "spot".into() } else { "on-demand".into() }))
-            .and_then(|c| CapacityType::parse(&c))
+        let parsed = |key: &str| label(key).and_then(|c| CapacityType::parse(&c));
+        parsed(l::KARPENTER_CAPACITY_TYPE)
+            .or_else(|| parsed(l::CAPACITY_TYPE))
+            .or_else(|| parsed(l::EKS_CAPACITY_TYPE))
+            .or_else(|| label(l::AKS_SCALE_SET_PRIORITY).map(|p| if p == "spot" { CapacityType::Spot } else { CapacityType::OnDemand }))
             .unwrap_or(CapacityType::OnDemand)
     }
 

@@ -171,7 +171,11 @@ pub fn validate(o: &NodeOverlay) -> Result<Checked, String> {
         let (operator, values) = match r.operator.as_str() {
             "Gt" | "Lt" => (r.operator.as_str(), vec![integer().ok_or_else(bad_integer)?.to_string()]),
             "Gte" => ("Gt", vec![(integer().ok_or_else(bad_integer)? - 1).to_string()]),
-            "Lte" => ("Lt", vec![(integer().ok_or_else(bad_integer)? + 1).to_string()]),
+            // Lte of the largest integer bounds nothing: Exists.
+            "Lte" => match integer().ok_or_else(bad_integer)?.checked_add(1) {
+                Some(n) => ("Lt", vec![n.to_string()]),
+                None => ("Exists", Vec::new()),
+            },
             _ => (r.operator.as_str(), r.values.clone()),
         };
         requirements.add(&r.key, operator, &values).map_err(|e| format!("invalid value: {e} in requirements, restricted"))?;
@@ -181,7 +185,18 @@ pub fn validate(o: &NodeOverlay) -> Result<Checked, String> {
         (None, Some(a)) => Some(parse_adjustment(a)?),
         (None, None) => None,
     };
-    let capacity = s.capacity.clone().unwrap_or_default();
+    let capacity: BTreeMap<String, String> = s
+        .capacity
+        .iter()
+        .flatten()
+        .map(|(k, v)| {
+            let q = match v {
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => n.to_string(),
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(s) => s.clone(),
+            };
+            (k.clone(), q)
+        })
+        .collect();
     if let Some(r) = capacity.keys().find(|k| RESTRICTED_RESOURCES.contains(&k.as_str())) {
         return Err(format!("invalid capacity: {r} in resource, restricted"));
     }
@@ -258,11 +273,21 @@ pub fn apply(overlays: &[Arc<NodeOverlay>], pools: &[Arc<NodePool>], offerings: 
     checked.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| b.name.cmp(&a.name)));
     let pool_keys: BTreeSet<String> = pools.iter().flat_map(|p| p.spec.template.metadata.labels.keys().cloned()).chain([labels::KARPENTER_NODEPOOL.to_string(), labels::NODEPOOL.to_string()]).collect();
     let offering_labels: Vec<BTreeMap<String, String>> = offerings.iter().map(|o| o.own_labels().map(|(k, v)| (k.to_string(), v)).collect()).collect();
+    // The cloud's well-known keys the offerings carry: a requirement on another key of a cloud's
+    // domain (Karpenter labels more than Archer does, `instance-size`, `instance-hypervisor`) would
+    // match nothing (`In`) or everything (`NotIn`), so such an overlay is said not applied.
+    let carried: BTreeSet<&str> = offering_labels.iter().flat_map(|l| l.keys().map(String::as_str)).collect();
+    let cloud_key = |k: &str| ["karpenter.k8s.aws/", "karpenter.azure.com/", "kubernetes.azure.com/"].iter().any(|d| k.starts_with(d)) && !carried.contains(k);
     // Per offering: the weight of the last overlay that reached it (Karpenter's lowestWeight).
     let mut reached: HashMap<usize, i32> = HashMap::new();
     for c in checked {
         if let Some(key) = c.requirements.keys().find(|k| pool_keys.contains(*k)) {
             let why = format!("its requirement on {key} depends on the NodePool; Archer prices offerings the same for every NodePool and applies only overlays that do not");
+            out.outcomes.insert(c.name, Outcome::NotApplied(why));
+            continue;
+        }
+        if let Some(key) = c.requirements.keys().find(|k| cloud_key(k)) {
+            let why = format!("Archer's offerings do not carry {key}, so its requirement could not select them as Karpenter's would");
             out.outcomes.insert(c.name, Outcome::NotApplied(why));
             continue;
         }

@@ -201,5 +201,7 @@ mod tests {
         assert_eq!(with(labels::AKS_SCALE_SET_PRIORITY, "spot"), Ok(spot));
         assert_eq!(with(labels::AKS_SCALE_SET_PRIORITY, "regular"), Ok(od));
         assert_eq!(with("unrelated", "spot"), Ok(od), "no capacity label: on-demand");
+        let both = labels(&[(labels::INSTANCE_TYPE, "m7g.large"), (labels::REGION, "us-east-1"), (labels::KARPENTER_CAPACITY_TYPE, "reserved"), ("eks.amazonaws.com/capacityType", "SPOT")]);
+        assert_eq!(price(&sources, &both, None, None).map(|p| p.per_hour), Ok(spot), "a value Archer does not sell gives way to the next label");
     }
 }

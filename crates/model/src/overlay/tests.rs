@@ -5,6 +5,7 @@
 #![allow(clippy::expect_used, clippy::indexing_slicing, reason = "test code")]
 
 use super::*;
+use std::collections::BTreeMap;
 use archer_core::catalog::Catalog;
 use archer_core::instance::CapacityType;
 use serde_json::json;
@@ -199,6 +200,15 @@ fn what_archer_cannot_apply_is_said() {
     assert!(matches!(&o.outcomes["by-label"], Outcome::NotApplied(why) if why.contains("test-label")), "{:?}", o.outcomes);
     assert!(matches!(&o.outcomes["fuse"], Outcome::Applied { offerings: 4, unused: Some(why) } if why.contains("smarter-devices/fuse")), "{:?}", o.outcomes);
     assert_eq!(prices(&o), [1001.02, 1002.02, 1003.02, 1004.02]);
+    // A key of the cloud's domain Archer's offerings do not carry is said, not matched.
+    let o = apply(&[overlay("size", json!({"requirements": [req("karpenter.k8s.aws/instance-size", "NotIn", &["large"])], "price": "1"}))], &[], &four());
+    assert!(matches!(&o.outcomes["size"], Outcome::NotApplied(why) if why.contains("instance-size")), "{:?}", o.outcomes);
+    assert_eq!(prices(&o), [1.02, 2.02, 3.02, 4.02]);
+    // Capacity written as a number (as the API returns it) reads as a quantity.
+    let fuse = overlay("fuse", json!({"capacity": {"smarter-devices/fuse": 1, "hugepages-2Mi": "100Mi"}}));
+    assert_eq!(validate(&fuse).expect("valid").capacity, BTreeMap::from([("hugepages-2Mi".to_string(), "100Mi".to_string()), ("smarter-devices/fuse".to_string(), "1".to_string())]));
+    // Lte of the largest integer bounds nothing (no overflow).
+    assert!(valid(json!({"requirements": [req("karpenter.k8s.aws/instance-generation", "Lte", &["9223372036854775807"])]})));
     // An invalid overlay applies nowhere, and says why.
     let o = apply(&[overlay("bad", json!({"requirements": [req("karpenter.sh/test", "In", &["x"])], "price": "1"}))], &[], &four());
     assert_eq!(outcome(&o, "bad"), "RuntimeValidation");
