@@ -142,11 +142,11 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
         }
         for (name, outcome) in &overlaid.outcomes {
             let (status, reason, message) = outcome.condition();
-            let applied = outcome.conditions().into_iter().find(|c| c.0 == "ArcherApplied").map(|c| (c.2, c.3)).unwrap_or_default();
+            let (_, applied, why) = outcome.archer_applied();
             if status != "True" {
                 eprintln!("NodeOverlay {name}: not applied ({reason}: {message})");
-            } else if applied.0 != "Applied" {
-                eprintln!("NodeOverlay {name}: {}", applied.1);
+            } else if applied != "Applied" {
+                eprintln!("NodeOverlay {name}: {why}");
             }
         }
     }

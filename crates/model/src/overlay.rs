@@ -228,18 +228,27 @@ impl Outcome {
         }
     }
 
+    /// Archer's own `ArcherApplied` condition: status, reason (`Applied`, `PartlyApplied`,
+    /// `NotApplied`, or Karpenter's reason when it is invalid or conflicts) and message.
+    pub fn archer_applied(&self) -> (&'static str, &'static str, String) {
+        match self {
+            Outcome::Applied { offerings, unused: None } => ("True", "Applied", format!("prices {offerings} offering(s)")),
+            Outcome::Applied { offerings, unused: Some(why) } => ("True", "PartlyApplied", format!("prices {offerings} offering(s); {why}")),
+            Outcome::NotApplied(why) => ("False", "NotApplied", why.clone()),
+            Outcome::Invalid(_) | Outcome::Conflict(_) => {
+                let (_, reason, message) = self.condition();
+                ("False", reason, message)
+            }
+        }
+    }
+
     /// The overlay's status conditions: Karpenter's `ValidationSucceeded` and `Ready` (which
     /// follows it), and Archer's own `ArcherApplied`, which says what Archer does with it
     /// (beside Karpenter, each writes its own and they agree on Karpenter's two).
     pub fn conditions(&self) -> Vec<(&'static str, &'static str, &'static str, String)> {
         let (status, reason, message) = self.condition();
         let ready = if status == "True" { ("True", "Ready", String::new()) } else { ("False", "UnhealthyDependents", "ValidationSucceeded=False".to_string()) };
-        let archer = match self {
-            Outcome::Applied { offerings, unused: None } => ("True", "Applied", format!("prices {offerings} offering(s)")),
-            Outcome::Applied { offerings, unused: Some(why) } => ("True", "PartlyApplied", format!("prices {offerings} offering(s); {why}")),
-            Outcome::NotApplied(why) => ("False", "NotApplied", why.clone()),
-            Outcome::Invalid(_) | Outcome::Conflict(_) => ("False", reason, message.clone()),
-        };
+        let archer = self.archer_applied();
         vec![("ValidationSucceeded", status, reason, message), ("Ready", ready.0, ready.1, ready.2), ("ArcherApplied", archer.0, archer.1, archer.2)]
     }
 }
