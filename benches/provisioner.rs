@@ -166,7 +166,7 @@ fn karpenter_types() -> Vec<Offering> {
         // Karpenter's fake.PriceFromResources: 0.1 per vCPU + 0.1 per 1e9 bytes.
         let price = 0.1 * f64::from(vcpu) + 0.1 * (mem_gib as f64 * 1024.0 * 1024.0 * 1024.0) / 1e9;
         for (zone, cap) in [("test-zone-1", CapacityType::Spot), ("test-zone-2", CapacityType::Spot), ("test-zone-1", CapacityType::OnDemand), ("test-zone-2", CapacityType::OnDemand), ("test-zone-3", CapacityType::OnDemand)] {
-            out.push(Offering { instance: t.clone(), zone: zone.into(), capacity: cap, price });
+            out.push(Offering { instance: t.clone(), zone: zone.into(), capacity: cap, price, pool: None });
         }
     }
     out

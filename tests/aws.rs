@@ -528,3 +528,60 @@ async fn a_claim_label_with_a_newline_is_refused_before_launch() {
     assert!(moto.instances("running").await.is_empty());
     assert!(aws.ec2().describe_launch_templates().send().await.expect("templates").launch_templates().is_empty(), "no template written");
 }
+
+/// The provider in a region the embedded catalog does not price (it has EC2's us-east-1 list
+/// only): on-demand prices come from the Price List Query API (a stand-in checking every request
+/// against botocore's model), so it plans and can launch in eu-west-1; a later answer moves the
+/// prices; a failing API keeps the last answer and says since when. Before live prices the
+/// provider refused to start here ("EC2 offers no instance type the catalog prices in
+/// eu-west-1").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_eu_west_1_on_demand_prices_come_from_the_price_list_api() {
+    use common::price_apis::PriceList;
+    let moto = Moto::start_in("eu-west-1").await;
+    let list = PriceList::start(&[("m7g.large", "0.0892000000"), ("c7g.large", "0.0803000000"), ("m6i.large", "0.1070000000")]).await;
+    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    assert_eq!(catalog.price("m7g.large", Some("eu-west-1"), CapacityType::OnDemand), None, "the catalog does not price eu-west-1");
+    let settings = archer::config::AwsConfig { pricing_endpoint: Some(list.endpoint.clone()), ..moto.settings() };
+    let sdk = archer::provisioner::cloud::aws::sdk_config(&settings).await;
+    let aws = Aws::new(&sdk, catalog.clone(), settings.clone()).await.expect("a provider in eu-west-1");
+    assert!(list.refused().is_empty(), "requests botocore's model refuses: {:?}", list.refused());
+    let body = list.bodies.lock().unwrap()[0].clone();
+    let filter = |f: &str| body["Filters"].as_array().expect("filters").iter().find(|x| x["Field"] == f).map(|x| x["Value"].clone());
+    assert_eq!((filter("regionCode"), filter("operatingSystem"), filter("tenancy"), filter("preInstalledSw"), filter("capacitystatus")), (Some("eu-west-1".into()), Some("Linux".into()), Some("Shared".into()), Some("NA".into()), Some("Used".into())));
+
+    let all = aws.offerings();
+    let find = |t: &str, c: CapacityType| all.iter().find(|o| o.instance.name == t && o.zone == "eu-west-1a" && o.capacity == c).map(|o| o.price);
+    assert_eq!(find("m7g.large", CapacityType::OnDemand), Some(0.0892), "the API's eu-west-1 price, not us-east-1's 0.0816");
+    assert_eq!(find("c7g.large", CapacityType::OnDemand), Some(0.0803));
+    let types: std::collections::BTreeSet<&str> = all.iter().map(|o| o.instance.name.as_str()).collect();
+    assert_eq!(types, ["c7g.large", "m6i.large", "m7g.large"].into(), "only what something prices here");
+    assert!(all.iter().all(|o| o.zone.starts_with("eu-west-1")), "EC2's eu-west-1 zones");
+    let status = aws.prices().expect("a status");
+    assert_eq!((status.source, status.priced, status.failing_since), ("price-list-api", 3, None));
+    assert_eq!(aws.book().on_demand_source("m7g.large"), "price-list-api");
+
+    // The next answer moves the prices (the loop does this every priceRefreshHours).
+    list.set_prices(&[("m7g.large", "0.0700000000"), ("c7g.large", "0.0803000000"), ("m6i.large", "0.1070000000")]);
+    assert!(aws.refresh_prices().await);
+    assert_eq!(aws.offerings().iter().find(|o| o.instance.name == "m7g.large" && o.capacity == CapacityType::OnDemand).map(|o| o.price), Some(0.07));
+
+    // The API failing: the last answer stays, and the status says since when.
+    list.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(!aws.refresh_prices().await);
+    let status = aws.prices().expect("a status");
+    assert_eq!((status.source, status.failures), ("price-list-api", 1));
+    assert!(status.failing_since.is_some() && status.last_error.as_deref().is_some_and(|e| e.contains("ServiceUnavailable")), "{status:?}");
+    assert_eq!(aws.offerings().iter().find(|o| o.instance.name == "m7g.large" && o.capacity == CapacityType::OnDemand).map(|o| o.price), Some(0.07));
+
+    // A provider starting while the API is down, in a region nothing else prices, refuses to
+    // start and says why; in us-east-1 it plans with the catalog's prices and says so.
+    let err = Aws::new(&sdk, catalog.clone(), settings.clone()).await.err().expect("nothing prices eu-west-1");
+    assert!(err.to_string().contains("eu-west-1") && err.to_string().contains("Price List Query API did not answer"), "{err}");
+    let east = archer::config::AwsConfig { pricing_endpoint: Some(list.endpoint.clone()), ..moto.settings_in(REGION) };
+    let aws = Aws::new(&archer::provisioner::cloud::aws::sdk_config(&east).await, catalog.clone(), east).await.expect("us-east-1 from the catalog");
+    let status = aws.prices().expect("a status");
+    assert_eq!(status.source, "catalog");
+    assert!(status.failing_since.is_some());
+    assert_eq!(aws.offerings().iter().find(|o| o.instance.name == "m6g.large" && o.capacity == CapacityType::OnDemand).map(|o| o.price), catalog.price("m6g.large", Some(REGION), CapacityType::OnDemand));
+}

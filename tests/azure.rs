@@ -403,3 +403,55 @@ async fn a_plain_http_endpoint_or_authority_off_loopback_is_refused() {
     }
     assert_eq!(*arm.state.tokens_issued.lock().unwrap(), 0, "no token was asked for");
 }
+
+/// The provider in a region the embedded catalog does not price (swedencentral): its sizes are
+/// priced by the Azure Retail Prices API (a stand-in checking every request against the API's
+/// documentation, paging and throttling), on demand from the Linux meter and spot from the Spot
+/// meter rather than the catalog's 65% estimate, which stays only for a size with no Spot meter.
+/// Before live prices the provider refused to start there ("the catalog prices no Azure size in
+/// swedencentral").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_are_priced_by_the_retail_prices_api_spot_from_its_spot_meters() {
+    use common::price_apis::{azure_row, AzureRetail};
+    let row = |sku, meter, product, price| azure_row("swedencentral", sku, meter, product, price);
+    let retail = AzureRetail::start(
+        "swedencentral",
+        vec![
+            row("Standard_D2ps_v5", "D2ps v5", "Virtual Machines Dpsv5 Series", 0.081),
+            row("Standard_D2ps_v5", "D2ps v5 Spot", "Virtual Machines Dpsv5 Series", 0.0123),
+            row("Standard_D2ps_v5", "D2ps v5", "Virtual Machines Dpsv5 Series Windows", 0.17),
+            row("Standard_D2s_v5", "D2s v5", "Virtual Machines Dsv5 Series", 0.101),
+        ],
+        2,
+    )
+    .await;
+    let arm = ArmServer::start().await;
+    let settings = archer_cloud::settings::AzureConfig { location: "swedencentral".into(), zones: Vec::new(), prices_endpoint: retail.endpoint.clone(), ..arm.settings() };
+    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    assert!(!catalog.regions().contains_key("swedencentral"), "the catalog does not price swedencentral");
+    let azure = Azure::new(settings.clone(), catalog.clone(), kube()).expect("provider");
+    azure.start_prices().await.expect("priced by the API");
+    assert!(retail.refused().is_empty(), "requests the API would refuse: {:?}", retail.refused());
+    assert_eq!(retail.calls.load(std::sync::atomic::Ordering::SeqCst), 3, "throttled once, then two pages");
+    let all = azure.offerings();
+    let find = |size: &str, c: CapacityType| all.iter().find(|o| o.instance.name == size && o.zone == "swedencentral-1" && o.capacity == c).map(|o| o.price);
+    assert_eq!(find("Standard_D2ps_v5", CapacityType::OnDemand), Some(0.081));
+    assert_eq!(find("Standard_D2ps_v5", CapacityType::Spot), Some(0.0123), "the Spot meter, not 65% off");
+    let estimate = find("Standard_D2s_v5", CapacityType::Spot).expect("an estimate");
+    assert!((estimate - 0.101 * (1.0 - catalog.spot_discount)).abs() < 1e-9, "no Spot meter: the catalog's estimate on the API's price ({estimate})");
+    let sizes: std::collections::BTreeSet<&str> = all.iter().map(|o| o.instance.name.as_str()).collect();
+    assert_eq!(sizes, ["Standard_D2ps_v5", "Standard_D2s_v5"].into());
+    assert_eq!(azure.prices().map(|s| (s.source, s.priced)), Some(("retail-prices-api", 2)));
+
+    // Down at start in a region only the API prices: the provider refuses, saying both.
+    retail.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let azure = Azure::new(settings.clone(), catalog.clone(), kube()).expect("provider");
+    let err = azure.start_prices().await.expect_err("nothing prices swedencentral");
+    assert!(err.to_string().contains("swedencentral") && err.to_string().contains("Retail Prices API did not answer") && err.to_string().contains("eastus"), "{err}");
+    // In a region the catalog prices, it plans with the catalog's prices and says so.
+    let azure = Azure::new(archer_cloud::settings::AzureConfig { prices_endpoint: retail.endpoint.clone(), ..arm.settings() }, catalog.clone(), kube()).expect("provider");
+    azure.start_prices().await.expect("the catalog's eastus prices");
+    let status = azure.prices().expect("a status");
+    assert!(status.source == "catalog" && status.failing_since.is_some(), "{status:?}");
+    assert_eq!(azure.offerings().iter().find(|o| o.instance.name == "Standard_D2ps_v5" && o.capacity == CapacityType::OnDemand).map(|o| o.price), catalog.price("Standard_D2ps_v5", Some("eastus"), CapacityType::OnDemand));
+}

@@ -233,7 +233,7 @@ async fn the_extender_holds_no_more_than_its_cache_share_and_what_each_call_rese
     // The node facts cache: filled past its budget with the heaviest facts a Node gives (a
     // 253-character name, long labels, a price annotation not believed and quoted in the reason).
     let catalog = archer::catalog::Catalog::embedded().expect("catalog");
-    let prices = PriceRules { catalog: &catalog, max_per_hour: 1000.0 };
+    let prices = PriceRules { catalog: &catalog, max_per_hour: 1000.0, pricing: None };
     let (store, mut writer) = kube::runtime::reflector::store::<k8s_openapi::api::core::v1::Node>();
     const NODES: usize = 12_000;
     let name = |i: usize| format!("{i:06}{}", "n".repeat(247));

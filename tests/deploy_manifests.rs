@@ -389,6 +389,8 @@ fn the_aws_iam_policy_is_exactly_what_the_provider_calls() {
                 "sqs"
             } else if receiver.ends_with("iam") {
                 "iam"
+            } else if receiver.ends_with("pricing") {
+                "pricing"
             } else if receiver.ends_with("ec2") || receiver.ends_with("ec2()") {
                 "ec2"
             } else {
@@ -398,7 +400,7 @@ fn the_aws_iam_policy_is_exactly_what_the_provider_calls() {
             called.insert(format!("{service}:{pascal}"));
         }
     }
-    assert!(called.contains("ec2:CreateFleet") && called.contains("sqs:ReceiveMessage"), "the scan found the calls: {called:?}");
+    assert!(called.contains("ec2:CreateFleet") && called.contains("sqs:ReceiveMessage") && called.contains("pricing:GetProducts"), "the scan found the calls: {called:?}");
     for c in &called {
         assert!(allowed.contains(c), "the provider calls {c} but the policy does not allow it");
     }

@@ -611,8 +611,8 @@ spec:
 }
 
 /// A Karpenter NodeOverlay in the scenario prices the plan as Karpenter would: `-20%` on the
-/// c7g family moves an arm64 pod there; without it the plan is as before; an overlay keyed on
-/// the NodePool is not applied, and the notes say so.
+/// c7g family moves an arm64 pod there; without it the plan is as before; an overlay on a key of
+/// the cloud's domain that Archer's offerings do not carry is not applied, and the notes say so.
 #[test]
 fn a_nodeoverlay_moves_the_plan_and_what_archer_does_not_apply_is_said() {
     let scenario = r#"
@@ -645,10 +645,10 @@ spec:
 ---
 apiVersion: karpenter.sh/v1alpha1
 kind: NodeOverlay
-metadata: {name: by-pool}
+metadata: {name: by-size}
 spec:
   requirements:
-    - {key: karpenter.sh/nodepool, operator: In, values: [default]}
+    - {key: karpenter.k8s.aws/instance-size, operator: In, values: [large]}
   price: "0.001"
 "#;
     let dir = tempfile::tempdir().expect("tmp");
@@ -666,6 +666,27 @@ spec:
     let listed = catalog.price("c7g.large", Some("us-east-1"), archer::core::instance::CapacityType::OnDemand).expect("listed");
     assert!((now["pricePerHour"].as_f64().expect("price") - listed * 0.8).abs() < 1e-6, "{now}");
     let notes: Vec<&str> = after["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).collect();
-    assert!(notes.iter().any(|n| n.contains("NodeOverlay by-pool: not applied (NotApplied)") && n.contains("karpenter.sh/nodepool")), "{notes:?}");
+    assert!(notes.iter().any(|n| n.contains("NodeOverlay by-size: not applied (NotApplied)") && n.contains("karpenter.k8s.aws/instance-size")), "{notes:?}");
     assert!(!notes.iter().any(|n| n.contains("savings-plan")), "{notes:?}");
+}
+
+/// A NodeOverlay keyed on a NodePool's template label prices that pool alone (Karpenter prices
+/// instance types per NodePool): team a's pool buys the halved c7g, team b's the cheaper c6g at
+/// list price. Before, such an overlay was not applied at all.
+#[test]
+fn an_overlay_on_a_pools_label_prices_that_pool_alone() {
+    let pool = |team: &str| format!("apiVersion: karpenter.sh/v1\nkind: NodePool\nmetadata: {{name: team-{team}}}\nspec:\n  template:\n    metadata: {{labels: {{team: {team}}}}}\n    spec:\n      requirements:\n        - {{key: node.kubernetes.io/instance-type, operator: In, values: [c7g.large, c6g.large]}}\n        - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}\n        - {{key: topology.kubernetes.io/zone, operator: In, values: [us-east-1a]}}\n");
+    let pod = |team: &str| format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: web-{team}, namespace: default, annotations: {{archer.dev/platforms: linux/arm64}}}}\nspec:\n  nodeSelector: {{team: {team}}}\n  containers: [{{name: c, image: nginx, resources: {{requests: {{cpu: 500m, memory: 1Gi}}}}}}]\n");
+    let overlay = "apiVersion: karpenter.sh/v1alpha1\nkind: NodeOverlay\nmetadata: {name: team-a-graviton}\nspec:\n  requirements:\n    - {key: team, operator: In, values: [a]}\n    - {key: karpenter.k8s.aws/instance-family, operator: In, values: [c7g]}\n  priceAdjustment: \"-50%\"\n";
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("teams.yaml");
+    std::fs::write(&file, [pool("a"), pool("b"), pod("a"), pod("b"), overlay.to_string()].join("---\n")).expect("write");
+    let plan = simulate(&["--scenario", file.to_str().expect("path"), "--offline"]);
+    let catalog = archer::catalog::Catalog::embedded().expect("catalog");
+    let list = |t: &str| catalog.price(t, None, archer::catalog::CapacityType::OnDemand).expect("listed");
+    let a = node_of(&plan, "default/web-a");
+    let b = node_of(&plan, "default/web-b");
+    assert_eq!((a["instanceType"].as_str(), b["instanceType"].as_str()), (Some("c7g.large"), Some("c6g.large")), "{plan}");
+    assert!((a["pricePerHour"].as_f64().expect("price") - list("c7g.large") * 0.5).abs() < 1e-9, "{plan}");
+    assert!((b["pricePerHour"].as_f64().expect("price") - list("c6g.large")).abs() < 1e-9, "{plan}");
 }

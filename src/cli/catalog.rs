@@ -54,8 +54,7 @@ pub struct FetchArgs {
 async fn aws(args: &FetchArgs) -> anyhow::Result<(crate::prices::Fetched, String)> {
     let settings = crate::config::AwsConfig { endpoint: args.endpoint.clone(), ..Default::default() };
     let sdk = archer_cloud_aws::sdk_config(&settings).await;
-    let (on_demand, pages) = archer_cloud_aws::prices::on_demand(&sdk, &args.region).await?;
-    let fetched = crate::prices::Fetched { region: args.region.clone(), on_demand, spot: Default::default(), pages };
+    let fetched = archer_cloud_aws::prices::on_demand(&archer_cloud_aws::prices::client(&sdk, None), &args.region).await?;
     Ok((fetched, "the AWS Price List Query API (GetProducts, AmazonEC2)".into()))
 }
 
@@ -64,16 +63,26 @@ async fn aws(_: &FetchArgs) -> anyhow::Result<(crate::prices::Fetched, String)> 
     anyhow::bail!("--cloud aws: this archer was built without the aws feature (cargo build --features aws)")
 }
 
+/// A region's Azure VM prices from the Retail Prices API.
+#[cfg(feature = "azure")]
+async fn azure(http: &reqwest::Client, args: &FetchArgs) -> anyhow::Result<(crate::prices::Fetched, String)> {
+    use archer_cloud_azure::prices;
+    let endpoint = args.endpoint.clone().unwrap_or_else(|| prices::ENDPOINT.to_string());
+    Ok((prices::fetch(http, &endpoint, &args.region).await?, format!("the Azure Retail Prices API ({endpoint})")))
+}
+
+#[cfg(not(feature = "azure"))]
+async fn azure(_: &reqwest::Client, _: &FetchArgs) -> anyhow::Result<(crate::prices::Fetched, String)> {
+    anyhow::bail!("--cloud azure: this archer was built without the azure feature (cargo build --features azure)")
+}
+
 pub async fn run(args: CatalogArgs) -> anyhow::Result<ExitCode> {
     let CatalogCommand::Fetch(args) = args.command;
     let catalog = Catalog::with_user_file(args.catalog.as_deref())?;
     let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(60)).build().context("building the HTTP client")?;
     let (fetched, source) = match args.cloud {
         Cloud::Aws => aws(&args).await?,
-        Cloud::Azure => {
-            let endpoint = args.endpoint.clone().unwrap_or_else(|| crate::prices::azure::ENDPOINT.to_string());
-            (crate::prices::azure::fetch(&http, &endpoint, &args.region).await?, format!("the Azure Retail Prices API ({endpoint})"))
-        }
+        Cloud::Azure => azure(&http, &args).await?,
     };
     let (file, unknown) = crate::prices::catalog_file(&catalog, &fetched);
     let at = k8s_openapi::jiff::Timestamp::now();

@@ -29,9 +29,9 @@ pub struct PricesArgs {
     pub overlays: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
-    /// `aws`: what the EC2 provider sees (the types EC2 offers in the region, by zone, with EC2's
-    /// spot prices); credentials and region from the standard chain (`AWS_ENDPOINT_URL` for
-    /// another endpoint). Unset: the catalog alone.
+    /// `aws`: what the EC2 provider sees (the types EC2 offers in the region, by zone, on-demand
+    /// prices from the Price List Query API, EC2's spot prices); credentials and region from the
+    /// standard chain (`AWS_ENDPOINT_URL` for another endpoint). Unset: the catalog alone.
     #[arg(long)]
     pub cloud_provider: Option<String>,
 }
@@ -54,11 +54,17 @@ async fn aws_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
     let c = std::sync::Arc::new(Catalog::with_user_file(catalog.as_deref())?);
     let settings = crate::config::AwsConfig { region, ..Default::default() };
     let (book, region) = archer_cloud_aws::read_book(&settings, c).await?;
+    let status = book.price_status();
+    let said = match (status.refreshed_at, &status.last_error) {
+        (Some(at), _) => format!("on-demand prices: the AWS Price List Query API, read {}", k8s_openapi::jiff::Timestamp::try_from(at).map(|t| t.to_string()).unwrap_or_default()),
+        (None, Some(e)) => format!("on-demand prices: the catalog's (the AWS Price List Query API did not answer: {e})"),
+        (None, None) => "on-demand prices: the catalog's".to_string(),
+    };
     let all = book.all();
     let mut rows: Vec<_> = all.iter().filter(|o| arch.as_deref().is_none_or(|a| a == o.instance.arch)).filter(|o| family.as_deref().is_none_or(|f| f == o.instance.family)).collect();
     rows.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| (&a.instance.name, &a.zone, a.capacity).cmp(&(&b.instance.name, &b.zone, b.capacity))));
     let source = |o: &archer_core::packer::Offering| match o.capacity {
-        CapacityType::OnDemand => "catalog",
+        CapacityType::OnDemand => book.on_demand_source(&o.instance.name),
         CapacityType::Spot if book.spot_price(&o.instance.name, &o.zone).is_some() => "ec2",
         CapacityType::Spot => "estimate",
     };
@@ -75,7 +81,7 @@ async fn aws_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
             for o in &rows {
                 println!("{:<20} {:<6} {:<14} {:<10} {:>10.5} {:<8}", o.instance.name, o.instance.arch, o.zone, o.capacity.as_str(), o.price, source(o));
             }
-            eprintln!("{} offerings of {} instance types, region {region}", rows.len(), rows.iter().map(|o| &o.instance.name).collect::<std::collections::BTreeSet<_>>().len());
+            eprintln!("{} offerings of {} instance types, region {region}; {said}", rows.len(), rows.iter().map(|o| &o.instance.name).collect::<std::collections::BTreeSet<_>>().len());
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -126,7 +132,7 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .flat_map(|(t, od, spot)| {
                 let zone = first_zone(&region, &t.provider);
-                [(CapacityType::OnDemand, *od), (CapacityType::Spot, *spot)].into_iter().filter_map(move |(c, p)| Some(archer_core::packer::Offering { instance: t.clone(), zone: zone.clone(), capacity: c, price: p? }))
+                [(CapacityType::OnDemand, *od), (CapacityType::Spot, *spot)].into_iter().filter_map(move |(c, p)| Some(archer_core::packer::Offering { instance: t.clone(), zone: zone.clone(), capacity: c, price: p?, pool: None }))
             })
             .collect();
         let overlaid = archer_model::overlay::apply(&overlays, &[], &offerings);

@@ -321,7 +321,7 @@ fn provisioner_task(
                 let sdk = aws::sdk_config(&settings.aws).await;
                 let provider = Arc::new(aws::Aws::new(&sdk, catalog.clone(), settings.aws.clone()).await?);
                 provider.refresh_classes(&client).await;
-                tracing::info!(region = provider.region(), cluster = %settings.aws.cluster_name, offerings = provider.book().all().len(), "AWS provider ready");
+                tracing::info!(region = provider.region(), cluster = %settings.aws.cluster_name, offerings = provider.book().all().len(), prices = provider.book().price_status().source, "AWS provider ready");
                 tokio::spawn(provider.clone().run(client.clone()));
                 provider
             }
@@ -330,8 +330,9 @@ fn provisioner_task(
             #[cfg(feature = "azure")]
             "azure" => {
                 let provider = Arc::new(archer_cloud_azure::Azure::new(settings.azure.clone(), catalog.clone(), client.clone())?);
+                provider.start_prices().await?;
                 provider.refresh_classes().await;
-                tracing::info!(location = %settings.azure.location, resource_group = %settings.azure.resource_group, cluster = %settings.azure.cluster_name, offerings = provider.all_offerings().len(), "Azure provider ready");
+                tracing::info!(location = %settings.azure.location, resource_group = %settings.azure.resource_group, cluster = %settings.azure.cluster_name, offerings = provider.all_offerings().len(), prices = provider.price_status().source, "Azure provider ready");
                 tokio::spawn(provider.clone().run());
                 provider
             }

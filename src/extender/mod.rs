@@ -75,9 +75,11 @@ pub struct HeldCache(std::sync::Mutex<Option<(Instant, Arc<HeldRoom>)>>);
 /// [`FACTS_ENTRY_OVERHEAD`]; past that the coldest go.
 pub struct FactsCache(quick_cache::sync::Cache<String, Arc<CachedFacts>, FactsWeight>);
 
-/// A node's facts and the resourceVersion of the Node they came from.
+/// A node's facts, the resourceVersion of the Node they came from and the version of the
+/// offerings that priced it ([`crate::cluster::picture::NodePricing::version`]; 0: none).
 struct CachedFacts {
     rv: String,
+    pricing: u64,
     facts: Arc<NodeFacts>,
 }
 
@@ -135,11 +137,12 @@ impl FactsCache {
                 continue;
             };
             let rv = node.metadata.resource_version.as_deref().unwrap_or("");
+            let pricing = prices.version();
             match self.0.get(name) {
-                Some(e) if e.rv == rv && !rv.is_empty() => out.push(Some(e.facts.clone())),
+                Some(e) if e.rv == rv && e.pricing == pricing && !rv.is_empty() => out.push(Some(e.facts.clone())),
                 _ => {
                     let facts = Arc::new(NodeFacts::from_node(&node, prices));
-                    self.0.insert(name.to_string(), Arc::new(CachedFacts { rv: rv.to_string(), facts: facts.clone() }));
+                    self.0.insert(name.to_string(), Arc::new(CachedFacts { rv: rv.to_string(), pricing, facts: facts.clone() }));
                     out.push(Some(facts));
                 }
             }
@@ -160,17 +163,28 @@ pub struct PriceRules<'a> {
     pub catalog: &'a Catalog,
     /// USD per hour; a price above it is absurd.
     pub max_per_hour: f64,
+    /// The provisioner's offerings and claims, while this process provisions.
+    pub pricing: Option<crate::cluster::picture::NodePricing>,
 }
 
 impl PriceRules<'_> {
-    /// The node's price by the one rule ([`archer_model::price::node_price`]), from what the
-    /// extender reads on its hot path: the node's annotation, else the catalog (it reads no
-    /// claims or offerings per call). A price the node names that is not a finite number in
-    /// `0..=max_per_hour` makes the price unknown, with the reason (it is not replaced by the
-    /// catalog's: the annotation is the operator's word, and it is wrong).
-    fn price(&self, label: &dyn Fn(&str) -> Option<String>, annotation: Option<&str>) -> Result<Option<f64>, String> {
-        let sources = archer_model::price::Sources { offerings: &[], catalog: Some(self.catalog), max_per_hour: self.max_per_hour };
-        match archer_model::price::node_price(&sources, label, annotation, None) {
+    /// The version of the offerings prices come from (0: none).
+    fn version(&self) -> u64 {
+        self.pricing.as_ref().map_or(0, |p| p.version())
+    }
+
+    /// The node's price by the one rule ([`archer_model::price::node_price`]), as the provisioner,
+    /// report and simulate read it: the node's annotation, the offering it is (live prices,
+    /// NodeOverlays applied), the claim that made it, the catalog in its region. The offerings
+    /// and claims are the provisioner's, so a process that only runs the extender prices by
+    /// annotation and catalog. A price the node names that is not a finite number in
+    /// `0..=max_per_hour` makes the price unknown, with the reason (it is not replaced by another:
+    /// the annotation is the operator's word, and it is wrong).
+    fn price(&self, node: &str, label: &dyn Fn(&str) -> Option<String>, annotation: Option<&str>) -> Result<Option<f64>, String> {
+        let offerings: &[archer_core::packer::Offering] = self.pricing.as_ref().map_or(&[], |p| p.offerings.as_slice());
+        let claim = self.pricing.as_ref().and_then(|p| p.claim_price(node));
+        let sources = archer_model::price::Sources { offerings, catalog: Some(self.catalog), max_per_hour: self.max_per_hour };
+        match archer_model::price::node_price(&sources, label, annotation, claim) {
             Ok(p) => Ok(Some(p.per_hour)),
             Err(archer_model::price::Unpriced::NotBelieved(why)) => Err(why),
             Err(archer_model::price::Unpriced::Unknown(_)) => Ok(None),
@@ -192,7 +206,7 @@ pub struct NodeFacts {
 
 impl NodeFacts {
     fn build(name: String, label: &dyn Fn(&str) -> Option<String>, price_annotation: Option<&str>, allocatable: Resources, prices: &PriceRules<'_>) -> Self {
-        let (price, bad_price) = match prices.price(label, price_annotation) {
+        let (price, bad_price) = match prices.price(&name, label, price_annotation) {
             Ok(p) => (p, None),
             Err(why) => (None, Some(why)),
         };
@@ -213,7 +227,7 @@ impl NodeFacts {
             q(alloc.and_then(|a| a.memory.as_deref()), archer_core::quantity::value),
             q(alloc.and_then(|a| a.pods.as_deref()), archer_core::quantity::value),
         );
-        let (price, bad_price) = match prices.price(&label, annotation) {
+        let (price, bad_price) = match prices.price(&metadata.name, &label, annotation) {
             Ok(p) => (p, None),
             Err(why) => (None, Some(why)),
         };
@@ -316,7 +330,7 @@ impl Extender {
     }
 
     fn prices(&self) -> PriceRules<'_> {
-        PriceRules { catalog: &self.catalog, max_per_hour: self.max_price_per_hour }
+        PriceRules { catalog: &self.catalog, max_per_hour: self.max_price_per_hour, pricing: self.picture.as_ref().and_then(Picture::node_pricing) }
     }
 
     /// The provisioning plan's node for the pod, when kube-scheduler should take only it: (that
@@ -516,9 +530,10 @@ async fn filter(State(x): State<Arc<Extender>>, req: Request<Body>) -> Response 
                 NodeChecks::new(&x, &args.pod, &names, all, per_image)
             };
             let mut keep = Vec::with_capacity(nodes.len());
+            let prices = x.prices();
             for n in nodes {
                 let raw = n.raw;
-                let facts = NodeFacts::from_lite(n.lite, &x.prices());
+                let facts = NodeFacts::from_lite(n.lite, &prices);
                 match checks.verdict(&facts.name, Some(&facts), &|_| None) {
                     Verdict::Keep => keep.push(raw),
                     v => record(&mut result, facts.name, v),
@@ -575,7 +590,10 @@ async fn prioritize(State(x): State<Arc<Extender>>, req: Request<Body>) -> Respo
     span.record("pod", args.pod.metadata.name.as_deref().unwrap_or(""));
     span.record("namespace", args.pod.metadata.namespace.as_deref().unwrap_or(""));
     let facts: Vec<NodeFacts> = match args.nodes {
-        Nodes::Full(nodes) => nodes.into_iter().map(|n| NodeFacts::from_lite(n.lite, &x.prices())).collect(),
+        Nodes::Full(nodes) => {
+            let prices = x.prices();
+            nodes.into_iter().map(|n| NodeFacts::from_lite(n.lite, &prices)).collect()
+        }
         Nodes::Names(names) => x
             .facts
             .lookup(&names, x.nodes.as_ref(), &x.prices())
@@ -660,7 +678,7 @@ mod tests {
     #[test]
     fn the_facts_cache_is_weighed_in_bytes_and_stays_within_its_share() {
         let catalog = Catalog::embedded().expect("catalog");
-        let prices = PriceRules { catalog: &catalog, max_per_hour: 1000.0 };
+        let prices = PriceRules { catalog: &catalog, max_per_hour: 1000.0, pricing: None };
         let nodes: Vec<Node> = (0..2000).map(heavy_node).collect();
         let names: Vec<String> = nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
         let s = store(nodes);
@@ -678,6 +696,37 @@ mod tests {
         // The reason quotes a bounded part of the annotation.
         let f = cache.lookup(&names[..1], Some(&s), &prices).remove(0).expect("facts");
         assert!(f.bad_price.as_ref().is_some_and(|r| r.len() < 200 && r.contains("...")), "{:?}", f.bad_price);
+    }
+
+    /// The extender prices a node by the same rule and sources as the provisioner: in a region the
+    /// catalog does not price (eu-west-1), by the offering it is (live prices, overlays applied),
+    /// else by the claim it came from; and again once the offerings change. Before, it read only
+    /// the annotation and the catalog, and these nodes had no price.
+    #[test]
+    fn nodes_are_priced_by_the_provisioners_offerings_and_claims() {
+        let catalog = Catalog::embedded().expect("catalog");
+        let node = |name: &str, it: &str| {
+            let meta = serde_json::json!({"name": name, "resourceVersion": "7", "labels": {labels::ARCH: "arm64", labels::INSTANCE_TYPE: it, labels::ZONE: "eu-west-1a", labels::KARPENTER_CAPACITY_TYPE: "on-demand"}});
+            Node { metadata: serde_json::from_value(meta).expect("meta"), ..Default::default() }
+        };
+        let s = store(vec![node("a", "c7g.large"), node("b", "m7g.large")]);
+        let offering = |price: f64| archer_core::packer::Offering { instance: catalog.get("c7g.large").expect("c7g").clone(), zone: "eu-west-1a".into(), capacity: archer_core::instance::CapacityType::OnDemand, price, pool: None };
+        let mut claims = reflector::store::Writer::<archer_api::nodeclaim::NodeClaim>::default();
+        let claim: archer_api::nodeclaim::NodeClaim = serde_json::from_value(serde_json::json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "metadata": {"name": "c-b"},
+            "spec": {"nodePool": "p", "instanceType": "m7g.large", "zone": "eu-west-1a", "capacityType": "on-demand", "arch": "arm64", "os": "linux", "pricePerHour": 0.0892}, "status": {"nodeName": "b"}})).expect("claim");
+        claims.apply_watcher_event(&watcher::Event::Apply(claim));
+        let claims = claims.as_reader();
+        let cache = FactsCache::default();
+        let price = |pricing: Option<crate::cluster::picture::NodePricing>| {
+            let rules = PriceRules { catalog: &catalog, max_per_hour: 1000.0, pricing };
+            cache.lookup(&["a", "b"], Some(&s), &rules).into_iter().map(|f| f.and_then(|f| f.price)).collect::<Vec<_>>()
+        };
+        assert_eq!(price(None), [None, None], "the catalog has no eu-west-1 prices");
+        let offerings = Arc::new(vec![offering(0.0624)]);
+        let live = crate::cluster::picture::NodePricing::new(offerings.clone(), 1, claims.clone());
+        assert_eq!(price(Some(live)), [Some(0.0624), Some(0.0892)], "the offering; the claim");
+        // New offerings (a refresh, an overlay) price the same Node version again.
+        assert_eq!(price(Some(crate::cluster::picture::NodePricing::new(Arc::new(vec![offering(0.078)]), 2, claims.clone())))[0], Some(0.078));
     }
 
     #[test]

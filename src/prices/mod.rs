@@ -1,24 +1,13 @@
-//! Live prices from the clouds' own price APIs, for any region: `archer catalog fetch` writes
-//! them as a catalog file that `simulate`, `report`, `prices` and `serve` take with `--catalog`.
-//! Azure's Retail Prices API needs no credentials (`azure.rs`).
-
-pub mod azure;
-
-use std::collections::BTreeMap;
+//! Prices of any region from the clouds' own price APIs, as a catalog file: `archer catalog
+//! fetch` writes what the providers' clients read (`archer_cloud_aws::prices`, the Price List
+//! Query API; `archer_cloud_azure::prices`, the Retail Prices API) for `simulate`, `report`,
+//! `prices` and `serve` to take with `--catalog`. The running providers read the same APIs
+//! themselves (`archer_cloud::prices`).
 
 use archer_core::catalog::{Catalog, CatalogFile, InstanceTypeEntry};
 
 /// What one region's prices are, as a cloud's price API gave them.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Fetched {
-    pub region: String,
-    /// On-demand Linux USD per hour, by instance type (VM size) name.
-    pub on_demand: BTreeMap<String, f64>,
-    /// Spot USD per hour, by the same names.
-    pub spot: BTreeMap<String, f64>,
-    /// Pages read.
-    pub pages: usize,
-}
+pub use archer_cloud::prices::RegionPrices as Fetched;
 
 /// The catalog file for `fetched`: every instance type the catalog knows (its facts) that the
 /// API prices on demand, with this region's price added to the ones it has and, where the API

@@ -71,7 +71,7 @@ fn counterfactual_pools(cluster: &archer_model::ClusterState) -> Vec<Pool> {
     out
 }
 
-/// Empties the cost and savings gauges when dropped (the loop's task aborted).
+/// Empties the cost, savings and price gauges when dropped (the loop's task aborted).
 struct ClearOnDrop(Arc<super::metrics::ProvisionerMetrics>);
 
 impl Drop for ClearOnDrop {
@@ -81,6 +81,9 @@ impl Drop for ClearOnDrop {
         self.0.node_price.clear();
         self.0.savings.clear();
         self.0.baseline_cost.set(0.0);
+        self.0.prices_source.clear();
+        self.0.prices_refreshed.clear();
+        self.0.price_refresh_failing_since.clear();
     }
 }
 
@@ -147,10 +150,28 @@ impl CostReporter {
         }
     }
 
+    /// Set the price gauges from the provider's price status: where its prices come from, when
+    /// its price API last answered, since when refreshes fail (the alert's input).
+    fn report_prices(&self) {
+        let Some(status) = self.ctx.provider.prices() else { return };
+        let m = &self.ctx.metrics;
+        let provider = self.ctx.provider.name().to_string();
+        let secs = |t: Option<std::time::SystemTime>| t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0.0, |d| d.as_secs_f64());
+        for source in [status.api, archer_cloud::prices::CATALOG] {
+            m.prices_source.get_or_create(&vec![("provider", provider.clone()), ("source", source.to_string())]).set(i64::from(source == status.source));
+        }
+        let by = vec![("provider", provider)];
+        m.prices_refreshed.get_or_create(&by).set(secs(status.refreshed_at));
+        m.price_refresh_failing_since.get_or_create(&by).set(secs(status.failing_since));
+        let counted = m.price_refresh_failures.get_or_create(&by).get();
+        m.price_refresh_failures.get_or_create(&by).inc_by(status.failures.saturating_sub(counted));
+    }
+
     /// Set the node cost gauges, and the savings gauges from the counterfactual plans of the pods
     /// running on managed nodes.
     #[tracing::instrument(skip_all, fields(nodes = tracing::field::Empty, pods = tracing::field::Empty))]
     async fn report_cost(&self, last: &mut Option<u64>) {
+        self.report_prices();
         let mut cluster = self.ctx.state();
         let offerings = cluster.offerings.clone();
         let costs = node_costs(&cluster);

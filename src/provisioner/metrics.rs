@@ -55,6 +55,15 @@ pub struct ProvisionerMetrics {
     pub baseline_cost: Gauge<f64, AtomicU64>,
     /// Created to Ready, of pods the provisioner launched nodes for.
     pub pod_startup_seconds: Histogram,
+    /// 1 for where the provider's on-demand prices come from now, by provider and source
+    /// (`price-list-api`, `retail-prices-api`, `catalog`).
+    pub prices_source: Family<Labels, Gauge>,
+    /// When the provider's price API last answered (Unix seconds), by provider.
+    pub prices_refreshed: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Since when every price refresh has failed (Unix seconds; 0: the last one answered).
+    pub price_refresh_failing_since: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Price refreshes that failed, by provider.
+    pub price_refresh_failures: Family<Labels, Counter>,
 }
 
 impl Default for ProvisionerMetrics {
@@ -82,6 +91,10 @@ impl Default for ProvisionerMetrics {
             savings: Family::default(),
             baseline_cost: Gauge::default(),
             pod_startup_seconds: Histogram::new(exponential_buckets(0.5, 2.0, 14)),
+            prices_source: Family::default(),
+            prices_refreshed: Family::default(),
+            price_refresh_failing_since: Family::default(),
+            price_refresh_failures: Family::default(),
         }
     }
 }
@@ -117,5 +130,9 @@ impl ProvisionerMetrics {
         r.register("unprovisionable_pods", "Pending pods no NodePool can run", self.unprovisionable_pods.clone());
         r.register("launches_rate_limited", "Launches put off by the per-minute cap", self.launches_rate_limited.clone());
         r.register("provisioner_leader", "1 while this replica holds the provisioner lease", self.leader.clone());
+        r.register("prices_source_info", "1 for where the cloud provider's on-demand prices come from now, by provider and source (price-list-api, retail-prices-api, catalog: before the API's first answer or with live prices off)", self.prices_source.clone());
+        r.register("prices_refreshed_timestamp_seconds", "When the cloud provider's price API last answered (Unix seconds), by provider", self.prices_refreshed.clone());
+        r.register("price_refresh_failing_since_timestamp_seconds", "Since when every price refresh of the provider has failed (Unix seconds; 0 when the last one answered), by provider", self.price_refresh_failing_since.clone());
+        r.register("price_refresh_failures", "Price refreshes that failed, by provider", self.price_refresh_failures.clone());
     }
 }

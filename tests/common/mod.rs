@@ -4,6 +4,7 @@
 
 pub mod arm;
 pub mod moto;
+pub mod price_apis;
 pub mod token;
 
 use std::net::TcpListener;

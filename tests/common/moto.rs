@@ -47,6 +47,8 @@ fn images_json() -> String {
 /// A running moto server; killed on drop.
 pub struct Moto {
     pub endpoint: String,
+    /// The region the fixtures and the provider's settings use (moto keeps regions apart).
+    pub region: String,
     child: Child,
     _dir: tempfile::TempDir,
 }
@@ -71,6 +73,11 @@ pub fn test_credentials() {
 
 impl Moto {
     pub async fn start() -> Moto {
+        Self::start_in(REGION).await
+    }
+
+    /// A moto whose fixtures (`network`, `instances`) and settings are in `region`.
+    pub async fn start_in(region: &str) -> Moto {
         test_credentials();
         let dir = tempfile::tempdir().expect("tempdir");
         let amis = dir.path().join("amis.json");
@@ -89,11 +96,21 @@ impl Moto {
             assert!(std::time::Instant::now() < deadline, "moto did not start");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Moto { endpoint, child, _dir: dir }
+        Moto { endpoint, region: region.to_string(), child, _dir: dir }
     }
 
     pub fn settings(&self) -> archer::config::AwsConfig {
-        archer::config::AwsConfig { cluster_name: CLUSTER.into(), region: Some(REGION.into()), endpoint: Some(self.endpoint.clone()), ..Default::default() }
+        self.settings_in(&self.region)
+    }
+
+    /// The region's three zones.
+    pub fn zones(&self) -> Vec<String> {
+        ["a", "b", "c"].iter().map(|z| format!("{}{z}", self.region)).collect()
+    }
+
+    /// The provider's settings for `region` (moto keeps each region's resources apart).
+    pub fn settings_in(&self, region: &str) -> archer::config::AwsConfig {
+        archer::config::AwsConfig { cluster_name: CLUSTER.into(), region: Some(region.into()), endpoint: Some(self.endpoint.clone()), ..Default::default() }
     }
 
     pub async fn sdk(&self) -> aws_config::SdkConfig {
@@ -108,11 +125,12 @@ impl Moto {
         let tag = |r: ResourceType| TagSpecification::builder().resource_type(r).tags(Tag::builder().key(DISCOVERY_TAG).value(CLUSTER).build()).build();
         let vpc = ec2.create_vpc().cidr_block("10.0.0.0/16").send().await.expect("vpc").vpc().and_then(|v| v.vpc_id().map(String::from)).expect("vpc id");
         let mut subnets = Vec::new();
-        for (i, z) in ZONES.iter().enumerate() {
-            let s = ec2.create_subnet().vpc_id(&vpc).cidr_block(format!("10.0.{i}.0/24")).availability_zone(*z).tag_specifications(tag(ResourceType::Subnet)).send().await.expect("subnet");
+        let zones = self.zones();
+        for (i, z) in zones.iter().enumerate() {
+            let s = ec2.create_subnet().vpc_id(&vpc).cidr_block(format!("10.0.{i}.0/24")).availability_zone(z).tag_specifications(tag(ResourceType::Subnet)).send().await.expect("subnet");
             subnets.push((z.to_string(), s.subnet().and_then(|s| s.subnet_id().map(String::from)).expect("subnet id")));
         }
-        ec2.create_subnet().vpc_id(&vpc).cidr_block("10.0.9.0/24").availability_zone(ZONES[0]).send().await.expect("untagged subnet");
+        ec2.create_subnet().vpc_id(&vpc).cidr_block("10.0.9.0/24").availability_zone(&zones[0]).send().await.expect("untagged subnet");
         ec2.create_security_group().group_name("nodes").description("nodes").vpc_id(&vpc).tag_specifications(tag(ResourceType::SecurityGroup)).send().await.expect("sg");
         ec2.create_security_group().group_name("extra").description("extra").vpc_id(&vpc).send().await.expect("sg");
         // The node roles the tests' node classes name.

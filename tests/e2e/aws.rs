@@ -38,15 +38,20 @@ async fn aws_cluster(name: &str, extra: &[&str], env: &[(&str, &str)]) -> (Clust
 /// [`aws_cluster`], with Archer's EC2 calls through a proxy that refuses every launch when
 /// `refuse_launches` (the harness's own calls go to moto directly).
 async fn aws_cluster_through(name: &str, extra: &[&str], env: &[(&str, &str)], refuse_launches: bool) -> (Cluster, Moto) {
+    aws_cluster_in(name, crate::common::moto::REGION, extra, env, refuse_launches).await
+}
+
+/// [`aws_cluster_through`] in `region` (moto's fixtures and Archer's settings).
+async fn aws_cluster_in(name: &str, region: &str, extra: &[&str], env: &[(&str, &str)], refuse_launches: bool) -> (Cluster, Moto) {
     let mut c = Cluster::start(name).await;
-    let moto = Moto::start().await;
+    let moto = Moto::start_in(region).await;
     moto.network().await;
     let sqs = aws_sdk_sqs::Client::new(&moto.sdk().await);
     sqs.create_queue().queue_name(QUEUE).send().await.expect("queue");
     let endpoint = if refuse_launches { crate::common::moto::launch_refusing_proxy(moto.endpoint.clone()).await } else { moto.endpoint.clone() };
     c.stop_archer();
     c.cloud_provider = "aws";
-    c.provisioner_config = ["registrationTimeoutSeconds: 600", "garbageGraceSeconds: 5", "aws:", &format!("  clusterName: {CLUSTER}"), "  region: us-east-1", &format!("  endpoint: {endpoint}"), &format!("  interruptionQueue: {QUEUE}"), "  nodeClassRefreshSeconds: 2"]
+    c.provisioner_config = ["registrationTimeoutSeconds: 600", "garbageGraceSeconds: 5", "aws:", &format!("  clusterName: {CLUSTER}"), &format!("  region: {region}"), &format!("  endpoint: {endpoint}"), &format!("  interruptionQueue: {QUEUE}"), "  nodeClassRefreshSeconds: 2"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -56,6 +61,11 @@ async fn aws_cluster_through(name: &str, extra: &[&str], env: &[(&str, &str)], r
         let key = format!("{}:", line.split(':').next().unwrap_or_default());
         match c.provisioner_config.iter().position(|l| l.starts_with(&key)) {
             Some(i) => c.provisioner_config[i] = line.to_string(),
+            // A new key of `aws:` goes under it; any other at the top.
+            None if line.starts_with("  ") => {
+                let aws = c.provisioner_config.iter().position(|l| l == "aws:").map_or(0, |i| i + 1);
+                c.provisioner_config.insert(aws, line.to_string());
+            }
             None => c.provisioner_config.insert(0, line.to_string()),
         }
     }
@@ -143,7 +153,7 @@ fn kubelet_node(name: &str, i: &aws_sdk_ec2::types::Instance, claim: &NodeClaim)
         ("kubernetes.io/os", "linux".into()),
         ("node.kubernetes.io/instance-type", it.clone()),
         ("topology.kubernetes.io/zone", zone.clone()),
-        ("topology.kubernetes.io/region", "us-east-1".into()),
+        ("topology.kubernetes.io/region", zone.trim_end_matches(|c: char| c.is_ascii_lowercase()).to_string()),
         ("type", "kwok".into()),
     ] {
         labels.insert(k.into(), v);
@@ -457,4 +467,79 @@ async fn aws_a_pool_whose_node_class_is_missing_is_skipped_for_the_next_by_weigh
     // The class deleted: the pool is not Ready again, before any periodic refresh.
     Api::<EC2NodeClass>::all(client.clone()).delete("later", &Default::default()).await.expect("delete node class");
     wait("the preferred pool not Ready once its class is deleted", Duration::from_secs(60), || async { condition("preferred", "NodeClassReady").await == Some(("False".into(), "NodeClassNotFound".into())) }).await;
+}
+
+/// Live prices in a region the embedded catalog does not price, and Karpenter's NodeOverlay
+/// applied live (issue #42): the AWS provider against moto in eu-west-1 takes its on-demand
+/// prices from the local Price List Query API (checked against botocore's model) and launches
+/// there; `-20%` on the c7g family makes the pending pod's node a c7g (else c6g is the cheaper),
+/// bought at the overlaid price, and the overlay's status says it was applied; deleting the
+/// overlay lets consolidation replace the c7g instance with the now cheaper c6g. The metrics say
+/// where the prices came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane: run tests/e2e/run"]
+async fn aws_in_eu_west_1_live_prices_and_a_nodeoverlay_move_provisioning_and_consolidation() {
+    use crate::common::price_apis::PriceList;
+    use crate::provisioning::{archer_nodes, label, metric_sum, node_of, with_requests};
+    use archer::provisioner::nodeoverlay::NodeOverlay;
+    const C6G: f64 = 0.0730;
+    const C7G: f64 = 0.0780;
+    let list = PriceList::start(&[("c6g.large", "0.0730000000"), ("c7g.large", "0.0780000000"), ("m6i.large", "0.1070000000")]).await;
+    let pricing = format!("  pricingEndpoint: {}", list.endpoint);
+    let (c, moto) = aws_cluster_in("aws-eu-west-1", "eu-west-1", &[&pricing], &[], false).await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    let _kubelets = kubelets(client.clone(), moto.sdk().await, &[]);
+    assert!(list.refused().is_empty(), "requests botocore's model refuses: {:?}", list.refused());
+    assert!(list.bodies.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|b| b["Filters"].to_string().contains("eu-west-1")), "asked for eu-west-1's prices");
+    // The metrics say the prices are the API's, and when they were read.
+    wait("the price metrics", Duration::from_secs(30), || async {
+        metric_sum(&c, "archer_prices_source_info{provider=\"aws\",source=\"price-list-api\"}").await == 1.0 && metric_sum(&c, "archer_prices_refreshed_timestamp_seconds").await > 1.7e9
+    })
+    .await;
+
+    c.registry.push_image("apps/arm", "1", "linux/arm64", true).await;
+    namespace(&client, "shop", json!({})).await;
+    pool(&client, "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: graviton}\nspec:\n  template:\n    spec:\n      nodeClassRef: {group: archer.dev, kind: EC2NodeClass, name: default}\n      requirements:\n        - {key: node.kubernetes.io/instance-type, operator: In, values: [c7g.large, c6g.large]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}\n        - {key: topology.kubernetes.io/zone, operator: In, values: [eu-west-1a]}\n  disruption:\n    consolidationPolicy: WhenEmptyOrUnderutilized\n    consolidateAfter: 3s\n    budgets: [{nodes: \"100%\"}]\n").await;
+    let overlays = Api::<NodeOverlay>::all(client.clone());
+    let overlay: NodeOverlay = archer::yaml::from_str("apiVersion: karpenter.sh/v1alpha1\nkind: NodeOverlay\nmetadata: {name: graviton-savings}\nspec:\n  requirements:\n    - {key: karpenter.k8s.aws/instance-family, operator: In, values: [c7g]}\n  priceAdjustment: \"-20%\"\n  weight: 10\n").expect("overlay");
+    overlays.create(&PostParams::default(), &overlay).await.expect("create overlay");
+    // The provisioner's watch sees it before the pod comes: its status says so.
+    let condition = |o: &NodeOverlay, t: &str| o.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == t)).map(|c| (c.status.clone(), c.reason.clone()));
+    wait("the overlay's status", Duration::from_secs(60), || async { overlays.get("graviton-savings").await.ok().is_some_and(|o| condition(&o, "ArcherApplied").is_some()) }).await;
+    let o = overlays.get("graviton-savings").await.expect("overlay");
+    assert_eq!(condition(&o, "ValidationSucceeded"), Some(("True".into(), "ValidationSucceeded".into())));
+    assert_eq!(condition(&o, "Ready"), Some(("True".into(), "Ready".into())));
+    assert_eq!(condition(&o, "ArcherApplied"), Some(("True".into(), "Applied".into())));
+
+    let t0 = Instant::now();
+    let d = with_requests(deployment("arm", &c.registry.image("apps/arm:1"), 1, json!({})), "500m", "1Gi");
+    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &d).await.expect("create");
+    wait_running(&client, "shop", "arm", 1, Duration::from_secs(120)).await;
+    let nodes = archer_nodes(&client).await;
+    assert_eq!(nodes.iter().map(|n| label(n, "node.kubernetes.io/instance-type")).collect::<Vec<_>>(), ["c7g.large"]);
+    let written = claims(&client).await;
+    let bought: Vec<f64> = written.iter().map(|c| c.spec.price_per_hour).collect();
+    assert!(bought.len() == 1 && (bought[0] - C7G * 0.8).abs() < 1e-9, "bought at the overlaid eu-west-1 price: {bought:?}");
+    let pid = written[0].status.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default();
+    assert!(pid.starts_with("aws:///eu-west-1a/"), "launched in eu-west-1: {pid}");
+    eprintln!("eu-west-1: a c7g.large at ${:.4}/h (the API's {C7G} less 20%) Running in {:?}", bought[0], t0.elapsed());
+
+    // Without the overlay the c6g is cheaper, and consolidation replaces the instance.
+    overlays.delete("graviton-savings", &Default::default()).await.expect("delete overlay");
+    let t0 = Instant::now();
+    loop {
+        let live: Vec<Node> = archer_nodes(&client).await.into_iter().filter(|n| n.metadata.deletion_timestamp.is_none()).collect();
+        let types: Vec<&str> = live.iter().map(|n| label(n, "node.kubernetes.io/instance-type")).collect();
+        let running = running_pods(&client, "shop", "arm").await;
+        if types == ["c6g.large"] && running.len() == 1 && running.iter().all(|p| live.iter().any(|n| n.metadata.name.as_deref() == Some(node_of(p).as_str()))) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(180), "not consolidated onto c6g after the overlay went: {types:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let bought: Vec<f64> = claims(&client).await.iter().map(|c| c.spec.price_per_hour).collect();
+    assert!(bought.iter().any(|p| (p - C6G).abs() < 1e-9), "the c6g at the API's price: {bought:?}");
+    wait("the c7g instance terminated", Duration::from_secs(90), || async { live_instances(&moto).await.iter().all(|i| i.instance_type().map(|t| t.as_str()) != Some("c7g.large")) }).await;
+    eprintln!("eu-west-1: consolidated onto c6g.large once the overlay went, in {:?}", t0.elapsed());
 }

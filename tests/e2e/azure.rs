@@ -32,8 +32,22 @@ async fn azure_cluster(name: &str) -> (Cluster, ArmServer) {
     let arm = ArmServer::start().await;
     c.stop_archer();
     c.cloud_provider = "azure";
-    c.provisioner_config = ["registrationTimeoutSeconds: 600".to_string(), "garbageGraceSeconds: 5".to_string()].into_iter().chain(arm.config_lines()).collect();
+    // The Retail Prices API, stood in for with the catalog's own eastus prices (so the scenarios'
+    // numbers are the catalog's), read live by the provider.
+    let catalog = archer::catalog::Catalog::embedded().expect("catalog");
+    let location = arm.settings().location;
+    let rows = catalog
+        .types()
+        .iter()
+        .filter(|t| t.provider == "azure")
+        .filter_map(|t| Some(crate::common::price_apis::azure_row(&location, &t.name, &t.name, "Virtual Machines", *t.prices.get(&location)?)))
+        .collect();
+    let retail = crate::common::price_apis::AzureRetail::start(&location, rows, 100).await;
+    c.provisioner_config = ["registrationTimeoutSeconds: 600".to_string(), "garbageGraceSeconds: 5".to_string()].into_iter().chain(arm.config_lines()).chain([format!("  pricesEndpoint: {}", retail.endpoint)]).collect();
     c.start_archer().await;
+    // Throttled once (retried after a second), then answered.
+    wait("the provider reading the Retail Prices API", Duration::from_secs(30), || async { retail.calls.load(std::sync::atomic::Ordering::SeqCst) >= 2 }).await;
+    assert!(retail.refused().is_empty(), "requests the API would refuse: {:?}", retail.refused());
     let client = c.client().await;
     let class: AKSNodeClass = serde_json::from_value(json!({"apiVersion": "archer.dev/v1alpha1", "kind": "AKSNodeClass", "metadata": {"name": "default"}, "spec": {"imageFamily": "Ubuntu2204", "osDiskSizeGB": 100}})).expect("class");
     let classes: Api<AKSNodeClass> = Api::all(client.clone());

@@ -265,7 +265,7 @@ pub fn offerings(catalog: &Catalog, zones: &[String]) -> Vec<Offering> {
         for cap in [CapacityType::OnDemand, CapacityType::Spot] {
             for z in zones {
                 let Some(price) = catalog.price_in_zone(t, z, &known, cap) else { continue };
-                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: cap, price });
+                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: cap, price, pool: None });
             }
         }
     }

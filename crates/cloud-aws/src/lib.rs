@@ -1,11 +1,12 @@
-//! The AWS EC2 provider: instance types and zones from EC2 priced by the catalog (spot prices from
-//! EC2's history), EC2NodeClasses resolved into subnets, security groups and images, one
+//! The AWS EC2 provider: instance types and zones from EC2, priced on demand by the AWS Price
+//! List Query API (`prices`; the catalog's until it answers) and spot by EC2's history, EC2NodeClasses resolved into subnets, security groups and images, one
 //! `CreateFleet` (type `instant`) per claim through a launch template per node class, image and
 //! node shape, and every instance tagged with the cluster, the claim and the pool.
 //!
 //! - `nodeclass`: the EC2NodeClass resource;
 //! - `resolve`: its selectors against EC2; `profile`: the instance profile of its `role`;
-//! - `offerings`: instance types, zones, spot prices and the insufficient-capacity cache;
+//! - `offerings`: instance types, zones, prices and the insufficient-capacity cache;
+//! - `prices`: the Price List Query API's on-demand prices of a region;
 //! - `launch`: launch templates, the fleet request and what it answers;
 //! - `instances`: finding, listing and terminating this cluster's instances;
 //! - `interruption`: the SQS queue of EventBridge interruption events.
@@ -111,6 +112,9 @@ pub async fn read_book(settings: &AwsConfig, catalog: Arc<Catalog>) -> Result<(B
     let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| api_error("no AWS region: pass --region or set AWS_REGION"))?;
     let ec2 = aws_sdk_ec2::Client::new(&sdk);
     let book = Book::new(catalog, region.clone(), Duration::from_secs(1));
+    if settings.price_refresh_hours > 0 {
+        book.refresh_on_demand(&prices::client(&sdk, settings.pricing_endpoint.as_deref())).await;
+    }
     book.refresh_types(&ec2).await?;
     book.refresh_spot(&ec2).await?;
     Ok((book, region))
@@ -125,6 +129,8 @@ pub struct Aws {
     iam: aws_sdk_iam::Client,
     /// Archer's own account, which interruption events must come from.
     sts: aws_sdk_sts::Client,
+    /// The Price List Query API (on-demand prices).
+    pricing: aws_sdk_pricing::Client,
     settings: AwsConfig,
     region: String,
     book: Book,
@@ -137,7 +143,8 @@ pub struct Aws {
 }
 
 impl Aws {
-    /// Read EC2's instance types, zones and spot prices: the provider can plan when this returns,
+    /// Read the region's on-demand prices (the Price List Query API, else the catalog's), EC2's
+    /// instance types, zones and spot prices: the provider can plan when this returns,
     /// and launch for a node class once [`Aws::refresh_classes`] or [`Aws::use_class`] has it.
     pub async fn new(sdk: &aws_config::SdkConfig, catalog: Arc<Catalog>, settings: AwsConfig) -> Result<Aws, CloudError> {
         check_endpoint(sdk)?;
@@ -146,8 +153,12 @@ impl Aws {
         let sqs = aws_sdk_sqs::Client::new(sdk);
         let iam = aws_sdk_iam::Client::new(sdk);
         let sts = aws_sdk_sts::Client::new(sdk);
+        let pricing = prices::client(sdk, settings.pricing_endpoint.as_deref());
         let book = Book::new(catalog, region.clone(), Duration::from_secs(settings.insufficient_capacity_ttl_seconds));
-        let aws = Aws { ec2, sqs, iam, sts, settings, region, book, classes: NodeClasses::default(), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
+        let aws = Aws { ec2, sqs, iam, sts, pricing, settings, region, book, classes: NodeClasses::default(), templates: Mutex::new(HashMap::new()), known_templates: moka::future::Cache::new(10_000) };
+        if aws.settings.price_refresh_hours > 0 {
+            aws.book.refresh_on_demand(&aws.pricing).await;
+        }
         aws.book.refresh_types(&aws.ec2).await?;
         aws.book.refresh_spot(&aws.ec2).await?;
         Ok(aws)
@@ -169,9 +180,23 @@ impl Aws {
         &self.book
     }
 
-    /// Keep spot prices and the cluster's node classes current, until dropped.
+    /// Read the region's on-demand prices from the Price List Query API now (as the refresh
+    /// loop does every `priceRefreshHours`); `true` when it answered.
+    pub async fn refresh_prices(&self) -> bool {
+        self.book.refresh_on_demand(&self.pricing).await
+    }
+
+    /// Keep on-demand and spot prices and the cluster's node classes current, until dropped.
     pub async fn run(self: Arc<Self>, kube: Client) {
         let spot = Duration::from_secs(self.settings.spot_price_refresh_seconds);
+        let hours = self.settings.price_refresh_hours;
+        let me_prices = self.clone();
+        let price_loop = async move {
+            if hours == 0 {
+                return std::future::pending().await;
+            }
+            me_prices.book.keep_on_demand_fresh(&me_prices.pricing, Duration::from_secs(hours * 3600)).await;
+        };
         let classes = Duration::from_secs(self.settings.node_class_refresh_seconds);
         let me = self.clone();
         let (me_watch, kube_watch) = (self.clone(), kube.clone());
@@ -192,7 +217,7 @@ impl Aws {
                 }
             }
         };
-        futures::future::join3(spot_loop, class_loop, me_watch.classes.watch(me_watch.as_ref(), kube_watch)).await;
+        futures::future::join4(price_loop, spot_loop, class_loop, me_watch.classes.watch(me_watch.as_ref(), kube_watch)).await;
     }
 
     /// Resolve a node class against EC2 and launch with it from now on.
@@ -266,6 +291,10 @@ impl CloudProvider for Aws {
 
     fn offerings(&self) -> Arc<Vec<Offering>> {
         self.book.offerings()
+    }
+
+    fn prices(&self) -> Option<archer_cloud::prices::PriceStatus> {
+        Some(self.book.price_status())
     }
 
     async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError> {

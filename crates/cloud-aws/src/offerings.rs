@@ -1,8 +1,10 @@
 //! What EC2 can launch here and at what price: the instance types EC2 offers in the region
-//! (`DescribeInstanceTypes`) in the zones it offers them (`DescribeInstanceTypeOfferings`), joined
-//! with the catalog's on-demand prices for the region; spot prices from
-//! `DescribeSpotPriceHistory`, refreshed periodically, else the catalog's estimate. Offerings that
-//! answered "insufficient capacity" are left out until their entry in a TTL cache expires.
+//! (`DescribeInstanceTypes`) in the zones it offers them (`DescribeInstanceTypeOfferings`) that
+//! the catalog knows, priced on demand by the AWS Price List Query API (refreshed every
+//! `priceRefreshHours`; the catalog's prices for the region until its first answer), spot from
+//! `DescribeSpotPriceHistory` (refreshed every `spotPriceRefreshSeconds`), else estimated from
+//! the on-demand price. Offerings that answered "insufficient capacity" are left out until their
+//! entry in a TTL cache expires.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use crate::resolve::kube_arch;
 use crate::{api_error, sdk_error};
 use archer_core::catalog::{CapacityType, Catalog, InstanceType};
 use archer_core::packer::Offering;
+use archer_cloud::prices::{LivePrices, PriceStatus};
 use archer_cloud::CloudError;
 
 pub use archer_cloud::unavailable::OfferingKey;
@@ -23,7 +26,9 @@ pub use archer_cloud::unavailable::OfferingKey;
 pub struct Book {
     catalog: Arc<Catalog>,
     region: String,
-    /// Types EC2 offers here that the catalog prices, with their zones.
+    /// On-demand prices from the Price List Query API.
+    live: LivePrices,
+    /// Types EC2 offers here that the catalog knows, with their zones.
     types: ArcSwap<Vec<(Arc<InstanceType>, Vec<String>)>>,
     /// Latest spot price by (type, zone).
     spot: ArcSwap<HashMap<(String, String), f64>>,
@@ -37,6 +42,7 @@ impl Book {
         Book {
             catalog,
             region,
+            live: LivePrices::new(crate::prices::API),
             types: ArcSwap::from_pointee(Vec::new()),
             spot: ArcSwap::from_pointee(HashMap::new()),
             all: ArcSwap::from_pointee(Vec::new()),
@@ -64,6 +70,40 @@ impl Book {
         self.spot.load().get(&(instance_type.to_string(), zone.to_string())).copied()
     }
 
+    /// Where the on-demand prices come from and how old they are.
+    pub fn price_status(&self) -> PriceStatus {
+        self.live.status()
+    }
+
+    /// Read the region's on-demand prices from the Price List Query API; the last ones (or the
+    /// catalog's) stay when it fails. `true` when it answered.
+    pub(crate) async fn refresh_on_demand(&self, pricing: &aws_sdk_pricing::Client) -> bool {
+        let answered = self.live.refresh(&|| crate::prices::on_demand(pricing, &self.region)).await;
+        if answered {
+            self.rebuild();
+        }
+        answered
+    }
+
+    /// Keep the on-demand prices current, every `every`, until dropped.
+    pub(crate) async fn keep_on_demand_fresh(&self, pricing: &aws_sdk_pricing::Client, every: Duration) {
+        self.live.keep_fresh(every, || crate::prices::on_demand(pricing, &self.region), || self.rebuild()).await;
+    }
+
+    /// Where a type's on-demand price comes from: the Price List Query API, or the catalog.
+    pub fn on_demand_source(&self, instance_type: &str) -> &'static str {
+        match self.live.current() {
+            Some(p) if p.on_demand.contains_key(instance_type) => crate::prices::API,
+            _ => archer_cloud::prices::CATALOG,
+        }
+    }
+
+    /// The type's on-demand list price here: the Price List Query API's once it answered (for
+    /// the types it prices), else the catalog's for the region.
+    fn list_price(&self, t: &InstanceType, live: Option<&archer_cloud::prices::RegionPrices>) -> Option<f64> {
+        live.and_then(|p| p.on_demand.get(&t.name).copied()).or_else(|| t.prices.get(&self.region).copied())
+    }
+
     pub fn is_unavailable(&self, key: &OfferingKey) -> bool {
         self.unavailable.contains(key)
     }
@@ -80,13 +120,13 @@ impl Book {
             }
         }
         let mut types = Vec::new();
-        let (mut unpriced, mut disagree) = (0, 0);
+        let (mut unknown, mut disagree) = (0, 0);
         let mut pages = ec2.describe_instance_types().into_paginator().send();
         while let Some(page) = pages.next().await {
             for it in page.map_err(|e| api_error(sdk_error(e)))?.instance_types() {
                 let Some(name) = it.instance_type().map(|t| t.as_str().to_string()) else { continue };
-                let Some(t) = self.catalog.get(&name).filter(|t| self.catalog.price_of(t, Some(&self.region), CapacityType::OnDemand).is_some()) else {
-                    unpriced += 1;
+                let Some(t) = self.catalog.get(&name) else {
+                    unknown += 1;
                     continue;
                 };
                 // EC2 is the authority on what the type is: a catalog row that disagrees is skipped.
@@ -102,12 +142,19 @@ impl Book {
                 }
             }
         }
-        if types.is_empty() {
-            return Err(api_error(format!("EC2 offers no instance type the catalog prices in {}", self.region)));
-        }
-        tracing::info!(types = types.len(), unpriced, disagree, region = %self.region, "EC2 instance types read");
         self.types.store(Arc::new(types));
         self.rebuild();
+        let priced = self.types.load().iter().filter(|(t, _)| self.list_price(t, self.live.current().as_deref()).is_some()).count();
+        let status = self.live.status();
+        if priced == 0 {
+            let why = match (status.source, &status.last_error) {
+                (archer_cloud::prices::CATALOG, Some(e)) => format!("the Price List Query API did not answer ({e}) and the catalog has no {} prices", self.region),
+                (archer_cloud::prices::CATALOG, None) => format!("live prices are off (priceRefreshHours 0) and the catalog has no {} prices", self.region),
+                _ => "the Price List Query API priced none of them".to_string(),
+            };
+            return Err(api_error(format!("EC2 offers no instance type with a price in {}: {why}", self.region)));
+        }
+        tracing::info!(types = self.types.load().len(), priced, unknown, disagree, region = %self.region, prices = status.source, "EC2 instance types read");
         Ok(())
     }
 
@@ -147,15 +194,16 @@ impl Book {
 
     fn rebuild(&self) {
         let spot = self.spot.load();
+        let live = self.live.current();
         let mut out = Vec::new();
         for (t, zones) in self.types.load().iter() {
-            let Some(on_demand) = self.catalog.price_of(t, Some(&self.region), CapacityType::OnDemand) else { continue };
-            let estimate = self.catalog.price_of(t, Some(&self.region), CapacityType::Spot);
+            let Some(list) = self.list_price(t, live.as_deref()) else { continue };
+            let on_demand = self.catalog.price_from(t, list, CapacityType::OnDemand);
+            let estimate = self.catalog.price_from(t, list, CapacityType::Spot);
             for z in zones {
-                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: CapacityType::OnDemand, price: on_demand });
-                if let Some(p) = spot.get(&(t.name.clone(), z.clone())).copied().or(estimate) {
-                    out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: CapacityType::Spot, price: p });
-                }
+                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: CapacityType::OnDemand, price: on_demand, pool: None });
+                let p = spot.get(&(t.name.clone(), z.clone())).copied().unwrap_or(estimate);
+                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: CapacityType::Spot, price: p, pool: None });
             }
         }
         self.all.store(Arc::new(out));
@@ -196,7 +244,7 @@ mod tests {
     use super::*;
 
     fn offering(c: &Catalog, name: &str, price: f64) -> Offering {
-        Offering { instance: c.get(name).expect("type").clone(), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price }
+        Offering { instance: c.get(name).expect("type").clone(), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price, pool: None }
     }
 
     #[test]

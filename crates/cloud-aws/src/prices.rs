@@ -6,7 +6,11 @@
 
 use std::collections::BTreeMap;
 
+use archer_cloud::prices::RegionPrices;
 use aws_sdk_pricing::types::{Filter, FilterType};
+
+/// The API's name in metrics and status.
+pub const API: &str = "price-list-api";
 
 /// The region the Price List Query API is asked in.
 pub const PRICING_REGION: &str = "us-east-1";
@@ -33,15 +37,22 @@ fn filters(region: &str) -> Result<Vec<Filter>, PriceListError> {
         .collect()
 }
 
-/// Every EC2 instance type's Linux on-demand USD price per hour in `region`; `sdk` gives the
-/// credentials and endpoint (asked in [`PRICING_REGION`]).
-pub async fn on_demand(sdk: &aws_config::SdkConfig, region: &str) -> Result<(BTreeMap<String, f64>, usize), PriceListError> {
+/// A Price List Query API client: `sdk`'s credentials, asked in [`PRICING_REGION`], at
+/// `endpoint` when given (else the SDK's).
+pub fn client(sdk: &aws_config::SdkConfig, endpoint: Option<&str>) -> aws_sdk_pricing::Client {
+    let mut conf = aws_sdk_pricing::config::Builder::from(sdk).region(aws_config::Region::new(PRICING_REGION));
+    if let Some(e) = endpoint {
+        conf = conf.endpoint_url(e);
+    }
+    aws_sdk_pricing::Client::from_conf(conf.build())
+}
+
+/// Every EC2 instance type's Linux on-demand USD price per hour in `region`.
+pub async fn on_demand(pricing: &aws_sdk_pricing::Client, region: &str) -> Result<RegionPrices, PriceListError> {
     let valid = !region.is_empty() && region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
     if !valid {
         return Err(PriceListError::Region(region.to_string()));
     }
-    let conf = aws_sdk_pricing::config::Builder::from(sdk).region(aws_config::Region::new(PRICING_REGION)).build();
-    let client = aws_sdk_pricing::Client::from_conf(conf);
     let filters = filters(region)?;
     let mut prices = BTreeMap::new();
     let (mut token, mut pages) = (None::<String>, 0);
@@ -49,7 +60,7 @@ pub async fn on_demand(sdk: &aws_config::SdkConfig, region: &str) -> Result<(BTr
         if pages >= MAX_PAGES {
             return Err(PriceListError::TooManyPages);
         }
-        let page = client
+        let page = pricing
             .get_products()
             .service_code("AmazonEC2")
             .format_version("aws_v1")
@@ -74,7 +85,7 @@ pub async fn on_demand(sdk: &aws_config::SdkConfig, region: &str) -> Result<(BTr
     if prices.is_empty() {
         return Err(PriceListError::Empty(region.to_string()));
     }
-    Ok((prices, pages))
+    Ok(RegionPrices { region: region.to_string(), on_demand: prices, spot: BTreeMap::new(), pages })
 }
 
 /// One price list item (a JSON document): its instance type and its hourly USD on-demand price.

@@ -9,6 +9,7 @@
 //! - `image`: AKS node images per family and architecture; `classes`: AKSNodeClasses resolved
 //!   and their status;
 //! - `launch`: names, tags, NIC and VM bodies, the node's bootstrap, failure meanings (pure);
+//! - `prices`: the Azure Retail Prices API (on-demand and Spot, any region);
 //! - `provider`: the [`archer_cloud::CloudProvider`]; `preemption`: spot evictions.
 
 pub mod nodeclass;
@@ -27,6 +28,8 @@ pub mod launch;
 mod models;
 #[cfg(feature = "provider")]
 mod preemption;
+#[cfg(feature = "provider")]
+pub mod prices;
 #[cfg(feature = "provider")]
 pub mod provider;
 #[cfg(feature = "provider")]

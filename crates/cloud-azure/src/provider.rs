@@ -1,9 +1,11 @@
-//! The Azure VM provider: offerings from the catalog's sizes priced in the region (in its
-//! zones, on-demand and spot), a NIC and a VM per claim through Azure Resource Manager, every
+//! The Azure VM provider: offerings from the catalog's sizes in the region's zones, on-demand and
+//! spot, priced by the Azure Retail Prices API (refreshed every `priceRefreshHours`; the
+//! catalog's prices, and its spot estimate, until it answers and for the sizes it does not
+//! price), a NIC and a VM per claim through Azure Resource Manager, every
 //! resource tagged with the cluster, the claim, the pool and the class.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,6 +20,7 @@ use crate::models::{Nic, Vm, COMPUTE_API, NETWORK_API};
 use archer_api::nodeclaim::NodeClaim;
 use archer_cloud_classes::{NodeClasses, Resolver};
 use archer_cloud::settings::AzureConfig;
+use archer_cloud::prices::{LivePrices, PriceStatus, RegionPrices};
 use archer_cloud::unavailable::Unavailable;
 use archer_cloud::{CloudError, CloudProvider, Instance, InterruptionHandler, NodeClassReadiness};
 use archer_core::catalog::{CapacityType, Catalog};
@@ -39,15 +42,20 @@ pub struct Azure {
     settings: AzureConfig,
     kube: Client,
     catalog: Arc<Catalog>,
-    /// Every offering of the region's zones at the catalog's prices.
-    all: Arc<Vec<Offering>>,
+    /// For the Retail Prices API.
+    http: reqwest::Client,
+    /// The Retail Prices API's last answer.
+    live: LivePrices,
+    /// Every offering of the region's zones at current prices.
+    all: RwLock<Arc<Vec<Offering>>>,
     unavailable: Unavailable,
     classes: NodeClasses<AKSNodeClassSpec, Resolution>,
 }
 
 impl Azure {
-    /// A provider for the settings' subscription, resource group and region. Fails when the
-    /// catalog prices nothing there or no token source is configured.
+    /// A provider for the settings' subscription, resource group and region, priced by the
+    /// catalog until [`Azure::refresh_prices`] has the Retail Prices API's answer. Fails when no
+    /// token source is configured.
     pub fn new(settings: AzureConfig, catalog: Arc<Catalog>, kube: Client) -> Result<Azure, CloudError> {
         let http = reqwest::Client::builder()
             .use_rustls_tls()
@@ -56,14 +64,69 @@ impl Azure {
             .build()
             .map_err(|e| api_error(ArmError::Transport(e.to_string())))?;
         let credential = Credential::workload_identity(http.clone(), &settings).map_err(api_error)?;
-        let arm = Arm::new(http, &settings.endpoint, credential).map_err(api_error)?;
-        let all: Vec<Offering> = archer_api::nodepool::offerings(&catalog, &settings.zones()).into_iter().filter(|o| o.instance.provider == PROVIDER).collect();
-        if all.is_empty() {
-            let known: Vec<String> = catalog.regions().into_iter().filter(|(_, p)| p.contains(PROVIDER)).map(|(r, _)| r).collect();
-            return Err(CloudError::Api { provider: PROVIDER, message: format!("the catalog prices no Azure size in {} (it knows {})", settings.location, known.join(", ")) });
-        }
+        let arm = Arm::new(http.clone(), &settings.endpoint, credential).map_err(api_error)?;
         let unavailable = Unavailable::new(Duration::from_secs(3600));
-        Ok(Azure { arm, settings, kube, catalog, all: Arc::new(all), unavailable, classes: NodeClasses::default() })
+        let azure = Azure { arm, settings, kube, catalog, http, live: LivePrices::new(crate::prices::API), all: RwLock::new(Arc::new(Vec::new())), unavailable, classes: NodeClasses::default() };
+        azure.rebuild();
+        Ok(azure)
+    }
+
+    /// Read the region's prices from the Retail Prices API once (when live prices are on), then
+    /// fail if no size has a price: the provider can plan when this returns `Ok`.
+    pub async fn start_prices(&self) -> Result<(), CloudError> {
+        if self.settings.price_refresh_hours > 0 {
+            self.refresh_prices().await;
+        }
+        if !self.all_offerings().is_empty() {
+            return Ok(());
+        }
+        let status = self.live.status();
+        let known: Vec<String> = self.catalog.regions().into_iter().filter(|(_, p)| p.contains(PROVIDER)).map(|(r, _)| r).collect();
+        let why = match &status.last_error {
+            Some(e) => format!("the Retail Prices API did not answer ({e})"),
+            None if self.settings.price_refresh_hours == 0 => "live prices are off (priceRefreshHours 0)".to_string(),
+            None => "the Retail Prices API priced none of the catalog's sizes".to_string(),
+        };
+        Err(CloudError::Api { provider: PROVIDER, message: format!("no Azure size has a price in {}: {why}, and the catalog prices only {}", self.settings.location, known.join(", ")) })
+    }
+
+    /// Read the region's prices from the Retail Prices API; the last ones (or the catalog's)
+    /// stay when it fails. `true` when it answered.
+    pub async fn refresh_prices(&self) -> bool {
+        let answered = self.live.refresh(&|| self.fetch_prices()).await;
+        if answered {
+            self.rebuild();
+        }
+        answered
+    }
+
+    async fn fetch_prices(&self) -> Result<RegionPrices, crate::prices::PriceError> {
+        crate::prices::fetch(&self.http, &self.settings.prices_endpoint, &self.settings.location).await
+    }
+
+    /// Where the prices come from and how old they are.
+    pub fn price_status(&self) -> PriceStatus {
+        self.live.status()
+    }
+
+    /// The offerings again from the current prices: each catalog size of Azure in each zone,
+    /// on demand at the API's price (else the catalog's for the region), spot at the API's Spot
+    /// meter (else estimated from the on-demand price by the catalog's spot discount).
+    fn rebuild(&self) {
+        let live = self.live.current();
+        let region = &self.settings.location;
+        let zones = self.settings.zones();
+        let mut out = Vec::new();
+        for t in self.catalog.types().iter().filter(|t| t.provider == PROVIDER) {
+            let Some(list) = live.as_ref().and_then(|p| p.on_demand.get(&t.name).copied()).or_else(|| t.prices.get(region).copied()) else { continue };
+            let on_demand = self.catalog.price_from(t, list, CapacityType::OnDemand);
+            let spot = live.as_ref().and_then(|p| p.spot.get(&t.name).copied()).unwrap_or_else(|| self.catalog.price_from(t, list, CapacityType::Spot));
+            for z in &zones {
+                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: CapacityType::OnDemand, price: on_demand, pool: None });
+                out.push(Offering { instance: t.clone(), zone: z.clone(), capacity: CapacityType::Spot, price: spot, pool: None });
+            }
+        }
+        *self.all.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(out);
     }
 
     pub fn settings(&self) -> &AzureConfig {
@@ -72,7 +135,7 @@ impl Azure {
 
     /// Every offering, the unavailable ones included.
     pub fn all_offerings(&self) -> Arc<Vec<Offering>> {
-        self.all.clone()
+        self.all.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Resolve the cluster's node classes once (the provider can launch when this returns).
@@ -86,9 +149,18 @@ impl Azure {
         self.classes.resolve(self, &AKSNodeClass::new(name, spec.clone())).await
     }
 
-    /// Keep the node classes resolved (watch, and a periodic pass for new images), until dropped.
+    /// Keep the prices current and the node classes resolved (watch, and a periodic pass for
+    /// new images), until dropped.
     pub async fn run(self: Arc<Self>) {
         let every = Duration::from_secs(self.settings.node_class_refresh_seconds);
+        let hours = self.settings.price_refresh_hours;
+        let me_prices = self.clone();
+        let prices = async move {
+            if hours == 0 {
+                return std::future::pending().await;
+            }
+            me_prices.live.keep_fresh(Duration::from_secs(hours * 3600), || me_prices.fetch_prices(), || me_prices.rebuild()).await;
+        };
         let me = self.clone();
         let refresh = async move {
             loop {
@@ -97,7 +169,7 @@ impl Azure {
             }
         };
         let watch = self.classes.watch(self.as_ref(), self.kube.clone());
-        futures::future::join(refresh, watch).await;
+        futures::future::join3(prices, refresh, watch).await;
     }
 
     /// The VM of a claim, if it was made.
@@ -168,12 +240,13 @@ impl Azure {
             return api_error(e);
         };
         let size = &claim.spec.instance_type;
+        let all = self.all_offerings();
         let (marked, ttl): (Vec<&Offering>, Duration) = match failure {
             Failure::Size { all_zones, both_capacities, ttl } => {
-                (self.all.iter().filter(|o| &o.instance.name == size && (all_zones || o.zone == claim.spec.zone) && (both_capacities || o.capacity == capacity)).collect(), ttl)
+                (all.iter().filter(|o| &o.instance.name == size && (all_zones || o.zone == claim.spec.zone) && (both_capacities || o.capacity == capacity)).collect(), ttl)
             }
-            Failure::AllSpot { ttl } => (self.all.iter().filter(|o| o.capacity == CapacityType::Spot).collect(), ttl),
-            Failure::RegionalQuota { ttl } => (self.all.iter().filter(|o| o.capacity == capacity).collect(), ttl),
+            Failure::AllSpot { ttl } => (all.iter().filter(|o| o.capacity == CapacityType::Spot).collect(), ttl),
+            Failure::RegionalQuota { ttl } => (all.iter().filter(|o| o.capacity == capacity).collect(), ttl),
         };
         for o in marked {
             self.unavailable.mark_for((o.instance.name.clone(), o.zone.clone(), o.capacity), &why, ttl);
@@ -273,7 +346,11 @@ impl CloudProvider for Azure {
     }
 
     fn offerings(&self) -> Arc<Vec<Offering>> {
-        self.unavailable.filter(self.all.clone())
+        self.unavailable.filter(self.all_offerings())
+    }
+
+    fn prices(&self) -> Option<PriceStatus> {
+        Some(self.live.status())
     }
 
     async fn create(&self, claim: &NodeClaim) -> Result<Instance, CloudError> {

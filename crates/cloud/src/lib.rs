@@ -2,6 +2,7 @@
 //! of its own implementing it (`archer-cloud-kwok`, `archer-cloud-aws`), compiled into the binary
 //! by a cargo feature.
 
+pub mod prices;
 pub mod settings;
 pub mod unavailable;
 
@@ -87,6 +88,11 @@ pub trait CloudProvider: Send + Sync {
     /// Why the claim's node no longer matches what this provider would launch for it now (its
     /// node class changed, a newer image replaced its image), if it does not.
     fn drifted(&self, _claim: &NodeClaim) -> Option<String> {
+        None
+    }
+    /// Where the prices of its offerings come from and how old they are, when the provider
+    /// reads them from its cloud's price API (`None`: the catalog's only, as kwok).
+    fn prices(&self) -> Option<prices::PriceStatus> {
         None
     }
 }

@@ -4,6 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The Azure Retail Prices API's address.
+pub const AZURE_RETAIL_PRICES: &str = "https://prices.azure.com/api/retail/prices";
+/// The longest period between two price refreshes a setting may ask for (a week).
+const MAX_PRICE_REFRESH_HOURS: u64 = 168;
+
 /// Why `value`, the setting `setting`, may not receive a token (a bearer token, a federated
 /// token, signed requests, a node's bootstrap token), if it may not: it must be an `https` URL,
 /// or `http` to loopback only (`localhost`, 127.0.0.0/8, `::1`: tests, a local proxy), where
@@ -47,6 +52,12 @@ pub struct AwsConfig {
     pub insufficient_capacity_ttl_seconds: u64,
     /// How often spot prices are read again.
     pub spot_price_refresh_seconds: u64,
+    /// How often on-demand prices are read from the AWS Price List Query API (also at start;
+    /// the catalog's until the first answer). 0: never (the catalog's only).
+    pub price_refresh_hours: u64,
+    /// The Price List Query API's endpoint instead of AWS's (`https://api.pricing.us-east-1.amazonaws.com`);
+    /// unset: AWS's, or `provisioner.aws.endpoint` when that is set.
+    pub pricing_endpoint: Option<String>,
     /// How often EC2NodeClasses are resolved again (subnets, security groups, AMIs).
     pub node_class_refresh_seconds: u64,
     /// Owners an AMI alias (`al2023@latest`) is looked up under.
@@ -72,6 +83,8 @@ impl Default for AwsConfig {
             price_margin_percent: 20.0,
             insufficient_capacity_ttl_seconds: 180,
             spot_price_refresh_seconds: 300,
+            price_refresh_hours: 12,
+            pricing_endpoint: None,
             node_class_refresh_seconds: 60,
             ami_owners: vec!["amazon".into()],
             cluster_endpoint: None,
@@ -103,6 +116,12 @@ impl AwsConfig {
         // the cluster's.
         if let Some(e) = &self.endpoint {
             token_endpoint("provisioner.aws.endpoint", e)?;
+        }
+        if let Some(e) = &self.pricing_endpoint {
+            token_endpoint("provisioner.aws.pricingEndpoint", e)?;
+        }
+        if self.price_refresh_hours > MAX_PRICE_REFRESH_HOURS {
+            return Err(format!("provisioner.aws.priceRefreshHours must be at most {MAX_PRICE_REFRESH_HOURS} (0: never)"));
         }
         if let Some(e) = &self.cluster_endpoint {
             token_endpoint("provisioner.aws.clusterEndpoint", e)?;
@@ -152,6 +171,11 @@ pub struct AzureConfig {
     pub node_class_refresh_seconds: u64,
     /// How long a VM's creation may take before the launch is given up.
     pub create_timeout_seconds: u64,
+    /// How often on-demand and spot prices are read from the Azure Retail Prices API (also at
+    /// start; the catalog's until the first answer). 0: never (the catalog's only).
+    pub price_refresh_hours: u64,
+    /// The Retail Prices API's address (a proxy's, tests).
+    pub prices_endpoint: String,
 }
 
 impl Default for AzureConfig {
@@ -175,6 +199,8 @@ impl Default for AzureConfig {
             bootstrap_token: None,
             node_class_refresh_seconds: 300,
             create_timeout_seconds: 600,
+            price_refresh_hours: 12,
+            prices_endpoint: AZURE_RETAIL_PRICES.into(),
         }
     }
 }
@@ -198,6 +224,10 @@ impl AzureConfig {
         }
         if let Some(e) = &self.cluster_endpoint {
             token_endpoint("provisioner.azure.clusterEndpoint", e)?;
+        }
+        token_endpoint("provisioner.azure.pricesEndpoint", &self.prices_endpoint)?;
+        if self.price_refresh_hours > MAX_PRICE_REFRESH_HOURS {
+            return Err(format!("provisioner.azure.priceRefreshHours must be at most {MAX_PRICE_REFRESH_HOURS} (0: never)"));
         }
         if self.node_class_refresh_seconds == 0 || self.create_timeout_seconds == 0 {
             return Err("provisioner.azure: nodeClassRefreshSeconds and createTimeoutSeconds must be at least 1".into());

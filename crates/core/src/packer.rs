@@ -188,12 +188,25 @@ pub struct Offering {
     pub zone: String,
     pub capacity: CapacityType,
     pub price: f64,
+    /// The NodePool this offering is that pool's own, priced for it alone (a NodeOverlay whose
+    /// requirements depend on the pool, as Karpenter prices instance types per NodePool): that
+    /// pool plans with it instead of the shared offering of the same type, zone and capacity
+    /// type, and no other pool sees it. `None`: every pool's.
+    pub pool: Option<Arc<str>>,
 }
 
 impl Offering {
     /// The offering of this instance type in this zone as this capacity type (`on-demand`/`spot`).
+    /// (The shared one: not a pool's own, [`Offering::pool`].)
     pub fn find<'a>(offerings: &'a [Offering], instance_type: &str, zone: &str, capacity: &str) -> Option<&'a Offering> {
-        offerings.iter().find(|o| o.instance.name == instance_type && o.zone == zone && o.capacity.as_str() == capacity)
+        offerings.iter().find(|o| o.pool.is_none() && o.instance.name == instance_type && o.zone == zone && o.capacity.as_str() == capacity)
+    }
+
+    /// The offering `pool` buys this instance type in this zone as this capacity type at: its
+    /// own ([`Offering::pool`]) if it has one, else the shared one.
+    pub fn find_for_pool<'a>(offerings: &'a [Offering], pool: &str, instance_type: &str, zone: &str, capacity: &str) -> Option<&'a Offering> {
+        let same = |o: &&Offering| o.instance.name == instance_type && o.zone == zone && o.capacity.as_str() == capacity;
+        offerings.iter().filter(same).find(|o| o.pool.as_deref() == Some(pool)).or_else(|| Self::find(offerings, instance_type, zone, capacity))
     }
 
     /// The offering a node runs as, by its labels: instance type (`node.kubernetes.io/instance-type`
@@ -202,7 +215,11 @@ impl Offering {
     pub fn of_node<'a>(offerings: &'a [Offering], label: &dyn Fn(&str) -> Option<String>) -> Option<&'a Offering> {
         let instance = label(crate::labels::INSTANCE_TYPE).or_else(|| label(crate::labels::INSTANCE_TYPE_BETA))?;
         let zone = label(crate::labels::ZONE)?;
-        Offering::find(offerings, &instance, &zone, CapacityType::of_node(label).as_str())
+        let capacity = CapacityType::of_node(label);
+        match label(crate::labels::KARPENTER_NODEPOOL).or_else(|| label(crate::labels::NODEPOOL)) {
+            Some(pool) => Offering::find_for_pool(offerings, &pool, &instance, &zone, capacity.as_str()),
+            None => Offering::find(offerings, &instance, &zone, capacity.as_str()),
+        }
     }
 
     /// Every on-demand type of the embedded catalog, offered in us-east-1a (the fixture of tests
@@ -212,7 +229,7 @@ impl Offering {
         let Ok(c) = crate::catalog::Catalog::embedded() else { return Vec::new() };
         c.types()
             .iter()
-            .filter_map(|t| c.price_of(t, None, CapacityType::OnDemand).map(|price| Offering { instance: t.clone(), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price }))
+            .filter_map(|t| c.price_of(t, None, CapacityType::OnDemand).map(|price| Offering { instance: t.clone(), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price, pool: None }))
             .collect()
     }
 
@@ -781,12 +798,20 @@ impl Slots {
     fn new(pools: &[Pool], offerings: &[Offering]) -> Slots {
         let mut pool_order: Vec<usize> = (0..pools.len()).collect();
         pool_order.sort_by(|&a, &b| pools[b].weight.cmp(&pools[a].weight).then_with(|| pools[a].name.cmp(&pools[b].name)));
+        // A pool plans with its own offerings ([`Offering::pool`]) instead of the shared ones of
+        // the same type, zone and capacity type; no other pool sees them.
+        let own: std::collections::HashSet<(&str, &str, &str, CapacityType)> = offerings.iter().filter_map(|o| Some((o.pool.as_deref()?, o.instance.name.as_str(), o.zone.as_str(), o.capacity))).collect();
+        let visible = |pool: &Pool, o: &Offering| match o.pool.as_deref() {
+            Some(p) => p == pool.name,
+            None => own.is_empty() || !own.contains(&(pool.name.as_str(), o.instance.name.as_str(), o.zone.as_str(), o.capacity)),
+        };
         let labels: Vec<Vec<(usize, BTreeMap<String, String>)>> = pools
             .iter()
             .map(|pool| {
                 offerings
                     .iter()
                     .enumerate()
+                    .filter(|(_, o)| visible(pool, o))
                     .filter_map(|(i, o)| {
                         let labels = o.labels(pool);
                         (pool.requirements.matches_map(&labels) && Offering::keeps_template_labels(&labels, pool)).then_some((i, labels))

@@ -19,7 +19,7 @@ use crate::{adapter, ClusterState};
 pub(crate) fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &PlannedNode, reason: &str) -> Result<NodeClaim, String> {
     let np = state.pools.iter().find(|p| p.name() == planned.pool).ok_or_else(|| format!("NodePool {} is gone", planned.pool))?;
     let pool = np.to_pool().map_err(|e| format!("NodePool {} is unusable: {e}", planned.pool))?;
-    let offering = Offering::find(offerings, &planned.instance_type, &planned.zone, &planned.capacity_type)
+    let offering = Offering::find_for_pool(offerings, &planned.pool, &planned.instance_type, &planned.zone, &planned.capacity_type)
         .ok_or_else(|| format!("{} ({}, {}) is no longer offered", planned.instance_type, planned.capacity_type, planned.zone))?;
     let t = &offering.instance;
     let with_gpus = |mut m: BTreeMap<String, String>, gpus: u32| {

@@ -12,10 +12,13 @@
 //!   whatever the prices;
 //! - an invalid overlay applies nowhere (reason `RuntimeValidation`).
 //!
+//! - an overlay whose requirements name the NodePool (`karpenter.sh/nodepool`) or a key some
+//!   NodePool's template labels set is evaluated per NodePool, as Karpenter does: where it prices
+//!   a pool's offering differently from the shared one, the pool gets an offering of its own
+//!   (`Offering::pool`), which only it plans with.
+//!
 //! Where Archer differs, it says so in the overlay's outcome (its `ArcherApplied` condition,
-//! `archer simulate`'s notes): Archer's offerings are shared by every NodePool, so an overlay whose
-//! requirements name the NodePool (`karpenter.sh/nodepool`) or a key some NodePool's template
-//! labels set is not applied; `capacity` (extended resources) is read and validated but the
+//! `archer simulate`'s notes): `capacity` (extended resources) is read and validated but the
 //! planner does not count extended resources of instance types.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -213,7 +216,7 @@ pub enum Outcome {
     Invalid(String),
     /// Karpenter's `Conflict`: another overlay of the same weight reaches the same offering.
     Conflict(String),
-    /// Valid, but Archer cannot apply it as Karpenter would (it depends on the NodePool).
+    /// Valid, but Archer cannot apply it as Karpenter would (a cloud key its offerings lack).
     NotApplied(String),
 }
 
@@ -281,49 +284,105 @@ pub fn apply(overlays: &[Arc<NodeOverlay>], pools: &[Arc<NodePool>], offerings: 
     // Heaviest first; equal weights by name, the later name first (Karpenter's OrderByWeight).
     checked.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| b.name.cmp(&a.name)));
     let pool_keys: BTreeSet<String> = pools.iter().flat_map(|p| p.spec.template.metadata.labels.keys().cloned()).chain([labels::KARPENTER_NODEPOOL.to_string(), labels::NODEPOOL.to_string()]).collect();
-    let offering_labels: Vec<BTreeMap<String, String>> = offerings.iter().map(|o| o.own_labels().map(|(k, v)| (k.to_string(), v)).collect()).collect();
+    let own_labels: Vec<BTreeMap<String, String>> = offerings.iter().map(|o| o.own_labels().map(|(k, v)| (k.to_string(), v)).collect()).collect();
     // The cloud's well-known keys the offerings carry: a requirement on another key of a cloud's
     // domain (Karpenter labels more than Archer does, `instance-size`, `instance-hypervisor`) would
     // match nothing (`In`) or everything (`NotIn`), so such an overlay is said not applied.
-    let carried: BTreeSet<&str> = offering_labels.iter().flat_map(|l| l.keys().map(String::as_str)).collect();
+    let carried: BTreeSet<&str> = own_labels.iter().flat_map(|l| l.keys().map(String::as_str)).collect();
     let cloud_key = |k: &str| ["karpenter.k8s.aws/", "karpenter.azure.com/", "kubernetes.azure.com/"].iter().any(|d| k.starts_with(d)) && !carried.contains(k);
-    // Per offering: the weight of the last overlay that reached it (Karpenter's lowestWeight).
-    let mut reached: HashMap<usize, i32> = HashMap::new();
-    for c in checked {
-        if let Some(key) = c.requirements.keys().find(|k| pool_keys.contains(*k)) {
-            let why = format!("its requirement on {key} depends on the NodePool; Archer prices offerings the same for every NodePool and applies only overlays that do not");
-            out.outcomes.insert(c.name, Outcome::NotApplied(why));
-            continue;
+    // Where prices are decided: the shared offerings, and (when an overlay depends on the
+    // NodePool) each pool's, their labels with the pool's name and template labels, as
+    // Karpenter evaluates overlays per NodePool.
+    let per_pool = checked.iter().any(|c| c.requirements.keys().any(|k| pool_keys.contains(k)));
+    let mut contexts = vec![Context::new(None, own_labels.clone(), offerings)];
+    if per_pool {
+        for p in pools {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let labels = own_labels
+                .iter()
+                .map(|l| {
+                    let mut l = l.clone();
+                    l.extend(p.spec.template.metadata.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    l.insert(labels::KARPENTER_NODEPOOL.to_string(), name.clone());
+                    l.insert(labels::NODEPOOL.to_string(), name.clone());
+                    l
+                })
+                .collect();
+            contexts.push(Context::new(Some(name), labels, offerings));
         }
+    }
+    for c in checked {
         if let Some(key) = c.requirements.keys().find(|k| cloud_key(k)) {
             let why = format!("Archer's offerings do not carry {key}, so its requirement could not select them as Karpenter's would");
             out.outcomes.insert(c.name, Outcome::NotApplied(why));
             continue;
         }
-        let matched: Vec<usize> = offering_labels.iter().enumerate().filter(|(_, l)| c.requirements.matches_map(l)).map(|(i, _)| i).collect();
+        let matched: Vec<Vec<usize>> = contexts.iter().map(|x| x.labels.iter().enumerate().filter(|(_, l)| c.requirements.matches_map(l)).map(|(i, _)| i).collect()).collect();
+        // A conflict in any context keeps the overlay out of every one (Karpenter validates an
+        // overlay over every NodePool before storing it for any).
         if c.price.is_some() {
-            if let Some(i) = matched.iter().find(|i| reached.get(i) == Some(&c.weight)) {
-                let other = out.priced_by.get(i).cloned().unwrap_or_default();
+            let conflict = contexts.iter().zip(&matched).find_map(|(x, m)| m.iter().find(|i| x.reached.get(i) == Some(&c.weight)).map(|i| x.priced_by.get(i).cloned().unwrap_or_default()));
+            if let Some(other) = conflict {
                 out.outcomes.insert(c.name, Outcome::Conflict(other));
                 continue;
             }
         }
-        let mut priced = 0;
+        let mut priced: BTreeSet<usize> = BTreeSet::new();
         if let Some(change) = c.price {
-            for &i in &matched {
-                if reached.insert(i, c.weight).is_none() {
-                    if let Some(o) = out.offerings.get_mut(i) {
-                        o.price = change.apply(o.price);
+            for (x, m) in contexts.iter_mut().zip(&matched) {
+                for &i in m {
+                    if x.reached.insert(i, c.weight).is_none() {
+                        if let Some(p) = x.prices.get_mut(i) {
+                            *p = change.apply(*p);
+                        }
+                        x.priced_by.insert(i, c.name.clone());
+                        priced.insert(i);
                     }
-                    out.priced_by.insert(i, c.name.clone());
-                    priced += 1;
                 }
             }
         }
         let unused = (!c.capacity.is_empty()).then(|| format!("capacity ({}) is not used: Archer's planner does not count instance types' extended resources", c.capacity.keys().cloned().collect::<Vec<_>>().join(", ")));
-        out.outcomes.insert(c.name, Outcome::Applied { offerings: priced, unused });
+        out.outcomes.insert(c.name, Outcome::Applied { offerings: priced.len(), unused });
+    }
+    let mut contexts = contexts.into_iter();
+    if let Some(shared) = contexts.next() {
+        for (o, p) in out.offerings.iter_mut().zip(&shared.prices) {
+            o.price = *p;
+        }
+        // A pool's own offering wherever its price differs from the shared one.
+        for x in contexts {
+            let pool: Option<Arc<str>> = x.pool.as_deref().map(Arc::from);
+            for (i, (p, base)) in x.prices.iter().zip(&shared.prices).enumerate() {
+                if p.to_bits() == base.to_bits() {
+                    continue;
+                }
+                if let Some(o) = offerings.get(i) {
+                    if let Some(by) = x.priced_by.get(&i) {
+                        out.priced_by.insert(out.offerings.len(), by.clone());
+                    }
+                    out.offerings.push(Offering { price: *p, pool: pool.clone(), ..o.clone() });
+                }
+            }
+        }
+        out.priced_by.extend(shared.priced_by);
     }
     out
+}
+
+/// The prices overlays decide in one place: the shared offerings, or one NodePool's.
+struct Context {
+    pool: Option<String>,
+    labels: Vec<BTreeMap<String, String>>,
+    prices: Vec<f64>,
+    /// Per offering: the weight of the last overlay that reached it (Karpenter's lowestWeight).
+    reached: HashMap<usize, i32>,
+    priced_by: HashMap<usize, String>,
+}
+
+impl Context {
+    fn new(pool: Option<String>, labels: Vec<BTreeMap<String, String>>, offerings: &[Offering]) -> Context {
+        Context { pool, labels, prices: offerings.iter().map(|o| o.price).collect(), reached: HashMap::new(), priced_by: HashMap::new() }
+    }
 }
 
 #[cfg(test)]

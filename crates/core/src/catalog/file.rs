@@ -246,11 +246,33 @@ impl PriceOverride {
         Ok(())
     }
 
-    pub fn matches(&self, t: &InstanceType, region: &str, capacity: CapacityType) -> bool {
-        self.instance_type.as_deref().is_none_or(|n| n == t.name)
-            && self.family.as_deref().is_none_or(|f| f == t.family)
-            && self.arch.as_deref().is_none_or(|a| a == t.arch)
-            && self.region.as_deref().is_none_or(|r| r == region)
-            && self.capacity_type.as_deref().and_then(CapacityType::parse).is_none_or(|c| c == capacity)
+    /// The Karpenter NodeOverlay (`karpenter.sh/v1alpha1`) that prices what this retired rule
+    /// priced, as YAML: each field a requirement (`family` on `family_key`, the family label of
+    /// the family's cloud), `discount` a `priceAdjustment` in percent, `pricePerHour` a `price`.
+    /// Rules were first-match-wins; overlays are highest-weight-wins, so the caller gives the
+    /// first rule the highest `weight`.
+    pub fn node_overlay_yaml(&self, name: &str, weight: u32, family_key: &str) -> String {
+        let mut requirements = Vec::new();
+        let mut require = |key: &str, value: &Option<String>| {
+            if let Some(v) = value {
+                requirements.push(format!("    - {{key: {key}, operator: In, values: [{}]}}\n", yaml_string(v)));
+            }
+        };
+        require(crate::labels::INSTANCE_TYPE, &self.instance_type);
+        require(family_key, &self.family);
+        require(crate::labels::ARCH, &self.arch);
+        require(crate::labels::REGION, &self.region);
+        require(crate::labels::KARPENTER_CAPACITY_TYPE, &self.capacity_type);
+        let price = match self.rule {
+            PriceRule::PricePerHour(p) => format!("  price: \"{p}\"\n"),
+            PriceRule::Discount(d) => format!("  priceAdjustment: \"-{}%\"\n", (d * 1e6).round() / 1e4),
+        };
+        let requirements = if requirements.is_empty() { "  requirements: []\n".to_string() } else { format!("  requirements:\n{}", requirements.concat()) };
+        format!("apiVersion: karpenter.sh/v1alpha1\nkind: NodeOverlay\nmetadata:\n  name: {name}\nspec:\n  weight: {weight}\n{requirements}{price}")
     }
+}
+
+/// A YAML scalar for a value a user wrote (quoted, so nothing in it is read as syntax).
+fn yaml_string(v: &str) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "\"\"".to_string())
 }

@@ -44,13 +44,12 @@ pub struct Catalog {
     by_name: HashMap<String, usize>,
     pub default_region: String,
     pub spot_discount: f64,
-    overrides: Vec<PriceOverride>,
 }
 
 impl Catalog {
     /// The catalog built into the binary.
     pub fn embedded() -> Result<Catalog, CatalogError> {
-        let mut c = Catalog { types: Vec::new(), by_name: HashMap::new(), default_region: DEFAULT_REGION.into(), spot_discount: DEFAULT_SPOT_DISCOUNT, overrides: Vec::new() };
+        let mut c = Catalog { types: Vec::new(), by_name: HashMap::new(), default_region: DEFAULT_REGION.into(), spot_discount: DEFAULT_SPOT_DISCOUNT };
         for (provider, text) in EMBEDDED_CSV {
             for t in file::parse_csv(provider, text)? {
                 c.upsert(t);
@@ -96,14 +95,31 @@ impl Catalog {
         for t in instance_types {
             self.upsert(t.into_instance_type(source_name)?);
         }
-        for o in &price_overrides {
-            o.validate().map_err(|message| CatalogError::Invalid { source_name: source_name.into(), message })?;
+        if !price_overrides.is_empty() {
+            return Err(CatalogError::Invalid { source_name: source_name.into(), message: self.retired_overrides(&price_overrides)? });
         }
-        // Later files' rules are consulted first.
-        let mut rules = price_overrides;
-        rules.append(&mut self.overrides);
-        self.overrides = rules;
         Ok(())
+    }
+
+    /// Why a file's `priceOverrides` are refused, with the NodeOverlays that price the same: the
+    /// rules were retired for Karpenter's NodeOverlay, which Karpenter reads too and which never
+    /// stacks with another (a rule and an overlay both discounting one type would have).
+    fn retired_overrides(&self, rules: &[PriceOverride]) -> Result<String, CatalogError> {
+        let mut overlays = Vec::new();
+        let count = u32::try_from(rules.len()).unwrap_or(u32::MAX);
+        for (i, o) in rules.iter().enumerate() {
+            o.validate().map_err(|message| CatalogError::Invalid { source_name: "priceOverrides".into(), message })?;
+            // The family label of the family's cloud: EC2's is Karpenter's own; Azure sizes' catalog
+            // family (`Dps_v5`) is not Karpenter on Azure's (`D`), so Archer's label carries it.
+            let aws = o.family.as_ref().is_some_and(|f| self.types.iter().any(|t| &t.family == f && t.provider == "aws"));
+            let family_key = if aws { "karpenter.k8s.aws/instance-family" } else { "archer.dev/instance-family" };
+            let rank = u32::try_from(i).unwrap_or(u32::MAX);
+            overlays.push(o.node_overlay_yaml(&format!("catalog-price-override-{}", i + 1), count.saturating_sub(rank).saturating_mul(10), family_key));
+        }
+        Ok(format!(
+            "priceOverrides were retired: Karpenter's NodeOverlay (karpenter.sh/v1alpha1) prices the same, and Archer, `simulate --scenario` and Karpenter all read it. Remove priceOverrides from this file and apply these (kubectl apply -f, or add them to a scenario):\n---\n{}",
+            overlays.join("---\n")
+        ))
     }
 
     fn upsert(&mut self, t: InstanceType) {
@@ -136,21 +152,22 @@ impl Catalog {
         self.types.is_empty()
     }
 
-    /// Hourly USD price of one instance of `t` in `region` as `capacity`, after user overrides.
+    /// Hourly USD price of one instance of `t` in `region` as `capacity`.
     /// `None` when the catalog has no price for that region.
     pub fn price_of(&self, t: &InstanceType, region: Option<&str>, capacity: CapacityType) -> Option<f64> {
         let region = region.unwrap_or(&self.default_region);
         let on_demand = *t.prices.get(region)?;
-        let list = match capacity {
+        Some(self.price_from(t, on_demand, capacity))
+    }
+
+    /// Hourly USD price of `t` as `capacity` when its on-demand list price is `on_demand` (a cloud's price API's, or the catalog's): spot estimated by the type's (else
+    /// the catalog's) spot discount. The user's own prices are NodeOverlays, applied to the
+    /// offerings (`archer_model::overlay`).
+    pub fn price_from(&self, t: &InstanceType, on_demand: f64, capacity: CapacityType) -> f64 {
+        match capacity {
             CapacityType::OnDemand => on_demand,
             CapacityType::Spot => on_demand * (1.0 - t.spot_discount.unwrap_or(self.spot_discount)),
-        };
-        let rule = self.overrides.iter().find(|o| o.matches(t, region, capacity));
-        Some(match rule.map(|o| &o.rule) {
-            Some(PriceRule::PricePerHour(p)) => *p,
-            Some(PriceRule::Discount(d)) => list * (1.0 - d),
-            None => list,
-        })
+        }
     }
 
     /// Regions some type has a price in, with the providers priced there.

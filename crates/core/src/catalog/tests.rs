@@ -79,7 +79,7 @@ fn embedded_azure_sizes_are_priced_in_five_regions_with_aks_allocatable() {
 }
 
 #[test]
-fn user_file_adds_azure_types_and_overrides_prices() {
+fn user_file_adds_and_replaces_types() {
     let mut c = Catalog::embedded().expect("catalog");
     let f: CatalogFile = crate::yaml::from_str(
         r#"
@@ -103,12 +103,6 @@ instanceTypes:
     allocatable: {cpu: 1930m, memory: 6844Mi}
     maxPods: 29
     prices: {us-east-1: 0.08}
-priceOverrides:
-  - family: m6i
-    capacityType: on-demand
-    discount: 0.25
-  - instanceType: c6i.large
-    pricePerHour: 0.05
 "#,
     )
     .expect("yaml");
@@ -117,11 +111,23 @@ priceOverrides:
     assert_eq!(c.get("Standard_D4ps_v5").map(|t| t.allocatable.cpu_millis), Some(3860));
     assert_eq!(c.price("m7g.large", None, CapacityType::OnDemand), Some(0.08), "replaced entry");
     assert_eq!(c.len(), 1557, "both entries replaced embedded ones");
-    let m6i = c.price("m6i.large", None, CapacityType::OnDemand).expect("m6i");
-    assert!((m6i - 0.096 * 0.75).abs() < 1e-9);
-    let m6i_spot = c.price("m6i.large", None, CapacityType::Spot).expect("m6i spot");
-    assert!((m6i_spot - 0.096 * 0.4).abs() < 1e-9, "the on-demand-only rule leaves spot at the default discount");
-    assert_eq!(c.price("c6i.large", None, CapacityType::Spot), Some(0.05));
+}
+
+/// Archer's own `priceOverrides` were retired for Karpenter's NodeOverlay: a file with them is
+/// refused, and the refusal carries the overlays that price the same (their pricing is checked
+/// in `archer_model::overlay`'s tests).
+#[test]
+fn price_overrides_are_refused_with_the_node_overlays_that_replace_them() {
+    let mut c = Catalog::embedded().expect("catalog");
+    let f: CatalogFile = crate::yaml::from_str("priceOverrides:\n  - family: m6i\n    capacityType: on-demand\n    discount: 0.25\n  - instanceType: c6i.large\n    pricePerHour: 0.05\n  - family: Dps_v5\n    region: eastus\n    discount: 0.1\n").expect("yaml");
+    let e = c.apply(f, "mine.yaml").expect_err("retired").to_string();
+    assert!(e.starts_with("catalog mine.yaml: priceOverrides were retired") && e.contains("NodeOverlay"), "{e}");
+    let docs: Vec<&str> = e.split("---\n").skip(1).collect();
+    assert_eq!(docs.len(), 3, "{e}");
+    assert!(docs[0].contains("name: catalog-price-override-1") && docs[0].contains("weight: 30") && docs[0].contains("{key: karpenter.k8s.aws/instance-family, operator: In, values: [\"m6i\"]}") && docs[0].contains("{key: karpenter.sh/capacity-type, operator: In, values: [\"on-demand\"]}") && docs[0].contains("priceAdjustment: \"-25%\""), "{}", docs[0]);
+    assert!(docs[1].contains("weight: 20") && docs[1].contains("price: \"0.05\""), "{}", docs[1]);
+    assert!(docs[2].contains("weight: 10") && docs[2].contains("archer.dev/instance-family") && docs[2].contains("topology.kubernetes.io/region"), "an Azure family is Archer's label: {}", docs[2]);
+    assert_eq!(c.price("m6i.large", None, CapacityType::OnDemand), Some(0.096), "nothing was applied");
 }
 
 #[test]
@@ -129,8 +135,7 @@ fn bad_user_files_are_rejected() {
     let mut c = Catalog::embedded().expect("catalog");
     for bad in [
         "spotDiscount: 1.5\n",
-        "priceOverrides: [{family: m6i, discount: 2}]\n",
-        "priceOverrides: [{family: m6i, capacityType: reserved, discount: 0.1}]\n",
+        "priceOverrides: [{family: m6i, discount: 0.2}]\n",
         "instanceTypes: [{name: x, arch: arm64, vcpu: 1, memoryMib: 1, allocatable: {cpu: lots}, maxPods: 1, prices: {}}]\n",
     ] {
         let f: CatalogFile = crate::yaml::from_str(bad).expect("yaml shape");

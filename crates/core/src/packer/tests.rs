@@ -9,7 +9,7 @@ fn catalog_offerings(zones: &[&str], caps: &[CapacityType]) -> Vec<Offering> {
         for z in zones {
             for &cap in caps {
                 if let Some(price) = c.price_of(t, None, cap) {
-                    out.push(Offering { instance: t.clone(), zone: z.to_string(), capacity: cap, price });
+                    out.push(Offering { instance: t.clone(), zone: z.to_string(), capacity: cap, price, pool: None });
                 }
             }
         }
@@ -425,7 +425,7 @@ fn synthetic(i: usize, vcpu: u32, gib: u64, max_pods: i64, price: f64) -> Offeri
         spot_discount: None,
         facts: BTreeMap::new(),
     };
-    Offering { instance: Arc::new(t), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price }
+    Offering { instance: Arc::new(t), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price, pool: None }
 }
 
 /// The cheapest set of nodes for `pods` by exhaustive search: each pod (largest first) onto a
@@ -633,7 +633,7 @@ fn azure_offerings_carry_the_labels_karpenter_on_azure_writes() {
     let c = crate::catalog::Catalog::embedded().expect("catalog");
     let t = c.get("Standard_D2pds_v5").expect("size").clone();
     let plain = Pool { name: "p".into(), weight: 0, requirements: Requirements::new(), labels: Default::default(), taints: Vec::new(), limit_cpu_millis: None, limit_memory_bytes: None, limit_nodes: None, daemons: Vec::new(), closed: None, variant: Default::default() };
-    let spot = Offering { instance: t.clone(), zone: "eastus-2".into(), capacity: CapacityType::Spot, price: 0.03 };
+    let spot = Offering { instance: t.clone(), zone: "eastus-2".into(), capacity: CapacityType::Spot, price: 0.03, pool: None };
     let labels = spot.labels(&plain);
     let get = |k: &str| labels.get(k).map(String::as_str);
     assert_eq!(get("karpenter.azure.com/sku-name"), Some("Standard_D2pds_v5"));
@@ -687,4 +687,26 @@ fn at_equal_price_per_pod_fewer_larger_nodes_win() {
     assert_eq!(plan.nodes.iter().map(|n| n.instance_type.as_str()).collect::<Vec<_>>(), ["t3", "t3"]);
     // The price reported is the offering's, not the tie-break's.
     assert!(plan.nodes.iter().all(|n| n.price_per_hour == 0.1));
+}
+
+/// A pool's own offering (a NodeOverlay priced it for that pool alone) replaces the shared one of
+/// the same type, zone and capacity type in that pool only: pool `a` plans m6g.large at its own
+/// price (dearer there, so c6g.large wins), pool `b` at the shared price.
+#[test]
+fn a_pools_own_offering_prices_that_pool_alone() {
+    let c = Catalog::embedded().expect("catalog");
+    let offering = |name: &str, price: f64, pool: Option<&str>| Offering { instance: c.get(name).expect("type").clone(), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price, pool: pool.map(Arc::from) };
+    let offerings = vec![offering("m6g.large", 0.05, None), offering("c6g.large", 0.06, None), offering("m6g.large", 0.5, Some("a"))];
+    let pod = pods("p", 1, 500, 1024, "linux/arm64");
+    let only = |name: &str| Pool { weight: 10, ..pool(name) };
+    let plan = pack(&pod, &[only("a")], &offerings, &[]);
+    assert_eq!(plan.nodes.iter().map(|n| (n.instance_type.as_str(), n.price_per_hour)).collect::<Vec<_>>(), [("c6g.large", 0.06)], "pool a: its own m6g price");
+    let plan = pack(&pod, &[only("b")], &offerings, &[]);
+    assert_eq!(plan.nodes.iter().map(|n| (n.instance_type.as_str(), n.price_per_hour)).collect::<Vec<_>>(), [("m6g.large", 0.05)], "pool b: the shared price; a's own is not b's");
+    // Finding a node's offering by its pool.
+    assert_eq!(Offering::find_for_pool(&offerings, "a", "m6g.large", "us-east-1a", "on-demand").map(|o| o.price), Some(0.5));
+    assert_eq!(Offering::find_for_pool(&offerings, "b", "m6g.large", "us-east-1a", "on-demand").map(|o| o.price), Some(0.05));
+    assert_eq!(Offering::find(&offerings, "m6g.large", "us-east-1a", "on-demand").map(|o| o.price), Some(0.05));
+    let labels: BTreeMap<&str, &str> = [(crate::labels::INSTANCE_TYPE, "m6g.large"), (crate::labels::ZONE, "us-east-1a"), (crate::labels::KARPENTER_NODEPOOL, "a")].into();
+    assert_eq!(Offering::of_node(&offerings, &|k| labels.get(k).map(|v| v.to_string())).map(|o| o.price), Some(0.5));
 }

@@ -161,7 +161,7 @@ fn add_nodes(snap: &mut Snapshot, new: &mut NewNodes, batch: Vec<PlannedNode>, p
 /// pool (its hostname a placeholder), the pool's taints, room after the pool's DaemonSets.
 pub(super) fn node_to_be(n: &PlannedNode, name: &str, pools: &[Pool], offerings: &[Offering]) -> Option<NodeInfo> {
     let pool = pools.iter().find(|p| p.name == n.pool && p.variant == n.labels)?;
-    let o = Offering::find(offerings, &n.instance_type, &n.zone, &n.capacity_type)?;
+    let o = Offering::find_for_pool(offerings, &n.pool, &n.instance_type, &n.zone, &n.capacity_type)?;
     let mut labels = o.labels(pool);
     labels.insert(HOSTNAME.to_string(), name.to_string());
     let room = pool.room(&labels, o.instance.allocatable);

@@ -1,7 +1,7 @@
 //! Karpenter's own NodeOverlay cases, ported: the validation table of
 //! `pkg/apis/v1alpha1/nodeoverlay_validation_test.go`, and the application cases of
-//! `pkg/controllers/nodeoverlay/suite_test.go` and `store_test.go` that do not depend on the
-//! NodePool (those that do are shown not applied, with the reason).
+//! `pkg/controllers/nodeoverlay/suite_test.go` and `store_test.go`, those keyed on the NodePool
+//! included (priced per pool).
 #![allow(clippy::expect_used, clippy::indexing_slicing, reason = "test code")]
 
 use super::*;
@@ -26,7 +26,7 @@ fn req(key: &str, operator: &str, values: &[&str]) -> serde_json::Value {
 fn offering(it: &str, zone: &str, capacity: CapacityType, price: f64) -> Offering {
     static CATALOG: std::sync::LazyLock<Catalog> = std::sync::LazyLock::new(|| Catalog::embedded().expect("catalog"));
     let catalog = &*CATALOG;
-    Offering { instance: catalog.get(it).expect("type").clone(), zone: zone.into(), capacity, price }
+    Offering { instance: catalog.get(it).expect("type").clone(), zone: zone.into(), capacity, price, pool: None }
 }
 
 fn prices(o: &Overlaid) -> Vec<f64> {
@@ -184,20 +184,49 @@ fn heavier_overlays_price_first_and_adjustments_do_not_stack() {
     assert_eq!(prices(&o), [1.02, 203.02, 2.52], "zone 2 takes the heavier overlay's only");
 }
 
-/// What Archer does not do as Karpenter does is said, not skipped silently: an overlay keyed on
-/// the NodePool (or a key its template labels set) is not applied; `capacity` is not used.
+/// Overlays keyed on the NodePool, as Karpenter's `Instance Type Controller` cases have them:
+/// priced per pool (each pool whose price differs gets an offering of its own), no conflict
+/// between two overlays of one weight on different pools, a pool's template label selecting its
+/// pool only.
+#[test]
+fn overlays_keyed_on_the_nodepool_price_that_pool_alone() {
+    let np = |name: &str, labels: serde_json::Value| -> Arc<NodePool> {
+        Arc::new(serde_json::from_value(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name}, "spec": {"template": {"metadata": {"labels": labels}, "spec": {"requirements": []}}}})).expect("pool"))
+    };
+    let pools = [np("np1", json!({})), np("np2", json!({"test-label": "test-value"}))];
+    let one = [offering("m6g.large", "test-zone-1", OnDemand, 1.02)];
+    let by_pool = |name: &str, pool: &str, change: serde_json::Value| {
+        let mut spec = json!({"requirements": [req("karpenter.sh/nodepool", "In", &[pool])], "weight": 10});
+        spec.as_object_mut().expect("spec").extend(change.as_object().expect("change").clone());
+        overlay(name, spec)
+    };
+    // Karpenter's "mutually exclusive weights" table: np1's price; np2 keeps the list price.
+    for (change, expected) in [(json!({"price": "13234.223"}), 13234.223), (json!({"priceAdjustment": "+1000"}), 1001.02)] {
+        let o = apply(&[by_pool("a", "np1", change)], &pools, &one);
+        assert_eq!(o.offerings.iter().map(|x| (x.pool.as_deref().map(str::to_string), (x.price * 1e6).round() / 1e6)).collect::<Vec<_>>(), [(None, 1.02), (Some("np1".to_string()), expected)]);
+        assert!(matches!(o.outcomes["a"], Outcome::Applied { offerings: 1, unused: None }), "{:?}", o.outcomes);
+    }
+    // "for all nodepools": one overlay per pool, same weight: no conflict, each its own price.
+    let o = apply(&[by_pool("a", "np1", json!({"priceAdjustment": "+1000"})), by_pool("b", "np2", json!({"priceAdjustment": "+2500"}))], &pools, &one);
+    assert!(o.outcomes.values().all(|x| matches!(x, Outcome::Applied { .. })), "{:?}", o.outcomes);
+    let own = |o: &Overlaid, pool: &str| o.offerings.iter().find(|x| x.pool.as_deref() == Some(pool)).map(|x| (x.price * 1e6).round() / 1e6);
+    assert_eq!((own(&o, "np1"), own(&o, "np2"), prices(&o)[0]), (Some(1001.02), Some(2501.02), 1.02));
+    // "only ... labels defined in the overlay requirements": np2's template label.
+    let o = apply(&[overlay("by-label", json!({"requirements": [req("test-label", "In", &["test-value"])], "weight": 10, "priceAdjustment": "+1000"}))], &pools, &one);
+    assert_eq!((own(&o, "np1"), own(&o, "np2"), prices(&o)[0]), (None, Some(1001.02), 1.02));
+    // NotIn a pool: the shared price moves, and the pool left out keeps the list price as its own.
+    let o = apply(&[overlay("not-np1", json!({"requirements": [req("karpenter.sh/nodepool", "NotIn", &["np1"])], "priceAdjustment": "+1"}))], &pools, &one);
+    assert_eq!((own(&o, "np1"), own(&o, "np2"), prices(&o)[0]), (Some(1.02), None, 2.02));
+    // Two overlays of one weight reaching one offering of one pool still conflict.
+    let o = apply(&[by_pool("a", "np1", json!({"price": "1"})), overlay("z", json!({"requirements": [req("karpenter.sh/nodepool", "In", &["np1"])], "weight": 10, "price": "2"}))], &pools, &one);
+    assert_eq!((outcome(&o, "z"), outcome(&o, "a")), ("ValidationSucceeded", "Conflict"), "the later name goes first (Karpenter's order), the other conflicts: {:?}", o.outcomes);
+}
+
+/// What Archer does not do as Karpenter does is said, not skipped silently: `capacity` is not
+/// used; a key of the cloud's domain Archer's offerings do not carry is not matched.
 #[test]
 fn what_archer_cannot_apply_is_said() {
-    let pool: Arc<NodePool> = Arc::new(serde_json::from_value(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "np2"}, "spec": {"template": {"metadata": {"labels": {"test-label": "test-value"}}, "spec": {"requirements": []}}}})).expect("pool"));
-    let o = apply(
-        &[overlay("by-pool", json!({"requirements": [req("karpenter.sh/nodepool", "In", &["np1"])], "price": "13234.223"})), overlay("by-label", json!({"requirements": [req("test-label", "In", &["test-value"])], "priceAdjustment": "+1000"})), overlay("fuse", json!({"capacity": {"smarter-devices/fuse": "1"}, "priceAdjustment": "+1000.0"}))],
-        &[pool],
-        &four(),
-    );
-    assert!(matches!(&o.outcomes["by-pool"], Outcome::NotApplied(why) if why.contains("karpenter.sh/nodepool")), "{:?}", o.outcomes);
-    let said: Vec<_> = o.outcomes["by-pool"].conditions().into_iter().map(|(t, s, r, _)| (t, s, r)).collect();
-    assert_eq!(said, [("ValidationSucceeded", "True", "ValidationSucceeded"), ("Ready", "True", "Ready"), ("ArcherApplied", "False", "NotApplied")], "valid as Karpenter has it; not applied, as Archer says");
-    assert!(matches!(&o.outcomes["by-label"], Outcome::NotApplied(why) if why.contains("test-label")), "{:?}", o.outcomes);
+    let o = apply(&[overlay("fuse", json!({"capacity": {"smarter-devices/fuse": "1"}, "priceAdjustment": "+1000.0"}))], &[], &four());
     assert!(matches!(&o.outcomes["fuse"], Outcome::Applied { offerings: 4, unused: Some(why) } if why.contains("smarter-devices/fuse")), "{:?}", o.outcomes);
     assert_eq!(prices(&o), [1001.02, 1002.02, 1003.02, 1004.02]);
     // A key of the cloud's domain Archer's offerings do not carry is said, not matched.
@@ -215,4 +244,29 @@ fn what_archer_cannot_apply_is_said() {
     let ready = o.outcomes["bad"].conditions().into_iter().find(|c| c.0 == "Ready").expect("Ready");
     assert_eq!((ready.1, ready.2, ready.3.as_str()), ("False", "UnhealthyDependents", "ValidationSucceeded=False"));
     assert_eq!(prices(&o), [1.02, 2.02, 3.02, 4.02]);
+}
+
+/// The NodeOverlays a retired catalog `priceOverrides` file is refused with price what its rules
+/// priced, first rule first: a family's on-demand discount (spot untouched), a fixed rate for one
+/// type in both capacity types, and an Azure family by Archer's family label.
+#[test]
+fn the_overlays_replacing_retired_price_overrides_price_as_the_rules_did() {
+    let mut c = Catalog::embedded().expect("catalog");
+    let file: archer_core::catalog::CatalogFile = archer_core::yaml::from_str("priceOverrides:\n  - instanceType: m6i.xlarge\n    pricePerHour: 0.1\n  - family: m6i\n    capacityType: on-demand\n    discount: 0.25\n  - family: Dps_v5\n    discount: 0.1\n").expect("yaml");
+    let refusal = c.apply(file, "mine.yaml").expect_err("retired").to_string();
+    let yaml = refusal.split_once("---\n").map(|(_, y)| y).expect("overlays");
+    let overlays: Vec<Arc<NodeOverlay>> = archer_core::yaml::objects(yaml).expect("yaml").into_iter().map(|v| Arc::new(serde_json::from_value(v).expect("a NodeOverlay"))).collect();
+    assert_eq!(overlays.len(), 3);
+    assert!(overlays.iter().all(|o| validate(o).is_ok()), "valid as Karpenter validates");
+    let all = [
+        offering("m6i.large", "us-east-1a", OnDemand, 0.096),
+        offering("m6i.large", "us-east-1a", Spot, 0.04),
+        offering("m6i.xlarge", "us-east-1a", OnDemand, 0.192),
+        offering("m6i.xlarge", "us-east-1a", Spot, 0.08),
+        offering("Standard_D2ps_v5", "eastus-1", OnDemand, 0.077),
+        offering("Standard_D2s_v5", "eastus-1", OnDemand, 0.096),
+    ];
+    let out = apply(&overlays, &[], &all);
+    // m6i.xlarge: the first rule (its fixed rate) wins over the family's discount, as before.
+    assert_eq!(prices(&out), [0.072, 0.04, 0.1, 0.1, 0.0693, 0.096]);
 }

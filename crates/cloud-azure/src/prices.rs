@@ -5,10 +5,12 @@
 
 use std::time::Duration;
 
-use super::Fetched;
+use archer_cloud::prices::RegionPrices;
 
 /// The API's address.
-pub const ENDPOINT: &str = "https://prices.azure.com/api/retail/prices";
+pub use archer_cloud::settings::AZURE_RETAIL_PRICES as ENDPOINT;
+/// The API's name in metrics and status.
+pub const API: &str = "retail-prices-api";
 /// The API version asked for (the documented preview that carries `savingsPlan`).
 pub const API_VERSION: &str = "2023-01-01-preview";
 /// Pages at most (a region's VM prices are a few hundred pages of 100 items at worst).
@@ -76,13 +78,13 @@ pub fn filter(region: &str) -> String {
 
 /// Every Linux VM size's on-demand and Spot price in `region`, from `endpoint` (the API's, or a
 /// stand-in's).
-pub async fn fetch(http: &reqwest::Client, endpoint: &str, region: &str) -> Result<Fetched, PriceError> {
+pub async fn fetch(http: &reqwest::Client, endpoint: &str, region: &str) -> Result<RegionPrices, PriceError> {
     if region.is_empty() || !region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
         return Err(PriceError::Region(region.to_string()));
     }
     let first = reqwest::Url::parse_with_params(endpoint, [("api-version", API_VERSION), ("$filter", filter(region).as_str())]).map_err(|e| PriceError::Status { url: endpoint.to_string(), status: 0, body: e.to_string() })?;
     let mut next = Some(first.to_string());
-    let mut out = Fetched { region: region.to_string(), ..Default::default() };
+    let mut out = RegionPrices { region: region.to_string(), ..Default::default() };
     while let Some(url) = next.take() {
         if out.pages >= MAX_PAGES {
             return Err(PriceError::TooManyPages);
@@ -92,7 +94,11 @@ pub async fn fetch(http: &reqwest::Client, endpoint: &str, region: &str) -> Resu
         for item in page.items {
             take(&mut out, region, item);
         }
-        next = page.next_page_link.filter(|l| !l.is_empty());
+        next = match page.next_page_link.filter(|l| !l.is_empty()) {
+            Some(link) if same_origin(&first, &link) => Some(link),
+            Some(link) => return Err(PriceError::Status { url, status: 0, body: format!("NextPageLink {link:?} leaves {}", first.origin().ascii_serialization()) }),
+            None => None,
+        };
     }
     if out.on_demand.is_empty() {
         return Err(PriceError::Empty(region.to_string()));
@@ -100,9 +106,15 @@ pub async fn fetch(http: &reqwest::Client, endpoint: &str, region: &str) -> Resu
     Ok(out)
 }
 
+/// Whether a page's `NextPageLink` stays on the API's own scheme, host and port (a page is not
+/// let send the client elsewhere).
+fn same_origin(endpoint: &reqwest::Url, link: &str) -> bool {
+    reqwest::Url::parse(link).is_ok_and(|l| l.origin() == endpoint.origin())
+}
+
 /// One price row into `out`: Linux (no `Windows` product), hourly, USD, this region, not Low
 /// Priority; a `Spot` meter is the spot price. Where two rows price one size the lower stands.
-fn take(out: &mut Fetched, region: &str, item: Item) {
+fn take(out: &mut RegionPrices, region: &str, item: Item) {
     let usable = item.kind == "Consumption"
         && item.unit_of_measure == "1 Hour"
         && item.currency_code == "USD"
