@@ -189,14 +189,8 @@ impl Aws {
     /// Keep on-demand and spot prices and the cluster's node classes current, until dropped.
     pub async fn run(self: Arc<Self>, kube: Client) {
         let spot = Duration::from_secs(self.settings.spot_price_refresh_seconds);
-        let hours = self.settings.price_refresh_hours;
         let me_prices = self.clone();
-        let price_loop = async move {
-            if hours == 0 {
-                return std::future::pending().await;
-            }
-            me_prices.book.keep_on_demand_fresh(&me_prices.pricing, Duration::from_secs(hours * 3600)).await;
-        };
+        let price_loop = async move { me_prices.book.keep_on_demand_fresh(&me_prices.pricing, me_prices.settings.price_refresh_hours).await };
         let classes = Duration::from_secs(self.settings.node_class_refresh_seconds);
         let me = self.clone();
         let (me_watch, kube_watch) = (self.clone(), kube.clone());

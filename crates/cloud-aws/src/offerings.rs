@@ -85,9 +85,9 @@ impl Book {
         answered
     }
 
-    /// Keep the on-demand prices current, every `every`, until dropped.
-    pub(crate) async fn keep_on_demand_fresh(&self, pricing: &aws_sdk_pricing::Client, every: Duration) {
-        self.live.keep_fresh(every, || crate::prices::on_demand(pricing, &self.region), || self.rebuild()).await;
+    /// Keep the on-demand prices current, every `hours` (0: never), until dropped.
+    pub(crate) async fn keep_on_demand_fresh(&self, pricing: &aws_sdk_pricing::Client, hours: u64) {
+        self.live.keep_fresh(hours, || crate::prices::on_demand(pricing, &self.region), || self.rebuild()).await;
     }
 
     /// Where a type's on-demand price comes from: the Price List Query API, or the catalog.
@@ -101,7 +101,7 @@ impl Book {
     /// The type's on-demand list price here: the Price List Query API's once it answered (for
     /// the types it prices), else the catalog's for the region.
     fn list_price(&self, t: &InstanceType, live: Option<&archer_cloud::prices::RegionPrices>) -> Option<f64> {
-        live.and_then(|p| p.on_demand.get(&t.name).copied()).or_else(|| t.prices.get(&self.region).copied())
+        archer_cloud::prices::RegionPrices::list_price(live, t, &self.region)
     }
 
     pub fn is_unavailable(&self, key: &OfferingKey) -> bool {

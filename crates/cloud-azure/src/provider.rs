@@ -118,7 +118,7 @@ impl Azure {
         let zones = self.settings.zones();
         let mut out = Vec::new();
         for t in self.catalog.types().iter().filter(|t| t.provider == PROVIDER) {
-            let Some(list) = live.as_ref().and_then(|p| p.on_demand.get(&t.name).copied()).or_else(|| t.prices.get(region).copied()) else { continue };
+            let Some(list) = RegionPrices::list_price(live.as_deref(), t, region) else { continue };
             let on_demand = self.catalog.price_from(t, list, CapacityType::OnDemand);
             let spot = live.as_ref().and_then(|p| p.spot.get(&t.name).copied()).unwrap_or_else(|| self.catalog.price_from(t, list, CapacityType::Spot));
             for z in &zones {
@@ -153,14 +153,8 @@ impl Azure {
     /// new images), until dropped.
     pub async fn run(self: Arc<Self>) {
         let every = Duration::from_secs(self.settings.node_class_refresh_seconds);
-        let hours = self.settings.price_refresh_hours;
         let me_prices = self.clone();
-        let prices = async move {
-            if hours == 0 {
-                return std::future::pending().await;
-            }
-            me_prices.live.keep_fresh(Duration::from_secs(hours * 3600), || me_prices.fetch_prices(), || me_prices.rebuild()).await;
-        };
+        let prices = async move { me_prices.live.keep_fresh(me_prices.settings.price_refresh_hours, || me_prices.fetch_prices(), || me_prices.rebuild()).await };
         let me = self.clone();
         let refresh = async move {
             loop {

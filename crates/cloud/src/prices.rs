@@ -26,6 +26,14 @@ pub struct RegionPrices {
     pub pages: usize,
 }
 
+impl RegionPrices {
+    /// An instance type's on-demand list price in `region`: this answer's where it prices the
+    /// type, else the catalog's for the region (before the first answer, `live` is `None`).
+    pub fn list_price(live: Option<&RegionPrices>, t: &archer_core::catalog::InstanceType, region: &str) -> Option<f64> {
+        live.and_then(|p| p.on_demand.get(&t.name).copied()).or_else(|| t.prices.get(region).copied())
+    }
+}
+
 /// What a provider's prices are now: for its metrics, `archer prices` and the logs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PriceStatus {
@@ -107,14 +115,19 @@ impl LivePrices {
         }
     }
 
-    /// Refresh every `every` until dropped (the first refresh is the caller's, at start); after
-    /// a failure, again within ten minutes. `changed` runs after each answer.
-    pub async fn keep_fresh<F, Fut, E>(&self, every: Duration, fetch: F, changed: impl Fn())
+    /// Refresh every `hours` (a provider's `priceRefreshHours`; 0: never, and this never
+    /// returns) until dropped (the first refresh is the caller's, at start); after a failure,
+    /// again within ten minutes. `changed` runs after each answer.
+    pub async fn keep_fresh<F, Fut, E>(&self, hours: u64, fetch: F, changed: impl Fn())
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<RegionPrices, E>>,
         E: std::fmt::Display,
     {
+        if hours == 0 {
+            return std::future::pending().await;
+        }
+        let every = Duration::from_secs(hours.saturating_mul(3600));
         let mut wait = every;
         loop {
             tokio::time::sleep(wait).await;
@@ -169,7 +182,7 @@ mod tests {
                     if calls.len() == 2 { Err("HTTP 503") } else { Ok(prices(calls.len())) }
                 }
             };
-            l.keep_fresh(Duration::from_secs(12 * 3600), fetch, || {}).await;
+            l.keep_fresh(12, fetch, || {}).await;
         });
         tokio::time::sleep(Duration::from_secs(25 * 3600)).await;
         task.abort();

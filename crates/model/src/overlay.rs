@@ -288,13 +288,13 @@ pub fn apply(overlays: &[Arc<NodeOverlay>], pools: &[Arc<NodePool>], offerings: 
     // The cloud's well-known keys the offerings carry: a requirement on another key of a cloud's
     // domain (Karpenter labels more than Archer does, `instance-size`, `instance-hypervisor`) would
     // match nothing (`In`) or everything (`NotIn`), so such an overlay is said not applied.
-    let carried: BTreeSet<&str> = own_labels.iter().flat_map(|l| l.keys().map(String::as_str)).collect();
+    let carried: BTreeSet<String> = own_labels.iter().flat_map(|l| l.keys().cloned()).collect();
     let cloud_key = |k: &str| ["karpenter.k8s.aws/", "karpenter.azure.com/", "kubernetes.azure.com/"].iter().any(|d| k.starts_with(d)) && !carried.contains(k);
     // Where prices are decided: the shared offerings, and (when an overlay depends on the
     // NodePool) each pool's, their labels with the pool's name and template labels, as
     // Karpenter evaluates overlays per NodePool.
     let per_pool = checked.iter().any(|c| c.requirements.keys().any(|k| pool_keys.contains(k)));
-    let mut contexts = vec![Context::new(None, own_labels.clone(), offerings)];
+    let mut contexts = Vec::new();
     if per_pool {
         for p in pools {
             let name = p.metadata.name.clone().unwrap_or_default();
@@ -311,6 +311,8 @@ pub fn apply(overlays: &[Arc<NodeOverlay>], pools: &[Arc<NodePool>], offerings: 
             contexts.push(Context::new(Some(name), labels, offerings));
         }
     }
+    // The shared context first, its labels moved rather than copied.
+    contexts.insert(0, Context::new(None, own_labels, offerings));
     for c in checked {
         if let Some(key) = c.requirements.keys().find(|k| cloud_key(k)) {
             let why = format!("Archer's offerings do not carry {key}, so its requirement could not select them as Karpenter's would");
