@@ -162,6 +162,7 @@ fn karpenter_types() -> Vec<Offering> {
             prices: Default::default(),
             spot_discount: None,
             facts: Default::default(),
+            extended: Default::default(),
         });
         // Karpenter's fake.PriceFromResources: 0.1 per vCPU + 0.1 per 1e9 bytes.
         let price = 0.1 * f64::from(vcpu) + 0.1 * (mem_gib as f64 * 1024.0 * 1024.0 * 1024.0) / 1e9;

@@ -690,3 +690,54 @@ fn an_overlay_on_a_pools_label_prices_that_pool_alone() {
     assert!((a["pricePerHour"].as_f64().expect("price") - list("c7g.large") * 0.5).abs() < 1e-9, "{plan}");
     assert!((b["pricePerHour"].as_f64().expect("price") - list("c6g.large")).abs() < 1e-9, "{plan}");
 }
+
+/// A NodeOverlay's `capacity` is planned with: pods asking for `smarter-devices/fuse` (which no
+/// type has of its own) go to the one type the overlay gives two, never more than two per node;
+/// a pod asking for huge pages no type offers is unschedulable, with that reason, as
+/// kube-scheduler's NodeResourcesFit would leave it pending. Before, the overlay's capacity was
+/// only reported, and the fuse pods were unschedulable.
+#[test]
+fn an_overlays_capacity_is_planned_with() {
+    let scenario = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: fuse}
+spec:
+  replicas: 6
+  selector: {matchLabels: {app: fuse}}
+  template:
+    metadata: {labels: {app: fuse}, annotations: {archer.dev/platforms: linux/arm64}}
+    spec:
+      containers: [{name: c, image: builder, resources: {requests: {cpu: 250m, memory: 256Mi}, limits: {smarter-devices/fuse: "1"}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: huge, namespace: default, annotations: {archer.dev/platforms: "linux/amd64,linux/arm64"}}
+spec:
+  containers: [{name: c, image: db, resources: {requests: {cpu: 250m, memory: 256Mi, hugepages-2Mi: 64Mi}, limits: {hugepages-2Mi: 64Mi, memory: 256Mi}}}]
+---
+apiVersion: karpenter.sh/v1alpha1
+kind: NodeOverlay
+metadata: {name: fuse-on-c7g-xlarge}
+spec:
+  requirements: [{key: node.kubernetes.io/instance-type, operator: In, values: [c7g.xlarge]}]
+  capacity: {smarter-devices/fuse: "2"}
+"#;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("fuse.yaml");
+    std::fs::write(&path, scenario).expect("write");
+    let plan = simulate(&["--scenario", path.to_str().expect("path"), "--offline"]);
+    let mut per_node: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for i in 0..6 {
+        let n = node_of(&plan, &format!("default/fuse-{i}"));
+        assert_eq!(n["instanceType"], "c7g.xlarge", "{plan}");
+        *per_node.entry(n["name"].as_str().unwrap_or("").to_string()).or_insert(0) += 1;
+    }
+    assert_eq!(per_node.values().copied().collect::<Vec<_>>(), [2, 2, 2], "two fuse devices per node: {plan}");
+    let u = plan["unschedulable"].as_array().expect("list");
+    assert_eq!(u.len(), 1, "{plan}");
+    assert_eq!(u[0]["pod"], "default/huge", "{plan}");
+    assert!(u[0]["reason"].as_str().is_some_and(|r| r.contains("hugepages-2Mi")), "{}", u[0]);
+    let notes = plan["notes"].as_array().map(|n| n.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>()).unwrap_or_default();
+    assert!(!notes.iter().any(|n| n.contains("NodeOverlay")), "applied in full, nothing to say: {notes:?}");
+}

@@ -126,6 +126,8 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
         .collect();
     // Overlays, as the provisioner applies them to offerings (in the region's first zone).
     let mut by: std::collections::HashMap<(String, CapacityType), String> = Default::default();
+    // Extended resources overlays' `capacity` gives each type.
+    let mut sized: std::collections::HashMap<String, std::collections::BTreeMap<String, i64>> = Default::default();
     if let Some(path) = &overlays {
         let overlays = read_overlays(path)?;
         let offerings: Vec<archer_core::packer::Offering> = rows
@@ -142,17 +144,15 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
                 by.insert((o.instance.name.clone(), o.capacity), name.clone());
             }
         }
+        sized.extend(overlaid.offerings.iter().filter(|o| !o.instance.extended.is_empty()).map(|o| (o.instance.name.clone(), o.instance.extended.clone())));
         for (t, od, spot) in &mut rows {
             *od = od.and(prices.get(&(t.name.clone(), CapacityType::OnDemand)).copied());
             *spot = spot.and(prices.get(&(t.name.clone(), CapacityType::Spot)).copied());
         }
         for (name, outcome) in &overlaid.outcomes {
-            let (status, reason, message) = outcome.condition();
             let (_, applied, why) = outcome.archer_applied();
-            if status != "True" {
-                eprintln!("NodeOverlay {name}: not applied ({reason}: {message})");
-            } else if applied != "Applied" {
-                eprintln!("NodeOverlay {name}: {why}");
+            if applied != "Applied" {
+                eprintln!("NodeOverlay {name}: not applied ({applied}: {why})");
             }
         }
     }
@@ -168,15 +168,20 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
                     "allocatableMemory": t.allocatable_memory, "maxPods": t.max_pods, "region": region,
                     "onDemandPerHour": od, "spotPerHour": spot,
                     "onDemandOverlay": overlay_of(&t.name, CapacityType::OnDemand), "spotOverlay": overlay_of(&t.name, CapacityType::Spot),
+                    "overlayCapacity": sized.get(&t.name),
                 }))
                 .collect();
             println!("{}", serde_json::to_string_pretty(&docs)?);
         }
         Output::Text => {
-            let overlay_column = |t: &str| match (overlay_of(t, CapacityType::OnDemand), overlay_of(t, CapacityType::Spot)) {
-                (None, None) => String::new(),
-                (Some(a), Some(b)) if a == b => format!("  {a}"),
-                (a, b) => format!("  {}/{}", a.unwrap_or_else(|| "-".into()), b.unwrap_or_else(|| "-".into())),
+            let overlay_column = |t: &str| {
+                let prices = match (overlay_of(t, CapacityType::OnDemand), overlay_of(t, CapacityType::Spot)) {
+                    (None, None) => String::new(),
+                    (Some(a), Some(b)) if a == b => format!("  {a}"),
+                    (a, b) => format!("  {}/{}", a.unwrap_or_else(|| "-".into()), b.unwrap_or_else(|| "-".into())),
+                };
+                let capacity = sized.get(t).map(|c| format!("  capacity: {}", c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))).unwrap_or_default();
+                format!("{prices}{capacity}")
             };
             let header = if overlays.is_some() { "  OVERLAY" } else { "" };
             println!("{:<20} {:<6} {:>5} {:>9} {:>10} {:>11} {:>5} {:>10} {:>10} {:>10}{header}", "TYPE", "ARCH", "VCPU", "MEM(MiB)", "ALLOC CPU", "ALLOC MEM", "PODS", "ON-DEMAND", "SPOT(est)", "$/vCPU-h");

@@ -221,9 +221,9 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     let inputs = s.inputs(&catalog, cfg.provisioner.preference_policy)?;
     // NodeOverlays the plan's prices do not reflect as Karpenter's would, each said.
     for (name, outcome) in &s.state.overlay_outcomes {
-        let (status, reason, message) = outcome.archer_applied();
+        let (_, reason, message) = outcome.archer_applied();
         if reason != "Applied" {
-            notes.push(format!("NodeOverlay {name}: {} ({reason}){}", if status == "True" { "applied in part" } else { "not applied" }, if message.is_empty() { String::new() } else { format!(": {message}") }));
+            notes.push(format!("NodeOverlay {name}: not applied ({reason}){}", if message.is_empty() { String::new() } else { format!(": {message}") }));
         }
     }
     if inputs.assumed > 0 {

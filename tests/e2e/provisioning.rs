@@ -515,9 +515,10 @@ async fn one_replica_provisions_and_another_takes_over() {
 
 /// Plan fidelity: about 200 pods from 8 Deployments that mix zone and hostname spread (maxSkew 1
 /// and 2), required anti-affinity to another Deployment, affinity to a Deployment already
-/// running, pods with no requests, host ports and a GPU, on a cluster that already runs pods.
-/// Every pod ends Running on the node the plan named for it (or one of the same pool, instance
-/// type and zone), no node is left empty, no pod is left Pending.
+/// running, pods with no requests, host ports and a GPU, and pods asking for an extended resource
+/// only a NodeOverlay's `capacity` gives (two per arm64 node), on a cluster that already runs
+/// pods. Every pod ends Running on the node the plan named for it (or one of the same pool,
+/// instance type and zone), no node is left empty, no pod is left Pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
@@ -533,6 +534,18 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
         "apiVersion: archer.dev/v1alpha1\nkind: NodePool\nmetadata: {name: default}\nspec:\n  template:\n    spec:\n      requirements:\n        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}\n        - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand, spot]}\n  disruption:\n    consolidationPolicy: WhenEmpty\n    consolidateAfter: Never\n",
     )
     .await;
+    // Two `smarter-devices/fuse` on every arm64 type, as a NodeOverlay says (issue #42): the
+    // provisioner's watch has it before any pod comes.
+    let overlays = Api::<archer::provisioner::nodeoverlay::NodeOverlay>::all(client.clone());
+    let overlay = archer::yaml::from_str("apiVersion: karpenter.sh/v1alpha1\nkind: NodeOverlay\nmetadata: {name: fuse-on-arm64}\nspec:\n  requirements: [{key: kubernetes.io/arch, operator: In, values: [arm64]}]\n  capacity: {smarter-devices/fuse: \"2\"}\n").expect("overlay");
+    overlays.create(&PostParams::default(), &overlay).await.expect("create overlay");
+    let applied = || async {
+        let o = overlays.get("fuse-on-arm64").await.ok();
+        o.and_then(|o| o.status).and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "ArcherApplied")).map(|c| (c.reason, c.message))
+    };
+    wait("the overlay applied", Duration::from_secs(60), || async { applied().await.is_some() }).await;
+    let (reason, message) = applied().await.unwrap_or_default();
+    assert!(reason == "Applied" && message.contains("sets the capacity of"), "{reason}: {message}");
     let image = c.registry.image("apps/web:1");
     let deploys: Api<Deployment> = Api::namespaced(client.clone(), "fidelity");
     let create = |d: Deployment| {
@@ -574,6 +587,12 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
     expected.push(("bare", 20));
     create(with_requests(deployment("gpu", &image, 1, json!({})), "1", "2Gi").tap_gpu()).await;
     expected.push(("gpu", 1));
+    let mut fuse = deployment("fuse", &image, 6, json!({}));
+    if let Some(s) = fuse.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        s.containers[0].resources = serde_json::from_value(json!({"requests": {"cpu": "100m", "memory": "128Mi", "smarter-devices/fuse": "1"}, "limits": {"smarter-devices/fuse": "1"}})).ok();
+    }
+    create(fuse).await;
+    expected.push(("fuse", 6));
 
     let mut all: Vec<Pod> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -592,7 +611,7 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
         }
     }
     eprintln!("plan fidelity: {} pods Running in {:?}", all.len(), t0.elapsed());
-    assert_eq!(all.len(), 191);
+    assert_eq!(all.len(), 197);
     // Batches that bought nodes reported their price over the LP lower bound (1 or more).
     let batches = c.archer_metric("archer_provisioner_plan_cost_ratio_count").await;
     let ratio_sum = c.archer_metric("archer_provisioner_plan_cost_ratio_sum").await;
@@ -640,6 +659,17 @@ async fn plan_fidelity_two_hundred_pods_land_where_the_plan_put_them() {
     let gpu_node = nodes.get(&node_of(gpu)).expect("on an Archer node");
     let catalog = Catalog::embedded().expect("catalog");
     assert!(catalog.types().iter().any(|t| t.name == label(gpu_node, "node.kubernetes.io/instance-type") && t.gpu_count > 0));
+    // The fuse pods are on arm64 nodes that advertise the overlay's two devices, two at most each.
+    let mut fuse_per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for p in all.iter().filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get("app")).map(String::as_str) == Some("fuse")) {
+        *fuse_per_node.entry(node_of(p)).or_default() += 1;
+    }
+    for (name, n) in &fuse_per_node {
+        let node = nodes.get(name).expect("on an Archer node");
+        let fuse = node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get("smarter-devices/fuse")).map(|q| q.0.clone());
+        assert_eq!((label(node, "kubernetes.io/arch"), fuse.as_deref()), ("arm64", Some("2")), "{name}");
+        assert!(*n <= 2, "{name} runs {n} fuse pods");
+    }
     // Every pod a plan placed where it put it (or on a node of the same pool, type and zone).
     let followed = exact + same_shape;
     eprintln!("plan fidelity: {followed} of {} pods planned onto new nodes followed the plan ({:.1}%)", followed + wrong.len(), 100.0 * followed as f64 / (followed + wrong.len()).max(1) as f64);

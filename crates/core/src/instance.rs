@@ -79,6 +79,37 @@ pub struct InstanceType {
     /// are made from them ([`crate::cloud_labels`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub facts: BTreeMap<String, String>,
+    /// Extended resources a NodeOverlay's `capacity` gives the type (`smarter-devices/fuse`: 1,
+    /// `hugepages-2Mi`: bytes), assigned over what it has, as Karpenter's `ApplyCapacityOverlay`
+    /// does: an entry for `nvidia.com/gpu` replaces the catalog's GPU count.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub extended: BTreeMap<String, i64>,
+}
+
+/// The resource instance types offer their GPUs as.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+impl InstanceType {
+    /// How much of extended resource `name` a node of this type offers pods: an overlay's
+    /// `capacity` first, then its GPUs as `nvidia.com/gpu`; 0 for any other.
+    pub fn extended_resource(&self, name: &str) -> i64 {
+        match self.extended.get(name) {
+            Some(v) => *v,
+            None if name == GPU_RESOURCE => i64::from(self.gpu_count),
+            None => 0,
+        }
+    }
+
+    /// Every extended resource it offers (those above 0): its GPUs, then overlays' `capacity`.
+    pub fn extended_resources(&self) -> BTreeMap<String, i64> {
+        let mut all = BTreeMap::new();
+        if self.gpu_count > 0 {
+            all.insert(GPU_RESOURCE.to_string(), i64::from(self.gpu_count));
+        }
+        all.extend(self.extended.iter().map(|(k, v)| (k.clone(), *v)));
+        all.retain(|_, v| *v > 0);
+        all
+    }
 }
 
 /// A running (or starting) instance the provider knows of.

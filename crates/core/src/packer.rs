@@ -93,31 +93,46 @@ pub struct PendingPod {
     /// Topology keys of its DoNotSchedule spread constraints: kube-scheduler refuses a node
     /// without one of them, so a new node must carry them all.
     pub spread_keys: Vec<String>,
-    /// Extended resources it requests (`nvidia.com/gpu`: 1). Instance types offer GPUs (their
-    /// catalog count, as `nvidia.com/gpu`); no type offers anything else.
+    /// Extended resources it requests (`nvidia.com/gpu`: 1, `hugepages-2Mi`: bytes). Instance
+    /// types offer their GPUs (as `nvidia.com/gpu`) and what NodeOverlays' `capacity` gives them
+    /// ([`InstanceType::extended_resource`]).
     pub extended: BTreeMap<String, i64>,
 }
 
-/// The `nvidia.com/gpu` resource instance types offer their GPUs as.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
-
-impl PendingPod {
-    fn gpus(&self) -> i64 {
-        self.extended.get(GPU_RESOURCE).copied().unwrap_or(0)
-    }
-}
+pub use crate::instance::GPU_RESOURCE;
 
 /// Can a node of this type hold one such pod's extended resources?
 fn extended_fit(pod: &PendingPod, o: &Offering, pool: &str) -> Result<(), String> {
     for (name, amount) in &pod.extended {
-        if name != GPU_RESOURCE {
-            return Err(format!("pool {pool}: requests {name}, which no instance type offers"));
-        }
-        if i64::from(o.instance.gpu_count) < *amount {
-            return Err(format!("pool {pool}: no instance type has {amount} {name}"));
+        match o.instance.extended_resource(name) {
+            0 => return Err(format!("pool {pool}: requests {name}, which no instance type offers")),
+            has if has < *amount => return Err(format!("pool {pool}: no instance type has {amount} {name}")),
+            _ => {}
         }
     }
     Ok(())
+}
+
+/// How many pods each requesting `need` of extended resources the amounts `free` gives hold
+/// (unbounded when they request none).
+fn extended_count(need: &BTreeMap<String, i64>, free: impl Fn(&str) -> i64) -> i64 {
+    need.iter().filter(|(_, v)| **v > 0).map(|(k, v)| free(k).max(0) / v).min().unwrap_or(i64::MAX)
+}
+
+/// The extended resources `pods` ((class, how many)) request together.
+fn extended_sum(classes: &[Class], pods: impl IntoIterator<Item = (usize, usize)>) -> BTreeMap<String, i64> {
+    let mut sum = BTreeMap::new();
+    for (ci, n) in pods {
+        for (k, v) in &classes[ci].extended {
+            *sum.entry(k.clone()).or_insert(0) += v * n as i64;
+        }
+    }
+    sum
+}
+
+/// Does a node of type `t` offer every extended resource in `need`?
+fn holds_extended(t: &InstanceType, need: &BTreeMap<String, i64>) -> bool {
+    need.iter().all(|(k, v)| t.extended_resource(k) >= *v)
 }
 
 impl PendingPod {
@@ -440,8 +455,8 @@ struct Class {
     preference: std::collections::HashMap<(usize, usize), i32>,
     /// Every compatible (pool, offering), for the "can this class fill that node" test.
     mask: std::collections::HashSet<(usize, usize)>,
-    /// GPUs (`nvidia.com/gpu`) one pod takes.
-    gpus: i64,
+    /// Extended resources (`nvidia.com/gpu`, an overlay's `smarter-devices/fuse`) one pod takes.
+    extended: BTreeMap<String, i64>,
     /// The compatible offerings of each lower-weight pool the pod fits, in weight order: the
     /// class falls through to them when its pool reaches its limits (as Karpenter does).
     fallback: Vec<Vec<Slot>>,
@@ -581,11 +596,11 @@ fn pin_zone_groups(classes: &mut Vec<Class>, offerings: &[Offering], room: &dyn 
     });
 }
 
-/// How many pods of the class a node with this room and these GPUs holds.
-fn pods_that_fit(c: &Class, free: Resources, gpus: i64) -> usize {
+/// How many pods of the class a node of type `t` with this room holds.
+fn pods_that_fit(c: &Class, free: Resources, t: &InstanceType) -> usize {
     let r = c.requests;
     let by = |f: i64, need: i64| if need <= 0 { i64::MAX } else { f / need };
-    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(by(gpus, c.gpus));
+    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(extended_count(&c.extended, |k| t.extended_resource(k)));
     usize::try_from(n.max(0)).unwrap_or(0)
 }
 
@@ -631,7 +646,7 @@ impl Class {
 fn right_size(drafts: &mut [Draft], classes: &[Class], offerings: &[Offering], room: &dyn Fn(usize, usize) -> Resources) {
     for d in drafts.iter_mut() {
         let need = d.used(classes);
-        let gpus: i64 = d.items.iter().map(|(cj, pods)| classes[*cj].gpus * pods.len() as i64).sum();
+        let extended = extended_sum(classes, d.items.iter().map(|(cj, pods)| (*cj, pods.len())));
         let current = &offerings[d.oi];
         let Some(lead) = d.items.first().map(|(c, _)| *c) else { continue };
         let mut best: Option<usize> = None;
@@ -643,7 +658,7 @@ fn right_size(drafts: &mut [Draft], classes: &[Class], offerings: &[Offering], r
                 || o.instance.vcpu > current.instance.vcpu
                 || o.instance.memory_mib > current.instance.memory_mib
                 || !need.fits(room(pj, oj))
-                || i64::from(o.instance.gpu_count) < gpus
+                || !holds_extended(&o.instance, &extended)
                 || !d.items.iter().all(|(cj, _)| classes[*cj].mask.contains(&(pj, oj)))
             {
                 continue;
@@ -886,7 +901,7 @@ fn class_of(pod: &PendingPod, pools: &[Pool], offerings: &[Offering], slots: &Sl
         colocate: pod.colocate,
         preference,
         mask: Default::default(),
-        gpus: pod.gpus(),
+        extended: pod.extended.clone(),
         fallback,
     })
 }

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use archer_api::nodeclaim::{NodeClaim, NodeClaimSpec};
 use archer_api::nodepool::{NodePool, RequirementDoc};
 use archer_core::labels;
-use archer_core::packer::{Offering, PlannedNode, GPU_RESOURCE};
+use archer_core::packer::{Offering, PlannedNode};
 
 use crate::objects::pod_id;
 use crate::{adapter, ClusterState};
@@ -22,10 +22,9 @@ pub(crate) fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &
     let offering = Offering::find_for_pool(offerings, &planned.pool, &planned.instance_type, &planned.zone, &planned.capacity_type)
         .ok_or_else(|| format!("{} ({}, {}) is no longer offered", planned.instance_type, planned.capacity_type, planned.zone))?;
     let t = &offering.instance;
-    let with_gpus = |mut m: BTreeMap<String, String>, gpus: u32| {
-        if gpus > 0 {
-            m.insert(GPU_RESOURCE.to_string(), gpus.to_string());
-        }
+    // Extended resources as the type offers them: GPUs, and what overlays' `capacity` gives it.
+    let with_extended = |mut m: BTreeMap<String, String>| {
+        m.extend(t.extended_resources().into_iter().map(|(k, v)| (k, v.to_string())));
         m
     };
     let q = |cpu_millis: i64, mem: i64, pods: i64| BTreeMap::from([("cpu".to_string(), format!("{cpu_millis}m")), ("memory".to_string(), format!("{}Ki", mem / 1024)), ("pods".to_string(), pods.to_string())]);
@@ -49,8 +48,8 @@ pub(crate) fn claim_for(state: &ClusterState, offerings: &[Offering], planned: &
             labels: planned_labels(offering, &pool, planned),
             taints: np.spec.template.spec.taints.clone(),
             startup_taints: np.spec.template.spec.startup_taints.clone(),
-            capacity: with_gpus(q(i64::from(t.vcpu) * 1000, t.memory_mib as i64 * 1024 * 1024, t.max_pods), t.gpu_count),
-            allocatable: with_gpus(q(t.allocatable.cpu_millis, t.allocatable.memory_bytes, t.allocatable.pods), t.gpu_count),
+            capacity: with_extended(q(i64::from(t.vcpu) * 1000, t.memory_mib as i64 * 1024 * 1024, t.max_pods)),
+            allocatable: with_extended(q(t.allocatable.cpu_millis, t.allocatable.memory_bytes, t.allocatable.pods)),
             price_per_hour: offering.price,
             expire_after: np.spec.template.spec.expire_after.clone(),
             reason: Some(reason.into()),

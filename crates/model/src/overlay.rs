@@ -17,9 +17,15 @@
 //!   a pool's offering differently from the shared one, the pool gets an offering of its own
 //!   (`Offering::pool`), which only it plans with.
 //!
-//! Where Archer differs, it says so in the overlay's outcome (its `ArcherApplied` condition,
-//! `archer simulate`'s notes): `capacity` (extended resources) is read and validated but the
-//! planner does not count extended resources of instance types.
+//! - `capacity` sets extended resources (`smarter-devices/fuse`, `hugepages-2Mi`) of every
+//!   instance type one of whose offerings it selects, as Karpenter's store does: per instance
+//!   type (and NodePool), heavier overlays first, a resource an earlier overlay set is kept; an
+//!   overlay setting a resource the last overlay to reach that type set, at the same weight,
+//!   conflicts. The planner counts them as kube-scheduler counts a node's extended resources,
+//!   and a planned node advertises them (its NodeClaim's capacity and allocatable).
+//!
+//! Where Archer cannot apply an overlay as Karpenter would, it says so in the overlay's outcome
+//! (its `ArcherApplied` condition, `archer simulate`'s notes).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -125,7 +131,8 @@ pub struct Checked {
     pub weight: i32,
     pub requirements: Requirements,
     pub price: Option<PriceChange>,
-    pub capacity: BTreeMap<String, String>,
+    /// Extended resource -> amount in base units (devices, bytes).
+    pub capacity: BTreeMap<String, i64>,
 }
 
 /// Karpenter's validation of an overlay (the CRD's rules and its runtime validation), for
@@ -188,20 +195,19 @@ pub fn validate(o: &NodeOverlay) -> Result<Checked, String> {
         (None, Some(a)) => Some(parse_adjustment(a)?),
         (None, None) => None,
     };
-    let capacity: BTreeMap<String, String> = s
-        .capacity
-        .iter()
-        .flatten()
-        .map(|(k, v)| {
-            let q = match v {
-                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => n.to_string(),
-                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(s) => s.clone(),
-            };
-            (k.clone(), q)
-        })
-        .collect();
-    if let Some(r) = capacity.keys().find(|k| RESTRICTED_RESOURCES.contains(&k.as_str())) {
-        return Err(format!("invalid capacity: {r} in resource, restricted"));
+    let mut capacity: BTreeMap<String, i64> = BTreeMap::new();
+    for (k, v) in s.capacity.iter().flatten() {
+        if RESTRICTED_RESOURCES.contains(&k.as_str()) {
+            return Err(format!("invalid capacity: {k} in resource, restricted"));
+        }
+        let amount = match v {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => Some(i64::from(*n)),
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(q) => archer_core::quantity::value(q),
+        };
+        match amount {
+            Some(n) if n >= 0 => capacity.insert(k.clone(), n),
+            _ => return Err(format!("invalid capacity: {k}: {v:?} is not a quantity")),
+        };
     }
     Ok(Checked { name, weight, requirements, price, capacity })
 }
@@ -210,8 +216,8 @@ pub fn validate(o: &NodeOverlay) -> Result<Checked, String> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// Applied: the offerings whose price it set (0 when it matches none, or only ones a
-    /// heavier overlay already priced), and what Archer does not use of it.
-    Applied { offerings: usize, unused: Option<String> },
+    /// heavier overlay already priced), and the instance types whose capacity it reached.
+    Applied { offerings: usize, types: usize },
     /// Karpenter's `RuntimeValidation`.
     Invalid(String),
     /// Karpenter's `Conflict`: another overlay of the same weight reaches the same offering.
@@ -231,12 +237,12 @@ impl Outcome {
         }
     }
 
-    /// Archer's own `ArcherApplied` condition: status, reason (`Applied`, `PartlyApplied`,
-    /// `NotApplied`, or Karpenter's reason when it is invalid or conflicts) and message.
+    /// Archer's own `ArcherApplied` condition: status, reason (`Applied`, `NotApplied`, or
+    /// Karpenter's reason when it is invalid or conflicts) and message.
     pub fn archer_applied(&self) -> (&'static str, &'static str, String) {
         match self {
-            Outcome::Applied { offerings, unused: None } => ("True", "Applied", format!("prices {offerings} offering(s)")),
-            Outcome::Applied { offerings, unused: Some(why) } => ("True", "PartlyApplied", format!("prices {offerings} offering(s); {why}")),
+            Outcome::Applied { offerings, types: 0 } => ("True", "Applied", format!("prices {offerings} offering(s)")),
+            Outcome::Applied { offerings, types } => ("True", "Applied", format!("prices {offerings} offering(s); sets the capacity of {types} instance type(s)")),
             Outcome::NotApplied(why) => ("False", "NotApplied", why.clone()),
             Outcome::Invalid(_) | Outcome::Conflict(_) => {
                 let (_, reason, message) = self.condition();
@@ -320,14 +326,16 @@ pub fn apply(overlays: &[Arc<NodeOverlay>], pools: &[Arc<NodePool>], offerings: 
             continue;
         }
         let matched: Vec<Vec<usize>> = contexts.iter().map(|x| x.labels.iter().enumerate().filter(|(_, l)| c.requirements.matches_map(l)).map(|(i, _)| i).collect()).collect();
+        // The instance types it reaches, per context: all of a type's offerings get its
+        // capacity when it selects one of them (Karpenter's all-or-nothing per type).
+        let types: Vec<BTreeSet<&str>> = matched.iter().map(|m| m.iter().filter_map(|&i| offerings.get(i)).map(|o| o.instance.name.as_str()).collect()).collect();
         // A conflict in any context keeps the overlay out of every one (Karpenter validates an
         // overlay over every NodePool before storing it for any).
-        if c.price.is_some() {
-            let conflict = contexts.iter().zip(&matched).find_map(|(x, m)| m.iter().find(|i| x.reached.get(i) == Some(&c.weight)).map(|i| x.priced_by.get(i).cloned().unwrap_or_default()));
-            if let Some(other) = conflict {
-                out.outcomes.insert(c.name, Outcome::Conflict(other));
-                continue;
-            }
+        let price_conflict = || c.price.is_some().then(|| contexts.iter().zip(&matched).find_map(|(x, m)| m.iter().find(|i| x.reached.get(i) == Some(&c.weight)).map(|i| x.priced_by.get(i).cloned().unwrap_or_default()))).flatten();
+        let capacity_conflict = || contexts.iter().zip(&types).find_map(|(x, ts)| ts.iter().find_map(|t| x.capacity.get(*t).and_then(|set| set.conflicts(&c))));
+        if let Some(other) = price_conflict().or_else(capacity_conflict) {
+            out.outcomes.insert(c.name, Outcome::Conflict(other));
+            continue;
         }
         let mut priced: BTreeSet<usize> = BTreeSet::new();
         if let Some(change) = c.price {
@@ -343,32 +351,90 @@ pub fn apply(overlays: &[Arc<NodeOverlay>], pools: &[Arc<NodePool>], offerings: 
                 }
             }
         }
-        let unused = (!c.capacity.is_empty()).then(|| format!("capacity ({}) is not used: Archer's planner does not count instance types' extended resources", c.capacity.keys().cloned().collect::<Vec<_>>().join(", ")));
-        out.outcomes.insert(c.name, Outcome::Applied { offerings: priced.len(), unused });
+        let mut sized: BTreeSet<&str> = BTreeSet::new();
+        if !c.capacity.is_empty() {
+            for (x, ts) in contexts.iter_mut().zip(&types) {
+                for t in ts {
+                    x.capacity.entry(t.to_string()).or_default().set(&c);
+                    sized.insert(t);
+                }
+            }
+        }
+        out.outcomes.insert(c.name, Outcome::Applied { offerings: priced.len(), types: sized.len() });
     }
     let mut contexts = contexts.into_iter();
     if let Some(shared) = contexts.next() {
+        let mut sized = Sized::default();
         for (o, p) in out.offerings.iter_mut().zip(&shared.prices) {
             o.price = *p;
+            o.instance = sized.instance(&o.instance, shared.capacity.get(&o.instance.name));
         }
-        // A pool's own offering wherever its price differs from the shared one.
+        // A pool's own offering wherever its price or its type's capacity differs from the
+        // shared one.
         for x in contexts {
             let pool: Option<Arc<str>> = x.pool.as_deref().map(Arc::from);
+            let mut own = Sized::default();
             for (i, (p, base)) in x.prices.iter().zip(&shared.prices).enumerate() {
-                if p.to_bits() == base.to_bits() {
+                let Some(o) = offerings.get(i) else { continue };
+                let capacity = x.capacity.get(&o.instance.name);
+                if p.to_bits() == base.to_bits() && capacity.map(|c| &c.merged) == shared.capacity.get(&o.instance.name).map(|c| &c.merged) {
                     continue;
                 }
-                if let Some(o) = offerings.get(i) {
-                    if let Some(by) = x.priced_by.get(&i) {
-                        out.priced_by.insert(out.offerings.len(), by.clone());
-                    }
-                    out.offerings.push(Offering { price: *p, pool: pool.clone(), ..o.clone() });
+                if let Some(by) = x.priced_by.get(&i) {
+                    out.priced_by.insert(out.offerings.len(), by.clone());
                 }
+                out.offerings.push(Offering { price: *p, pool: pool.clone(), instance: own.instance(&o.instance, capacity), ..o.clone() });
             }
         }
         out.priced_by.extend(shared.priced_by);
     }
     out
+}
+
+/// What overlays' `capacity` set of one instance type in one context (Karpenter's
+/// `capacityUpdate`): every resource set so far, and the resources and weight of the last
+/// overlay to set any (the only ones a later overlay can conflict with).
+#[derive(Debug, Default)]
+struct CapacitySet {
+    merged: BTreeMap<String, i64>,
+    last: Option<(i32, String, BTreeSet<String>)>,
+}
+
+impl CapacitySet {
+    /// The overlay `c` conflicts with (by name): the last to set this type's capacity, at `c`'s
+    /// weight, setting a resource `c` sets too.
+    fn conflicts(&self, c: &Checked) -> Option<String> {
+        let (weight, name, resources) = self.last.as_ref()?;
+        (*weight == c.weight && c.capacity.keys().any(|k| resources.contains(k))).then(|| name.clone())
+    }
+
+    /// Add `c`'s capacity: resources an earlier (heavier) overlay set are kept.
+    fn set(&mut self, c: &Checked) {
+        for (k, v) in &c.capacity {
+            self.merged.entry(k.clone()).or_insert(*v);
+        }
+        self.last = Some((c.weight, c.name.clone(), c.capacity.keys().cloned().collect()));
+    }
+}
+
+/// Instance types with overlays' capacity assigned over their own, one copy per type.
+#[derive(Default)]
+struct Sized {
+    made: HashMap<String, Arc<archer_core::instance::InstanceType>>,
+}
+
+impl Sized {
+    fn instance(&mut self, t: &Arc<archer_core::instance::InstanceType>, capacity: Option<&CapacitySet>) -> Arc<archer_core::instance::InstanceType> {
+        let Some(c) = capacity.filter(|c| !c.merged.is_empty()) else { return t.clone() };
+        self.made
+            .entry(t.name.clone())
+            .or_insert_with(|| {
+                let mut sized = (**t).clone();
+                sized.extended.extend(c.merged.iter().map(|(k, v)| (k.clone(), *v)));
+                Arc::new(sized)
+            })
+            .clone()
+    }
 }
 
 /// The prices overlays decide in one place: the shared offerings, or one NodePool's.
@@ -379,11 +445,13 @@ struct Context {
     /// Per offering: the weight of the last overlay that reached it (Karpenter's lowestWeight).
     reached: HashMap<usize, i32>,
     priced_by: HashMap<usize, String>,
+    /// Per instance type: what overlays' `capacity` set of it.
+    capacity: HashMap<String, CapacitySet>,
 }
 
 impl Context {
     fn new(pool: Option<String>, labels: Vec<BTreeMap<String, String>>, offerings: &[Offering]) -> Context {
-        Context { pool, labels, prices: offerings.iter().map(|o| o.price).collect(), reached: HashMap::new(), priced_by: HashMap::new() }
+        Context { pool, labels, prices: offerings.iter().map(|o| o.price).collect(), reached: HashMap::new(), priced_by: HashMap::new(), capacity: HashMap::new() }
     }
 }
 

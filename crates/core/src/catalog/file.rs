@@ -82,6 +82,7 @@ pub(crate) fn parse_csv(provider: &str, text: &str) -> Result<Vec<InstanceType>,
             prices,
             spot_discount: None,
             facts: fact_cols.iter().filter(|(i, _)| !get(*i).is_empty()).map(|(i, h)| (h.clone(), get(*i).to_string())).collect(),
+            extended: BTreeMap::new(),
             name,
         });
     }
@@ -201,6 +202,7 @@ impl InstanceTypeEntry {
             prices: self.prices,
             facts: self.facts,
             spot_discount: self.spot_discount,
+            extended: BTreeMap::new(),
         })
     }
 }

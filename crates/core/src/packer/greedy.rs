@@ -1,7 +1,9 @@
 //! The greedy pass: node after node, the offering with the lowest price per unit of packed
 //! lower-bound work, filled with the largest class left and then smaller compatible ones.
 
-use super::{fall_through, pods_that_fit, within_limits, Class, Draft, Offering, Packing, Pool, Resources, Unschedulable};
+use std::collections::BTreeMap;
+
+use super::{extended_count, fall_through, pods_that_fit, within_limits, Class, Draft, Offering, Packing, Pool, Resources, Unschedulable};
 
 /// Open nodes until every class in `classes` is placed or can be placed nowhere.
 pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering], room_of: &dyn Fn(usize, usize) -> Resources, out: &mut Packing) {
@@ -19,7 +21,7 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
                     continue;
                 }
                 let mut free = room_of(pi, oi);
-                let mut free_gpus = i64::from(o.instance.gpu_count);
+                let mut used_extended: BTreeMap<&str, i64> = BTreeMap::new();
                 let mut take = Vec::new();
                 let mut work = 0.0;
                 // Pods of each spread group already on this candidate node.
@@ -33,13 +35,15 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
                     let group = c.spread_group.as_deref();
                     let already = group.and_then(|g| in_group.iter().find(|(k, _)| *k == g)).map_or(0, |(_, n)| *n);
                     let cap = c.per_node_max.map_or(i64::MAX, |m| m as i64 - already);
-                    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(by(free_gpus, c.gpus)).min(c.pods.len() as i64).min(cap);
+                    let n = by(free.cpu_millis, r.cpu_millis).min(by(free.memory_bytes, r.memory_bytes)).min(by(free.pods, r.pods.max(1))).min(extended_count(&c.extended, |k| o.instance.extended_resource(k) - used_extended.get(k).copied().unwrap_or(0))).min(c.pods.len() as i64).min(cap);
                     // Affinity to its own group on the hostname key: all of the class or none.
                     if n <= 0 || (c.colocate && n < c.pods.len() as i64) {
                         continue;
                     }
                     free = free - Resources::new(r.cpu_millis * n, r.memory_bytes * n, r.pods.max(1) * n);
-                    free_gpus -= c.gpus * n;
+                    for (k, v) in &c.extended {
+                        *used_extended.entry(k).or_insert(0) += v * n;
+                    }
                     if let Some(g) = group {
                         match in_group.iter_mut().find(|(k, _)| *k == g) {
                             Some(e) => e.1 += n,
@@ -75,7 +79,7 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
                 // kube-scheduler binds them; the rest can run nowhere.
                 if classes[ci].colocate {
                     let c = &classes[ci];
-                    let most = c.offerings.iter().filter(|&&(pi, oi)| within_limits(&pools[pi], out.used_by(pi), &offerings[oi], 1)).map(|&(pi, oi)| pods_that_fit(c, room_of(pi, oi), i64::from(offerings[oi].instance.gpu_count))).max().unwrap_or(0);
+                    let most = c.offerings.iter().filter(|&&(pi, oi)| within_limits(&pools[pi], out.used_by(pi), &offerings[oi], 1)).map(|&(pi, oi)| pods_that_fit(c, room_of(pi, oi), &offerings[oi].instance)).max().unwrap_or(0);
                     if most > 0 && most < c.pods.len() {
                         let pool_name = c.offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
                         let reason = format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds more than {most} of them");
@@ -88,7 +92,7 @@ pub(super) fn fill(classes: &mut [Class], pools: &[Pool], offerings: &[Offering]
                 let c = &classes[ci];
                 let pool_name = c.offerings.first().map(|&(pi, _)| pools[pi].name.as_str()).unwrap_or("");
                 // Limits aside, could one node hold a colocated class whole?
-                let holds_all = || c.offerings.iter().any(|&(pi, oi)| pods_that_fit(c, room_of(pi, oi), i64::from(offerings[oi].instance.gpu_count)) >= c.pods.len());
+                let holds_all = || c.offerings.iter().any(|&(pi, oi)| pods_that_fit(c, room_of(pi, oi), &offerings[oi].instance) >= c.pods.len());
                 let reason = match c.offerings.first().and_then(|&(pi, _)| pools[pi].closed.as_deref()) {
                     Some(why) => format!("NodePool {pool_name} is not ready: {why}"),
                     None if c.colocate && !holds_all() => format!("affinity to its own replicas on the hostname key: no instance type of pool {pool_name} holds all {} of them", c.pods.len()),

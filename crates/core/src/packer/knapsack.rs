@@ -6,7 +6,8 @@
 //! short, the largest bound of the subtrees it left unexplored), which is what keeps the
 //! relaxation's lower bound valid.
 
-/// Dimensions of a pod's needs and a node's room: cpu millis, memory bytes, pod slots, GPUs.
+/// Dimensions of a pod's needs and a node's room: cpu millis, memory bytes, pod slots, one
+/// extended resource (GPUs, mostly).
 pub(super) const DIMS: usize = 4;
 
 /// One kind of pod that may go on the node.

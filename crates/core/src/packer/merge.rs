@@ -2,7 +2,7 @@
 //! two cost (the last nodes of a plan are often partly filled, and right-sizing swaps one node
 //! for one cheaper node only).
 
-use super::{Class, Draft, Offering, Resources};
+use super::{extended_sum, holds_extended, Class, Draft, Offering, Resources};
 
 /// How many of the least-filled nodes are paired up (the pairs grow with its square).
 const CANDIDATES: usize = 24;
@@ -50,7 +50,7 @@ fn merged(a: &Draft, b: &Draft, classes: &[Class], offerings: &[Offering], room:
     let (oa, ob) = (&offerings[a.oi].instance, &offerings[b.oi].instance);
     let both = offerings[a.oi].price + offerings[b.oi].price;
     let need = a.used(classes) + b.used(classes);
-    let gpus: i64 = a.items.iter().chain(&b.items).map(|(ci, pods)| classes[*ci].gpus * pods.len() as i64).sum();
+    let extended = extended_sum(classes, a.items.iter().chain(&b.items).map(|(ci, pods)| (*ci, pods.len())));
     if !caps_hold(a, b, classes) {
         return None;
     }
@@ -68,7 +68,7 @@ fn merged(a: &Draft, b: &Draft, classes: &[Class], offerings: &[Offering], room:
         if pj != a.pi
             || o.instance.vcpu > oa.vcpu + ob.vcpu
             || o.instance.memory_mib > oa.memory_mib + ob.memory_mib
-            || i64::from(o.instance.gpu_count) < gpus
+            || !holds_extended(&o.instance, &extended)
             || !need.fits(room(pj, oj))
             || !a.items.iter().chain(&b.items).all(|(ci, _)| classes[*ci].mask.contains(&(pj, oj)))
         {

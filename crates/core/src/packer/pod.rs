@@ -48,10 +48,17 @@ impl PendingPod {
             colocate: own.colocate,
             spread_group: own.spread_group,
             spread_keys: spread_keys(info),
-            extended: info.requests.0.iter().filter(|(k, v)| **v > 0 && k.contains('/') && !k.starts_with("hugepages-")).map(|(k, v)| (k.clone(), *v)).collect(),
+            extended: info.requests.0.iter().filter(|(k, v)| **v > 0 && extended(k)).map(|(k, v)| (k.clone(), *v)).collect(),
         };
         with_volume_terms(pod, info)
     }
+}
+
+/// A resource kube-scheduler's NodeResourcesFit counts as a scalar a node must offer: an extended
+/// resource (a name with a domain, not `kubernetes.io/` or one of its subdomains) or huge pages (`hugepages-2Mi`).
+/// Instance types offer GPUs and what NodeOverlays' `capacity` gives them.
+fn extended(name: &str) -> bool {
+    name.starts_with("hugepages-") || (name.contains('/') && !name.contains("kubernetes.io/"))
 }
 
 /// The pod's required node affinity terms, each with its nodeSelector folded in; the nodeSelector

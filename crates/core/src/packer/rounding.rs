@@ -196,17 +196,27 @@ struct Input {
 fn relaxation_input(classes: &[Class], offerings: &[Offering], room_of: &dyn Fn(usize, usize) -> Resources) -> Input {
     let mut items = Vec::new();
     let mut item_class = Vec::new();
+    // The relaxation's fourth dimension: one extended resource, the one the most pods request
+    // (GPUs, mostly). Classes that request another are left to the greedy pass, as below.
+    let mut asked: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for c in classes {
+        for k in c.extended.keys() {
+            *asked.entry(k.as_str()).or_insert(0) += c.pods.len();
+        }
+    }
+    let extended: Option<&str> = asked.iter().max_by_key(|(k, n)| (**n, std::cmp::Reverse(**k))).map(|(k, _)| *k);
     for (ci, c) in classes.iter().enumerate() {
         // Classes with hostname rules (spread over nodes, anti-affinity or affinity to their own
         // group) are left to the greedy pass: kube-scheduler's hostname spread is a skew over
         // every node, not a per-node cap, and plans rounded from per-node caps sent the
         // planner's check into rounds of repacking (20,000 Karpenter-shaped pods: 22 s).
         // The bound over the other classes is still a bound for the whole batch.
-        if c.colocate || c.per_node_max.is_some() || c.pods.is_empty() {
+        if c.colocate || c.per_node_max.is_some() || c.pods.is_empty() || c.extended.keys().any(|k| Some(k.as_str()) != extended) {
             continue;
         }
         let r = c.requests;
-        items.push(Item { count: u32::try_from(c.pods.len()).unwrap_or(u32::MAX), need: [r.cpu_millis, r.memory_bytes, r.pods.max(1), c.gpus] });
+        let ext = extended.and_then(|k| c.extended.get(k)).copied().unwrap_or(0);
+        items.push(Item { count: u32::try_from(c.pods.len()).unwrap_or(u32::MAX), need: [r.cpu_millis, r.memory_bytes, r.pods.max(1), ext] });
         item_class.push(ci);
     }
     let mut slots: Vec<Slot> = item_class.iter().flat_map(|&ci| classes[ci].mask.iter().copied()).collect();
@@ -218,7 +228,7 @@ fn relaxation_input(classes: &[Class], offerings: &[Offering], room_of: &dyn Fn(
             let room = room_of(pi, oi);
             let o = &offerings[oi];
             let holds = item_class.iter().enumerate().filter(|(_, &ci)| classes[ci].mask.contains(&(pi, oi))).map(|(i, _)| i).collect();
-            Bin { price: o.price, room: [room.cpu_millis, room.memory_bytes, room.pods, i64::from(o.instance.gpu_count)], items: holds }
+            Bin { price: o.price, room: [room.cpu_millis, room.memory_bytes, room.pods, extended.map_or(0, |k| o.instance.extended_resource(k))], items: holds }
         })
         .collect();
     Input { items, bins, slots, class_of: item_class }

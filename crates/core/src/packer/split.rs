@@ -2,7 +2,9 @@
 //! costs (a big node of the wrong kind, say memory-optimised room bought for pods that two
 //! general-purpose nodes hold exactly).
 
-use super::{Class, Draft, Offering, Resources};
+use std::collections::BTreeMap;
+
+use super::{extended_count, extended_sum, holds_extended, Class, Draft, InstanceType, Offering, Resources};
 
 /// How many of the most expensive nodes are tried.
 const CANDIDATES: usize = 24;
@@ -44,12 +46,12 @@ fn split(d: &Draft, classes: &[Class], offerings: &[Offering], room: &dyn Fn(usi
     pods.sort_by(|a, b| classes[b.0].requests.cmp(&classes[a.0].requests).then(a.1.cmp(b.1)));
     let mut best: Option<(f64, Draft, Draft)> = None;
     for &a in &candidates {
-        let (first, rest) = fill(&pods, room(d.pi, a), i64::from(offerings[a].instance.gpu_count), classes);
+        let (first, rest) = fill(&pods, room(d.pi, a), &offerings[a].instance, classes);
         if first.is_empty() || rest.is_empty() {
             continue;
         }
         let need = rest.iter().fold(Resources::default(), |acc, &(ci, _)| acc + classes[ci].one_pod());
-        let gpus: i64 = rest.iter().map(|&(ci, _)| classes[ci].gpus).sum();
+        let extended = extended_sum(classes, rest.iter().map(|&(ci, _)| (ci, 1)));
         let Some(b) = candidates
             .iter()
             .copied()
@@ -57,7 +59,7 @@ fn split(d: &Draft, classes: &[Class], offerings: &[Offering], room: &dyn Fn(usi
                 let (oa, ob) = (&offerings[a].instance, &offerings[b].instance);
                 oa.vcpu + ob.vcpu <= current.instance.vcpu
                     && oa.memory_mib + ob.memory_mib <= current.instance.memory_mib
-                    && i64::from(ob.gpu_count) >= gpus
+                    && holds_extended(ob, &extended)
                     && need.fits(room(d.pi, b))
             })
             .min_by(|&x, &y| offerings[x].price.total_cmp(&offerings[y].price).then(x.cmp(&y)))
@@ -75,15 +77,18 @@ fn split(d: &Draft, classes: &[Class], offerings: &[Offering], room: &dyn Fn(usi
 /// A pod as (class, name).
 type Unit<'a> = (usize, &'a String);
 
-/// `pods` first fit into `room` and `gpus`: (those placed, the rest).
-fn fill<'a>(pods: &[Unit<'a>], room: Resources, gpus: i64, classes: &[Class]) -> (Vec<Unit<'a>>, Vec<Unit<'a>>) {
-    let (mut left, mut gpus_left) = (room, gpus);
+/// `pods` first fit into `room` on a node of type `t`: (those placed, the rest).
+fn fill<'a>(pods: &[Unit<'a>], room: Resources, t: &InstanceType, classes: &[Class]) -> (Vec<Unit<'a>>, Vec<Unit<'a>>) {
+    let mut left = room;
+    let mut used: BTreeMap<&str, i64> = BTreeMap::new();
     let (mut placed, mut rest) = (Vec::new(), Vec::new());
     for &(ci, p) in pods {
         let need = classes[ci].one_pod();
-        if need.fits(left) && classes[ci].gpus <= gpus_left {
+        if need.fits(left) && extended_count(&classes[ci].extended, |k| t.extended_resource(k) - used.get(k).copied().unwrap_or(0)) >= 1 {
             left = left - need;
-            gpus_left -= classes[ci].gpus;
+            for (k, v) in &classes[ci].extended {
+                *used.entry(k).or_insert(0) += v;
+            }
             placed.push((ci, p));
         } else {
             rest.push((ci, p));

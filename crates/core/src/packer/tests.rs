@@ -424,6 +424,7 @@ fn synthetic(i: usize, vcpu: u32, gib: u64, max_pods: i64, price: f64) -> Offeri
         prices: BTreeMap::new(),
         spot_discount: None,
         facts: BTreeMap::new(),
+        extended: BTreeMap::new(),
     };
     Offering { instance: Arc::new(t), zone: "us-east-1a".into(), capacity: CapacityType::OnDemand, price, pool: None }
 }
@@ -530,7 +531,7 @@ fn class_of(name: &str, n: usize, cpu: i64, gib: i64, offerings: &[Offering], pe
         colocate: false,
         preference: Default::default(),
         mask: slots.into_iter().collect(),
-        gpus: 0,
+        extended: BTreeMap::new(),
         fallback: Vec::new(),
     }
 }
@@ -709,4 +710,56 @@ fn a_pools_own_offering_prices_that_pool_alone() {
     assert_eq!(Offering::find(&offerings, "m6g.large", "us-east-1a", "on-demand").map(|o| o.price), Some(0.05));
     let labels: BTreeMap<&str, &str> = [(crate::labels::INSTANCE_TYPE, "m6g.large"), (crate::labels::ZONE, "us-east-1a"), (crate::labels::KARPENTER_NODEPOOL, "a")].into();
     assert_eq!(Offering::of_node(&offerings, &|k| labels.get(k).map(|v| v.to_string())).map(|o| o.price), Some(0.5));
+}
+
+/// Extended resources other than GPUs (a NodeOverlay's `capacity`) bound every phase of the
+/// packer: the relaxation's fourth dimension (the fuse pods, where the device and not the cpu
+/// is what runs out), the greedy pass for a class that asks for two resources, and the split,
+/// merge and right-sizing of planned nodes. No node holds more than its type offers, and pods
+/// never land on a type without the resource however cheap it is.
+#[test]
+fn overlay_capacity_bounds_every_node() {
+    let sized = |i: usize, vcpu: u32, gib: u64, price: f64, extended: &[(&str, i64)]| {
+        let mut o = synthetic(i, vcpu, gib, 110, price);
+        let mut t = (*o.instance).clone();
+        t.extended = extended.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        o.instance = Arc::new(t);
+        o
+    };
+    let offerings = vec![
+        sized(0, 4, 16, 0.20, &[("smarter-devices/fuse", 2)]),
+        sized(1, 8, 32, 0.45, &[("smarter-devices/fuse", 8), ("example.com/dongle", 1)]),
+        sized(2, 16, 64, 0.30, &[]),
+    ];
+    let with = |mut p: Vec<PendingPod>, extended: &[(&str, i64)]| {
+        for x in &mut p {
+            x.extended = extended.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        }
+        p
+    };
+    let mut all = with(pods("fuse", 30, 500, 512, "linux/amd64"), &[("smarter-devices/fuse", 1)]);
+    all.extend(with(pods("both", 2, 500, 512, "linux/amd64"), &[("smarter-devices/fuse", 1), ("example.com/dongle", 1)]));
+    all.extend(pods("plain", 20, 1000, 2048, "linux/amd64"));
+    all.extend(with(pods("fpga", 1, 500, 512, "linux/amd64"), &[("example.com/fpga", 1)]));
+    let plan = pack(&all, &[pool("default")], &offerings, &[]);
+    assert_eq!(plan.unschedulable.iter().map(|u| u.pod.as_str()).collect::<Vec<_>>(), ["default/fpga-0"], "{:?}", plan.unschedulable);
+    assert!(plan.unschedulable[0].reason.contains("example.com/fpga"), "{:?}", plan.unschedulable);
+    for n in &plan.nodes {
+        let o = offerings.iter().find(|o| o.instance.name == n.instance_type).expect("offering");
+        let mut used: BTreeMap<&str, i64> = BTreeMap::new();
+        for id in &n.pods {
+            let p = all.iter().find(|p| &p.id == id).expect("pod");
+            for (k, v) in &p.extended {
+                *used.entry(k).or_insert(0) += v;
+            }
+        }
+        for (k, v) in &used {
+            assert!(*v <= o.instance.extended_resource(k), "{} holds {v} {k}, its type offers {}: {n:?}", n.instance_type, o.instance.extended_resource(k));
+        }
+    }
+    let on = |prefix: &str| plan.nodes.iter().filter(|n| n.pods.iter().any(|p| p.contains(prefix))).map(|n| n.instance_type.as_str()).collect::<std::collections::BTreeSet<_>>();
+    assert!(!on("fuse").contains("t2"), "{:?}", plan.nodes);
+    assert_eq!(on("both"), ["t1"].into(), "{:?}", plan.nodes);
+    let fuse_nodes = plan.nodes.iter().filter(|n| n.pods.iter().any(|p| p.contains("fuse") || p.contains("both"))).count();
+    assert!(fuse_nodes >= 4, "32 fuse pods need at least four nodes of eight devices: {:?}", plan.nodes);
 }

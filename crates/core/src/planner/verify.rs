@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use super::domains::DomainCache;
 use super::{refusals, Pending};
 use crate::labels::HOSTNAME;
-use crate::packer::{pack_within, Offering, PendingPod, Plan, PlannedNode, Pool, Unschedulable, GPU_RESOURCE};
+use crate::packer::{pack_within, Offering, PendingPod, Plan, PlannedNode, Pool, Unschedulable};
 use crate::requirements::Requirements;
 use crate::sched::resources::ResourceList;
 use crate::sched::{DomainRule, NodeInfo, Snapshot};
@@ -166,9 +166,7 @@ pub(super) fn node_to_be(n: &PlannedNode, name: &str, pools: &[Pool], offerings:
     labels.insert(HOSTNAME.to_string(), name.to_string());
     let room = pool.room(&labels, o.instance.allocatable);
     let mut allocatable = BTreeMap::from([("cpu".to_string(), room.cpu_millis), ("memory".to_string(), room.memory_bytes)]);
-    if o.instance.gpu_count > 0 {
-        allocatable.insert(GPU_RESOURCE.to_string(), i64::from(o.instance.gpu_count));
-    }
+    allocatable.extend(o.instance.extended_resources());
     Some(NodeInfo {
         name: name.to_string(),
         labels,

@@ -142,7 +142,7 @@ fn equal_weights_that_reach_the_same_offering_conflict_and_the_earlier_name_lose
     let o = apply(&[overlay("heavy", json!({"price": "34", "weight": 20})), overlay("light", json!({"price": "2", "weight": 10, "requirements": [req(zone, "In", &["test-zone-1"])]}))], &[], &four());
     assert_eq!((outcome(&o, "heavy"), outcome(&o, "light")), ("ValidationSucceeded", "ValidationSucceeded"));
     assert_eq!(prices(&o), [34.0, 34.0, 34.0, 34.0]);
-    assert_eq!(o.outcomes["light"], Outcome::Applied { offerings: 0, unused: None });
+    assert_eq!(o.outcomes["light"], Outcome::Applied { offerings: 0, types: 0 });
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn overlays_keyed_on_the_nodepool_price_that_pool_alone() {
     for (change, expected) in [(json!({"price": "13234.223"}), 13234.223), (json!({"priceAdjustment": "+1000"}), 1001.02)] {
         let o = apply(&[by_pool("a", "np1", change)], &pools, &one);
         assert_eq!(o.offerings.iter().map(|x| (x.pool.as_deref().map(str::to_string), (x.price * 1e6).round() / 1e6)).collect::<Vec<_>>(), [(None, 1.02), (Some("np1".to_string()), expected)]);
-        assert!(matches!(o.outcomes["a"], Outcome::Applied { offerings: 1, unused: None }), "{:?}", o.outcomes);
+        assert!(matches!(o.outcomes["a"], Outcome::Applied { offerings: 1, types: 0 }), "{:?}", o.outcomes);
     }
     // "for all nodepools": one overlay per pool, same weight: no conflict, each its own price.
     let o = apply(&[by_pool("a", "np1", json!({"priceAdjustment": "+1000"})), by_pool("b", "np2", json!({"priceAdjustment": "+2500"}))], &pools, &one);
@@ -222,20 +222,25 @@ fn overlays_keyed_on_the_nodepool_price_that_pool_alone() {
     assert_eq!((outcome(&o, "z"), outcome(&o, "a")), ("ValidationSucceeded", "Conflict"), "the later name goes first (Karpenter's order), the other conflicts: {:?}", o.outcomes);
 }
 
-/// What Archer does not do as Karpenter does is said, not skipped silently: `capacity` is not
-/// used; a key of the cloud's domain Archer's offerings do not carry is not matched.
+/// What Archer does not do as Karpenter does is said, not skipped silently: a key of the cloud's
+/// domain Archer's offerings do not carry is not matched.
 #[test]
 fn what_archer_cannot_apply_is_said() {
+    // Karpenter's "pricing and capacity adjustment from two overlays on the same instance type"
+    // in one overlay: both apply, and the condition says so.
     let o = apply(&[overlay("fuse", json!({"capacity": {"smarter-devices/fuse": "1"}, "priceAdjustment": "+1000.0"}))], &[], &four());
-    assert!(matches!(&o.outcomes["fuse"], Outcome::Applied { offerings: 4, unused: Some(why) } if why.contains("smarter-devices/fuse")), "{:?}", o.outcomes);
+    assert_eq!(o.outcomes["fuse"], Outcome::Applied { offerings: 4, types: 1 });
+    assert_eq!(o.outcomes["fuse"].archer_applied(), ("True", "Applied", "prices 4 offering(s); sets the capacity of 1 instance type(s)".to_string()));
     assert_eq!(prices(&o), [1001.02, 1002.02, 1003.02, 1004.02]);
+    assert!(o.offerings.iter().all(|x| x.instance.extended_resource("smarter-devices/fuse") == 1));
     // A key of the cloud's domain Archer's offerings do not carry is said, not matched.
     let o = apply(&[overlay("size", json!({"requirements": [req("karpenter.k8s.aws/instance-size", "NotIn", &["large"])], "price": "1"}))], &[], &four());
     assert!(matches!(&o.outcomes["size"], Outcome::NotApplied(why) if why.contains("instance-size")), "{:?}", o.outcomes);
     assert_eq!(prices(&o), [1.02, 2.02, 3.02, 4.02]);
     // Capacity written as a number (as the API returns it) reads as a quantity.
     let fuse = overlay("fuse", json!({"capacity": {"smarter-devices/fuse": 1, "hugepages-2Mi": "100Mi"}}));
-    assert_eq!(validate(&fuse).expect("valid").capacity, BTreeMap::from([("hugepages-2Mi".to_string(), "100Mi".to_string()), ("smarter-devices/fuse".to_string(), "1".to_string())]));
+    assert_eq!(validate(&fuse).expect("valid").capacity, BTreeMap::from([("hugepages-2Mi".to_string(), 100 * 1024 * 1024), ("smarter-devices/fuse".to_string(), 1)]));
+    assert!(!valid(json!({"capacity": {"smarter-devices/fuse": "lots"}})), "a capacity that is no quantity is invalid");
     // Lte of the largest integer bounds nothing (no overflow).
     assert!(valid(json!({"requirements": [req("karpenter.k8s.aws/instance-generation", "Lte", &["9223372036854775807"])]})));
     // An invalid overlay applies nowhere, and says why.
@@ -269,4 +274,108 @@ fn the_overlays_replacing_retired_price_overrides_price_as_the_rules_did() {
     let out = apply(&overlays, &[], &all);
     // m6i.xlarge: the first rule (its fixed rate) wins over the family's discount, as before.
     assert_eq!(prices(&out), [0.072, 0.04, 0.1, 0.1, 0.0693, 0.096]);
+}
+
+/// Karpenter's instance types of `suite_test.go` by their roles: `default-instance-type`,
+/// `small-instance-type`, `gpu-vendor-instance-type` (here three types of the embedded catalog,
+/// one on-demand offering each).
+fn three() -> Vec<Offering> {
+    vec![offering("m7g.large", "test-zone-1", OnDemand, 1.0), offering("m7g.medium", "test-zone-1", OnDemand, 0.5), offering("g5g.xlarge", "test-zone-1", OnDemand, 3.0)]
+}
+const DEFAULT: &str = "m7g.large";
+const SMALL: &str = "m7g.medium";
+const GPU: &str = "g5g.xlarge";
+
+fn with_capacity(name: &str, types: (&str, &[&str]), weight: i32, capacity: serde_json::Value) -> Arc<NodeOverlay> {
+    overlay(name, json!({"requirements": [req(labels::INSTANCE_TYPE, types.0, types.1)], "weight": weight, "capacity": capacity}))
+}
+
+/// One type's amount of `resource` after the overlays (the shared offering's).
+fn amount(o: &Overlaid, it: &str, resource: &str) -> i64 {
+    o.offerings.iter().find(|x| x.pool.is_none() && x.instance.name == it).map(|x| x.instance.extended_resource(resource)).expect("offering")
+}
+
+/// `suite_test.go`'s "Capacity Adjustment" validation cases: two overlays of one weight setting
+/// one resource of one type conflict (the earlier name, which Karpenter reaches second), even
+/// when they set the same amount; different resources, exclusive requirements or different
+/// weights do not; and a conflict is with the last overlay to set the type, not the first.
+#[test]
+fn capacity_overlays_conflict_as_karpenters() {
+    let fuse = |n: &str| json!({"smarter-devices/fuse": n});
+    // (overlays, each one's expected reason)
+    type Case<'a> = (Vec<Arc<NodeOverlay>>, &'a [(&'a str, &'a str)]);
+    let cases: [Case; 6] = [
+        // "should fail with conflicting capacity overlays with overlapping requirements"
+        (vec![with_capacity("overlay-a", ("In", &[DEFAULT, SMALL]), 10, fuse("1")), with_capacity("overlay-b", ("In", &[DEFAULT, GPU]), 10, fuse("54"))], &[("overlay-a", "Conflict"), ("overlay-b", "ValidationSucceeded")]),
+        // "... with multiple overlays": the one that conflicts is the last to set the type.
+        (
+            vec![
+                with_capacity("conflicting-overlay-1", ("In", &[DEFAULT, SMALL]), 10, json!({"hugepage-1Gi": "2Gi"})),
+                with_capacity("good-overlay-1", ("In", &[DEFAULT]), 10, fuse("1")),
+                with_capacity("conflicting-overlay-2", ("In", &[DEFAULT]), 10, json!({"hugepage-1Gi": "3Gi"})),
+            ],
+            &[("conflicting-overlay-1", "Conflict"), ("good-overlay-1", "ValidationSucceeded"), ("conflicting-overlay-2", "ValidationSucceeded")],
+        ),
+        // "... are the same overlays with overlapping requirements": equal amounts conflict too.
+        (vec![with_capacity("overlay-a", ("In", &[DEFAULT, SMALL]), 10, fuse("54")), with_capacity("overlay-b", ("In", &[DEFAULT, GPU]), 10, fuse("54"))], &[("overlay-a", "Conflict"), ("overlay-b", "ValidationSucceeded")]),
+        // "... with mutually exclusive requirements"
+        (vec![with_capacity("overlay-a", ("In", &[DEFAULT]), 10, fuse("54")), with_capacity("overlay-b", ("NotIn", &[DEFAULT]), 10, fuse("5"))], &[("overlay-a", "ValidationSucceeded"), ("overlay-b", "ValidationSucceeded")]),
+        // "... with mutually exclusive weights"
+        (vec![with_capacity("overlay-a", ("In", &[DEFAULT]), 10, fuse("55")), with_capacity("overlay-b", ("In", &[DEFAULT, GPU]), 20, fuse("5"))], &[("overlay-a", "ValidationSucceeded"), ("overlay-b", "ValidationSucceeded")]),
+        // "should pass with non conflicting capacity overlays with overlapping requirements"
+        (vec![with_capacity("overlay-a", ("In", &[DEFAULT]), 10, fuse("55")), with_capacity("overlay-b", ("In", &[DEFAULT, GPU]), 20, json!({"smarter-devices/buz": "5"}))], &[("overlay-a", "ValidationSucceeded"), ("overlay-b", "ValidationSucceeded")]),
+    ];
+    for (overlays, expected) in cases {
+        let o = apply(&overlays, &[], &three());
+        for (name, reason) in expected {
+            assert_eq!(outcome(&o, name), *reason, "{name}: {:?}", o.outcomes);
+        }
+    }
+    // A capacity conflict keeps the overlay's price out too (no partial application).
+    let o = apply(&[with_capacity("b", ("In", &[DEFAULT]), 10, fuse("1")), overlay("a", json!({"requirements": [req(labels::INSTANCE_TYPE, "In", &[DEFAULT])], "weight": 10, "capacity": fuse("2"), "price": "9"}))], &[], &three());
+    assert_eq!((outcome(&o, "a"), amount(&o, DEFAULT, "smarter-devices/fuse")), ("Conflict", 1));
+    assert_eq!(prices(&o), [1.0, 0.5, 3.0]);
+}
+
+/// `suite_test.go`'s "Instance Type Controller" capacity cases: an overlay gives the types it
+/// selects its resources and no other type; several overlays' resources add up on one type;
+/// the heavier overlay's amount wins; an invalid overlay gives nothing; a NodePool's overlay
+/// sizes that pool's offerings alone; an overlay that conflicts on one type gives no type
+/// anything.
+#[test]
+fn capacity_overlays_size_the_types_they_select_as_karpenters() {
+    let fuse = |n: &str| json!({"smarter-devices/fuse": n});
+    // "should apply capacity adjustments for instances types" / "... that do not overlap"
+    let o = apply(&[with_capacity("a", ("In", &[DEFAULT]), 10, fuse("1"))], &[], &three());
+    assert_eq!([DEFAULT, SMALL, GPU].map(|t| amount(&o, t, "smarter-devices/fuse")), [1, 0, 0]);
+    // "should update capacity for instance types from multiple overlays"
+    let o = apply(&[with_capacity("a", ("In", &[DEFAULT, SMALL]), 10, fuse("1")), with_capacity("b", ("In", &[DEFAULT, GPU]), 20, json!({"hugepages-2Mi": "100Mi"}))], &[], &three());
+    assert_eq!([DEFAULT, SMALL, GPU].map(|t| (amount(&o, t, "smarter-devices/fuse"), amount(&o, t, "hugepages-2Mi"))), [(1, 100 << 20), (1, 0), (0, 100 << 20)]);
+    // "should apply higher weight overlay when multiple overlays match the same instance type"
+    let o = apply(&[with_capacity("light", ("In", &[DEFAULT]), 10, fuse("1")), with_capacity("heavy", ("In", &[DEFAULT]), 20, fuse("8"))], &[], &three());
+    assert_eq!(amount(&o, DEFAULT, "smarter-devices/fuse"), 8);
+    // An overlay may set a type's GPUs: it replaces the catalog's count, as `lo.Assign` does.
+    let o = apply(&[with_capacity("gpus", ("In", &[GPU]), 10, json!({"nvidia.com/gpu": "4"}))], &[], &three());
+    assert_eq!((amount(&o, GPU, "nvidia.com/gpu"), three()[2].instance.extended_resource("nvidia.com/gpu")), (4, 1));
+    // "should not apply capacity adjustments for invalid overlay"
+    let o = apply(&[with_capacity("bad", ("In", &[DEFAULT]), 10, json!({"memory": "1Gi", "smarter-devices/fuse": "1"}))], &[], &three());
+    assert_eq!((outcome(&o, "bad"), amount(&o, DEFAULT, "smarter-devices/fuse")), ("RuntimeValidation", 0));
+    // "should that there is not a partial application for instance types": b conflicts with a
+    // on DEFAULT, so SMALL gets nothing from it either.
+    let o = apply(&[with_capacity("b", ("In", &[DEFAULT]), 10, fuse("1")), with_capacity("a", ("In", &[DEFAULT, SMALL]), 10, fuse("2"))], &[], &three());
+    assert_eq!((outcome(&o, "a"), amount(&o, SMALL, "smarter-devices/fuse")), ("Conflict", 0));
+    // "should only apply override for nodepool that defined in the overlay requirements"
+    let np = |name: &str| -> Arc<NodePool> { Arc::new(serde_json::from_value(json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name}, "spec": {"template": {"spec": {"requirements": []}}}})).expect("pool")) };
+    let pools = [np("np1"), np("np2")];
+    let for_np1 = overlay("np1-fuse", json!({"requirements": [req("karpenter.sh/nodepool", "In", &["np1"])], "weight": 10, "capacity": fuse("3")}));
+    let o = apply(std::slice::from_ref(&for_np1), &pools, &three());
+    let own: Vec<(String, i64, f64)> = o.offerings.iter().filter(|x| x.pool.is_some()).map(|x| (format!("{}/{}", x.pool.as_deref().unwrap_or(""), x.instance.name), x.instance.extended_resource("smarter-devices/fuse"), x.price)).collect();
+    assert_eq!(own, [(format!("np1/{DEFAULT}"), 3, 1.0), (format!("np1/{SMALL}"), 3, 0.5), (format!("np1/{GPU}"), 3, 3.0)], "np1's own offerings, at the shared price");
+    assert_eq!([DEFAULT, SMALL, GPU].map(|t| amount(&o, t, "smarter-devices/fuse")), [0, 0, 0], "np2 and the shared offerings get nothing");
+    // "should pass with conflicting capcaity update overlays for all nodepools": one per pool.
+    let for_np2 = overlay("np2-fuse", json!({"requirements": [req("karpenter.sh/nodepool", "In", &["np2"])], "weight": 10, "capacity": fuse("5")}));
+    let o = apply(&[for_np1, for_np2], &pools, &three());
+    assert!(o.outcomes.values().all(|x| matches!(x, Outcome::Applied { types: 3, .. })), "{:?}", o.outcomes);
+    let of_pool = |pool: &str| o.offerings.iter().find(|x| x.pool.as_deref() == Some(pool) && x.instance.name == DEFAULT).map(|x| x.instance.extended_resource("smarter-devices/fuse"));
+    assert_eq!((of_pool("np1"), of_pool("np2")), (Some(3), Some(5)));
 }
