@@ -197,6 +197,27 @@ pub struct RegistryConfig {
     pub docker_config: Option<PathBuf>,
     /// Extra PEM CA bundle trusted for registries.
     pub ca_file: Option<PathBuf>,
+    /// A containerd `hosts.toml` tree (`config_path`, e.g. `/etc/containerd/certs.d`): each
+    /// registry's mirrors and `server`, read at start, after `mirrors`.
+    pub hosts_dir: Option<PathBuf>,
+    /// Private ECR images read with Archer's own AWS identity.
+    pub ecr: EcrConfig,
+}
+
+/// Archer's own AWS identity for private ECR images (IRSA, EKS Pod Identity, the instance role),
+/// asked for `<account>.dkr.ecr.<region>.amazonaws.com` images no pull secret of the pod covers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct EcrConfig {
+    pub enabled: bool,
+    /// ECR's API endpoint instead of AWS's (a VPC endpoint); `AWS_ENDPOINT_URL_ECR` works too.
+    pub endpoint: Option<String>,
+}
+
+impl Default for EcrConfig {
+    fn default() -> Self {
+        Self { enabled: true, endpoint: None }
+    }
 }
 
 impl Default for RegistryConfig {
@@ -218,6 +239,8 @@ impl Default for RegistryConfig {
             max_bytes_per_pod: 16 * 1024 * 1024,
             docker_config: None,
             ca_file: None,
+            hosts_dir: None,
+            ecr: EcrConfig::default(),
         }
     }
 }

@@ -333,3 +333,46 @@ async fn gate_mode_without_its_controller_never_holds_a_pod() {
     assert!(patched["spec"].get("schedulingGates").is_none(), "{patched}");
     assert_eq!(patched["metadata"]["annotations"]["archer.dev/decision"], "inspection-failed");
 }
+
+/// A private ECR image with no pull secret (issue #43): Archer reads it with its own AWS
+/// identity (the standard chain; here moto's `GetAuthorizationToken`, whose token is
+/// `AWS:<account>-auth-token`) against the real `docker-registry` with htpasswd for that user,
+/// the ECR host name reaching it through a `hosts.toml` `server` (Archer's own mirror
+/// configuration, not `/etc/hosts`). Without the identity, or when it fails, the pod says why in
+/// `archer.dev/inspection-error`, and `archer_registry_auth_failures_total{registry,reason}`
+/// counts it: never a silent no-op.
+#[tokio::test]
+async fn a_private_ecr_image_without_a_pull_secret_is_read_with_archers_aws_identity() {
+    let moto = common::moto::Moto::start().await;
+    let reg = Registry::start_with_auth("AWS", "123456789012-auth-token").await;
+    reg.push_image("team/app", "1", "linux/arm64", true).await;
+    // Another account's registry: the region's token reaches every registry the principal may.
+    let ecr = "111122223333.dkr.ecr.eu-west-1.amazonaws.com";
+    let hosts = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(hosts.path().join(ecr)).expect("dir");
+    std::fs::write(hosts.path().join(ecr).join("hosts.toml"), format!("server = \"http://{}\"\n", reg.host)).expect("write");
+    let config = |ecr_settings: &str| format!("registry:\n  insecure: [\"{}\"]\n  hostsDir: {}\n  timeoutSeconds: 3\n  ecr:\n{ecr_settings}", reg.host, hosts.path().display());
+    let image = format!("{ecr}/team/app:1");
+
+    let archer = Archer::start(&config(&format!("    endpoint: {}\n", moto.endpoint)), &[]).await;
+    let (resp, p) = archer.admit(&pod("ecr", &[&image])).await;
+    assert_eq!(resp["allowed"], true);
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/arm64", "{resp}");
+    assert_eq!(arch_values(&p), [vec!["arm64".to_string()]], "decided as a public image would be");
+
+    // The identity off: the registry asks for a credential Archer does not have.
+    let off = Archer::start(&config("    enabled: false\n"), &[]).await;
+    let (_, p) = off.admit(&pod("no-identity", &[&image])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/decision"], "inspection-failed");
+    let why = p["metadata"]["annotations"]["archer.dev/inspection-error"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains(ecr) && why.contains("denied access"), "{why}");
+    assert_eq!(off.metric(&format!("archer_registry_auth_failures_total{{registry=\"{ecr}\",reason=\"no_credential\"}}")).await, 1.0);
+
+    // The identity failing (no ECR endpoint answers): said, with the identity's own reason.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let failing = Archer::start(&config(&format!("    endpoint: {dead}\n")), &[]).await;
+    let (_, p) = failing.admit(&pod("failing", &[&image])).await;
+    let why = p["metadata"]["annotations"]["archer.dev/inspection-error"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains(&format!("no ecr credential for {ecr}")) && why.contains("GetAuthorizationToken in eu-west-1"), "{why}");
+    assert_eq!(failing.metric(&format!("archer_registry_auth_failures_total{{registry=\"{ecr}\",reason=\"identity\"}}")).await, 1.0);
+}

@@ -151,7 +151,25 @@ pub fn inspector(cfg: &Config, metrics: std::sync::Arc<archer_registry::metrics:
     let client = archer_registry::RegistryClient::new(client_settings(cfg, budget)?)
         .map_err(anyhow::Error::msg)?
         .count_requests_in(metrics.registry_requests.clone());
-    Ok(archer_registry::Inspector::new(client, &cache_settings(cfg), metrics))
+    let inspector = archer_registry::Inspector::new(client, &cache_settings(cfg), metrics);
+    Ok(with_identities(inspector, cfg))
+}
+
+/// The inspector signing in to the clouds' private registries with Archer's own identity.
+#[cfg(feature = "aws")]
+fn with_identities(inspector: archer_registry::Inspector, cfg: &Config) -> archer_registry::Inspector {
+    if !cfg.registry.ecr.enabled {
+        return inspector;
+    }
+    inspector.with_identity(std::sync::Arc::new(archer_cloud_aws::ecr::Ecr::from_chain(cfg.registry.ecr.endpoint.clone())))
+}
+
+#[cfg(not(feature = "aws"))]
+fn with_identities(inspector: archer_registry::Inspector, cfg: &Config) -> archer_registry::Inspector {
+    if cfg.registry.ecr.enabled {
+        tracing::debug!("built without the aws feature: private ECR images are read with pull secrets only");
+    }
+    inspector
 }
 
 /// The registry client's settings from the config's `registry` section; its reads draw from
@@ -162,16 +180,54 @@ pub fn client_settings(cfg: &Config, budget: archer_limits::MemoryBudget) -> any
         Some(p) => Some(std::fs::read(p).with_context(|| format!("reading registry.caFile {}", p.display()))?),
         None => None,
     };
-    let mirrors = r.mirrors.iter().map(|(k, v)| (archer_registry::reference::normalise_registry(k).unwrap_or_else(|| k.clone()), v.clone())).collect();
     let guard = archer_registry::AddressGuard::new(&r.deny, &r.allow, &r.insecure).map_err(|e| anyhow::anyhow!("registry: {e}"))?;
+    let (hosts, extra_ca_pem) = registry_hosts(r, &guard, extra_ca_pem)?;
     Ok(archer_registry::ClientSettings {
         guard: std::sync::Arc::new(guard),
-        mirrors,
+        hosts,
         max_body_bytes: r.max_manifest_bytes,
         connect_timeout: std::time::Duration::from_secs_f64(r.timeout_seconds.min(2.0)),
         extra_ca_pem,
         budget,
     })
+}
+
+/// Each registry's hosts, and the CA bundle with the hosts tree's CA files added.
+type HostsAndCa = (std::collections::BTreeMap<String, archer_registry::hosts::RegistryHosts>, Option<Vec<u8>>);
+
+/// Each registry's mirrors and server: `registry.mirrors`, then a `hosts.toml` tree's
+/// (`registry.hostsDir`), whose CA files join the trusted bundle. A plain-HTTP host must be one
+/// of `registry.insecure`, and an `https://` one must not be (the client reaches those over HTTP).
+fn registry_hosts(r: &crate::config::RegistryConfig, guard: &archer_registry::AddressGuard, mut ca: Option<Vec<u8>>) -> anyhow::Result<HostsAndCa> {
+    use archer_registry::hosts::{Mirror, RegistryHosts};
+    let mut hosts: std::collections::BTreeMap<String, RegistryHosts> = std::collections::BTreeMap::new();
+    for (registry, mirrors) in &r.mirrors {
+        let key = archer_registry::reference::normalise_registry(registry).unwrap_or_else(|| registry.clone());
+        let entry = hosts.entry(key).or_default();
+        entry.mirrors.extend(mirrors.iter().map(|m| Mirror { host: archer_registry::reference::normalise_registry(m).unwrap_or_else(|| m.clone()), resolve: true, plain_http: guard.is_insecure(m) }));
+    }
+    if let Some(dir) = &r.hosts_dir {
+        let read = archer_registry::hosts::read_dir(dir).with_context(|| format!("registry.hostsDir {}", dir.display()))?;
+        for (registry, h) in read.registries {
+            for m in h.mirrors.iter().chain(&h.server) {
+                match (m.plain_http, guard.is_insecure(&m.host)) {
+                    (true, false) => anyhow::bail!("registry.hostsDir: {registry} names http://{}: list it in registry.insecure to reach it over plain HTTP", m.host),
+                    (false, true) => anyhow::bail!("registry.hostsDir: {registry} names https://{}, which registry.insecure reaches over plain HTTP", m.host),
+                    _ => {}
+                }
+            }
+            let entry = hosts.entry(registry).or_default();
+            entry.mirrors.extend(h.mirrors);
+            entry.server = h.server;
+        }
+        for f in read.ca_files {
+            let pem = std::fs::read(&f).with_context(|| format!("registry.hostsDir: reading CA {}", f.display()))?;
+            let bundle = ca.get_or_insert_with(Vec::new);
+            bundle.push(b'\n');
+            bundle.extend(pem);
+        }
+    }
+    Ok((hosts, ca))
 }
 
 /// The image cache's settings from the config's `registry` section.

@@ -101,15 +101,12 @@ where
 }
 
 /// The credentials for a pod's images: its namespace's pull secrets (pod's and service account's)
-/// first, then the mounted docker config. Standalone: the mounted config only.
+/// first, then (as the fallback, which Archer's cloud identity comes before) the mounted docker
+/// config. Standalone: the mounted config only.
 pub async fn pod_keyring(cluster: Option<&ClusterView>, base: &Keyring, namespace: &str, pod: &Pod) -> Keyring {
     match cluster {
-        Some(c) => {
-            let mut ring = c.pull_keyring(namespace, pod).await;
-            ring.extend(base.clone());
-            ring
-        }
-        None => base.clone(),
+        Some(c) => c.pull_keyring(namespace, pod).await.with_fallback(base.clone()),
+        None => Keyring::default().with_fallback(base.clone()),
     }
 }
 

@@ -9,8 +9,10 @@
 //! - `prices`: the Price List Query API's on-demand prices of a region;
 //! - `launch`: launch templates, the fleet request and what it answers;
 //! - `instances`: finding, listing and terminating this cluster's instances;
-//! - `interruption`: the SQS queue of EventBridge interruption events.
+//! - `interruption`: the SQS queue of EventBridge interruption events;
+//! - `ecr`: private ECR images read with Archer's own identity (the registry client's sign-in).
 
+pub mod ecr;
 pub mod interruption;
 pub mod launch;
 pub mod nodeclass;

@@ -20,6 +20,7 @@ use url::Url;
 use super::credentials::Credential;
 use super::error::RegistryError;
 use super::guard::{AddressGuard, GuardedResolver, MAX_REDIRECTS};
+use super::hosts::RegistryHosts;
 use super::reference::{api_host, ImageRef};
 use archer_core::platform::{Platform, PlatformSet};
 use archer_limits::{MemoryBudget, MemoryPermit};
@@ -59,8 +60,10 @@ const MAX_RATE_LIMIT_RETRIES: usize = 3;
 #[derive(Debug, Clone)]
 pub struct ClientSettings {
     pub guard: Arc<AddressGuard>,
-    /// registry -> mirrors tried before it, in order.
-    pub mirrors: BTreeMap<String, Vec<String>>,
+    /// registry (`_default`: every registry without its own) -> its mirrors, tried before it in
+    /// order and never sent the image's pull credential, and the host standing for it
+    /// (`hosts.toml`'s `server`), read in its place and sent the credential.
+    pub hosts: BTreeMap<String, RegistryHosts>,
     pub max_body_bytes: usize,
     pub connect_timeout: Duration,
     /// Extra PEM CA bundle trusted for registries (besides the system roots).
@@ -74,7 +77,7 @@ impl Default for ClientSettings {
     fn default() -> Self {
         Self {
             guard: Arc::new(AddressGuard::default()),
-            mirrors: BTreeMap::new(),
+            hosts: BTreeMap::new(),
             max_body_bytes: 8 * 1024 * 1024,
             connect_timeout: Duration::from_secs(2),
             extra_ca_pem: None,
@@ -191,12 +194,14 @@ impl RegistryClient {
         Err(last.unwrap_or_else(|| RegistryError::Unavailable("no endpoint".into())))
     }
 
-    /// The registries an image is read from, in order: its mirrors, then its own (the last,
-    /// the only one sent the pull credential).
+    /// The registries an image is read from, in order: its mirrors (those that may resolve a
+    /// tag, for a tag), then its own or the host standing for it (the last, the only one sent
+    /// the pull credential).
     pub(crate) fn endpoints(&self, image: &ImageRef) -> Result<Vec<String>, RegistryError> {
         self.settings.guard.check_registry(&image.registry)?;
-        let mut endpoints: Vec<String> = self.settings.mirrors.get(&image.registry).cloned().unwrap_or_default();
-        endpoints.push(image.registry.clone());
+        let hosts = self.settings.hosts.get(&image.registry).or_else(|| self.settings.hosts.get(crate::hosts::DEFAULT));
+        let mut endpoints: Vec<String> = hosts.iter().flat_map(|h| &h.mirrors).filter(|m| m.resolve || image.digest.is_some()).map(|m| m.host.clone()).collect();
+        endpoints.push(hosts.and_then(|h| h.server.as_ref()).map_or_else(|| image.registry.clone(), |m| m.host.clone()));
         Ok(endpoints)
     }
 

@@ -57,10 +57,13 @@ struct DockerConfigJson {
     auths: BTreeMap<String, AuthEntry>,
 }
 
-/// Credentials by registry, in the order they were added (first match wins, as in the kubelet).
+/// Credentials by registry, in the order they were added (first match wins, as in the kubelet):
+/// a pod's own (its pull secrets and its service account's), then a fallback (the mounted docker
+/// config), which Archer's cloud identity comes before.
 #[derive(Debug, Clone, Default)]
 pub struct Keyring {
     entries: Vec<(String, Credential)>,
+    fallback: Vec<(String, Credential)>,
 }
 
 impl Keyring {
@@ -95,15 +98,33 @@ impl Keyring {
 
     pub fn extend(&mut self, other: Keyring) {
         self.entries.extend(other.entries);
+        self.fallback.extend(other.fallback);
+    }
+
+    /// This keyring with every entry of `base` after its own, as the fallback.
+    pub fn with_fallback(mut self, base: Keyring) -> Keyring {
+        self.fallback.extend(base.entries);
+        self.fallback.extend(base.fallback);
+        self
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_empty() && self.fallback.is_empty()
     }
 
     /// The credential for a registry (`host[:port]`); `*.example.com` entries match subdomains.
     pub fn lookup(&self, registry: &str) -> Option<&Credential> {
+        self.own(registry).or_else(|| self.fallback(registry))
+    }
+
+    /// The credential for a registry among the pod's own entries.
+    pub fn own(&self, registry: &str) -> Option<&Credential> {
         self.entries.iter().find(|(k, _)| matches(k, registry)).map(|(_, c)| c)
+    }
+
+    /// The credential for a registry among the fallback entries.
+    pub fn fallback(&self, registry: &str) -> Option<&Credential> {
+        self.fallback.iter().find(|(k, _)| matches(k, registry)).map(|(_, c)| c)
     }
 }
 

@@ -30,6 +30,9 @@ pub enum RegistryError {
     PodBytesExceeded,
     #[error("archer is at its memory budget: {0}")]
     Busy(String),
+    /// Archer's own identity could not sign in to the registry (its cloud's token exchange).
+    #[error("no {identity} credential for {registry}: {why}")]
+    Identity { identity: &'static str, registry: String, why: String },
 }
 
 impl RegistryError {
@@ -48,6 +51,7 @@ impl RegistryError {
             RegistryError::Unavailable(_) => "unavailable",
             RegistryError::PodBytesExceeded => "pod_bytes_exceeded",
             RegistryError::Busy(_) => "memory_budget",
+            RegistryError::Identity { .. } => "identity",
         }
     }
 

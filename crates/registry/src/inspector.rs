@@ -9,7 +9,8 @@ use moka::future::Cache;
 use tokio::time::Instant;
 
 use super::client::{Inspection, ReadAllowance, RegistryClient};
-use super::credentials::Keyring;
+use super::credentials::{Credential, Keyring};
+use super::identity::RegistryIdentity;
 use super::entrypoint::{Bound, EntrypointCheck, EntrypointLimits, Undetermined};
 use super::error::RegistryError;
 use super::reference::ImageRef;
@@ -66,7 +67,15 @@ pub struct Inspector {
     entrypoint_limits: EntrypointLimits,
     /// Entrypoint checks running at once.
     entrypoint_slots: Arc<tokio::sync::Semaphore>,
+    /// Archer's own cloud identities, asked for registries a pod's own pull secrets do not cover.
+    identities: Vec<Arc<dyn RegistryIdentity>>,
+    /// The registries the auth-failure metric has named so far.
+    auth_registries: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
+
+/// Registries the auth-failure metric names; failures at others count as `other` (image names,
+/// and so registries, are the tenants' to choose).
+pub const AUTH_FAILURE_REGISTRIES: usize = 64;
 
 /// Entrypoint checks run at most this many at a time (each streams up to its byte bound).
 const ENTRYPOINT_CHECKS: usize = 2;
@@ -97,7 +106,59 @@ impl Inspector {
             entrypoints: Cache::builder().max_capacity(ENTRYPOINT_CACHE_BYTES).weigher(weigh_check).build(),
             entrypoint_limits: EntrypointLimits::default(),
             entrypoint_slots: Arc::new(tokio::sync::Semaphore::new(ENTRYPOINT_CHECKS)),
+            identities: Vec::new(),
+            auth_registries: Default::default(),
         }
+    }
+
+    /// Sign in to the registries `identity` covers with it, after a pod's own pull secrets and
+    /// before the mounted docker config.
+    pub fn with_identity(mut self, identity: Arc<dyn RegistryIdentity>) -> Self {
+        self.identities.push(identity);
+        self
+    }
+
+    /// The credential an image of `registry` is read with: the pod's own (pull secrets), else
+    /// Archer's identity for that registry, else the fallback (the mounted docker config). An
+    /// identity that fails with no fallback to take its place is an error: the pod is not
+    /// decided, and says why.
+    async fn credential_for(&self, registry: &str, keyring: &Keyring) -> Result<Option<Credential>, RegistryError> {
+        if let Some(own) = keyring.own(registry) {
+            return Ok(Some(own.clone()));
+        }
+        let fallback = keyring.fallback(registry).cloned();
+        let Some(identity) = self.identities.iter().find(|i| i.covers(registry)) else { return Ok(fallback) };
+        match identity.credential(registry).await {
+            Ok(c) => Ok(Some(c)),
+            Err(why) if fallback.is_none() => Err(RegistryError::Identity { identity: identity.name(), registry: registry.to_string(), why }),
+            Err(why) => {
+                tracing::warn!(registry, identity = identity.name(), error = %why, "the identity's credential failed: the mounted docker config's is used");
+                Ok(fallback)
+            }
+        }
+    }
+
+    /// Count a failure to sign in: the registry denied the credential Archer had (`denied`), or
+    /// asked for one Archer had none for (`no_credential`), or Archer's identity got none
+    /// (`identity`). The registry label is bounded: past [`AUTH_FAILURE_REGISTRIES`] registries,
+    /// `other`.
+    fn count_auth_failure(&self, registry: &str, had_credential: bool, e: &RegistryError) {
+        let reason = match e {
+            RegistryError::Unauthorized { .. } if had_credential => "denied",
+            RegistryError::Unauthorized { .. } => "no_credential",
+            RegistryError::Identity { .. } => "identity",
+            _ => return,
+        };
+        let registry = {
+            let mut seen = self.auth_registries.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.contains(registry) || seen.len() < AUTH_FAILURE_REGISTRIES {
+                seen.insert(registry.to_string());
+                registry.to_string()
+            } else {
+                "other".to_string()
+            }
+        };
+        self.metrics.auth_failures.get_or_create(&vec![("registry", registry), ("reason", reason.to_string())]).inc();
     }
 
     /// The bounds of each entrypoint check (`EntrypointLimits::default()` unless set).
@@ -117,7 +178,7 @@ impl Inspector {
         if let Some(d) = digest {
             parsed.digest = ImageRef::parse(&format!("{}@{d}", parsed.name()))?.digest;
         }
-        let cred = keyring.lookup(&parsed.registry).cloned();
+        let cred = self.credential_for(&parsed.registry, keyring).await?;
         let who = cred.as_ref().map(|c| c.fingerprint()).unwrap_or_default();
         // Kept by digest alone: a tag beside it changes nothing the check reads.
         let key = format!("{}@{}#{arch}#{who}", parsed.name(), parsed.digest.as_deref().unwrap_or_default());
@@ -170,18 +231,23 @@ impl Inspector {
     }
 
     async fn inspect_within(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance) -> Result<Arc<Inspection>, RegistryError> {
-        let result = self.inspect_inner(image, keyring, allowance).await;
+        let mut had_credential = false;
+        let result = self.inspect_inner(image, keyring, allowance, &mut had_credential).await;
         if let Err(e) = &result {
             self.metrics.image_lookups.get_or_create(&label("result", "error")).inc();
             self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
+            if let Ok(parsed) = ImageRef::parse(image) {
+                self.count_auth_failure(&parsed.registry, had_credential, e);
+            }
             tracing::warn!(reason = e.reason(), error = %e, "image inspection failed");
         }
         result
     }
 
-    async fn inspect_inner(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance) -> Result<Arc<Inspection>, RegistryError> {
+    async fn inspect_inner(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance, had_credential: &mut bool) -> Result<Arc<Inspection>, RegistryError> {
         let parsed = ImageRef::parse(image)?;
-        let cred = keyring.lookup(&parsed.registry).cloned();
+        let cred = self.credential_for(&parsed.registry, keyring).await?;
+        *had_credential = cred.is_some();
         let who = cred.as_ref().map(|c| c.fingerprint()).unwrap_or_default();
         let key = format!("{parsed}#{who}");
         let cache = if parsed.digest.is_some() { &self.by_digest } else { &self.by_tag };

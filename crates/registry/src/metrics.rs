@@ -14,6 +14,9 @@ pub struct RegistryMetrics {
     pub inspection_failures: Family<Labels, Counter>,
     /// Registry HTTP exchanges that got a response (manifests, blobs, tokens, retries included).
     pub registry_requests: Counter,
+    /// Failures to sign in to a registry, by registry and reason (denied, no_credential,
+    /// identity).
+    pub auth_failures: Family<Labels, Counter>,
 }
 
 impl RegistryMetrics {
@@ -28,5 +31,6 @@ impl RegistryMetrics {
         r.register("image_lookups", "Image platform lookups, by cache result", self.image_lookups.clone());
         r.register("image_inspection_failures", "Images that could not be inspected, by reason", self.inspection_failures.clone());
         r.register("registry_requests", "Registry HTTP requests answered (manifests, blobs, tokens)", self.registry_requests.clone());
+        r.register("registry_auth_failures", "Failures to sign in to a registry, by registry and reason (denied, no_credential, identity)", self.auth_failures.clone());
     }
 }

@@ -44,6 +44,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $_ := set $prov "schedulerNames" (append $names .Values.extender.secondScheduler.schedulerName | uniq) -}}
 {{- end -}}
 {{- $_ := set $cfg "provisioner" $prov -}}
+{{- if .Values.registryHosts -}}
+{{- $reg := deepCopy (default dict $cfg.registry) -}}
+{{- $_ := set $reg "hostsDir" "/etc/archer/certs.d" -}}
+{{- $_ := set $cfg "registry" $reg -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
