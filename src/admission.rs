@@ -57,7 +57,7 @@ pub async fn decide(d: &Deciding<'_>, pod: &Pod, namespace: &str, policy: &Polic
                 }
                 left
             });
-            ImageFinding { image: image.clone(), platforms: platforms.map_err(|e| e.to_string()) }
+            ImageFinding { image: image.clone(), platforms: platforms.map_err(|e| e.with_reason()) }
         })
         .collect();
     let inspected = findings.iter().all(|f| f.platforms.is_ok());

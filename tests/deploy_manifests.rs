@@ -404,10 +404,53 @@ fn the_aws_iam_policy_is_exactly_what_the_provider_calls() {
     for c in &called {
         assert!(allowed.contains(c), "the provider calls {c} but the policy does not allow it");
     }
+    assert!(!allowed.iter().any(|a| a.starts_with("ecr:")), "reading private ECR images is deploy/aws/iam-policy-ecr.json's, for every mode");
     // RunInstances and CreateTags come with CreateFleet, PassRole with the node role, and
     // TagInstanceProfile with CreateInstanceProfile's tags.
     let implied = ["ec2:RunInstances", "ec2:CreateTags", "iam:PassRole", "iam:TagInstanceProfile"];
     for a in &allowed {
         assert!(called.contains(a) || implied.contains(&a.as_str()), "the policy allows {a}, which the provider never calls");
     }
+}
+
+/// `deploy/aws/iam-policy-ecr.json` (every mode reads images: the webhook, the extender, the
+/// safety net, the provisioner) allows exactly the ECR API calls Archer makes
+/// (`crates/cloud-aws/src/ecr.rs`) and the two its registry reads need (manifests:
+/// `BatchGetImage`; config and layer blobs: `GetDownloadUrlForLayer`), images alone by resource;
+/// `GetAuthorizationToken` has no resource-level permission.
+#[test]
+#[cfg(feature = "aws")]
+fn the_ecr_policy_is_exactly_what_reading_private_images_needs() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let policy: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("deploy/aws/iam-policy-ecr.json")).expect("policy")).expect("json");
+    let mut allowed: std::collections::BTreeMap<String, String> = Default::default();
+    for s in policy["Statement"].as_array().expect("statements") {
+        assert_eq!(s["Effect"], "Allow");
+        let actions: Vec<String> = match &s["Action"] {
+            serde_json::Value::String(a) => vec![a.clone()],
+            serde_json::Value::Array(list) => list.iter().filter_map(|a| a.as_str()).map(String::from).collect(),
+            other => panic!("Action {other}"),
+        };
+        for a in actions {
+            allowed.insert(a, s["Resource"].as_str().expect("one resource").to_string());
+        }
+    }
+    let source = std::fs::read_to_string(dir.join("crates/cloud-aws/src/ecr.rs")).expect("source");
+    let called: std::collections::BTreeSet<String> = source
+        .match_indices("ecr.")
+        .filter_map(|(i, _)| {
+            let op: String = source[i + 4..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            source[i + 4 + op.len()..].starts_with("()").then(|| format!("ecr:{}", op.split('_').map(|w| { let mut c = w.chars(); c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default() }).collect::<String>()))
+        })
+        .collect();
+    assert_eq!(called, ["ecr:GetAuthorizationToken".to_string()].into(), "the scan found the call");
+    let expected: std::collections::BTreeMap<String, String> = [
+        ("ecr:GetAuthorizationToken", "*"),
+        ("ecr:BatchGetImage", "arn:aws:ecr:*:*:repository/*"),
+        ("ecr:GetDownloadUrlForLayer", "arn:aws:ecr:*:*:repository/*"),
+    ]
+    .into_iter()
+    .map(|(a, r)| (a.to_string(), r.to_string()))
+    .collect();
+    assert_eq!(allowed, expected);
 }

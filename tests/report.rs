@@ -70,3 +70,37 @@ async fn a_dump_reports_movable_blocked_and_misplaced_workloads() {
     let (err, ok) = report(&["--from-file", "/nonexistent/dump.yaml"]);
     assert!(!ok && err.contains("reading /nonexistent/dump.yaml"), "{err}");
 }
+
+/// The report says how many pods Archer could not decide, and why (issue #43): a pod the webhook
+/// admitted without inspecting its images (`archer.dev/decision: inspection-failed`, the reason
+/// at the end of its `archer.dev/inspection-error`) counts even when the report itself can read
+/// the image; a pod whose image the report cannot read counts by its own reason; offline, what
+/// was not inspected is `not_inspected`, never guessed.
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_archer_could_not_decide_are_counted_by_reason() {
+    let reg = Registry::start().await;
+    reg.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    let web = reg.image("apps/web:1");
+    let mut failed = pod("private-7c9d-a", "private", "amd-1", &web);
+    failed["metadata"]["annotations"] = json!({"archer.dev/decision": "inspection-failed", "archer.dev/inspection-error": format!("image \"{web}\": no ecr credential for {}: GetAuthorizationToken in eu-west-1: dispatch failure [identity]", reg.host)});
+    let dump = json!({"apiVersion": "v1", "kind": "List", "items": [
+        node("amd-1", "amd64", "m7i.xlarge"),
+        failed,
+        pod("missing-7c9d-a", "missing", "amd-1", &reg.image("apps/missing:1")),
+        pod("web-7c9d-a", "web", "amd-1", &web),
+    ]});
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("dump.yaml");
+    std::fs::write(&path, serde_saphyr::to_string(&dump).expect("yaml")).expect("write");
+    let file = path.to_str().expect("utf8");
+    let (out, ok) = report(&["--from-file", file, "--insecure-registry", &reg.host, "--output", "json"]);
+    assert!(ok, "{out}");
+    let r: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!((r["summary"]["undecidedPods"].clone(), r["summary"]["undecidedByReason"].clone()), (json!(2), json!({"identity": 1, "not_found": 1})), "{r}");
+    let (text, ok) = report(&["--from-file", file, "--insecure-registry", &reg.host]);
+    assert!(ok && text.contains("Pods Archer could not decide (their images could not be inspected): 2 (identity 1, not_found 1)"), "{text}");
+    let (out, ok) = report(&["--from-file", file, "--offline", "--output", "json"]);
+    assert!(ok, "{out}");
+    let r: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!((r["summary"]["undecidedPods"].clone(), r["summary"]["undecidedByReason"].clone()), (json!(3), json!({"identity": 1, "not_inspected": 2})), "{r}");
+}

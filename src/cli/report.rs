@@ -96,7 +96,7 @@ async fn inspect_unannotated(pods: &[&Pod], inspector: &Inspector, base: &Keyrin
             let images: Vec<String> = images.into_iter().collect();
             let keyring = crate::cluster::pod_keyring(cluster, base, pod.metadata.namespace.as_deref().unwrap_or("default"), pod).await;
             let results = inspector.inspect_each(&images, &keyring).await;
-            images.into_iter().zip(results).map(|(i, r)| (i, r.map(|x| x.platforms.clone()).map_err(|e| e.to_string()))).collect()
+            images.into_iter().zip(results).map(|(i, r)| (i, r.map(|x| x.platforms.clone()).map_err(|e| e.with_reason()))).collect()
         })
         .buffer_unordered(CREDENTIAL_GROUPS_AT_ONCE)
         .collect()

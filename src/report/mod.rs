@@ -55,6 +55,12 @@ pub struct Summary {
     /// What moving every movable workload to arm64 would save per month.
     pub saving_per_month: f64,
     pub misplaced_pods: usize,
+    /// Pods whose platforms Archer could not decide: the webhook could not inspect their images
+    /// (`archer.dev/decision: inspection-failed`), or this report could not; and how many for
+    /// each reason (`unauthorized`, `identity`, `timeout`, ...; `not_inspected` offline, `other`
+    /// for a reason the report cannot read).
+    pub undecided_pods: usize,
+    pub undecided_by_reason: BTreeMap<String, usize>,
 }
 
 /// Where a workload stands with arm64.
@@ -150,6 +156,25 @@ fn share(pod: &Pod, node: &Node) -> f64 {
 /// The platforms every image of the pod supports, by the one rule
 /// ([`archer_core::placement::pod_platforms`]: the webhook's annotation, else the images'); `Err`
 /// lists the images that could not be inspected.
+/// Why Archer could not decide a pod's platforms, if it could not: the webhook's word first
+/// (`archer.dev/decision: inspection-failed`, the reason at the end of its
+/// `archer.dev/inspection-error`), else this report's own inspection.
+fn undecided(pod: &Pod, images: &ImagePlatforms) -> Option<&'static str> {
+    let annotations = pod.metadata.annotations.as_ref();
+    if annotations.and_then(|a| a.get(archer_core::placement::DECISION_ANNOTATION)).is_some_and(|d| d == "inspection-failed") {
+        let said = annotations.and_then(|a| a.get("archer.dev/inspection-error")).map_or("", String::as_str);
+        return Some(archer_registry::RegistryError::reason_in(said).unwrap_or("other"));
+    }
+    let problems = pod_platforms(pod, images).err()?;
+    Some(match problems.iter().find_map(|p| p.error.as_deref()) {
+        Some(text) if !text.starts_with(NOT_INSPECTED) => archer_registry::RegistryError::reason_in(text).unwrap_or("other"),
+        _ => "not_inspected",
+    })
+}
+
+/// What an image the report did not inspect says (offline: `not inspected (--offline)`).
+const NOT_INSPECTED: &str = "not inspected";
+
 fn pod_platforms(pod: &Pod, images: &ImagePlatforms) -> Result<PlatformSet, Vec<ImageProblem>> {
     if let Some(p) = archer_core::placement::pod_platforms(pod, &|i| images.get(i).and_then(|r| r.as_ref().ok())) {
         return Ok(p);
@@ -159,7 +184,7 @@ fn pod_platforms(pod: &Pod, images: &ImagePlatforms) -> Result<PlatformSet, Vec<
         .filter_map(|image| match images.get(&image) {
             Some(Ok(_)) => None,
             Some(Err(e)) => Some(ImageProblem { image, platforms: Vec::new(), error: Some(e.clone()) }),
-            None => Some(ImageProblem { image, platforms: Vec::new(), error: Some("not inspected".into()) }),
+            None => Some(ImageProblem { image, platforms: Vec::new(), error: Some(NOT_INSPECTED.into()) }),
         })
         .collect();
     // A pod that names no image has nothing to run anywhere.
@@ -258,6 +283,10 @@ pub fn build(cluster: &archer_model::ClusterState, images: &ImagePlatforms, cata
             if !p.is_empty() && !supports(&p, &arch) {
                 misplaced.push(Misplaced { pod: state::pod_id(pod), node: node.metadata.name.clone().unwrap_or_default(), arch, supported: p.0.iter().map(|x| x.to_string()).collect() });
             }
+        }
+        if let Some(reason) = undecided(pod, images) {
+            summary.undecided_pods += 1;
+            *summary.undecided_by_reason.entry(reason.to_string()).or_default() += 1;
         }
     }
     let mut workloads = Vec::new();

@@ -42,6 +42,10 @@ pub fn render_text(r: &Report) -> String {
     let _ = writeln!(out, "Cluster: {} nodes ({}), {} pods, {}/month ({} on arm64, {share:.0}%{unpriced})", s.nodes, archs.join(", "), s.pods, dollars(s.cost_per_month), dollars(s.arm64_cost_per_month));
     let _ = writeln!(out, "Workloads: {}; movable to arm64: {} (saving {}/month); blocked by single-arch images: {}; unknown: {}", s.workloads, s.movable, dollars(s.saving_per_month), s.blocked, s.unknown);
     let _ = writeln!(out, "Pods on an architecture their images do not support: {}", s.misplaced_pods);
+    if s.undecided_pods > 0 {
+        let why: Vec<String> = s.undecided_by_reason.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        let _ = writeln!(out, "Pods Archer could not decide (their images could not be inspected): {} ({})", s.undecided_pods, why.join(", "));
+    }
     let mut rows = vec![["NAMESPACE", "KIND", "NAME", "PODS", "ARCH", "COST/MONTH", "ARM64", "SAVING/MONTH"].iter().map(|c| c.to_string()).collect::<Vec<_>>()];
     for w in &r.workloads {
         let arch: Vec<String> = w.architectures.iter().map(|(a, n)| format!("{a}:{n}")).collect();

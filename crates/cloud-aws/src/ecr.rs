@@ -73,7 +73,8 @@ impl Ecr {
 
     /// A fresh token for `region`: the credential and when it expires.
     async fn fetch(&self, region: &str) -> Result<(Credential, SystemTime), String> {
-        let out = self.client(region).await.get_authorization_token().send().await.map_err(|e| format!("GetAuthorizationToken in {region}: {}", aws_sdk_ecr::error::DisplayErrorContext(&e)))?;
+        let ecr = self.client(region).await;
+        let out = ecr.get_authorization_token().send().await.map_err(|e| format!("GetAuthorizationToken in {region}: {}", aws_sdk_ecr::error::DisplayErrorContext(&e)))?;
         let data = out.authorization_data().first().ok_or_else(|| format!("GetAuthorizationToken in {region} returned no authorization data"))?;
         let token = data.authorization_token().ok_or_else(|| "the authorization data has no token".to_string())?;
         let decoded = base64::engine::general_purpose::STANDARD.decode(token.trim()).map_err(|_| "the token is not base64".to_string())?;

@@ -36,6 +36,25 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
+    /// Every [`RegistryError::reason`].
+    pub const REASONS: [&'static str; 14] = [
+        "invalid_reference", "forbidden_address", "not_allowed", "unauthorized", "not_found", "timeout", "too_large", "digest_mismatch", "malformed", "rate_limited", "unavailable", "pod_bytes_exceeded", "memory_budget", "identity",
+    ];
+
+    /// The error as a pod's `archer.dev/inspection-error` and `archer report` say it: the message
+    /// and, in brackets, its reason (`registry denied access (HTTP 401) [unauthorized]`).
+    pub fn with_reason(&self) -> String {
+        format!("{self} [{}]", self.reason())
+    }
+
+    /// The reason [`RegistryError::with_reason`] wrote at the end of `text`, if it is one of
+    /// [`RegistryError::REASONS`] (the text may be a pod's annotation, which its tenant can write).
+    pub fn reason_in(text: &str) -> Option<&'static str> {
+        let inner = text.trim_end().strip_suffix(']')?;
+        let (_, key) = inner.rsplit_once('[')?;
+        Self::REASONS.iter().copied().find(|r| *r == key)
+    }
+
     pub fn reason(&self) -> &'static str {
         match self {
             RegistryError::InvalidReference(_) => "invalid_reference",
@@ -61,5 +80,35 @@ impl RegistryError {
             self,
             RegistryError::Unavailable(_) | RegistryError::NotFound(_) | RegistryError::RateLimited | RegistryError::Unauthorized { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RegistryError;
+
+    #[test]
+    fn every_reason_is_listed_and_read_back() {
+        let all = [
+            RegistryError::Forbidden(String::new()),
+            RegistryError::NotAllowed(String::new()),
+            RegistryError::Unauthorized { status: 401, hint: String::new() },
+            RegistryError::NotFound(String::new()),
+            RegistryError::Timeout(std::time::Duration::ZERO),
+            RegistryError::TooLarge(1),
+            RegistryError::DigestMismatch { expected: String::new(), actual: String::new() },
+            RegistryError::Malformed(String::new()),
+            RegistryError::RateLimited,
+            RegistryError::Unavailable(String::new()),
+            RegistryError::PodBytesExceeded,
+            RegistryError::Busy(String::new()),
+            RegistryError::Identity { identity: "ecr", registry: "r".into(), why: "w".into() },
+        ];
+        for e in &all {
+            assert!(RegistryError::REASONS.contains(&e.reason()), "{}", e.reason());
+            assert_eq!(RegistryError::reason_in(&format!("image \"x\": {}", e.with_reason())), Some(e.reason()));
+        }
+        assert_eq!(RegistryError::reason_in("image \"x\": whatever [made-up]"), None, "only known reasons");
+        assert_eq!(RegistryError::reason_in("no brackets"), None);
     }
 }
