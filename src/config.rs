@@ -202,6 +202,28 @@ pub struct RegistryConfig {
     pub hosts_dir: Option<PathBuf>,
     /// Private ECR images read with Archer's own AWS identity.
     pub ecr: EcrConfig,
+    /// Private ACR images read with Archer's own workload identity.
+    pub acr: AcrConfig,
+}
+
+/// Archer's own Azure workload identity for private ACR images, asked for
+/// `<name>.azurecr.io` images no pull secret of the pod covers. Each setting unset falls back to
+/// the variable the workload identity webhook sets (`AZURE_TENANT_ID`, `AZURE_CLIENT_ID`,
+/// `AZURE_FEDERATED_TOKEN_FILE`, `AZURE_AUTHORITY_HOST`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct AcrConfig {
+    pub enabled: bool,
+    pub tenant_id: Option<String>,
+    pub client_id: Option<String>,
+    pub federated_token_file: Option<String>,
+    pub authority_host: Option<String>,
+}
+
+impl Default for AcrConfig {
+    fn default() -> Self {
+        Self { enabled: true, tenant_id: None, client_id: None, federated_token_file: None, authority_host: None }
+    }
 }
 
 /// Archer's own AWS identity for private ECR images (IRSA, EKS Pod Identity, the instance role),
@@ -241,6 +263,7 @@ impl Default for RegistryConfig {
             ca_file: None,
             hosts_dir: None,
             ecr: EcrConfig::default(),
+            acr: AcrConfig::default(),
         }
     }
 }

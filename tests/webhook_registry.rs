@@ -376,3 +376,48 @@ async fn a_private_ecr_image_without_a_pull_secret_is_read_with_archers_aws_iden
     assert!(why.contains(&format!("no ecr credential for {ecr}")) && why.contains("GetAuthorizationToken in eu-west-1"), "{why}");
     assert_eq!(failing.metric(&format!("archer_registry_auth_failures_total{{registry=\"{ecr}\",reason=\"identity\"}}")).await, 1.0);
 }
+
+/// A private ACR image with no pull secret (issue #43): Archer's workload identity token (from
+/// the local Entra stand-in) is exchanged at the registry's `/oauth2/exchange` for an ACR
+/// refresh token, which the registry's challenge trades at `/oauth2/token` for a pull-scoped
+/// token the real `docker-registry` verifies; every request is checked against ACR's data-plane
+/// model. The login server's name reaches the local registry through a `hosts.toml` `server`.
+/// One exchange serves many pods (kept by the refresh token's expiry). Without the identity's
+/// settings the pod says why.
+#[tokio::test]
+async fn a_private_acr_image_without_a_pull_secret_is_read_with_archers_workload_identity() {
+    use common::arm::{ArmServer, CLIENT_ID, TENANT, TOKEN};
+    let arm = ArmServer::start().await;
+    let open = Registry::start().await;
+    open.push_image("team/api", "2", "linux/arm64", true).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let login = "archertest.azurecr.io";
+    let acr = common::acr::Acr::start(dir.path(), &open.storage, login, TOKEN, TENANT).await;
+    let hosts = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(hosts.path().join(login)).expect("dir");
+    std::fs::write(hosts.path().join(login).join("hosts.toml"), format!("server = \"http://{}\"\n", acr.host)).expect("write");
+    let config = |acr_settings: &str| format!("registry:\n  insecure: [\"{}\"]\n  hostsDir: {}\n  timeoutSeconds: 3\n  ecr:\n    enabled: false\n  acr:\n{acr_settings}", acr.host, hosts.path().display());
+    let identity = format!(
+        "    tenantId: {TENANT}\n    clientId: {CLIENT_ID}\n    federatedTokenFile: {}\n    authorityHost: {}\n",
+        arm.token_file.path().display(),
+        arm.endpoint
+    );
+    let image = format!("{login}/team/api:2");
+
+    let archer = Archer::start(&config(&identity), &[]).await;
+    for name in ["acr-a", "acr-b"] {
+        let (resp, p) = archer.admit(&pod(name, &[&image])).await;
+        assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/arm64", "{resp}");
+        assert_eq!(arch_values(&p), [vec!["arm64".to_string()]]);
+    }
+    assert!(acr.violations().is_empty(), "requests ACR's model refuses: {:?}", acr.violations());
+    assert!(arm.violations().is_empty(), "{:?}", arm.violations());
+    assert_eq!(acr.exchanges(), 1, "one exchange, kept for the refresh token's lifetime");
+
+    // No workload identity settings: said on the pod, counted as the identity's failure.
+    let bare = Archer::start(&config("    enabled: true\n"), &[]).await;
+    let (_, p) = bare.admit(&pod("no-identity", &[&image])).await;
+    let why = p["metadata"]["annotations"]["archer.dev/inspection-error"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains(&format!("no acr credential for {login}")) && why.ends_with("[identity]"), "{why}");
+    assert_eq!(bare.metric(&format!("archer_registry_auth_failures_total{{registry=\"{login}\",reason=\"identity\"}}")).await, 1.0);
+}

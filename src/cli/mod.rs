@@ -155,9 +155,14 @@ pub fn inspector(cfg: &Config, metrics: std::sync::Arc<archer_registry::metrics:
     Ok(with_identities(inspector, cfg))
 }
 
-/// The inspector signing in to the clouds' private registries with Archer's own identity.
-#[cfg(feature = "aws")]
+/// The inspector signing in to the clouds' private registries with Archer's own identity (each
+/// cloud's only when built with its feature).
 fn with_identities(inspector: archer_registry::Inspector, cfg: &Config) -> archer_registry::Inspector {
+    with_acr(with_ecr(inspector, cfg), cfg)
+}
+
+#[cfg(feature = "aws")]
+fn with_ecr(inspector: archer_registry::Inspector, cfg: &Config) -> archer_registry::Inspector {
     if !cfg.registry.ecr.enabled {
         return inspector;
     }
@@ -165,9 +170,27 @@ fn with_identities(inspector: archer_registry::Inspector, cfg: &Config) -> arche
 }
 
 #[cfg(not(feature = "aws"))]
-fn with_identities(inspector: archer_registry::Inspector, cfg: &Config) -> archer_registry::Inspector {
+fn with_ecr(inspector: archer_registry::Inspector, cfg: &Config) -> archer_registry::Inspector {
     if cfg.registry.ecr.enabled {
         tracing::debug!("built without the aws feature: private ECR images are read with pull secrets only");
+    }
+    inspector
+}
+
+#[cfg(feature = "azure")]
+fn with_acr(inspector: archer_registry::Inspector, cfg: &Config) -> archer_registry::Inspector {
+    let a = &cfg.registry.acr;
+    if !a.enabled {
+        return inspector;
+    }
+    let settings = crate::config::AzureConfig { tenant_id: a.tenant_id.clone(), client_id: a.client_id.clone(), federated_token_file: a.federated_token_file.clone(), authority_host: a.authority_host.clone(), ..Default::default() };
+    inspector.with_identity(std::sync::Arc::new(archer_cloud_azure::acr::Acr::from_workload_identity(&settings)))
+}
+
+#[cfg(not(feature = "azure"))]
+fn with_acr(inspector: archer_registry::Inspector, cfg: &Config) -> archer_registry::Inspector {
+    if cfg.registry.acr.enabled {
+        tracing::debug!("built without the azure feature: private ACR images are read with pull secrets only");
     }
     inspector
 }

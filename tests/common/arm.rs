@@ -35,7 +35,7 @@ pub const TENANT: &str = "11111111-1111-1111-1111-111111111111";
 pub const CLIENT_ID: &str = "22222222-2222-2222-2222-222222222222";
 pub const ASSERTION: &str = "eyJhbGciOiJSUzI1NiJ9.the-projected-service-account-token.sig";
 pub const SUBNET: &str = "/subscriptions/00000000-0000-0000-0000-0000000000aa/resourceGroups/MC_archer_test_eastus/providers/Microsoft.Network/virtualNetworks/aks-vnet/subnets/aks-subnet";
-const TOKEN: &str = "arm-access-token-1";
+pub const TOKEN: &str = "arm-access-token-1";
 
 /// The schemas and api-versions of the operations, from the SDKs (once per test process).
 struct Spec {

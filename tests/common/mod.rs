@@ -2,6 +2,7 @@
 //! server) on 127.0.0.1 with images pushed through its HTTP API, and a real `archer serve`.
 #![allow(dead_code)]
 
+pub mod acr;
 pub mod arm;
 pub mod moto;
 pub mod price_apis;

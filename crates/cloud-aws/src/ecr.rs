@@ -12,6 +12,7 @@ use std::time::SystemTime;
 
 use base64::Engine;
 
+use archer_registry::identity::Origin;
 use archer_registry::{Credential, RegistryIdentity, TokenCache};
 
 /// An ECR registry's account and region, from its host name:
@@ -96,7 +97,7 @@ impl RegistryIdentity for Ecr {
         registry_of(registry).is_some()
     }
 
-    async fn credential(&self, registry: &str) -> Result<Credential, String> {
+    async fn credential(&self, registry: &str, _origin: &Origin<'_>) -> Result<Credential, String> {
         let (_, region) = registry_of(registry).ok_or_else(|| format!("{registry} is not an ECR registry"))?;
         self.tokens.get(&region, || self.fetch(&region)).await
     }

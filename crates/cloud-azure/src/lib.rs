@@ -10,10 +10,14 @@
 //!   and their status;
 //! - `launch`: names, tags, NIC and VM bodies, the node's bootstrap, failure meanings (pure);
 //! - `prices`: the Azure Retail Prices API (on-demand and Spot, any region);
-//! - `provider`: the [`archer_cloud::CloudProvider`]; `preemption`: spot evictions.
+//! - `provider`: the [`archer_cloud::CloudProvider`]; `preemption`: spot evictions;
+//! - `acr`: private ACR images read with Archer's own workload identity (the registry client's
+//!   sign-in).
 
 pub mod nodeclass;
 
+#[cfg(feature = "provider")]
+pub mod acr;
 #[cfg(feature = "provider")]
 pub mod arm;
 #[cfg(feature = "provider")]

@@ -205,6 +205,16 @@ impl RegistryClient {
         Ok(endpoints)
     }
 
+    /// Where `registry` itself is reached (its own host, or the one standing for it), for an
+    /// identity's sign-in there.
+    pub(crate) fn origin(&self, registry: &str) -> Result<crate::identity::Origin<'_>, RegistryError> {
+        self.settings.guard.check_registry(registry)?;
+        let hosts = self.settings.hosts.get(registry).or_else(|| self.settings.hosts.get(crate::hosts::DEFAULT));
+        let host = hosts.and_then(|h| h.server.as_ref()).map_or(registry, |m| m.host.as_str());
+        let url = self.base_url(host)?;
+        Ok(crate::identity::Origin { http: self.http_for(&url), url })
+    }
+
     /// `image`'s repository on `endpoint`, read by `deadline` within `allowance`.
     pub(crate) fn repo<'a>(&'a self, endpoint: &str, image: &ImageRef, cred: Option<&'a Credential>, deadline: Instant, allowance: &'a ReadAllowance) -> Result<Repo<'a>, RegistryError> {
         Ok(Repo { client: self, base: self.base_url(endpoint)?, repository: image.repository.clone(), cred, deadline, auth: None, allowance, held: MemoryPermit::default() })

@@ -11,6 +11,14 @@ use moka::future::Cache;
 
 use crate::credentials::Credential;
 
+/// Where a registry is reached, for identities that sign in at the registry itself (ACR's token
+/// exchange): its base URL (`https://name.azurecr.io/`, or that of the host standing for it,
+/// `hosts.toml`'s `server`) and the registry client's HTTP client, under the address guard.
+pub struct Origin<'a> {
+    pub url: url::Url,
+    pub http: &'a reqwest::Client,
+}
+
 /// A credential source for some registries, from Archer's own identity.
 #[async_trait::async_trait]
 pub trait RegistryIdentity: Send + Sync {
@@ -18,8 +26,8 @@ pub trait RegistryIdentity: Send + Sync {
     fn name(&self) -> &'static str;
     /// Whether it signs in to `registry` (`host[:port]`, normalised).
     fn covers(&self, registry: &str) -> bool;
-    /// A credential for `registry`; `Err` says why there is none.
-    async fn credential(&self, registry: &str) -> Result<Credential, String>;
+    /// A credential for `registry`, reached at `origin`; `Err` says why there is none.
+    async fn credential(&self, registry: &str, origin: &Origin<'_>) -> Result<Credential, String>;
 }
 
 /// How long before its expiry a credential is refreshed.

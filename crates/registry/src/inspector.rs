@@ -128,7 +128,8 @@ impl Inspector {
         }
         let fallback = keyring.fallback(registry).cloned();
         let Some(identity) = self.identities.iter().find(|i| i.covers(registry)) else { return Ok(fallback) };
-        match identity.credential(registry).await {
+        let origin = self.client.origin(registry)?;
+        match identity.credential(registry, &origin).await {
             Ok(c) => Ok(Some(c)),
             Err(why) if fallback.is_none() => Err(RegistryError::Identity { identity: identity.name(), registry: registry.to_string(), why }),
             Err(why) => {
