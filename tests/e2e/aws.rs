@@ -475,7 +475,9 @@ async fn aws_a_pool_whose_node_class_is_missing_is_skipped_for_the_next_by_weigh
 /// there; `-20%` on the c7g family makes the pending pod's node a c7g (else c6g is the cheaper),
 /// bought at the overlaid price, and the overlay's status says it was applied; deleting the
 /// overlay lets consolidation replace the c7g instance with the now cheaper c6g. The metrics say
-/// where the prices came from.
+/// where the prices came from. Then (issue #43) a pod of a private ECR image with no pull secret
+/// is decided onto arm64 with Archer's own AWS identity (moto's `GetAuthorizationToken`), and a
+/// registry reachable only through a `hosts.toml` mirror is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn aws_in_eu_west_1_live_prices_and_a_nodeoverlay_move_provisioning_and_consolidation() {
@@ -542,4 +544,25 @@ async fn aws_in_eu_west_1_live_prices_and_a_nodeoverlay_move_provisioning_and_co
     assert!(bought.iter().any(|p| (p - C6G).abs() < 1e-9), "the c6g at the API's price: {bought:?}");
     wait("the c7g instance terminated", Duration::from_secs(90), || async { live_instances(&moto).await.iter().all(|i| i.instance_type().map(|t| t.as_str()) != Some("c7g.large")) }).await;
     eprintln!("eu-west-1: consolidated onto c6g.large once the overlay went, in {:?}", t0.elapsed());
+
+    // Private ECR, no pull secret (issue #43): the real registry with htpasswd for moto's
+    // GetAuthorizationToken user stands for `<account>.dkr.ecr.eu-west-1.amazonaws.com` through
+    // hosts.toml's `server`; a registry reachable only through a mirror (`[host]`) beside it.
+    use crate::private_registries::{admitted, restart_with_hosts, HostsFile};
+    let mut c = c;
+    let private = crate::common::Registry::start_with_auth("AWS", "123456789012-auth-token").await;
+    private.push_image("team/app", "1", "linux/arm64", true).await;
+    c.registry.push_index("team/mirrored", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    let ecr = "123456789012.dkr.ecr.eu-west-1.amazonaws.com";
+    let files = [
+        HostsFile { registry: ecr.into(), text: format!("server = \"http://{}\"\n", private.host) },
+        HostsFile { registry: "registry.example.invalid".into(), text: format!("[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n", c.registry.host) },
+    ];
+    restart_with_hosts(&mut c, &files, &[private.host.clone()], &["ecr:".to_string(), format!("  endpoint: {}", moto.endpoint)]).await;
+    namespace(&client, "private", json!({})).await;
+    let (platforms, arch, error) = admitted(&c, "private", "ecr", &format!("{ecr}/team/app:1")).await;
+    assert_eq!((platforms.as_deref(), arch, error), (Some("linux/arm64"), vec!["arm64".to_string()], None), "a private ECR image decided as a public one");
+    let (platforms, _, error) = admitted(&c, "private", "mirrored", "registry.example.invalid/team/mirrored:1").await;
+    assert_eq!((platforms.as_deref(), error), (Some("linux/amd64,linux/arm64"), None), "read through its mirror, the registry itself unreachable");
+    eprintln!("eu-west-1: a private ECR image with no pull secret decided onto arm64; a mirror-only registry read");
 }

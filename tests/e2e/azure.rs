@@ -148,7 +148,8 @@ fn kubelet_node(name: &str, vm: &Value, custom_data_b64: &str) -> Node {
 /// VMs of at most 4 vCPU, launched through ARM with requests the SDKs' schemas accept, on Nodes
 /// labelled as Karpenter on Azure labels them; a leaked VM of the cluster (no claim) is deleted;
 /// a newer node image published replaces every node as drifted; scaled to 0, the VMs and their
-/// NICs are deleted.
+/// NICs are deleted. Then (issue #43) a pod of a private ACR image with no pull secret is decided
+/// onto arm64 with Archer's own workload identity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane: run tests/e2e/run"]
 async fn azure_the_aks_arm64_module_runs_on_arm64_vms_launched_through_arm() {
@@ -214,6 +215,29 @@ async fn azure_the_aks_arm64_module_runs_on_arm64_vms_launched_through_arm() {
     }
     eprintln!("azure: scaled to 0, every VM and NIC deleted in {:?}", t1.elapsed());
     assert_eq!(arm.violations(), Vec::<String>::new());
+
+    // Private ACR, no pull secret (issue #43): Archer's workload identity (the local Entra)
+    // exchanged at the registry's /oauth2/exchange, the local ACR in front of the real registry
+    // standing for `archerdemo.azurecr.io` through hosts.toml's `server`.
+    use crate::private_registries::{admitted, restart_with_hosts, HostsFile};
+    let mut c = c;
+    let open = crate::common::Registry::start().await;
+    open.push_image("team/api", "2", "linux/arm64", true).await;
+    let login = "archerdemo.azurecr.io";
+    let s = arm.settings();
+    let acr = crate::common::acr::Acr::start(c.dir.path(), &open.storage, login, crate::common::arm::TOKEN, crate::common::arm::TENANT).await;
+    let identity = [
+        "acr:".to_string(),
+        format!("  tenantId: {}", s.tenant_id.unwrap_or_default()),
+        format!("  clientId: {}", s.client_id.unwrap_or_default()),
+        format!("  federatedTokenFile: {}", s.federated_token_file.unwrap_or_default()),
+        format!("  authorityHost: {}", s.authority_host.unwrap_or_default()),
+    ];
+    restart_with_hosts(&mut c, &[HostsFile { registry: login.into(), text: format!("server = \"http://{}\"\n", acr.host) }], &[acr.host.clone()], &identity).await;
+    let (platforms, arch, error) = admitted(&c, "workshop", "acr", &format!("{login}/team/api:2")).await;
+    assert_eq!((platforms.as_deref(), arch, error), (Some("linux/arm64"), vec!["arm64".to_string()], None), "a private ACR image decided as a public one");
+    assert!(acr.violations().is_empty() && acr.exchanges() == 1, "{:?}", acr.violations());
+    eprintln!("azure: a private ACR image with no pull secret decided onto arm64");
 }
 
 /// Spot: the cheapest arm64 sizes answer `SkuNotAvailable` in every zone, so the launches fall

@@ -81,7 +81,10 @@ pub struct Cluster {
     pub archer_admin: u16,
     pub certs: PathBuf,
     bin: PathBuf,
-    insecure: Vec<String>,
+    /// Registries reached over plain HTTP (`--insecure-registry`).
+    pub insecure: Vec<String>,
+    /// Lines of Archer's `registry:` section (indented under it).
+    pub registry_config: Vec<String>,
     /// Extra environment for the next `archer serve` (fault hooks).
     pub archer_env: Vec<(String, String)>,
     /// Lines added to the `provisioner:` section of Archer's config (two-space indented).
@@ -264,7 +267,7 @@ impl Cluster {
         let (archer_port, archer_admin) = (free_port(), free_port());
         let insecure: Vec<String> = std::iter::once(registry.host.clone()).chain(extra_insecure.iter().map(|s| s.to_string())).collect();
         let cloud_provider = if mode == Mode::Archer { "kwok" } else { "none" };
-        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), provisioner_config, cloud_provider, identity_for: None, archer_restarts: 0 };
+        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), registry_config: Vec::new(), provisioner_config, cloud_provider, identity_for: None, archer_restarts: 0 };
         if mode == Mode::Archer {
             cluster.install_crds().await;
         }
@@ -399,7 +402,8 @@ impl Cluster {
         let lines: String = defaults.iter().map(|d| d.to_string()).filter(|d| !given.contains(&key(d))).chain(self.provisioner_config.iter().cloned()).map(|l| format!("  {l}\n")).collect();
         // The safety net's e2e clocks: a short gate bound and lease, an inspection per second.
         let safety = "safetyNet:\n  leaseDurationSeconds: 4\n  gateMaxSeconds: 20\n  gateInspectionTimeoutSeconds: 3\n  gateRetrySeconds: 1\n";
-        std::fs::write(&config, format!("{safety}provisioner:\n  cloudProvider: {}\n{lines}", self.cloud_provider)).expect("archer config");
+        let registry: String = if self.registry_config.is_empty() { String::new() } else { std::iter::once("registry:\n".to_string()).chain(self.registry_config.iter().map(|l| format!("  {l}\n"))).collect() };
+        std::fs::write(&config, format!("{safety}{registry}provisioner:\n  cloudProvider: {}\n{lines}", self.cloud_provider)).expect("archer config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_archer"));
         cmd.arg("serve")
             .arg("--config")

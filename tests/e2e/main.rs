@@ -12,6 +12,7 @@ mod gate_policy;
 mod helm;
 mod karpenter;
 mod multi_tenant;
+mod private_registries;
 mod provisioning;
 mod safety_net;
 mod scale;
