@@ -307,4 +307,42 @@ mod tests {
         assert_eq!(normalise_registry("[::1]:5000").as_deref(), Some("[::1]:5000"));
         assert_eq!(normalise_registry("bad host"), None);
     }
+
+    /// Where a maintained parser applies, Archer's agrees with it: `oci-spec`'s `Reference`
+    /// (distribution's grammar and normalisation) on registry, repository, tag and digest. Archer
+    /// keeps its own parser because that grammar refuses what the container runtime pulls: a
+    /// bracketed IPv6 registry (`[::1]:5000/app`); the last case checks it still does, so this
+    /// parser can go when the crate takes them.
+    #[test]
+    fn agrees_with_oci_specs_reference_where_it_applies() {
+        use oci_spec::distribution::Reference;
+        let digest = format!("sha256:{}", "a".repeat(64));
+        for s in [
+            "nginx".to_string(),
+            "nginx:1.27".into(),
+            "library/nginx".into(),
+            "docker.io/nginx".into(),
+            "index.docker.io/library/nginx:latest".into(),
+            "ghcr.io/org/team/app:v1.2.3".into(),
+            "localhost/app".into(),
+            "localhost:5000/app:dev".into(),
+            "127.0.0.1:5000/a/b/c".into(),
+            "123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/app:1".into(),
+            "myregistry.azurecr.io/team/api:2".into(),
+            format!("quay.io/org/app@{digest}"),
+            format!("quay.io/org/app:1@{digest}"),
+            "user/repo_name-with.dots__and_underscores:tag_1.0-rc".into(),
+        ] {
+            let ours = ImageRef::parse(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
+            let theirs = Reference::try_from(s.as_str()).unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert_eq!(ours.registry, theirs.registry(), "{s}");
+            assert_eq!(ours.repository, theirs.repository(), "{s}");
+            assert_eq!(ours.reference(), theirs.digest().or(theirs.tag()).unwrap_or("latest"), "{s}");
+        }
+        for bad in ["", "a//b", "app:", "app@sha256:short", "-lead/app"] {
+            assert!(ImageRef::parse(bad).is_err() && Reference::try_from(bad).is_err(), "both refuse {bad:?}");
+        }
+        assert!(ImageRef::parse("[::1]:5000/app:1").is_ok() && Reference::try_from("[::1]:5000/app:1").is_err(), "oci-spec now takes IPv6 registries: use it");
+    }
+
 }
