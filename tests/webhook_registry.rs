@@ -421,3 +421,37 @@ async fn a_private_acr_image_without_a_pull_secret_is_read_with_archers_workload
     assert!(why.contains(&format!("no acr credential for {login}")) && why.ends_with("[identity]"), "{why}");
     assert_eq!(bare.metric(&format!("archer_registry_auth_failures_total{{registry=\"{login}\",reason=\"identity\"}}")).await, 1.0);
 }
+
+/// A `hosts.toml` tree is held to the address guard (issue #43): a plain-HTTP mirror that is not
+/// one of `registry.insecure` stops Archer at start with a message naming it, as does a
+/// `skip_verify` it cannot honour; an `https://` mirror on a guarded address (loopback here) is
+/// refused at the lookup, and the pod says why.
+#[tokio::test]
+async fn hosts_toml_mirrors_stay_behind_the_address_guard() {
+    let reg = Registry::start().await;
+    reg.push_index("team/app", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    let write = |text: &str| {
+        let hosts = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(hosts.path().join("registry.example.invalid")).expect("dir");
+        std::fs::write(hosts.path().join("registry.example.invalid").join("hosts.toml"), text).expect("write");
+        hosts
+    };
+    for (text, says) in [
+        (format!("[host.\"http://{}\"]\n", reg.host), format!("names http://{}: list it in registry.insecure", reg.host)),
+        (format!("[host.\"https://{}\"]\n  skip_verify = true\n", reg.host), "skip_verify is not supported".to_string()),
+    ] {
+        let hosts = write(&text);
+        let dir = tempfile::tempdir().expect("tmp");
+        let certs = make_certs(&dir.path().join("certs"));
+        let mut archer = Archer::spawn(dir, certs, &format!("registry:\n  hostsDir: {}\n", hosts.path().display()), &[]);
+        let status = archer.wait_exit(std::time::Duration::from_secs(10)).await.expect("archer refuses to start");
+        assert!(!status.success());
+        assert!(archer.log_text().contains(&says), "{says}: {}", archer.log_text());
+    }
+    // https to 127.0.0.1, not listed insecure: the guard refuses the loopback address.
+    let hosts = write(&format!("[host.\"https://{}\"]\n", reg.host));
+    let archer = Archer::start(&format!("registry:\n  hostsDir: {}\n  timeoutSeconds: 2\n", hosts.path().display()), &[]).await;
+    let (_, p) = archer.admit(&pod("guarded", &["registry.example.invalid/team/app:1"])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/decision"], "inspection-failed");
+    assert!(p["metadata"]["annotations"]["archer.dev/inspection-error"].as_str().is_some_and(|e| e.contains("refusing to contact") || e.contains("forbidden_address")), "{p}");
+}

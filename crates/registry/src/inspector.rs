@@ -408,3 +408,70 @@ fn remembered(e: &RegistryError) -> bool {
             | RegistryError::Malformed(_)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Origin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An identity for `*.example.test` that answers `answer` and counts its calls.
+    struct Fake {
+        answer: Result<Credential, String>,
+        calls: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl RegistryIdentity for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn covers(&self, registry: &str) -> bool {
+            registry.ends_with(".example.test")
+        }
+        async fn credential(&self, _: &str, _: &Origin<'_>) -> Result<Credential, String> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.answer.clone()
+        }
+    }
+
+    fn cred(u: &str) -> Credential {
+        Credential { username: u.into(), password: "p".into() }
+    }
+
+    fn ring(entries: &[(&str, &str)]) -> Keyring {
+        let auths: serde_json::Map<String, serde_json::Value> = entries.iter().map(|(r, u)| (r.to_string(), serde_json::json!({"username": u, "password": "p"}))).collect();
+        Keyring::parse(serde_json::json!({"auths": auths}).to_string().as_bytes()).expect("keyring")
+    }
+
+    fn inspector(answer: Result<Credential, String>) -> (Inspector, Arc<Fake>) {
+        let fake = Arc::new(Fake { answer, calls: AtomicUsize::new(0) });
+        let client = RegistryClient::new(crate::ClientSettings::default()).expect("client");
+        let i = Inspector::new(client, &CacheSettings::default(), Arc::new(RegistryMetrics::default())).with_identity(fake.clone());
+        (i, fake)
+    }
+
+    /// The order issue #43 names: the pod's own pull secrets, then Archer's identity, then the
+    /// mounted docker config; an identity that fails falls back to the mounted config, and with
+    /// none is an error naming the registry. Registries the identity does not cover never ask it.
+    #[tokio::test]
+    async fn pull_secrets_then_the_identity_then_the_mounted_config() {
+        let r = "acme.example.test";
+        let mounted = ring(&[(r, "mounted")]);
+        let (ok, fake) = inspector(Ok(cred("identity")));
+        let own = ring(&[(r, "pod")]).with_fallback(mounted.clone());
+        assert_eq!(ok.credential_for(r, &own).await.expect("own"), Some(cred("pod")));
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 0, "the pod's own secret: the identity is not asked");
+        let none_own = Keyring::default().with_fallback(mounted.clone());
+        assert_eq!(ok.credential_for(r, &none_own).await.expect("identity"), Some(cred("identity")), "before the mounted config");
+        assert_eq!(ok.credential_for("docker.io", &Keyring::default()).await.expect("uncovered"), None);
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 1);
+
+        let (failing, _) = inspector(Err("no token".into()));
+        assert_eq!(failing.credential_for(r, &none_own).await.expect("fallback"), Some(cred("mounted")), "a failing identity falls back");
+        match failing.credential_for(r, &Keyring::default()).await {
+            Err(e @ RegistryError::Identity { .. }) => assert_eq!(e.to_string(), format!("no fake credential for {r}: no token")),
+            other => panic!("{other:?}"),
+        }
+    }
+}
