@@ -558,7 +558,7 @@ async fn aws_in_eu_west_1_live_prices_and_a_nodeoverlay_move_provisioning_and_co
         HostsFile { registry: ecr.into(), text: format!("server = \"http://{}\"\n", private.host) },
         HostsFile { registry: "registry.example.invalid".into(), text: format!("[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n", c.registry.host) },
     ];
-    restart_with_hosts(&mut c, &files, &[private.host.clone()], &["ecr:".to_string(), format!("  endpoint: {}", moto.endpoint)]).await;
+    restart_with_hosts(&mut c, &files, std::slice::from_ref(&private.host), &["ecr:".to_string(), format!("  endpoint: {}", moto.endpoint)]).await;
     namespace(&client, "private", json!({})).await;
     let (platforms, arch, error) = admitted(&c, "private", "ecr", &format!("{ecr}/team/app:1")).await;
     assert_eq!((platforms.as_deref(), arch, error), (Some("linux/arm64"), vec!["arm64".to_string()], None), "a private ECR image decided as a public one");

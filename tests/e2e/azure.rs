@@ -233,7 +233,7 @@ async fn azure_the_aks_arm64_module_runs_on_arm64_vms_launched_through_arm() {
         format!("  federatedTokenFile: {}", s.federated_token_file.unwrap_or_default()),
         format!("  authorityHost: {}", s.authority_host.unwrap_or_default()),
     ];
-    restart_with_hosts(&mut c, &[HostsFile { registry: login.into(), text: format!("server = \"http://{}\"\n", acr.host) }], &[acr.host.clone()], &identity).await;
+    restart_with_hosts(&mut c, &[HostsFile { registry: login.into(), text: format!("server = \"http://{}\"\n", acr.host) }], std::slice::from_ref(&acr.host), &identity).await;
     let (platforms, arch, error) = admitted(&c, "workshop", "acr", &format!("{login}/team/api:2")).await;
     assert_eq!((platforms.as_deref(), arch, error), (Some("linux/arm64"), vec!["arm64".to_string()], None), "a private ACR image decided as a public one");
     assert!(acr.violations().is_empty() && acr.exchanges() == 1, "{:?}", acr.violations());
