@@ -122,6 +122,7 @@ mod tests {
         "archer_provisioner_leader",
         "archer_provisioner_plan_cost_ratio",
         "archer_provisioner_reconcile_errors",
+        "archer_registry_auth_failures",
         "archer_registry_requests",
         "archer_safety_net_leader",
         "archer_safety_record_entries_dropped",
