@@ -4,10 +4,11 @@
 //! - `POST /oauth2/exchange` (`Authentication_ExchangeAadAccessTokenForAcrRefreshToken`) and
 //!   `GET`/`POST /oauth2/token` (`Authentication_GetAcrAccessTokenFromLogin`,
 //!   `Authentication_ExchangeAcrRefreshTokenForAcrAccessToken`) check every request against
-//!   ACR's published data-plane model (`specification/containerregistry/data-plane/
-//!   Azure.ContainerRegistry/stable/2021-07-01/containerregistry.json`: form fields, their enums
-//!   and required ones, `api-version`), record what the model refuses, and mint registry tokens
-//!   the real registry verifies (the issuer's certificate in its `rootcertbundle`).
+//!   ACR's published data-plane model, as ACR's own client on PyPI carries it
+//!   (`tests/azure/acr_model.py` reads azure-containerregistry 1.2.0: each operation's form
+//!   fields, the required ones, the grant types, `api-version`), record what the model refuses,
+//!   and mint registry tokens the real registry verifies (the issuer's certificate in its
+//!   `rootcertbundle`).
 //! - Everything else (`/v2/...`) passes through to the registry, headers included, so its
 //!   `WWW-Authenticate` challenge names this host's `/oauth2/token` as the realm.
 //!
@@ -26,8 +27,31 @@ use serde_json::json;
 use super::token::Signer;
 use super::Registry;
 
-/// The model's api-version.
-pub const API_VERSION: &str = "2021-07-01";
+/// One operation of the model: its form fields, the required ones, its grant types, api-version.
+#[derive(serde::Deserialize)]
+struct Operation {
+    fields: Vec<String>,
+    required: Vec<String>,
+    grant_type: Vec<String>,
+    api_version: String,
+}
+
+#[derive(serde::Deserialize)]
+struct Model {
+    exchange: Operation,
+    token: Operation,
+}
+
+/// The model, read from ACR's client once per test process.
+fn model() -> &'static Model {
+    static MODEL: std::sync::OnceLock<Model> = std::sync::OnceLock::new();
+    MODEL.get_or_init(|| {
+        let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/azure/acr_model.py");
+        let out = std::process::Command::new(super::arm::sdk_python()).arg(&script).output().expect("run acr_model.py");
+        assert!(out.status.success(), "acr_model.py (pip install azure-containerregistry==1.2.0; .ci/run does): {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("the model")
+    })
+}
 /// The user ACR takes a refresh token with.
 pub const TOKEN_USER: &str = "00000000-0000-0000-0000-000000000000";
 
@@ -95,20 +119,20 @@ fn refuse(state: &State, status: StatusCode, why: String) -> Response {
     (status, axum::Json(json!({"errors": [{"code": "UNAUTHORIZED", "message": why}]}))).into_response()
 }
 
-/// A form against the model: every field one it names, the required ones present, enums kept.
-fn check_form(form: &BTreeMap<String, String>, allowed: &[&str], required: &[&str], enums: &[(&str, &[&str])]) -> Result<(), String> {
-    if let Some(k) = form.keys().find(|k| !allowed.contains(&k.as_str())) {
+/// A request against one operation of the model: every form field one it names, the required
+/// ones present, the grant type one of its own, its api-version.
+fn check_form(op: &Operation, form: &BTreeMap<String, String>, query: &BTreeMap<String, String>) -> Result<(), String> {
+    if let Some(k) = form.keys().find(|k| !op.fields.contains(k)) {
         return Err(format!("form field {k:?} is not in the model"));
     }
-    if let Some(k) = required.iter().find(|k| !form.contains_key(**k)) {
+    if let Some(k) = op.required.iter().find(|k| !form.contains_key(*k)) {
         return Err(format!("required form field {k:?} missing"));
     }
-    for (k, values) in enums {
-        if let Some(v) = form.get(*k) {
-            if !values.contains(&v.as_str()) {
-                return Err(format!("{k}={v:?} is not one of {values:?}"));
-            }
-        }
+    if let Some(g) = form.get("grant_type").filter(|g| !op.grant_type.contains(g)) {
+        return Err(format!("grant_type={g:?} is not one of {:?}", op.grant_type));
+    }
+    if query.get("api-version") != Some(&op.api_version) {
+        return Err(format!("api-version {:?}, the model's is {}", query.get("api-version"), op.api_version));
     }
     Ok(())
 }
@@ -119,9 +143,7 @@ async fn handle(state: &State, method: Method, uri: Uri, headers: HeaderMap, bod
     let form: BTreeMap<String, String> = url::form_urlencoded::parse(&body).into_owned().collect();
     match (method.clone(), uri.path()) {
         (Method::POST, "/oauth2/exchange") => {
-            let checked = check_form(&form, &["grant_type", "service", "tenant", "refresh_token", "access_token"], &["grant_type", "service"], &[("grant_type", &["access_token_refresh_token", "access_token", "refresh_token"])])
-                .and_then(|()| if form_body { Ok(()) } else { Err("the exchange must be application/x-www-form-urlencoded".into()) })
-                .and_then(|()| if query.get("api-version").map(String::as_str) == Some(API_VERSION) { Ok(()) } else { Err(format!("api-version {:?}", query.get("api-version"))) });
+            let checked = check_form(&model().exchange, &form, &query).and_then(|()| if form_body { Ok(()) } else { Err("the exchange must be application/x-www-form-urlencoded".into()) });
             if let Err(why) = checked {
                 return refuse(state, StatusCode::BAD_REQUEST, format!("exchange: {why}"));
             }
@@ -149,7 +171,7 @@ async fn handle(state: &State, method: Method, uri: Uri, headers: HeaderMap, bod
                 }
                 (query.get("service").cloned(), query.get("scope").cloned(), refresh)
             } else {
-                if let Err(why) = check_form(&form, &["service", "scope", "refresh_token", "grant_type"], &["service", "scope", "refresh_token", "grant_type"], &[("grant_type", &["refresh_token", "password"])]) {
+                if let Err(why) = check_form(&model().token, &form, &query) {
                     return refuse(state, StatusCode::BAD_REQUEST, format!("token (POST): {why}"));
                 }
                 (form.get("service").cloned(), form.get("scope").cloned(), form.get("refresh_token").cloned())
