@@ -19,6 +19,21 @@ fn pod(name: &str, owner: &str, node: &str, image: &str) -> Value {
            "status": {"phase": "Running"}})
 }
 
+/// The dump in a file, as kubectl writes it (YAML; JSON is YAML too).
+fn write_dump(dump: &Value) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("dump.yaml");
+    std::fs::write(&path, serde_saphyr::to_string(dump).expect("yaml")).expect("write");
+    (dir, path)
+}
+
+/// `archer report ARGS --output json`, which must succeed.
+fn report_json(args: &[&str]) -> Value {
+    let (out, ok) = report(&[args, &["--output", "json"]].concat());
+    assert!(ok, "{out}");
+    serde_json::from_str(&out).expect("json")
+}
+
 fn report(args: &[&str]) -> (String, bool) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer")).arg("report").args(args).output().expect("run");
     (String::from_utf8_lossy(if out.status.success() { &out.stdout } else { &out.stderr }).into_owned(), out.status.success())
@@ -36,14 +51,9 @@ async fn a_dump_reports_movable_blocked_and_misplaced_workloads() {
         pod("legacy-7c9d-a", "legacy", "amd-1", &legacy),
         pod("batch-7c9d-a", "batch", "arm-1", &legacy),
     ]});
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("dump.yaml");
-    // kubectl writes YAML; JSON is YAML too, but write it as kubectl would.
-    std::fs::write(&path, serde_saphyr::to_string(&dump).expect("yaml")).expect("write");
+    let (_dir, path) = write_dump(&dump);
     let file = path.to_str().expect("utf8");
-    let (out, ok) = report(&["--from-file", file, "--insecure-registry", &reg.host, "--output", "json"]);
-    assert!(ok, "{out}");
-    let r: Value = serde_json::from_str(&out).expect("json");
+    let r = report_json(&["--from-file", file, "--insecure-registry", &reg.host]);
     let w = |name: &str| r["workloads"].as_array().expect("workloads").iter().find(|w| w["name"] == name).cloned().unwrap_or_else(|| panic!("no {name}: {r}"));
     assert_eq!((w("web")["kind"].as_str(), w("web")["readiness"].as_str(), w("web")["pods"].as_u64()), (Some("Deployment"), Some("movable"), Some(2)));
     assert!(w("web")["savingPerMonth"].as_f64().is_some_and(|s| s > 0.0), "{r}");
@@ -89,13 +99,9 @@ async fn pods_archer_could_not_decide_are_counted_by_reason() {
         pod("missing-7c9d-a", "missing", "amd-1", &reg.image("apps/missing:1")),
         pod("web-7c9d-a", "web", "amd-1", &web),
     ]});
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("dump.yaml");
-    std::fs::write(&path, serde_saphyr::to_string(&dump).expect("yaml")).expect("write");
+    let (_dir, path) = write_dump(&dump);
     let file = path.to_str().expect("utf8");
-    let (out, ok) = report(&["--from-file", file, "--insecure-registry", &reg.host, "--output", "json"]);
-    assert!(ok, "{out}");
-    let r: Value = serde_json::from_str(&out).expect("json");
+    let r = report_json(&["--from-file", file, "--insecure-registry", &reg.host]);
     assert_eq!((r["summary"]["undecidedPods"].clone(), r["summary"]["undecidedByReason"].clone()), (json!(2), json!({"identity": 1, "not_found": 1})), "{r}");
     let (text, ok) = report(&["--from-file", file, "--insecure-registry", &reg.host]);
     assert!(ok && text.contains("Pods Archer could not decide (their images could not be inspected): 2 (identity 1, not_found 1)"), "{text}");
