@@ -83,7 +83,7 @@ async fn a_dump_reports_movable_blocked_and_misplaced_workloads() {
 
 /// The report says how many pods Archer could not decide, and why (issue #43): a pod the webhook
 /// admitted without inspecting its images (`archer.dev/decision: inspection-failed`, the reason
-/// at the end of its `archer.dev/inspection-error`) counts even when the report itself can read
+/// in brackets in its `archer.dev/inspection-error`) counts even when the report itself can read
 /// the image; a pod whose image the report cannot read counts by its own reason; offline, what
 /// was not inspected is `not_inspected`, never guessed.
 #[tokio::test(flavor = "multi_thread")]
@@ -92,7 +92,7 @@ async fn pods_archer_could_not_decide_are_counted_by_reason() {
     reg.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
     let web = reg.image("apps/web:1");
     let mut failed = pod("private-7c9d-a", "private", "amd-1", &web);
-    failed["metadata"]["annotations"] = json!({"archer.dev/decision": "inspection-failed", "archer.dev/inspection-error": format!("image \"{web}\": no ecr credential for {}: GetAuthorizationToken in eu-west-1: dispatch failure [identity]", reg.host)});
+    failed["metadata"]["annotations"] = json!({"archer.dev/decision": "inspection-failed", "archer.dev/inspection-error": format!("image \"{web}\": [identity] no ecr credential for {}: GetAuthorizationToken in eu-west-1: dispatch failure", reg.host)});
     let dump = json!({"apiVersion": "v1", "kind": "List", "items": [
         node("amd-1", "amd64", "m7i.xlarge"),
         failed,

@@ -346,12 +346,18 @@ async fn a_private_ecr_image_without_a_pull_secret_is_read_with_archers_aws_iden
     let moto = common::moto::Moto::start().await;
     let reg = Registry::start_with_auth("AWS", "123456789012-auth-token").await;
     reg.push_image("team/app", "1", "linux/arm64", true).await;
+    // A registry that refuses the identity's token (a role that cannot read it).
+    let other = Registry::start_with_auth("AWS", "mounted-pass").await;
+    other.push_image("team/app", "1", "linux/arm64", true).await;
     // Another account's registry: the region's token reaches every registry the principal may.
     let ecr = "111122223333.dkr.ecr.eu-west-1.amazonaws.com";
     let hosts = tempfile::tempdir().expect("tmp");
     std::fs::create_dir(hosts.path().join(ecr)).expect("dir");
     std::fs::write(hosts.path().join(ecr).join("hosts.toml"), format!("server = \"http://{}\"\n", reg.host)).expect("write");
-    let config = |ecr_settings: &str| format!("registry:\n  insecure: [\"{}\"]\n  hostsDir: {}\n  timeoutSeconds: 3\n  ecr:\n{ecr_settings}", reg.host, hosts.path().display());
+    let second = "222233334444.dkr.ecr.eu-west-1.amazonaws.com";
+    std::fs::create_dir(hosts.path().join(second)).expect("dir");
+    std::fs::write(hosts.path().join(second).join("hosts.toml"), format!("server = \"http://{}\"\n", other.host)).expect("write");
+    let config = |ecr_settings: &str| format!("registry:\n  insecure: [\"{}\", \"{}\"]\n  hostsDir: {}\n  timeoutSeconds: 3\n  ecr:\n{ecr_settings}", reg.host, other.host, hosts.path().display());
     let image = format!("{ecr}/team/app:1");
 
     let archer = Archer::start(&config(&format!("    endpoint: {}\n", moto.endpoint)), &[]).await;
@@ -359,6 +365,15 @@ async fn a_private_ecr_image_without_a_pull_secret_is_read_with_archers_aws_iden
     assert_eq!(resp["allowed"], true);
     assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/arm64", "{resp}");
     assert_eq!(arch_values(&p), [vec!["arm64".to_string()]], "decided as a public image would be");
+
+    // The registry refusing the identity's token takes the mounted docker config's: the next
+    // credential is tried, as the kubelet tries them.
+    let docker = tempfile::tempdir().expect("tmp");
+    let auth = base64::engine::general_purpose::STANDARD.encode("AWS:mounted-pass");
+    std::fs::write(docker.path().join("config.json"), json!({"auths": {second: {"auth": auth}}}).to_string()).expect("write");
+    let both = Archer::start(&config(&format!("    endpoint: {}\n", moto.endpoint)), &["--docker-config", docker.path().join("config.json").to_str().expect("utf8")]).await;
+    let (resp, p) = both.admit(&pod("refused-then-mounted", &[&format!("{second}/team/app:1")])).await;
+    assert_eq!(p["metadata"]["annotations"]["archer.dev/platforms"], "linux/arm64", "{resp}");
 
     // The identity off: the registry asks for a credential Archer does not have.
     let off = Archer::start(&config("    enabled: false\n"), &[]).await;
@@ -386,13 +401,13 @@ async fn a_private_ecr_image_without_a_pull_secret_is_read_with_archers_aws_iden
 /// settings the pod says why.
 #[tokio::test]
 async fn a_private_acr_image_without_a_pull_secret_is_read_with_archers_workload_identity() {
-    use common::arm::{ArmServer, CLIENT_ID, TENANT, TOKEN};
+    use common::arm::{ArmServer, ACR_TOKEN, CLIENT_ID, TENANT};
     let arm = ArmServer::start().await;
     let open = Registry::start().await;
     open.push_image("team/api", "2", "linux/arm64", true).await;
     let dir = tempfile::tempdir().expect("tmp");
     let login = "archertest.azurecr.io";
-    let acr = common::acr::Acr::start(dir.path(), &open.storage, login, TOKEN, TENANT).await;
+    let acr = common::acr::Acr::start(dir.path(), &open.storage, login, ACR_TOKEN, TENANT).await;
     let hosts = tempfile::tempdir().expect("tmp");
     std::fs::create_dir(hosts.path().join(login)).expect("dir");
     std::fs::write(hosts.path().join(login).join("hosts.toml"), format!("server = \"http://{}\"\n", acr.host)).expect("write");
@@ -418,7 +433,7 @@ async fn a_private_acr_image_without_a_pull_secret_is_read_with_archers_workload
     let bare = Archer::start(&config("    enabled: true\n"), &[]).await;
     let (_, p) = bare.admit(&pod("no-identity", &[&image])).await;
     let why = p["metadata"]["annotations"]["archer.dev/inspection-error"].as_str().unwrap_or_default().to_string();
-    assert!(why.contains(&format!("no acr credential for {login}")) && why.ends_with("[identity]"), "{why}");
+    assert!(why.contains(&format!("[identity] no acr credential for {login}")), "{why}");
     assert_eq!(bare.metric(&format!("archer_registry_auth_failures_total{{registry=\"{login}\",reason=\"identity\"}}")).await, 1.0);
 }
 

@@ -275,7 +275,9 @@ pub fn base_keyring(cfg: &Config) -> anyhow::Result<archer_registry::Keyring> {
     match &cfg.registry.docker_config {
         Some(p) => {
             let bytes = std::fs::read(p).map_err(|e| anyhow::anyhow!("reading docker config {}: {e}", p.display()))?;
-            Ok(archer_registry::Keyring::parse(&bytes).map_err(|e| anyhow::anyhow!("docker config {}: {e}", p.display()))?)
+            let mounted = archer_registry::Keyring::parse(&bytes).map_err(|e| anyhow::anyhow!("docker config {}: {e}", p.display()))?;
+            // The fallback wherever it is used: Archer's own cloud identity comes before it.
+            Ok(archer_registry::Keyring::default().with_fallback(mounted))
         }
         None => Ok(archer_registry::Keyring::default()),
     }

@@ -153,16 +153,12 @@ fn share(pod: &Pod, node: &Node) -> f64 {
     (frac(req.cpu_millis, alloc.cpu_millis) + frac(req.memory_bytes, alloc.memory_bytes)) / 2.0
 }
 
-/// The platforms every image of the pod supports, by the one rule
-/// ([`archer_core::placement::pod_platforms`]: the webhook's annotation, else the images'); `Err`
-/// lists the images that could not be inspected.
 /// Why Archer could not decide a pod's platforms, if it could not: the webhook's word first
-/// (`archer.dev/decision: inspection-failed`, the reason at the end of its
-/// `archer.dev/inspection-error`), else this report's own inspection.
+/// (its `archer.dev/inspection-error`, whatever the decision it then took: `inspection-failed`,
+/// or a namespace's fallback architecture; the bracketed reason in it), else this report's own
+/// inspection.
 fn undecided(pod: &Pod, images: &ImagePlatforms) -> Option<&'static str> {
-    let annotations = pod.metadata.annotations.as_ref();
-    if annotations.and_then(|a| a.get(archer_core::placement::DECISION_ANNOTATION)).is_some_and(|d| d == "inspection-failed") {
-        let said = annotations.and_then(|a| a.get("archer.dev/inspection-error")).map_or("", String::as_str);
+    if let Some(said) = pod.metadata.annotations.as_ref().and_then(|a| a.get("archer.dev/inspection-error")) {
         return Some(archer_registry::RegistryError::reason_in(said).unwrap_or("other"));
     }
     let problems = pod_platforms(pod, images).err()?;
@@ -175,6 +171,9 @@ fn undecided(pod: &Pod, images: &ImagePlatforms) -> Option<&'static str> {
 /// What an image the report did not inspect says (offline: `not inspected (--offline)`).
 const NOT_INSPECTED: &str = "not inspected";
 
+/// The platforms every image of the pod supports, by the one rule
+/// ([`archer_core::placement::pod_platforms`]: the webhook's annotation, else the images'); `Err`
+/// lists the images that could not be inspected.
 fn pod_platforms(pod: &Pod, images: &ImagePlatforms) -> Result<PlatformSet, Vec<ImageProblem>> {
     if let Some(p) = archer_core::placement::pod_platforms(pod, &|i| images.get(i).and_then(|r| r.as_ref().ok())) {
         return Ok(p);

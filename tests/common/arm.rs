@@ -36,6 +36,8 @@ pub const CLIENT_ID: &str = "22222222-2222-2222-2222-222222222222";
 pub const ASSERTION: &str = "eyJhbGciOiJSUzI1NiJ9.the-projected-service-account-token.sig";
 pub const SUBNET: &str = "/subscriptions/00000000-0000-0000-0000-0000000000aa/resourceGroups/MC_archer_test_eastus/providers/Microsoft.Network/virtualNetworks/aks-vnet/subnets/aks-subnet";
 pub const TOKEN: &str = "arm-access-token-1";
+/// The token the same identity gets for ACR's data plane (`https://containerregistry.azure.net`).
+pub const ACR_TOKEN: &str = "acr-scoped-entra-token-1";
 
 /// The schemas and api-versions of the operations, from the SDKs (once per test process).
 struct Spec {
@@ -361,17 +363,25 @@ fn token(arm: &Arm, path: &str, body: &[u8]) -> Response {
     let want = [
         ("client_id", CLIENT_ID),
         ("grant_type", "client_credentials"),
-        ("scope", "https://management.azure.com/.default"),
         ("client_assertion_type", "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"),
         ("client_assertion", ASSERTION),
     ];
-    let wrong: Vec<String> = want.iter().filter(|(k, v)| form.get(*k).map(String::as_str) != Some(*v)).map(|(k, _)| k.to_string()).collect();
+    let mut wrong: Vec<String> = want.iter().filter(|(k, v)| form.get(*k).map(String::as_str) != Some(*v)).map(|(k, _)| k.to_string()).collect();
+    // Resource Manager's scope, or ACR's data plane's (each its own token).
+    let token = match form.get("scope").map(String::as_str) {
+        Some("https://management.azure.com/.default") => TOKEN,
+        Some("https://containerregistry.azure.net/.default") => ACR_TOKEN,
+        _ => {
+            wrong.push("scope".into());
+            TOKEN
+        }
+    };
     if path != format!("/{TENANT}/oauth2/v2.0/token") || !wrong.is_empty() {
         arm.violations.lock().unwrap().push(format!("token request to {path}: wrong {wrong:?}"));
         return (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "invalid_client", "error_description": format!("AADSTS700016: wrong {wrong:?}")}))).into_response();
     }
     *arm.tokens_issued.lock().unwrap() += 1;
-    axum::Json(json!({"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": TOKEN})).into_response()
+    axum::Json(json!({"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token})).into_response()
 }
 
 type Answer = (StatusCode, Vec<(&'static str, String)>, Value);

@@ -225,7 +225,7 @@ async fn azure_the_aks_arm64_module_runs_on_arm64_vms_launched_through_arm() {
     open.push_image("team/api", "2", "linux/arm64", true).await;
     let login = "archerdemo.azurecr.io";
     let s = arm.settings();
-    let acr = crate::common::acr::Acr::start(c.dir.path(), &open.storage, login, crate::common::arm::TOKEN, crate::common::arm::TENANT).await;
+    let acr = crate::common::acr::Acr::start(c.dir.path(), &open.storage, login, crate::common::arm::ACR_TOKEN, crate::common::arm::TENANT).await;
     let identity = [
         "acr:".to_string(),
         format!("  tenantId: {}", s.tenant_id.unwrap_or_default()),

@@ -32,8 +32,19 @@ pub fn registry_of(host: &str) -> Option<(String, String)> {
         valid.then(|| region.to_string())
     };
     let region = region_of(rest, &["dkr.ecr-fips.", "dkr.ecr."], &[".amazonaws.com.cn", ".amazonaws.com"]).or_else(|| region_of(rest, &["dkr-ecr-fips.", "dkr-ecr."], &[".on.aws"]))?;
-    Some((account.to_string(), region))
+    // A region as AWS names them (`us-east-1`, `us-gov-west-1`, `ap-southeast-2`), China's alone
+    // under `.amazonaws.com.cn` (so `<12 digits>.dkr.ecr.s3-website-...` is no ECR host).
+    let parts: Vec<&str> = region.split('-').collect();
+    let named = parts.len() >= 3
+        && parts.first().is_some_and(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && parts.last().is_some_and(|p| !p.is_empty() && p.len() <= 2 && p.bytes().all(|b| b.is_ascii_digit()))
+        && parts.iter().skip(1).take(parts.len() - 2).all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()));
+    let china = region.starts_with("cn-");
+    (named && china == host.ends_with(".amazonaws.com.cn")).then(|| (account.to_string(), region))
 }
+
+/// Regions whose client is kept.
+const CLIENTS: usize = 32;
 
 /// Archer's ECR sign-in: one `GetAuthorizationToken` client per region, tokens kept by region.
 pub struct Ecr {
@@ -57,19 +68,26 @@ impl Ecr {
         Ecr { sdk: tokio::sync::OnceCell::new(), endpoint, clients: Mutex::new(HashMap::new()), tokens: TokenCache::default() }
     }
 
+    /// The region's client: kept for at most [`CLIENTS`] regions (image names, and so regions,
+    /// are the tenants' to choose), built afresh past that.
     async fn client(&self, region: &str) -> aws_sdk_ecr::Client {
         let sdk = self.sdk.get_or_init(|| async { crate::sdk_config(&archer_cloud::settings::AwsConfig::default()).await }).await;
+        let build = || {
+            let mut conf = aws_sdk_ecr::config::Builder::from(sdk).region(aws_config::Region::new(region.to_string()));
+            if let Some(e) = &self.endpoint {
+                conf = conf.endpoint_url(e);
+            }
+            aws_sdk_ecr::Client::from_conf(conf.build())
+        };
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        clients
-            .entry(region.to_string())
-            .or_insert_with(|| {
-                let mut conf = aws_sdk_ecr::config::Builder::from(sdk).region(aws_config::Region::new(region.to_string()));
-                if let Some(e) = &self.endpoint {
-                    conf = conf.endpoint_url(e);
-                }
-                aws_sdk_ecr::Client::from_conf(conf.build())
-            })
-            .clone()
+        if let Some(c) = clients.get(region) {
+            return c.clone();
+        }
+        let client = build();
+        if clients.len() < CLIENTS {
+            clients.insert(region.to_string(), client.clone());
+        }
+        client
     }
 
     /// A fresh token for `region`: the credential and when it expires.
@@ -115,7 +133,21 @@ mod tests {
         assert_eq!(of("123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn").as_deref(), Some("123456789012/cn-north-1"));
         assert_eq!(of("123456789012.dkr-ecr.ap-south-2.on.aws").as_deref(), Some("123456789012/ap-south-2"));
         assert_eq!(of("123456789012.dkr.ecr.eu-west-1.amazonaws.com:443").as_deref(), Some("123456789012/eu-west-1"));
-        for not in ["public.ecr.aws", "docker.io", "12345.dkr.ecr.eu-west-1.amazonaws.com", "123456789012.dkr.ecr.amazonaws.com", "123456789012.dkr.ecr.eu-west-1.amazonaws.com.evil.example", "123456789012.dkr.ecr.EU.amazonaws.com", "abcdefghijkl.dkr.ecr.eu-west-1.amazonaws.com"] {
+        assert_eq!(of("123456789012.dkr.ecr.us-gov-west-1.amazonaws.com").as_deref(), Some("123456789012/us-gov-west-1"));
+        for not in [
+            "public.ecr.aws",
+            "docker.io",
+            "12345.dkr.ecr.eu-west-1.amazonaws.com",
+            "123456789012.dkr.ecr.amazonaws.com",
+            "123456789012.dkr.ecr.eu-west-1.amazonaws.com.evil.example",
+            "123456789012.dkr.ecr.EU.amazonaws.com",
+            "abcdefghijkl.dkr.ecr.eu-west-1.amazonaws.com",
+            // An S3 website bucket named like an ECR host, and regions of the wrong partition.
+            "123456789012.dkr.ecr.s3-website-us-east-1.amazonaws.com",
+            "123456789012.dkr.ecr.cn-north-1.amazonaws.com",
+            "123456789012.dkr.ecr.eu-west-1.amazonaws.com.cn",
+            "123456789012.dkr.ecr.a-1.amazonaws.com",
+        ] {
             assert_eq!(of(not), None, "{not}");
         }
     }

@@ -1,7 +1,8 @@
 //! Private ACR images read with Archer's own workload identity, as AKS nodes pull them with the
 //! kubelet identity (AcrPull) and no pull secret. As ACR's data-plane API documents
-//! (`Authentication_ExchangeAadAccessTokenForAcrRefreshToken`, 2021-07-01): the Microsoft Entra
-//! token the provider's workload identity exchange gives ([`crate::auth`]) is exchanged at
+//! (`Authentication_ExchangeAadAccessTokenForAcrRefreshToken`, 2021-07-01): a Microsoft Entra
+//! token from the provider's workload identity exchange ([`crate::auth`]), scoped to ACR's data
+//! plane alone (`https://containerregistry.azure.net`, never Resource Manager's), is exchanged at
 //! `POST https://<registry>/oauth2/exchange` (form `grant_type=access_token`, `service`,
 //! `tenant`, `access_token`) for an ACR refresh token. That token is the credential (user
 //! `00000000-0000-0000-0000-000000000000`): the registry client's challenge answer trades it at
@@ -28,6 +29,8 @@ const API_VERSION: &str = "2021-07-01";
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(3 * 3600);
 /// Largest exchange answer read.
 const MAX_ANSWER: usize = 64 << 10;
+/// The exchange's bound.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Whether `registry` is an ACR login server (`<name>.azurecr.io`, and the sovereign clouds').
 pub fn is_acr(registry: &str) -> bool {
@@ -51,7 +54,7 @@ impl Acr {
     pub fn from_workload_identity(settings: &AzureConfig) -> Acr {
         let tenant = settings.tenant_id.clone().or_else(|| std::env::var("AZURE_TENANT_ID").ok()).filter(|t| !t.trim().is_empty());
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap_or_default();
-        let entra = auth::Credential::workload_identity(http, settings).map_err(|e| e.to_string());
+        let entra = auth::Credential::workload_identity(http, settings).map(|c| c.for_scope(auth::ACR_SCOPE)).map_err(|e| e.to_string());
         Acr { entra, tenant, tokens: TokenCache::default() }
     }
 
@@ -64,11 +67,14 @@ impl Acr {
         if let Some(t) = &self.tenant {
             form.push(("tenant", t));
         }
-        let resp = origin.http.post(url.clone()).form(&form).send().await.map_err(|e| format!("POST {url}: {e}"))?;
+        let mut resp = origin.http.post(url.clone()).form(&form).timeout(EXCHANGE_TIMEOUT).send().await.map_err(|e| format!("POST {url}: {e}"))?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| format!("POST {url}: {e}"))?;
-        if body.len() > MAX_ANSWER {
-            return Err(format!("POST {url}: an answer of {} bytes", body.len()));
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| format!("POST {url}: {e}"))? {
+            if body.len() + chunk.len() > MAX_ANSWER {
+                return Err(format!("POST {url}: an answer over {MAX_ANSWER} bytes"));
+            }
+            body.extend_from_slice(&chunk);
         }
         if !status.is_success() {
             let said: String = String::from_utf8_lossy(&body).chars().take(300).collect();

@@ -15,7 +15,9 @@ use archer_cloud::settings::AzureConfig;
 
 const PUBLIC_AUTHORITY: &str = "https://login.microsoftonline.com/";
 /// The scope of Azure Resource Manager's tokens (the public cloud).
-const ARM_SCOPE: &str = "https://management.azure.com/.default";
+pub(crate) const ARM_SCOPE: &str = "https://management.azure.com/.default";
+/// The scope of Azure Container Registry's data plane: a token for it manages nothing else.
+pub(crate) const ACR_SCOPE: &str = "https://containerregistry.azure.net/.default";
 const ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 /// A token is exchanged again this long before it expires.
 const EARLY: Duration = Duration::from_secs(300);
@@ -34,6 +36,8 @@ pub struct Credential {
     token_url: reqwest::Url,
     client_id: String,
     token_file: PathBuf,
+    /// What the tokens are for ([`ARM_SCOPE`], [`ACR_SCOPE`]).
+    scope: &'static str,
     cached: Mutex<Option<(String, Instant)>>,
 }
 
@@ -50,7 +54,13 @@ impl Credential {
         archer_cloud::settings::token_endpoint("the token authority (provisioner.azure.authorityHost, AZURE_AUTHORITY_HOST)", &authority).map_err(ArmError::Auth)?;
         let base = if authority.ends_with('/') { authority } else { format!("{authority}/") };
         let token_url = reqwest::Url::parse(&base).and_then(|u| u.join(&format!("{tenant}/oauth2/v2.0/token"))).map_err(|e| ArmError::Auth(format!("authority {base:?}: {e}")))?;
-        Ok(Credential { http, token_url, client_id, token_file: token_file.into(), cached: Mutex::new(None) })
+        Ok(Credential { http, token_url, client_id, token_file: token_file.into(), scope: ARM_SCOPE, cached: Mutex::new(None) })
+    }
+
+    /// The same identity's tokens for `scope` instead of Azure Resource Manager's.
+    pub(crate) fn for_scope(mut self, scope: &'static str) -> Self {
+        self.scope = scope;
+        self
     }
 
     /// A token valid for at least five more minutes.
@@ -73,7 +83,7 @@ impl Credential {
             return Err(ArmError::Auth(format!("federated token {} is {len} bytes", file.display())));
         }
         let assertion = tokio::fs::read_to_string(file).await.map_err(|e| ArmError::Auth(format!("federated token {}: {e}", file.display())))?;
-        let form = [("client_id", self.client_id.as_str()), ("scope", ARM_SCOPE), ("grant_type", "client_credentials"), ("client_assertion_type", ASSERTION_TYPE), ("client_assertion", assertion.trim())];
+        let form = [("client_id", self.client_id.as_str()), ("scope", self.scope), ("grant_type", "client_credentials"), ("client_assertion_type", ASSERTION_TYPE), ("client_assertion", assertion.trim())];
         let resp = self.http.post(self.token_url.clone()).form(&form).send().await.map_err(|e| ArmError::Auth(error_chain(&e)))?;
         let status = resp.status();
         let body = read_limited(resp).await?;

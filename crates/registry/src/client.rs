@@ -181,11 +181,11 @@ impl RegistryClient {
         let mut last = None;
         for (i, endpoint) in endpoints.iter().enumerate() {
             let is_origin = i + 1 == endpoints.len();
-            let repo = self.repo(endpoint, image, if is_origin { cred } else { None }, deadline, allowance)?;
+            let repo = self.repo(&endpoint.host, image, if endpoint.credential { cred } else { None }, deadline, allowance)?;
             match repo.inspect(image.reference(), image.digest.as_deref()).await {
                 Ok(found) => return Ok(found),
                 Err(e) if !is_origin && e.is_endpoint_failure() => {
-                    tracing::debug!(mirror = %endpoint, error = %e, "mirror failed, trying the next endpoint");
+                    tracing::debug!(mirror = %endpoint.host, error = %e, "mirror failed, trying the next endpoint");
                     last = Some(e);
                 }
                 Err(e) => return Err(e),
@@ -195,22 +195,26 @@ impl RegistryClient {
     }
 
     /// The registries an image is read from, in order: its mirrors (those that may resolve a
-    /// tag, for a tag), then its own or the host standing for it (the last, the only one sent
-    /// the pull credential).
-    pub(crate) fn endpoints(&self, image: &ImageRef) -> Result<Vec<String>, RegistryError> {
+    /// tag, for a tag), then its own or the host standing for it (the last). Only the last is sent
+    /// the pull credential, and only when it is the registry itself or the `server` of the
+    /// registry's own `hosts.toml`: `_default`'s server (a proxy for every registry) never is.
+    pub(crate) fn endpoints(&self, image: &ImageRef) -> Result<Vec<Endpoint>, RegistryError> {
         self.settings.guard.check_registry(&image.registry)?;
-        let hosts = self.settings.hosts.get(&image.registry).or_else(|| self.settings.hosts.get(crate::hosts::DEFAULT));
-        let mut endpoints: Vec<String> = hosts.iter().flat_map(|h| &h.mirrors).filter(|m| m.resolve || image.digest.is_some()).map(|m| m.host.clone()).collect();
-        endpoints.push(hosts.and_then(|h| h.server.as_ref()).map_or_else(|| image.registry.clone(), |m| m.host.clone()));
+        let own = self.settings.hosts.get(&image.registry);
+        let hosts = own.or_else(|| self.settings.hosts.get(crate::hosts::DEFAULT));
+        let mut endpoints: Vec<Endpoint> = hosts.iter().flat_map(|h| &h.mirrors).filter(|m| m.resolve || image.digest.is_some()).map(|m| Endpoint { host: m.host.clone(), credential: false }).collect();
+        endpoints.push(match hosts.and_then(|h| h.server.as_ref()) {
+            Some(server) => Endpoint { host: server.host.clone(), credential: own.is_some() },
+            None => Endpoint { host: image.registry.clone(), credential: true },
+        });
         Ok(endpoints)
     }
 
-    /// Where `registry` itself is reached (its own host, or the one standing for it), for an
-    /// identity's sign-in there.
+    /// Where `registry` itself is reached, for an identity's sign-in there: the registry, or the
+    /// `server` of its own `hosts.toml` (never `_default`'s, a proxy for every registry).
     pub(crate) fn origin(&self, registry: &str) -> Result<crate::identity::Origin<'_>, RegistryError> {
         self.settings.guard.check_registry(registry)?;
-        let hosts = self.settings.hosts.get(registry).or_else(|| self.settings.hosts.get(crate::hosts::DEFAULT));
-        let host = hosts.and_then(|h| h.server.as_ref()).map_or(registry, |m| m.host.as_str());
+        let host = self.settings.hosts.get(registry).and_then(|h| h.server.as_ref()).map_or(registry, |m| m.host.as_str());
         let url = self.base_url(host)?;
         Ok(crate::identity::Origin { http: self.http_for(&url), url })
     }
@@ -227,6 +231,12 @@ impl RegistryClient {
         self.settings.guard.check_url(&url)?;
         Ok(url)
     }
+}
+
+/// A host an image is read from, and whether it is sent the image's pull credential.
+pub(crate) struct Endpoint {
+    pub(crate) host: String,
+    pub(crate) credential: bool,
 }
 
 /// One repository on one endpoint, with the auth header learnt from its first challenge.

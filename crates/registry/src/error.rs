@@ -41,18 +41,17 @@ impl RegistryError {
         "invalid_reference", "forbidden_address", "not_allowed", "unauthorized", "not_found", "timeout", "too_large", "digest_mismatch", "malformed", "rate_limited", "unavailable", "pod_bytes_exceeded", "memory_budget", "identity",
     ];
 
-    /// The error as a pod's `archer.dev/inspection-error` and `archer report` say it: the message
-    /// and, in brackets, its reason (`registry denied access (HTTP 401) [unauthorized]`).
+    /// The error as a pod's `archer.dev/inspection-error` and `archer report` say it: its reason
+    /// in brackets, then the message (`[unauthorized] registry denied access (HTTP 401)`), so an
+    /// annotation cut at its bound keeps the reason.
     pub fn with_reason(&self) -> String {
-        format!("{self} [{}]", self.reason())
+        format!("[{}] {self}", self.reason())
     }
 
-    /// The reason [`RegistryError::with_reason`] wrote at the end of `text`, if it is one of
+    /// The first reason [`RegistryError::with_reason`] wrote in `text`, if it is one of
     /// [`RegistryError::REASONS`] (the text may be a pod's annotation, which its tenant can write).
     pub fn reason_in(text: &str) -> Option<&'static str> {
-        let inner = text.trim_end().strip_suffix(']')?;
-        let (_, key) = inner.rsplit_once('[')?;
-        Self::REASONS.iter().copied().find(|r| *r == key)
+        text.split('[').skip(1).filter_map(|after| after.split_once(']')).find_map(|(key, _)| Self::REASONS.iter().copied().find(|r| *r == key))
     }
 
     pub fn reason(&self) -> &'static str {
@@ -108,7 +107,8 @@ mod tests {
             assert!(RegistryError::REASONS.contains(&e.reason()), "{}", e.reason());
             assert_eq!(RegistryError::reason_in(&format!("image \"x\": {}", e.with_reason())), Some(e.reason()));
         }
-        assert_eq!(RegistryError::reason_in("image \"x\": whatever [made-up]"), None, "only known reasons");
+        assert_eq!(RegistryError::reason_in("image \"x\": [made-up] whatever"), None, "only known reasons");
         assert_eq!(RegistryError::reason_in("no brackets"), None);
+        assert_eq!(RegistryError::reason_in("image \"[::1]:5000/a\": [timeout] registry lookup timed out…"), Some("timeout"), "the first known one, whatever is cut after it");
     }
 }

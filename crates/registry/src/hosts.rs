@@ -10,10 +10,15 @@
 //! ```
 //!
 //! As containerd does: the mirrors are tried in the order written, and a mirror is asked to
-//! resolve a tag only with the `resolve` capability (`pull` is enough for a digest); `server`
-//! stands for the registry and is sent the image's pull credential, mirrors never are. What
-//! Archer cannot honour is refused when the tree is read, never skipped: `skip_verify` (add the
-//! CA instead), `override_path`, client certificates, headers, paths on a host.
+//! resolve a tag only with the `resolve` capability (`pull` is enough for a digest); a host
+//! without a scheme is `https://`; capabilities are read case-insensitively; a relative `ca`
+//! path is the registry folder's; a registry folder without a `hosts.toml` means that registry
+//! is reached directly (not through `_default`). `server` stands for the registry: the server of
+//! the registry's own `hosts.toml` is sent the image's pull credential (and Archer's identity
+//! signs in there), `_default`'s and mirrors never are. What Archer cannot honour is refused when
+//! the tree is read, never skipped: `skip_verify` (add the CA instead), `override_path`, client
+//! certificates, headers, paths on a host. `dial_timeout` is accepted and left to the client's
+//! own connect bound.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -66,6 +71,8 @@ struct HostsFile {
     capabilities: Option<Vec<String>>,
     ca: Option<OneOrMany>,
     skip_verify: Option<bool>,
+    #[allow(dead_code, reason = "accepted, as containerd takes it; the client's connect bound applies")]
+    dial_timeout: Option<String>,
     #[serde(default)]
     host: toml::map::Map<String, toml::Value>,
 }
@@ -76,6 +83,8 @@ struct HostEntry {
     capabilities: Option<Vec<String>>,
     ca: Option<OneOrMany>,
     skip_verify: Option<bool>,
+    #[allow(dead_code, reason = "accepted, as containerd takes it; the client's connect bound applies")]
+    dial_timeout: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -94,19 +103,30 @@ impl OneOrMany {
     }
 }
 
-/// Read every `<dir>/<registry>/hosts.toml` under `dir`. Directories without one are skipped, as
-/// containerd skips them.
+/// Read every `<dir>/<registry>/hosts.toml` under `dir`. A registry folder without one (certs
+/// only) reaches its registry directly, as containerd's does.
 pub fn read_dir(dir: &Path) -> Result<Hosts, HostsError> {
     let mut hosts = Hosts::default();
     let entries = std::fs::read_dir(dir).map_err(|e| HostsError::Read(dir.to_path_buf(), e))?;
-    let mut names: Vec<PathBuf> = entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.join("hosts.toml").is_file()).collect();
+    let mut names: Vec<PathBuf> = entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_dir()).collect();
     names.sort();
     for path in names {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
         let file = path.join("hosts.toml");
         let registry = if name == DEFAULT { DEFAULT.to_string() } else { normalise_registry(&name).ok_or_else(|| HostsError::Invalid(file.clone(), format!("{name:?} is not a registry host")))? };
+        if !file.is_file() {
+            hosts.registries.insert(registry, RegistryHosts::default());
+            continue;
+        }
         let text = std::fs::read_to_string(&file).map_err(|e| HostsError::Read(file.clone(), e))?;
+        let before = hosts.ca_files.len();
         parse(&mut hosts, &registry, &text).map_err(|why| HostsError::Invalid(file.clone(), why))?;
+        // A relative `ca` is the registry folder's.
+        for ca in hosts.ca_files.iter_mut().skip(before) {
+            if ca.is_relative() {
+                *ca = path.join(&*ca);
+            }
+        }
     }
     Ok(hosts)
 }
@@ -120,7 +140,7 @@ pub fn parse(hosts: &mut Hosts, registry: &str, text: &str) -> Result<(), String
     }
     if let Some(server) = &file.server {
         let (host, plain_http) = host_of(server)?;
-        if file.capabilities.as_ref().is_some_and(|c| !c.iter().any(|x| x == "pull")) {
+        if file.capabilities.as_ref().is_some_and(|c| !c.iter().any(|x| x.eq_ignore_ascii_case("pull"))) {
             return Err(format!("server {server}: without the pull capability Archer could read nothing from it"));
         }
         own.server = Some(Mirror { host, resolve: true, plain_http });
@@ -133,7 +153,7 @@ pub fn parse(hosts: &mut Hosts, registry: &str, text: &str) -> Result<(), String
         }
         let (host, plain_http) = host_of(&url)?;
         // containerd's default: every capability.
-        let caps = entry.capabilities.unwrap_or_else(|| vec!["pull".into(), "resolve".into(), "push".into()]);
+        let caps: Vec<String> = entry.capabilities.unwrap_or_else(|| vec!["pull".into(), "resolve".into(), "push".into()]).into_iter().map(|c| c.to_ascii_lowercase()).collect();
         if let Some(c) = caps.iter().find(|c| !["pull", "resolve", "push"].contains(&c.as_str())) {
             return Err(format!("host {url:?}: unknown capability {c:?}"));
         }
@@ -146,9 +166,11 @@ pub fn parse(hosts: &mut Hosts, registry: &str, text: &str) -> Result<(), String
     Ok(())
 }
 
-/// `https://host[:port]` or `http://host[:port]` (no path): the host and whether it is plain HTTP.
+/// `https://host[:port]` or `http://host[:port]` (no path; no scheme is `https://`, as containerd
+/// reads it): the host and whether it is plain HTTP.
 fn host_of(url: &str) -> Result<(String, bool), String> {
-    let parsed = url::Url::parse(url).map_err(|e| format!("{url:?}: {e}"))?;
+    let full = if url.contains("://") { url.to_string() } else { format!("https://{url}") };
+    let parsed = url::Url::parse(&full).map_err(|e| format!("{url:?}: {e}"))?;
     let plain_http = match parsed.scheme() {
         "https" => false,
         "http" => true,
@@ -157,7 +179,7 @@ fn host_of(url: &str) -> Result<(String, bool), String> {
     if !matches!(parsed.path(), "" | "/" | "/v2" | "/v2/") || parsed.query().is_some() || !parsed.username().is_empty() {
         return Err(format!("{url:?}: a path, query or user on a host is not supported"));
     }
-    let host = normalise_registry(url).ok_or_else(|| format!("{url:?} names no host"))?;
+    let host = normalise_registry(&full).ok_or_else(|| format!("{url:?} names no host"))?;
     Ok((host, plain_http))
 }
 
@@ -187,6 +209,17 @@ server = "https://registry-1.docker.io"
     }
 
     #[test]
+    fn scheme_less_hosts_are_https_capabilities_any_case_and_relative_cas_the_folders() {
+        let mut h = Hosts::default();
+        parse(&mut h, "r.example", "[host.\"mirror.example:5000\"]\n  capabilities = [\"Pull\", \"RESOLVE\"]\n  dial_timeout = \"3s\"\n").expect("valid");
+        assert_eq!(h.registries["r.example"].mirrors, [Mirror { host: "mirror.example:5000".into(), resolve: true, plain_http: false }]);
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(dir.path().join("r.example")).expect("dir");
+        std::fs::write(dir.path().join("r.example").join("hosts.toml"), "[host.\"https://m.example\"]\n  ca = \"mirror-ca.pem\"\n").expect("write");
+        assert_eq!(read_dir(dir.path()).expect("read").ca_files, [dir.path().join("r.example").join("mirror-ca.pem")]);
+    }
+
+    #[test]
     fn what_archer_cannot_honour_is_refused() {
         for (text, says) in [
             ("server = \"https://r.example\"\nskip_verify = true\n", "skip_verify"),
@@ -212,7 +245,8 @@ server = "https://registry-1.docker.io"
         }
         std::fs::create_dir(dir.path().join("empty.example")).expect("dir");
         let h = read_dir(dir.path()).expect("read");
-        assert_eq!(h.registries.keys().collect::<Vec<_>>(), ["_default", "docker.io", "r.example:5000"]);
+        assert_eq!(h.registries.keys().collect::<Vec<_>>(), ["_default", "docker.io", "empty.example", "r.example:5000"]);
+        assert_eq!(h.registries["empty.example"], RegistryHosts::default(), "a folder without hosts.toml: reached directly, not through _default");
         assert_eq!(h.registries["r.example:5000"].server, Some(Mirror { host: "127.0.0.1:5001".into(), resolve: true, plain_http: true }));
         assert!(h.registries["r.example:5000"].mirrors.is_empty());
     }

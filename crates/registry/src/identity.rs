@@ -35,22 +35,33 @@ pub const REFRESH_BEFORE: Duration = Duration::from_secs(5 * 60);
 /// Registries (of one identity) whose credentials are kept at once.
 const KEPT: u64 = 256;
 
+/// How long a failed fetch is answered from memory (so pods naming a registry whose sign-in
+/// fails do not each ask the cloud again).
+pub const FAILURE_TTL: Duration = Duration::from_secs(10);
+
 /// Credentials by key (a registry, or an account and region), each kept until shortly before its
-/// expiry, with one refresh at a time per key: concurrent lookups of a key share one fetch.
+/// expiry, with one refresh at a time per key: concurrent lookups of a key share one fetch. A
+/// failure is remembered for [`FAILURE_TTL`].
 #[derive(Clone)]
 pub struct TokenCache {
     kept: Cache<String, Arc<(Credential, SystemTime)>>,
+    failed: Cache<String, String>,
 }
 
 impl Default for TokenCache {
     fn default() -> Self {
-        Self { kept: Cache::builder().max_capacity(KEPT).time_to_live(Duration::from_secs(24 * 3600)).build() }
+        Self::new(FAILURE_TTL)
     }
 }
 
 impl TokenCache {
+    /// A cache remembering failures for `failure_ttl`.
+    pub fn new(failure_ttl: Duration) -> Self {
+        Self { kept: Cache::builder().max_capacity(KEPT).time_to_live(Duration::from_secs(24 * 3600)).build(), failed: Cache::builder().max_capacity(KEPT).time_to_live(failure_ttl).build() }
+    }
+
     /// The credential kept for `key` while it is valid for [`REFRESH_BEFORE`] more, else the one
-    /// `fetch` returns (with its expiry), kept. A failed fetch is not kept.
+    /// `fetch` returns (with its expiry), kept. A failed fetch is answered again for a while.
     pub async fn get<F, Fut>(&self, key: &str, fetch: F) -> Result<Credential, String>
     where
         F: FnOnce() -> Fut,
@@ -63,8 +74,16 @@ impl TokenCache {
             }
             self.kept.invalidate(key).await;
         }
-        let got = self.kept.try_get_with(key.to_string(), async { fetch().await.map(Arc::new) }).await.map_err(|e| (*e).clone())?;
-        Ok(got.0.clone())
+        if let Some(why) = self.failed.get(key).await {
+            return Err(why);
+        }
+        match self.kept.try_get_with(key.to_string(), async { fetch().await.map(Arc::new) }).await {
+            Ok(got) => Ok(got.0.clone()),
+            Err(e) => {
+                self.failed.insert(key.to_string(), (*e).clone()).await;
+                Err((*e).clone())
+            }
+        }
     }
 }
 
@@ -79,7 +98,7 @@ mod tests {
 
     #[tokio::test]
     async fn kept_until_shortly_before_expiry_and_fetched_once_at_a_time() {
-        let cache = TokenCache::default();
+        let cache = TokenCache::new(Duration::from_millis(200));
         let calls = Arc::new(AtomicUsize::new(0));
         let fetch = |expires: SystemTime, p: &'static str| {
             let calls = calls.clone();
@@ -102,8 +121,11 @@ mod tests {
         assert_eq!(cache.get("other", fetch(soon, "soon")).await, Ok(cred("soon")));
         assert_eq!(cache.get("other", fetch(hour, "renewed")).await, Ok(cred("renewed")));
         assert_eq!(calls.load(Ordering::SeqCst), 3);
-        // A failure is not kept.
+        // A failure is answered from memory for a while, then asked again.
         assert_eq!(cache.get("bad", || async { Err("denied".to_string()) }).await, Err("denied".to_string()));
+        assert_eq!(cache.get("bad", fetch(hour, "ok")).await, Err("denied".to_string()));
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "not asked while the failure is remembered");
+        tokio::time::sleep(Duration::from_millis(400)).await;
         assert_eq!(cache.get("bad", fetch(hour, "ok")).await, Ok(cred("ok")));
     }
 }

@@ -141,8 +141,9 @@ impl Inspector {
 
     /// Count a failure to sign in: the registry denied the credential Archer had (`denied`), or
     /// asked for one Archer had none for (`no_credential`), or Archer's identity got none
-    /// (`identity`). The registry label is bounded: past [`AUTH_FAILURE_REGISTRIES`] registries,
-    /// `other`.
+    /// (`identity`). The registry label names only registries Archer's configuration or
+    /// identities name (image names are the tenants' to choose), at most
+    /// [`AUTH_FAILURE_REGISTRIES`] of them; any other is `other`.
     fn count_auth_failure(&self, registry: &str, had_credential: bool, e: &RegistryError) {
         let reason = match e {
             RegistryError::Unauthorized { .. } if had_credential => "denied",
@@ -150,9 +151,10 @@ impl Inspector {
             RegistryError::Identity { .. } => "identity",
             _ => return,
         };
+        let named = self.identities.iter().any(|i| i.covers(registry)) || self.client.settings().hosts.contains_key(registry);
         let registry = {
             let mut seen = self.auth_registries.lock().unwrap_or_else(|p| p.into_inner());
-            if seen.contains(registry) || seen.len() < AUTH_FAILURE_REGISTRIES {
+            if named && (seen.contains(registry) || seen.len() < AUTH_FAILURE_REGISTRIES) {
                 seen.insert(registry.to_string());
                 registry.to_string()
             } else {
@@ -245,9 +247,54 @@ impl Inspector {
         result
     }
 
+    /// Inspect with each credential that may read the image in the kubelet's order, the next
+    /// tried while the registry refuses the one before (an expired pull secret, a role that
+    /// cannot read another account's repository): the pod's own pull secrets, Archer's identity,
+    /// the mounted docker config; with none, anonymously.
     async fn inspect_inner(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance, had_credential: &mut bool) -> Result<Arc<Inspection>, RegistryError> {
         let parsed = ImageRef::parse(image)?;
-        let cred = self.credential_for(&parsed.registry, keyring).await?;
+        let registry = parsed.registry.clone();
+        let fallback = keyring.fallback(&registry).cloned();
+        let identity = self.identities.iter().find(|i| i.covers(&registry));
+        let denied = |r: &Result<Arc<Inspection>, RegistryError>| matches!(r, Err(RegistryError::Unauthorized { .. }));
+        let mut last = None;
+        if let Some(own) = keyring.own(&registry).cloned() {
+            let r = self.inspect_as(&parsed, Some(own), allowance, had_credential).await;
+            if !denied(&r) || (identity.is_none() && fallback.is_none()) {
+                return r;
+            }
+            last = Some(r);
+        }
+        if let Some(identity) = identity {
+            let origin = self.client.origin(&registry)?;
+            match identity.credential(&registry, &origin).await {
+                Ok(c) => {
+                    let r = self.inspect_as(&parsed, Some(c), allowance, had_credential).await;
+                    if !denied(&r) || fallback.is_none() {
+                        return r;
+                    }
+                    last = Some(r);
+                }
+                Err(why) => {
+                    let e = RegistryError::Identity { identity: identity.name(), registry: registry.clone(), why };
+                    if fallback.is_none() {
+                        // The pod's own secret's refusal, if it had one, says more.
+                        return last.unwrap_or(Err(e));
+                    }
+                    tracing::warn!(registry = %registry, error = %e, "the identity's credential failed: the mounted docker config's is used");
+                }
+            }
+        }
+        match (fallback, last) {
+            (Some(c), _) => self.inspect_as(&parsed, Some(c), allowance, had_credential).await,
+            (None, Some(r)) => r,
+            (None, None) => self.inspect_as(&parsed, None, allowance, had_credential).await,
+        }
+    }
+
+    /// Inspect `parsed` with `cred` (none: anonymously), through the caches.
+    async fn inspect_as(&self, parsed: &ImageRef, cred: Option<Credential>, allowance: &ReadAllowance, had_credential: &mut bool) -> Result<Arc<Inspection>, RegistryError> {
+        let parsed = parsed.clone();
         *had_credential = cred.is_some();
         let who = cred.as_ref().map(|c| c.fingerprint()).unwrap_or_default();
         let key = format!("{parsed}#{who}");

@@ -182,14 +182,14 @@ impl RegistryClient {
         let mut last = None;
         for (i, endpoint) in endpoints.iter().enumerate() {
             let is_origin = i + 1 == endpoints.len();
-            let repo = self.repo(endpoint, image, if is_origin { cred } else { None }, deadline, &allowance)?;
+            let repo = self.repo(&endpoint.host, image, if endpoint.credential { cred } else { None }, deadline, &allowance)?;
             let check = Check { repo, arch, limits, deadline, allowance: &allowance, uncompressed_left: limits.uncompressed_bytes, entries_left: limits.entries };
             match tokio::time::timeout_at(deadline, check.run(image)).await {
                 Err(_) | Ok(Err(RegistryError::Timeout(_))) => return Ok(over(Bound::Deadline)),
                 Ok(Err(RegistryError::PodBytesExceeded)) => return Ok(over(Bound::TotalBytes)),
                 Ok(Ok(found)) => return Ok(found),
                 Ok(Err(e)) if !is_origin && e.is_endpoint_failure() => {
-                    tracing::debug!(mirror = %endpoint, error = %e, "mirror failed, trying the next endpoint");
+                    tracing::debug!(mirror = %endpoint.host, error = %e, "mirror failed, trying the next endpoint");
                     last = Some(e);
                 }
                 Ok(Err(e)) => return Err(e),
