@@ -244,6 +244,11 @@ impl Table {
         Registered { table: self.clone(), id }
     }
 
+    /// Whether a connection already displaced is still open (its slot is about to free).
+    pub(super) fn closing(&self) -> bool {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).values().any(|a| a.displaced.load(Ordering::SeqCst))
+    }
+
     /// Choose and signal the connection a new one displaces: the stalled connection (in its
     /// handshake, or part way into a request's headers or body) that has gone longest without
     /// progress, one that never answered a request before one that has (a served client sending
@@ -351,7 +356,9 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!((old_stall.state(), new_stall.state(), idle.state(), busy.state()), (State::Stalled("handshake"), State::Stalled("headers"), State::Idle, State::Busy));
         let (table, _regs) = table_with(&[("idle", idle.clone()), ("busy", busy.clone()), ("old", old_stall.clone()), ("new", new_stall.clone())]);
+        assert!(!table.closing());
         assert_eq!(table.displace_one(), Some("handshake"));
+        assert!(table.closing(), "a displaced connection still open: its slot is about to free, so a newcomer waits for it");
         assert!(old_stall.displaced.load(Ordering::SeqCst));
         assert_eq!(table.displace_one(), Some("headers"));
         assert_eq!(table.displace_one(), Some("idle"), "idle keep-alive connections go only when no stalled one is left");

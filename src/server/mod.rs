@@ -146,11 +146,19 @@ async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: Router, 
 
 /// At the cap, a new connection displaces the one that has made the least progress for the
 /// longest (see [`conn::Table::displace_one`]): an attacker holding every slot with stalled
-/// connections cannot keep kube-apiserver out. Waits briefly for the displaced one to close.
+/// connections cannot keep kube-apiserver out. Waits briefly for the displaced one to close; when
+/// every stalled one is already displaced and still closing (renewing attackers each displace
+/// one), it waits as long for one of those slots rather than refusing at once. Only when every
+/// connection is answering a request is the new one refused at once.
 async fn make_room(table: &conn::Table, slots: &Arc<Semaphore>, limits: &ConnectionLimits) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let phase = table.displace_one()?;
-    limits.metrics.connections_displaced.get_or_create(&label("phase", phase)).inc();
-    tracing::debug!(phase, "connection cap reached; displaced the connection with the least progress");
+    match table.displace_one() {
+        Some(phase) => {
+            limits.metrics.connections_displaced.get_or_create(&label("phase", phase)).inc();
+            tracing::debug!(phase, "connection cap reached; displaced the connection with the least progress");
+        }
+        None if table.closing() => tracing::debug!("connection cap reached; the displaced connections are still closing: waiting for a slot"),
+        None => return None,
+    }
     tokio::time::timeout(Duration::from_millis(500), slots.clone().acquire_owned()).await.ok()?.ok()
 }
 
