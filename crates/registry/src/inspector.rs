@@ -127,16 +127,26 @@ impl Inspector {
             return Ok(Some(own.clone()));
         }
         let fallback = keyring.fallback(registry).cloned();
-        let Some(identity) = self.identities.iter().find(|i| i.covers(registry)) else { return Ok(fallback) };
-        let origin = self.client.origin(registry)?;
-        match identity.credential(registry, &origin).await {
-            Ok(c) => Ok(Some(c)),
-            Err(why) if fallback.is_none() => Err(RegistryError::Identity { identity: identity.name(), registry: registry.to_string(), why }),
-            Err(why) => {
-                tracing::warn!(registry, identity = identity.name(), error = %why, "the identity's credential failed: the mounted docker config's is used");
+        match self.identity_credential(registry).await {
+            None => Ok(fallback),
+            Some(Ok(c)) => Ok(Some(c)),
+            Some(Err(e)) if fallback.is_none() => Err(e),
+            Some(Err(e)) => {
+                tracing::warn!(registry, error = %e, "the identity's credential failed: the mounted docker config's is used");
                 Ok(fallback)
             }
         }
+    }
+
+    /// The credential of Archer's identity for `registry`, if one covers it (signed in where the
+    /// registry itself is reached).
+    async fn identity_credential(&self, registry: &str) -> Option<Result<Credential, RegistryError>> {
+        let identity = self.identities.iter().find(|i| i.covers(registry))?;
+        let origin = match self.client.origin(registry) {
+            Ok(o) => o,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(identity.credential(registry, &origin).await.map_err(|why| RegistryError::Identity { identity: identity.name(), registry: registry.to_string(), why }))
     }
 
     /// Count a failure to sign in: the registry denied the credential Archer had (`denied`), or
@@ -255,19 +265,18 @@ impl Inspector {
         let parsed = ImageRef::parse(image)?;
         let registry = parsed.registry.clone();
         let fallback = keyring.fallback(&registry).cloned();
-        let identity = self.identities.iter().find(|i| i.covers(&registry));
+        let identity_covers = self.identities.iter().any(|i| i.covers(&registry));
         let denied = |r: &Result<Arc<Inspection>, RegistryError>| matches!(r, Err(RegistryError::Unauthorized { .. }));
         let mut last = None;
         if let Some(own) = keyring.own(&registry).cloned() {
             let r = self.inspect_as(&parsed, Some(own), allowance, had_credential).await;
-            if !denied(&r) || (identity.is_none() && fallback.is_none()) {
+            if !denied(&r) || (!identity_covers && fallback.is_none()) {
                 return r;
             }
             last = Some(r);
         }
-        if let Some(identity) = identity {
-            let origin = self.client.origin(&registry)?;
-            match identity.credential(&registry, &origin).await {
+        if let Some(signed_in) = self.identity_credential(&registry).await {
+            match signed_in {
                 Ok(c) => {
                     let r = self.inspect_as(&parsed, Some(c), allowance, had_credential).await;
                     if !denied(&r) || fallback.is_none() {
@@ -275,8 +284,7 @@ impl Inspector {
                     }
                     last = Some(r);
                 }
-                Err(why) => {
-                    let e = RegistryError::Identity { identity: identity.name(), registry: registry.clone(), why };
+                Err(e) => {
                     if fallback.is_none() {
                         // The pod's own secret's refusal, if it had one, says more.
                         return last.unwrap_or(Err(e));
