@@ -40,6 +40,10 @@ impl Metrics {
         let registry = Arc::new(RegistryMetrics::new(&mut root));
         let provisioner = Arc::new(ProvisionerMetrics::new(&mut root));
         let safety = Arc::new(SafetyNetMetrics::new(&mut root, provisioner.pod_evictions.clone()));
+        // archer_build_info{version, revision} 1: which build answers (dashboards, upgrades).
+        let build = prometheus_client::metrics::family::Family::<Vec<(&'static str, &'static str)>, prometheus_client::metrics::gauge::Gauge>::default();
+        build.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION")), ("revision", env!("ARCHER_GIT_REVISION"))]).set(1);
+        root.register("build_info", "1, labelled with the version and git revision of this build", build);
         Metrics { root, webhook, extender, server, registry, provisioner, safety }
     }
 
@@ -76,6 +80,7 @@ mod tests {
         "archer_admission_reviews",
         "archer_bad_requests",
         "archer_baseline_cost_per_hour_dollars",
+        "archer_build_info",
         "archer_connection_timeouts",
         "archer_connections_displaced",
         "archer_connections_open",

@@ -9,8 +9,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 
+/// A file of the kustomize base (deploy/base), or else of deploy/ (provisioner/, scheduler/, crds/).
 fn docs(file: &str) -> Vec<serde_json::Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(file);
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    let path = if deploy.join("base").join(file).exists() { deploy.join("base").join(file) } else { deploy.join(file) };
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     archer::yaml::from_multiple(&text).expect("yaml")
 }
@@ -113,6 +115,7 @@ fn rbac_is_exactly_what_the_base_runs() {
         rule("", &["serviceaccounts", "secrets"], &["get"]),
         rule("", &["pods"], &["get", "list", "watch", "patch"]),
         rule("", &["pods/eviction"], &["create"]),
+        rule("", &["pods/log"], &["get"]),
         rule("events.k8s.io", &["events"], &["create", "patch"]),
     ]);
     assert_eq!(doc("ClusterRole")["rules"], expected, "the ClusterRole's rules");
@@ -265,9 +268,9 @@ fn nodeclaim_crd_is_generated_from_the_types() {
     let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = archer::yaml::from_str(&on_disk).expect("crd");
     assert_eq!((crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str()), ("archer.dev", "Cluster", "NodeClaim"));
     assert!(crd.spec.versions[0].subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "status subresource");
-    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
+    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds/kustomization.yaml")).expect("kustomization")).expect("yaml");
     let resources: Vec<&str> = k["resources"].as_array().expect("resources").iter().filter_map(|r| r.as_str()).collect();
-    assert!(resources.contains(&"crds/nodeclaim.yaml") && resources.contains(&"crds/nodepool.yaml"));
+    assert!(resources.contains(&"nodeclaim.yaml") && resources.contains(&"nodepool.yaml"));
 }
 
 /// Karpenter's NodeOverlay CRD as Archer ships it: for kustomize users to apply where Karpenter's
@@ -291,8 +294,8 @@ fn nodeoverlay_crd_is_generated_from_the_types() {
     for field in ["requirements", "priceAdjustment", "price", "capacity", "weight", "!has(self.price) || !has(self.priceAdjustment)"] {
         assert!(schema.contains(field), "schema lacks {field}");
     }
-    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
-    assert!(!k["resources"].as_array().expect("resources").iter().any(|r| r == "crds/nodeoverlay.yaml"), "Karpenter's CRD is not in the base: Karpenter users have it");
+    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds/kustomization.yaml")).expect("kustomization")).expect("yaml");
+    assert!(!k["resources"].as_array().expect("resources").iter().any(|r| r == "nodeoverlay.yaml"), "Karpenter's CRD is not in the base: Karpenter users have it");
 }
 
 #[test]
@@ -330,8 +333,8 @@ fn ec2nodeclass_crd_is_generated_from_the_types() {
     for field in ["subnetSelectorTerms", "securityGroupSelectorTerms", "amiSelectorTerms", "instanceProfile", "userData", "blockDeviceMappings", "metadataOptions", "httpTokens", "kmsKeyID", "associatePublicIPAddress"] {
         assert!(schema.contains(field), "schema lacks {field}");
     }
-    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
-    assert!(k["resources"].as_array().expect("resources").iter().any(|r| r.as_str() == Some("crds/ec2nodeclass.yaml")));
+    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds/kustomization.yaml")).expect("kustomization")).expect("yaml");
+    assert!(k["resources"].as_array().expect("resources").iter().any(|r| r.as_str() == Some("ec2nodeclass.yaml")));
 }
 
 #[test]
@@ -349,8 +352,8 @@ fn aksnodeclass_crd_is_generated_from_the_types() {
     for bound in ["\"minimum\":30", "\"maximum\":2048", "\"maximum\":250", "AzureLinux"] {
         assert!(schema.contains(bound), "schema lacks {bound}");
     }
-    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kustomization.yaml")).expect("kustomization")).expect("yaml");
-    assert!(k["resources"].as_array().expect("resources").iter().any(|r| r.as_str() == Some("crds/aksnodeclass.yaml")));
+    let k: serde_json::Value = archer::yaml::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds/kustomization.yaml")).expect("kustomization")).expect("yaml");
+    assert!(k["resources"].as_array().expect("resources").iter().any(|r| r.as_str() == Some("aksnodeclass.yaml")));
 }
 
 /// The IAM policy in deploy/aws/ allows every AWS API call the provider makes and nothing else
@@ -453,4 +456,28 @@ fn the_ecr_policy_is_exactly_what_reading_private_images_needs() {
     .map(|(a, r)| (a.to_string(), r.to_string()))
     .collect();
     assert_eq!(allowed, expected);
+}
+
+/// The image (Dockerfile, and tests/e2e/build-image which builds the same without Docker) runs
+/// as the chart and the base run it: user 65532, the binary as the entrypoint (the manifests pass
+/// `serve` as args), and it says what it was built from.
+#[test]
+fn the_image_runs_as_the_manifests_run_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
+    let script = std::fs::read_to_string(root.join("tests/e2e/build-image")).expect("build-image");
+    for needed in ["USER 65532:65532", "ENTRYPOINT [\"/archer\"]", "FROM --platform=$BUILDPLATFORM", "distroless/cc-debian12:nonroot", "ARCHER_GIT_REVISION", "org.opencontainers.image.revision", "org.opencontainers.image.source", "org.opencontainers.image.version"] {
+        assert!(dockerfile.contains(needed), "the Dockerfile has {needed}");
+    }
+    for needed in ["NONROOT = 65532", "\"Entrypoint\": [\"/archer\"]", "org.opencontainers.image.revision", "org.opencontainers.image.source", "org.opencontainers.image.version", "linux/arm64"] {
+        assert!(script.contains(needed), "tests/e2e/build-image has {needed}");
+    }
+    let deployment: k8s_openapi::api::apps::v1::Deployment = one("deployment.yaml", "Deployment");
+    let pod = deployment.spec.and_then(|s| s.template.spec).expect("pod spec");
+    let security = pod.security_context.expect("pod security context");
+    assert_eq!((security.run_as_user, security.run_as_non_root), (Some(65532), Some(true)));
+    let container = &pod.containers[0];
+    assert!(container.command.is_none(), "the image's entrypoint runs");
+    assert_eq!(container.args.as_ref().and_then(|a| a.first()).map(String::as_str), Some("serve"));
+    assert_eq!(container.security_context.as_ref().and_then(|s| s.read_only_root_filesystem), Some(true));
 }

@@ -82,13 +82,13 @@ fn file_docs(relative: &str) -> Vec<Value> {
 /// Namespace and the CRDs aside: Helm users create the namespace, and the chart's crds/ is
 /// checked byte for byte by tests/deploy_manifests.rs).
 fn kustomize_base() -> Vec<Value> {
-    let k = &file_docs("deploy/kustomization.yaml")[0];
+    let k = &file_docs("deploy/base/kustomization.yaml")[0];
     let mut objects = Vec::new();
     for r in k["resources"].as_array().expect("resources").iter().filter_map(Value::as_str) {
-        if r.starts_with("crds/") || r == "namespace.yaml" {
+        if r == "../crds" || r == "namespace.yaml" {
             continue;
         }
-        objects.extend(file_docs(&format!("deploy/{r}")));
+        objects.extend(file_docs(&format!("deploy/base/{r}")));
     }
     objects
 }
@@ -505,10 +505,18 @@ fn ungate_rules(webhook: &str) -> Vec<Value> {
 /// The ClusterRole's rules of a release: every replica's reads, then pods and evictions for the
 /// safety net or the provisioner, then the provisioner's own (`provisioner` = the verbs on
 /// nodes), then the node classes, then Events.
+/// `safety_net`: the log tails of containers that exited at once, read by the safety net alone.
 fn cluster_rules(pods: bool, provisioner: Option<&[&str]>, classes: Option<&str>) -> Vec<Value> {
+    cluster_rules_with(pods, pods, provisioner, classes)
+}
+
+fn cluster_rules_with(pods: bool, safety_net: bool, provisioner: Option<&[&str]>, classes: Option<&str>) -> Vec<Value> {
     let mut rules = vec![rule("", &["namespaces", "nodes"], READ), rule("", &["serviceaccounts", "secrets"], &["get"])];
     if pods {
         rules.extend([rule("", &["pods"], &["get", "list", "watch", "patch"]), rule("", &["pods/eviction"], &["create"])]);
+    }
+    if safety_net {
+        rules.push(rule("", &["pods/log"], &["get"]));
     }
     if let Some(node_verbs) = provisioner {
         rules.extend([
@@ -560,7 +568,7 @@ fn each_mode_is_granted_exactly_the_rules_it_needs() {
         ("beside Karpenter", vec!["-f", beside], cluster_rules(true, None, None), Some(namespace_rules(record))),
         ("webhook and extender only", vec!["--set", "config.safetyNet.enabled=false"], cluster_rules(false, None, None), None),
         ("kwok provisioner", vec!["--set", "provisioner.cloudProvider=kwok"], cluster_rules(true, Some(kwok), None), Some(namespace_rules(record))),
-        ("kwok provisioner, no safety net", vec!["--set", "provisioner.cloudProvider=kwok,config.safetyNet.enabled=false"], cluster_rules(true, Some(kwok), None), Some(namespace_rules(None))),
+        ("kwok provisioner, no safety net", vec!["--set", "provisioner.cloudProvider=kwok,config.safetyNet.enabled=false"], cluster_rules_with(true, false, Some(kwok), None), Some(namespace_rules(None))),
         ("aws provisioner", vec!["--set", "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"], cluster_rules(true, Some(cloud), Some("ec2nodeclasses")), Some(namespace_rules(record))),
         ("azure provisioner", vec!["--set", "provisioner.cloudProvider=azure"], cluster_rules(true, Some(cloud), Some("aksnodeclasses")), Some(namespace_rules(record))),
         ("another record name", vec!["--set", "config.safetyNet.configMap=archer-record"], cluster_rules(true, None, None), Some(namespace_rules(Some("archer-record")))),
@@ -627,10 +635,10 @@ fn grants(rules: &Value) -> BTreeSet<(String, String, String, String)> {
 }
 
 /// With kustomize, a provisioner's rules are deploy/provisioner/<provider>.yaml on top of
-/// deploy/rbac.yaml: together exactly what the chart grants with that provider.
+/// deploy/base/rbac.yaml: together exactly what the chart grants with that provider.
 #[test]
 fn the_kustomize_provisioner_rules_add_up_to_the_charts() {
-    let base = grants(&find(&file_docs("deploy/rbac.yaml"), "ClusterRole", "archer")["rules"]);
+    let base = grants(&find(&file_docs("deploy/base/rbac.yaml"), "ClusterRole", "archer")["rules"]);
     for (provider, flags) in [("kwok", "provisioner.cloudProvider=kwok"), ("aws", "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"), ("azure", "provisioner.cloudProvider=azure")] {
         let docs = file_docs(&format!("deploy/provisioner/{provider}.yaml"));
         let extra = grants(&find(&docs, "ClusterRole", "archer-provisioner")["rules"]);
@@ -640,7 +648,7 @@ fn the_kustomize_provisioner_rules_add_up_to_the_charts() {
         assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "archer", "namespace": NAMESPACE}]));
         let chart = grants(&find(&rendered(&["--set", flags]), "ClusterRole", "archer")["rules"]);
         let kustomize: BTreeSet<_> = base.union(&extra).cloned().collect();
-        assert_eq!(kustomize, chart, "{provider}: deploy/rbac.yaml and deploy/provisioner/{provider}.yaml against the chart");
+        assert_eq!(kustomize, chart, "{provider}: deploy/base/rbac.yaml and deploy/provisioner/{provider}.yaml against the chart");
     }
 }
 

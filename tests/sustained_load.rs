@@ -1,5 +1,5 @@
 //! The memory bound under sustained, mixed, hostile traffic, against the release binary started
-//! with the shipped config (`deploy/configmap.yaml`) and without `MIMALLOC_PURGE_DELAY` in its
+//! with the shipped config (`deploy/base/configmap.yaml`) and without `MIMALLOC_PURGE_DELAY` in its
 //! environment (the binary sets its allocator's purging itself).
 //!
 //! 50,000 requests from 24 concurrent clients: admission reviews and extender filter and
@@ -45,7 +45,7 @@ fn release_binary() -> PathBuf {
 /// The shipped config (the ConfigMap's `config.yaml`), with the test registry marked insecure
 /// (plain HTTP on loopback) so its images can be inspected.
 fn shipped_config(registry_host: &str) -> (String, archer::config::Config) {
-    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/configmap.yaml")).expect("configmap");
+    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/configmap.yaml")).expect("configmap");
     let cm: Value = archer::yaml::from_str(&manifest).expect("configmap yaml");
     let mut config: Value = archer::yaml::from_str(cm["data"]["config.yaml"].as_str().expect("config.yaml")).expect("config yaml");
     config["registry"]["insecure"] = json!([registry_host]);
@@ -67,9 +67,9 @@ fn nested(depth: usize) -> String {
     s
 }
 
-/// The Deployment's memory limit (`deploy/deployment.yaml`), in bytes.
+/// The Deployment's memory limit (`deploy/base/deployment.yaml`), in bytes.
 fn shipped_memory_limit() -> u64 {
-    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/deployment.yaml")).expect("deployment");
+    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/deployment.yaml")).expect("deployment");
     let d: Value = archer::yaml::from_str(&manifest).expect("deployment yaml");
     let limit = d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"].as_str().expect("memory limit").to_string();
     archer::core::quantity::value(&limit).expect("quantity") as u64

@@ -17,8 +17,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::Config;
 
+/// The version and the git revision it was built from (`build.rs`).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (revision ", env!("ARCHER_GIT_REVISION"), ")");
+
 #[derive(Parser, Debug)]
-#[command(name = "archer", version, about = "Image-aware placement for mixed amd64/arm64 Kubernetes clusters")]
+#[command(name = "archer", version = VERSION, about = "Image-aware placement for mixed amd64/arm64 Kubernetes clusters")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -15,7 +15,7 @@ use kube::runtime::events::EventType;
 use kube::{Api, Resource};
 use tokio::time::Instant;
 
-use archer_core::exec_format::{exec_format_errors, ExecFormatError};
+use archer_core::exec_format::{exec_format_errors, in_log, quick_exits, ExecFormatError, LOG_TAIL_BYTES, LOG_TAIL_LINES};
 use archer_core::placement::DECISION_ANNOTATION;
 use archer_core::safety_net::{on_exec_format_errors, scope, unverifiable, Detection, Entrypoint, Finding, Verdict, MAX_RECORD_BYTES};
 use archer_metrics::{label, labels2};
@@ -42,10 +42,14 @@ const DIGEST_LOOKUP: Duration = Duration::from_secs(10);
 /// its own deadline, 60 s, within it).
 const VERIFY_LOOKUP: Duration = Duration::from_secs(70);
 
-/// A pod Archer admitted, not going away, with a container failing for its architecture.
+/// Bound on reading a quick exit's log tail.
+const LOG_READ: Duration = Duration::from_secs(10);
+
+/// A pod Archer admitted, not going away, with a container failing for its architecture, or
+/// exiting with an error at once (its log may say why: [`archer_core::exec_format::quick_exits`]).
 pub(super) fn failing(pod: &Pod) -> bool {
     let admitted = pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(DECISION_ANNOTATION));
-    admitted && pod.metadata.deletion_timestamp.is_none() && !exec_format_errors(pod).is_empty()
+    admitted && pod.metadata.deletion_timestamp.is_none() && (!exec_format_errors(pod).is_empty() || !quick_exits(pod).is_empty())
 }
 
 /// An eviction waiting for its PodDisruptionBudget.
@@ -99,7 +103,16 @@ impl SafetyNet {
         };
         tracing::Span::current().record("node", node.as_str()).record("arch", arch.as_str());
         let namespace = ns_of(pod);
-        let errors = self.with_digests(pod, exec_format_errors(pod)).await;
+        let mut errors = exec_format_errors(pod);
+        if errors.is_empty() {
+            // A quick exit: its log tail says whether the entrypoint failed to exec. Read once
+            // per pod (the pod is then handled), so a crash-looping app costs one read.
+            errors = self.read_logs(pod).await;
+            if errors.is_empty() {
+                return true;
+            }
+        }
+        let errors = self.with_digests(pod, errors).await;
         let detections = self.scoped(pod, &arch, errors).await;
         let policy = self.policy(&namespace);
         let (limits, now) = (self.config.limits(), super::unix_now());
@@ -177,6 +190,26 @@ impl SafetyNet {
             }
             Err(_) => None,
         }
+    }
+
+    /// The exec format errors the log tails of the pod's quick exits show (runc's own line, in
+    /// the container's log: evidence of the container's, as a termination message is).
+    async fn read_logs(&self, pod: &Pod) -> Vec<ExecFormatError> {
+        let (namespace, name) = (ns_of(pod), pod.metadata.name.clone().unwrap_or_default());
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let mut found = Vec::new();
+        for exit in quick_exits(pod) {
+            let params = kube::api::LogParams { container: Some(exit.container.clone()), previous: exit.previous, tail_lines: Some(LOG_TAIL_LINES), limit_bytes: Some(LOG_TAIL_BYTES), ..Default::default() };
+            match tokio::time::timeout(LOG_READ, api.logs(&name, &params)).await {
+                Ok(Ok(log)) => match in_log(&exit, &log) {
+                    Some(error) => found.push(error),
+                    None => tracing::debug!(container = %exit.container, "a quick exit whose log says nothing of an exec format error"),
+                },
+                Ok(Err(e)) => tracing::info!(container = %exit.container, error = %e, "could not read the log of a container that exited at once"),
+                Err(_) => tracing::info!(container = %exit.container, "reading the log of a container that exited at once timed out"),
+            }
+        }
+        found
     }
 
     /// Errors without the digest kubelet resolved get the one the registry gives the image now.

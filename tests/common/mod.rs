@@ -77,6 +77,13 @@ impl Registry {
         Self::start_with(None).await
     }
 
+    /// A registry listening on `ip` (an address pods reach too: the e2e real node's).
+    pub async fn start_on(ip: &str) -> Registry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage = dir.path().join("data");
+        Self::spawn_on(ip, dir, storage, String::new(), None).await
+    }
+
     /// Start a registry that requires basic auth (htpasswd) for everything.
     pub async fn start_with_auth(user: &str, pass: &str) -> Registry {
         Self::start_with(Some((user.to_string(), pass.to_string()))).await
@@ -100,9 +107,13 @@ impl Registry {
     }
 
     async fn spawn(dir: tempfile::TempDir, storage: PathBuf, auth_yaml: String, creds: Option<(String, String)>) -> Registry {
+        Self::spawn_on("127.0.0.1", dir, storage, auth_yaml, creds).await
+    }
+
+    async fn spawn_on(ip: &str, dir: tempfile::TempDir, storage: PathBuf, auth_yaml: String, creds: Option<(String, String)>) -> Registry {
         let port = free_port();
         let mut config = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog: {{disabled: true}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            "version: 0.1\nlog:\n  level: error\n  accesslog: {{disabled: true}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\nhttp:\n  addr: {ip}:{port}\n",
             storage.display()
         );
         config.push_str(&auth_yaml);
@@ -116,7 +127,7 @@ impl Registry {
             .stderr(log)
             .spawn()
             .expect("start docker-registry");
-        let reg = Registry { host: format!("127.0.0.1:{port}"), child, storage, _dir: dir, creds, http: reqwest::Client::new() };
+        let reg = Registry { host: format!("{ip}:{port}"), child, storage, _dir: dir, creds, http: reqwest::Client::new() };
         for _ in 0..200 {
             if let Ok(r) = reg.http.get(format!("http://{}/v2/", reg.host)).send().await {
                 if r.status().is_success() || r.status().as_u16() == 401 {
@@ -343,7 +354,7 @@ impl Archer {
 
     /// Start `archer serve` (`extra` may name a kubeconfig) without waiting for it to be ready.
     pub fn spawn(dir: tempfile::TempDir, certs: PathBuf, config_yaml: &str, extra: &[&str]) -> Archer {
-        // As deploy/deployment.yaml runs it: freed memory goes back to the OS at once.
+        // As deploy/base/deployment.yaml runs it: freed memory goes back to the OS at once.
         Self::spawn_binary(Path::new(env!("CARGO_BIN_EXE_archer")), dir, certs, config_yaml, extra, Some("0"))
     }
 

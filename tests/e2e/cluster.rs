@@ -12,6 +12,7 @@ use kube::Client;
 use serde_json::json;
 
 use crate::common::{free_port, make_certs, Registry};
+use crate::node::{Pki, RealNode, NODE_IP};
 
 pub const TOKEN: &str = "archer-e2e-admin-token";
 /// Who Archer is on the control plane: its service account as the Helm chart makes it (release
@@ -57,7 +58,13 @@ impl Mode {
     }
 }
 
-pub struct Proc {
+/// How a control plane starts (see [`Cluster::start_real`]).
+struct Options {
+    archer_process: bool,
+    real_node: bool,
+}
+
+pub(crate) struct Proc {
     /// Which component (for reports).
     pub name: &'static str,
     child: Child,
@@ -80,7 +87,7 @@ pub struct Cluster {
     pub archer_port: u16,
     pub archer_admin: u16,
     pub certs: PathBuf,
-    bin: PathBuf,
+    pub bin: PathBuf,
     /// Registries reached over plain HTTP (`--insecure-registry`).
     pub insecure: Vec<String>,
     /// Lines of Archer's `registry:` section (indented under it).
@@ -95,6 +102,11 @@ pub struct Cluster {
     identity_for: Option<&'static str>,
     archer_restarts: usize,
     archer: Option<Proc>,
+    /// The real node (kubelet, containerd, kube-proxy), when started with [`Options::real_node`];
+    /// stopped before the control plane.
+    pub real_node: Option<RealNode>,
+    /// The control plane's CA and certificates, with a real node.
+    pub pki: Option<Pki>,
     // dropped in reverse order of start: scheduler, kwok, controller-manager, apiserver, etcd
     procs: Vec<Proc>,
 }
@@ -102,6 +114,7 @@ pub struct Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.archer.take();
+        self.real_node.take();
         let mut stopped = Vec::new();
         while let Some(p) = self.procs.pop() {
             stopped.push(p.name);
@@ -119,7 +132,7 @@ fn bin_dir() -> PathBuf {
     dir
 }
 
-fn spawn(name: &'static str, logs: &Path, mut cmd: Command) -> Proc {
+pub(crate) fn spawn(name: &'static str, logs: &Path, mut cmd: Command) -> Proc {
     let log = std::fs::File::create(logs.join(format!("{name}.log"))).expect("log file");
     let err = log.try_clone().expect("log clone");
     let child = cmd.stdout(Stdio::from(log)).stderr(Stdio::from(err)).spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
@@ -155,6 +168,19 @@ impl Cluster {
     /// CRDs: [`crate::karpenter::start`]), Archer's config with `provisioner_config` lines
     /// (replacing the e2e clocks of the same keys).
     pub async fn start_mode(test: &str, extra_insecure: &[&str], mode: Mode, provisioner_config: Vec<String>) -> Cluster {
+        Self::start_opts(test, extra_insecure, mode, provisioner_config, Options { archer_process: mode.runs_archer(), real_node: false }).await
+    }
+
+    /// A control plane with a real node (node.rs) beside the kwok nodes: the API server listens
+    /// on the node's address too, with a certificate pods verify, the Node authorizer and
+    /// NodeRestriction; the registry listens on the node's address. `archer_process`: Archer runs
+    /// as a process beside the control plane (the webhook registered by URL, the scheduler's
+    /// extender), else not at all (the installed_* scenarios install it with its chart).
+    pub async fn start_real(test: &str, archer_process: bool) -> Cluster {
+        Self::start_opts(test, &[], Mode::Archer, Vec::new(), Options { archer_process, real_node: true }).await
+    }
+
+    async fn start_opts(test: &str, extra_insecure: &[&str], mode: Mode, provisioner_config: Vec<String>, opts: Options) -> Cluster {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let bin = bin_dir();
         let root = std::env::var_os("ARCHER_E2E_LOGS").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/e2e-logs"));
@@ -193,19 +219,39 @@ impl Cluster {
         procs.push(spawn("etcd", &logs, etcd));
         wait_for("etcd", Duration::from_secs(30), || tcp_open(etcd_port)).await;
 
+        if opts.real_node {
+            // The node's address, where the API server and the registry listen too.
+            crate::node::host_network();
+        }
+        let pki = opts.real_node.then(|| Pki::make(&d.join("pki")));
         let mut api = Command::new(bin.join("kube-apiserver"));
+        if let Some(pki) = &pki {
+            let (crt, key) = pki.cert("apiserver");
+            let (kc, kk) = pki.cert("apiserver-kubelet-client");
+            api.args([
+                "--bind-address=0.0.0.0".to_string(),
+                format!("--advertise-address={NODE_IP}"),
+                format!("--tls-cert-file={}", crt.display()),
+                format!("--tls-private-key-file={}", key.display()),
+                format!("--client-ca-file={}", pki.ca().display()),
+                "--authorization-mode=Node,RBAC".to_string(),
+                "--enable-admission-plugins=NodeRestriction".to_string(),
+                format!("--kubelet-client-certificate={}", kc.display()),
+                format!("--kubelet-client-key={}", kk.display()),
+                "--kubelet-preferred-address-types=InternalIP".to_string(),
+            ]);
+        } else {
+            api.args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--authorization-mode=RBAC"]);
+        }
         api.args([
             &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             &format!("--secure-port={api_port}"),
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
             &format!("--cert-dir={}", d.join("apiserver").display()),
             &format!("--token-auth-file={}", d.join("tokens.csv").display()),
-            "--authorization-mode=RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             &format!("--service-account-key-file={}", d.join("sa.pub").display()),
             &format!("--service-account-signing-key-file={}", d.join("sa.key").display()),
-            "--service-cluster-ip-range=10.96.0.0/16",
+            &format!("--service-cluster-ip-range={}", crate::node::SERVICE_CIDR),
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
             "--watch-cache=true",
@@ -247,6 +293,10 @@ impl Cluster {
             "--kube-api-qps=200",
             "--kube-api-burst=400",
         ]);
+        if let Some(pki) = &pki {
+            // kube-root-ca.crt: what pods verify the API server with.
+            kcm.arg(format!("--root-ca-file={}", pki.ca().display()));
+        }
         procs.push(spawn("kube-controller-manager", &logs, kcm));
 
         let mut kwok = Command::new(bin.join("kwok"));
@@ -262,20 +312,25 @@ impl Cluster {
         kwok.env("HOME", d);
         procs.push(spawn("kwok", &logs, kwok));
 
-        let registry = Registry::start().await;
+        let registry = if opts.real_node { Registry::start_on(NODE_IP).await } else { Registry::start().await };
         let certs = make_certs(&d.join("archer-certs"));
         let (archer_port, archer_admin) = (free_port(), free_port());
         let insecure: Vec<String> = std::iter::once(registry.host.clone()).chain(extra_insecure.iter().map(|s| s.to_string())).collect();
         let cloud_provider = if mode == Mode::Archer { "kwok" } else { "none" };
-        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), registry_config: Vec::new(), provisioner_config, cloud_provider, identity_for: None, archer_restarts: 0 };
-        if mode == Mode::Archer {
+        let mut cluster = Cluster { logs, kubeconfig, apiserver, registry, archer_port, archer_admin, certs, bin, archer: None, procs, dir, insecure, archer_env: Vec::new(), registry_config: Vec::new(), provisioner_config, cloud_provider, identity_for: None, archer_restarts: 0, real_node: None, pki };
+        if let Some(pki) = &cluster.pki {
+            let pause = crate::node::push_tiny_images(&cluster.registry, &cluster.dir.path().join("tiny")).await;
+            let node = RealNode::start(&cluster, pki, api_port, &pause).await;
+            cluster.real_node = Some(node);
+        }
+        if mode == Mode::Archer && opts.archer_process {
             cluster.install_crds().await;
         }
-        if mode.runs_archer() {
+        if opts.archer_process {
             cluster.archer_namespace().await;
             cluster.start_archer().await;
         }
-        cluster.start_scheduler(mode.runs_archer()).await;
+        cluster.start_scheduler(opts.archer_process).await;
         cluster
     }
 

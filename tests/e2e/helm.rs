@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
 
-fn helm() -> PathBuf {
+pub(crate) fn helm() -> PathBuf {
     if let Some(p) = std::env::var_os("ARCHER_HELM") {
         return PathBuf::from(p);
     }

@@ -254,3 +254,84 @@ async fn safety_net_a_pinned_pod_runs_the_digest_it_was_decided_on() {
     let again = Api::<Pod>::namespaced(client.clone(), "pinned").get(pinned[0].metadata.name.as_deref().expect("name")).await.expect("pod");
     assert_eq!(image_of(&again), format!("{image}@{}", first.digest));
 }
+
+/// The safety net on a real runtime: an index that lists amd64 whose amd64 manifest holds an
+/// arm64 binary (the tests' own Go image) lands on the real amd64 node, where runc itself fails
+/// with an exec format error; nothing here writes a status. Archer reads kubelet's status,
+/// verifies the binary, records the pair, evicts once, and the replacement, admitted with amd64
+/// excluded, runs on an arm64 (kwok) node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control plane and a real node: run tests/e2e/run safety_net_"]
+async fn safety_net_a_real_exec_format_error_is_replaced_once() {
+    use crate::node::{push_tiny, NODE_NAME};
+    let c = Cluster::start_real("safety-net-real-runtime", true).await;
+    c.register_webhook(c.archer_port).await;
+    let client = c.client().await;
+    let tiny = c.dir.path().join("tiny");
+    let lie = push_tiny(&c.registry, &tiny, "apps/liar", "amd64", "amd64", "arm64", &[]).await;
+    let arm = push_tiny(&c.registry, &tiny, "apps/liar", "arm64", "arm64", "arm64", &[]).await;
+    let index = c.registry.push_index_over("apps/liar", "1", &[(&lie, "linux/amd64"), (&arm, "linux/arm64")]).await;
+    namespace(&client, "shop", json!({"archer.dev/prefer": "amd64,arm64"})).await;
+    node(&client, "arm", "m7g.xlarge", "us-east-1a", "on-demand").await;
+    nodes_ready(&client, 2).await;
+    let image = c.registry.image("apps/liar:1");
+    Api::<Deployment>::namespaced(client.clone(), "shop").create(&PostParams::default(), &deployment("web", &image, 1, json!({}))).await.expect("create");
+
+    // kubelet's own account of the failure, from the real runtime.
+    let kubelet_said = || async {
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "shop");
+        events
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.source.as_ref().and_then(|s| s.component.as_deref()) == Some("kubelet"))
+            .filter_map(|e| e.message)
+            .find(|m| m.contains("exec format error"))
+    };
+    // Every status kubelet writes for a container on the real node, as it writes them.
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<k8s_openapi::api::core::v1::ContainerStatus>>> = Default::default();
+    let watch = {
+        use futures::StreamExt;
+        let (pods, seen) = (Api::<Pod>::namespaced(client.clone(), "shop"), seen.clone());
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(kube::runtime::watcher(pods, Default::default()));
+            while let Some(event) = stream.next().await {
+                if let Ok(kube::runtime::watcher::Event::Apply(p)) = event {
+                    if p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE_NAME) {
+                        let statuses = p.status.and_then(|s| s.container_statuses).unwrap_or_default();
+                        seen.lock().expect("seen").extend(statuses.into_iter().filter(|c| c.last_state.as_ref().is_some_and(|s| s.terminated.is_some()) || c.state.as_ref().is_some_and(|s| s.terminated.is_some())));
+                    }
+                }
+            }
+        })
+    };
+    wait("the failing pod re-placed onto arm64", Duration::from_secs(120), || async {
+        let now = running_pods(&client, "shop", "web").await;
+        let mut on_arm = 0;
+        for p in &now {
+            on_arm += usize::from(node_arch(&client, &node_of(p)).await == "arm64" && annotation(p, "archer.dev/platforms") == Some("linux/arm64"));
+        }
+        on_arm == 1 && now.len() == 1
+    })
+    .await;
+    watch.abort();
+    let terminated: Vec<_> = seen.lock().expect("seen").clone();
+    eprintln!("kubelet's statuses of the failing container: {}", serde_json::to_string(&terminated).unwrap_or_default());
+    assert!(!terminated.is_empty(), "kubelet reported the container's failure");
+    eprintln!("kubelet's events: {:?}", kubelet_said().await);
+    assert_eq!(c.archer_metric("archer_exec_format_errors_total{namespace=\"shop\",arch=\"amd64\"}").await, 1.0);
+    assert_eq!(c.archer_metric("archer_exec_format_replacements_total{outcome=\"evicted\"}").await, 1.0);
+    assert_eq!(c.archer_metric("archer_exec_format_verifications_total{outcome=\"machine\"}").await, 1.0, "the entrypoint binary read (its machine determined)");
+    assert_eq!(c.archer_metric("archer_exec_format_learned_total{scope=\"cluster\"}").await, 1.0, "verified from the image: it holds in every namespace");
+    let told = events(&client, "shop", "ExecFormatError").await;
+    eprintln!("Archer's events: {told:?}");
+    assert!(told.iter().any(|(kind, note)| kind == "Pod" && note.contains(NODE_NAME)), "an Event on the pod, naming the real node: {told:?}");
+    let record: ConfigMap = Api::namespaced(client.clone(), "archer-system").get("archer-safety-net").await.expect("the shared record");
+    let text = record.data.and_then(|d| d.get("record.json").cloned()).unwrap_or_default();
+    assert!(text.contains(&lie.digest) || text.contains(&index.digest), "the broken pair is recorded: {text}");
+    // Evicted once: no second replacement while the replacement runs.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(c.archer_metric("archer_exec_format_replacements_total{outcome=\"evicted\"}").await, 1.0);
+}

@@ -6,6 +6,12 @@
 //! shell fails to exec a binary and exits, with the error in its termination message or, under
 //! `terminationMessagePolicy: FallbackToLogsOnError`, in the log tail kubelet copies there.
 //! Under `CrashLoopBackOff` the evidence is in the last termination.
+//!
+//! runc 1.1 (Debian's, with containerd 1.6) starts the container first and execs its entrypoint
+//! afterwards: a binary for another architecture then makes the container exit at once with
+//! runc's `exec /app: exec format error` in its log, and nothing in its status
+//! ([`quick_exits`], read back with [`in_log`]). A container writes its own log, so that is a
+//! container's evidence, as a termination message is.
 
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod};
 
@@ -38,6 +44,12 @@ pub enum Evidence {
     /// The container ran and wrote it: its termination message or, under
     /// `FallbackToLogsOnError`, its log tail.
     Container,
+    /// The container exited with an error at once and its log's tail says it: runc 1.1's own
+    /// line when the entrypoint fails to exec after the container started ([`quick_exits`]).
+    /// The log is the container's, so this is no better evidence than [`Evidence::Container`];
+    /// but it is the only report Debian's runtime gives of a real exec format error, so the
+    /// image's entrypoint binary is read for it, and only that reading can widen it.
+    ExitedAtOnce,
 }
 
 impl Evidence {
@@ -45,6 +57,7 @@ impl Evidence {
         match self {
             Evidence::Runtime => "runtime",
             Evidence::Container => "container",
+            Evidence::ExitedAtOnce => "exited_at_once",
         }
     }
 }
@@ -84,6 +97,55 @@ fn of_status(s: &ContainerStatus) -> Option<ExecFormatError> {
     let (reason, message) = says_it(s.state.as_ref()).or_else(|| says_it(s.last_state.as_ref()))?;
     let evidence = evidence_of(&reason);
     Some(ExecFormatError { container: s.name.clone(), image: s.image.clone(), digest: digest_of(&s.image_id), reason, message, evidence })
+}
+
+/// A container that exited with an error this soon after it started may have failed to exec its
+/// entrypoint; one that ran longer did not.
+pub const QUICK_EXIT_SECONDS: i64 = 2;
+/// The log tail read for a quick exit: the runtime's line is the last one or close to it.
+pub const LOG_TAIL_LINES: i64 = 5;
+pub const LOG_TAIL_BYTES: i64 = 4096;
+
+/// A container that exited with an error within [`QUICK_EXIT_SECONDS`] of starting, its status
+/// saying nothing of an exec format error: its log may (runc 1.1's exec after start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuickExit {
+    pub container: String,
+    pub image: String,
+    pub digest: Option<String>,
+    /// The exit is the last termination of a restarted container (read with `previous=true`),
+    /// not the current state.
+    pub previous: bool,
+    pub reason: String,
+}
+
+fn quick(t: &k8s_openapi::api::core::v1::ContainerStateTerminated) -> bool {
+    let lasted = match (&t.started_at, &t.finished_at) {
+        (Some(s), Some(f)) => f.0.as_second() - s.0.as_second(),
+        _ => return false,
+    };
+    t.exit_code != 0 && (0..=QUICK_EXIT_SECONDS).contains(&lasted) && !t.message.as_deref().unwrap_or_default().contains(MARK)
+}
+
+/// The containers of `pod` (init containers included) that exited with an error at once, when
+/// no status of the pod already says exec format error.
+pub fn quick_exits(pod: &Pod) -> Vec<QuickExit> {
+    let Some(status) = pod.status.as_ref() else { return Vec::new() };
+    let all = status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
+    all.filter_map(|s| {
+        let current = s.state.as_ref().and_then(|st| st.terminated.as_ref()).filter(|t| quick(t)).map(|t| (false, t));
+        let last = || s.last_state.as_ref().and_then(|st| st.terminated.as_ref()).filter(|t| quick(t)).map(|t| (true, t));
+        let (previous, t) = current.or_else(last)?;
+        Some(QuickExit { container: s.name.clone(), image: s.image.clone(), digest: digest_of(&s.image_id), previous, reason: t.reason.clone().unwrap_or_default() })
+    })
+    .collect()
+}
+
+/// The exec format error a quick exit's log tail shows, if it does: the line that says it.
+pub fn in_log(exit: &QuickExit, log: &str) -> Option<ExecFormatError> {
+    let line = log.lines().rev().find(|l| l.contains(MARK))?;
+    let message: String = line.trim().chars().take(512).collect();
+    Some(ExecFormatError { container: exit.container.clone(), image: exit.image.clone(), digest: exit.digest.clone(), reason: exit.reason.clone(), message, evidence: Evidence::ExitedAtOnce })
 }
 
 /// The containers (init containers included) of `pod` whose current or last state carries an

@@ -180,7 +180,8 @@ fn container_of<'a>(pod: &'a Pod, name: &str) -> Option<&'a k8s_openapi::api::co
 /// Why a detection cannot hold beyond its namespace whatever the image holds, or `None` when
 /// reading the image's entrypoint may make it cluster-wide (so only then is the image read).
 pub fn unverifiable(pod: &Pod, error: &ExecFormatError) -> Option<Unverified> {
-    if error.evidence != Evidence::Runtime {
+    // A container's own message never widens; a quick exit's log may, by the image's binary.
+    if error.evidence == Evidence::Container {
         return Some(Unverified::ContainersOwnMessage);
     }
     let overridden = container_of(pod, &error.container).is_none_or(|c| c.command.as_ref().is_some_and(|v| !v.is_empty()) || c.args.as_ref().is_some_and(|v| !v.is_empty()));

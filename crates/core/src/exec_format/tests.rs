@@ -63,3 +63,32 @@ fn only_the_runtimes_own_report_is_runtime_evidence() {
     let found: Vec<(String, Evidence)> = exec_format_errors(&p).into_iter().map(|e| (e.container, e.evidence)).collect();
     assert_eq!(found, [("forged".into(), Evidence::Container), ("done".into(), Evidence::Container), ("real".into(), Evidence::Runtime), ("waiting".into(), Evidence::Runtime)]);
 }
+
+/// What Debian's runc 1.1 (containerd 1.6) reported on the e2e real node for an amd64 manifest
+/// holding an arm64 binary: a termination with no message, the same second it started; the
+/// words are in the container's log.
+fn runc_1_1_status(state: &str, started: &str, finished: &str, exit: i32, message: Option<&str>) -> Pod {
+    let terminated = json!({"containerID": "containerd://ecfa", "exitCode": exit, "reason": "Error", "startedAt": started, "finishedAt": finished, "message": message});
+    let (current, last) = if state == "now" { (json!({"terminated": terminated}), json!({})) } else { (json!({"waiting": {"reason": "CrashLoopBackOff"}}), json!({"terminated": terminated})) };
+    pod(json!({"containerStatuses": [{"name": "app", "image": "reg/liar:1", "imageID": "reg/liar@sha256:33d4", "ready": false, "restartCount": 0, "state": current, "lastState": last}]}))
+}
+
+#[test]
+fn a_container_that_exits_at_once_is_read_for_its_log() {
+    let now = runc_1_1_status("now", "2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 1, None);
+    assert!(exec_format_errors(&now).is_empty(), "nothing in the status says it");
+    let exits = quick_exits(&now);
+    assert_eq!(exits.len(), 1);
+    assert_eq!((exits[0].previous, exits[0].digest.as_deref(), exits[0].reason.as_str()), (false, Some("sha256:33d4"), "Error"));
+    let found = in_log(&exits[0], "exec /tiny: exec format error\n").expect("the line");
+    assert_eq!((found.message.as_str(), found.evidence), ("exec /tiny: exec format error", Evidence::ExitedAtOnce));
+    assert_eq!(in_log(&exits[0], "panic: no config\n"), None, "another crash");
+    // After a restart the exit is the last state: the previous container's log is read.
+    let restarted = runc_1_1_status("last", "2026-11-28T18:38:49Z", "2026-11-28T18:38:51Z", 1, None);
+    assert!(quick_exits(&restarted)[0].previous);
+    // Not read: a container that ran longer, exited 0, or whose status already says it.
+    assert!(quick_exits(&runc_1_1_status("now", "2026-11-28T18:38:49Z", "2026-11-28T18:38:52Z", 1, None)).is_empty(), "ran 3 s");
+    assert!(quick_exits(&runc_1_1_status("now", "2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 0, None)).is_empty(), "succeeded");
+    assert!(quick_exits(&runc_1_1_status("now", "2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 1, Some("exec format error"))).is_empty(), "the status says it");
+    assert!(quick_exits(&pod(json!({"containerStatuses": [{"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0, "state": {"running": {}}}]}))).is_empty());
+}

@@ -183,6 +183,7 @@ fn failure(evidence: Evidence) -> ExecFormatError {
     let (reason, message) = match evidence {
         Evidence::Runtime => ("StartError", "exec: \"/app\": exec format error: unknown"),
         Evidence::Container => ("Error", "exec format error"),
+        Evidence::ExitedAtOnce => ("Error", "exec /app: exec format error"),
     };
     ExecFormatError { container: "app".into(), image: "reg/app:1".into(), digest: Some(DIGEST.into()), reason: reason.into(), message: message.into(), evidence }
 }
@@ -211,6 +212,13 @@ fn a_tenants_own_words_or_binary_never_mark_an_image_broken_for_another_namespac
     assert_eq!(scope(&evil, &failure(Evidence::Runtime), "amd64", Some(&arm_binary)), Scope::Namespace(Unverified::BinaryMatches));
     assert_eq!(scope(&evil, &failure(Evidence::Runtime), "amd64", Some(&Entrypoint { path: "/app".into(), arch: "386".into() })), Scope::Namespace(Unverified::BinaryMatches));
     assert_eq!(unverifiable(&evil, &failure(Evidence::Runtime)), None, "only then is the image read");
+    // A quick exit whose log says it (runc 1.1): the log is the tenant's, so only the image's
+    // own binary widens it, exactly as for the runtime's report.
+    assert_eq!(unverifiable(&evil, &failure(Evidence::ExitedAtOnce)), None, "the image is read");
+    assert_eq!(scope(&evil, &failure(Evidence::ExitedAtOnce), "arm64", Some(&arm_binary)), Scope::Cluster);
+    assert_eq!(scope(&evil, &failure(Evidence::ExitedAtOnce), "arm64", None), Scope::Namespace(Unverified::NotVerified));
+    assert_eq!(scope(&evil, &failure(Evidence::ExitedAtOnce), "amd64", Some(&arm_binary)), Scope::Namespace(Unverified::BinaryMatches), "a forged line over a binary that runs here");
+    assert_eq!(scope(&tenant_pod("evil", json!({"command": ["/elsewhere/arm"]})), &failure(Evidence::ExitedAtOnce), "arm64", Some(&arm_binary)), Scope::Namespace(Unverified::CommandOverridden));
 
     // What each teaches the record: the forged one holds in `evil` only.
     let mut record = SafetyRecord::default();

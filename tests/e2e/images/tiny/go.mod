@@ -1,0 +1,3 @@
+module archer.dev/e2e/tiny
+
+go 1.22
