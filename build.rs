@@ -17,6 +17,10 @@ fn head() -> Option<String> {
         return None;
     }
     println!("cargo:rerun-if-changed=.git/HEAD");
+    // HEAD's log moves with every commit and checkout, whether the branch's ref is loose or packed.
+    if git.join("logs/HEAD").exists() {
+        println!("cargo:rerun-if-changed=.git/logs/HEAD");
+    }
     if let Ok(head) = std::fs::read_to_string(git.join("HEAD")) {
         // A missing path would rerun this script on every build: packed refs have no file.
         if let Some(reference) = head.trim().strip_prefix("ref: ").filter(|r| git.join(r).exists()) {

@@ -16,6 +16,10 @@ use kube::{Api, Resource};
 use tokio::time::Instant;
 
 use archer_core::exec_format::{exec_format_errors, in_log, quick_exits, ExecFormatError, LOG_TAIL_BYTES, LOG_TAIL_LINES};
+
+/// Container instances whose log tail was read (`<pod uid>/<container>/<instance>`): each is read
+/// once, however often its pod changes.
+type LogReads = moka::sync::Cache<String, ()>;
 use archer_core::placement::DECISION_ANNOTATION;
 use archer_core::safety_net::{on_exec_format_errors, scope, unverifiable, Detection, Entrypoint, Finding, Verdict, MAX_RECORD_BYTES};
 use archer_metrics::{label, labels2};
@@ -42,14 +46,15 @@ const DIGEST_LOOKUP: Duration = Duration::from_secs(10);
 /// its own deadline, 60 s, within it).
 const VERIFY_LOOKUP: Duration = Duration::from_secs(70);
 
-/// Bound on reading a quick exit's log tail.
+/// Bound on reading one quick exit's log tail, and on all of one pod's.
 const LOG_READ: Duration = Duration::from_secs(10);
+const LOG_READS_PER_POD: Duration = Duration::from_secs(15);
 
 /// A pod Archer admitted, not going away, with a container failing for its architecture, or
 /// exiting with an error at once (its log may say why: [`archer_core::exec_format::quick_exits`]).
 pub(super) fn failing(pod: &Pod) -> bool {
     let admitted = pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(DECISION_ANNOTATION));
-    admitted && pod.metadata.deletion_timestamp.is_none() && (!exec_format_errors(pod).is_empty() || !quick_exits(pod).is_empty())
+    admitted && pod.metadata.deletion_timestamp.is_none() && (!exec_format_errors(pod).is_empty() || !quick_exits(pod, super::unix_now()).is_empty())
 }
 
 /// An eviction waiting for its PodDisruptionBudget.
@@ -72,8 +77,9 @@ impl SafetyNet {
     pub(super) async fn detect_loop(self: Arc<Self>, queue: Arc<FairQueue<Pod>>, evictions: Arc<FairQueue<Eviction>>) {
         let handled: moka::sync::Cache<String, ()> =
             moka::sync::Cache::builder().max_capacity(MAX_HANDLED).time_to_live(Duration::from_secs(self.config.replacement_ttl_seconds)).build();
+        let log_reads: LogReads = moka::sync::Cache::builder().max_capacity(MAX_HANDLED).time_to_live(Duration::from_secs(self.config.replacement_ttl_seconds)).build();
         let workers = (0..CONCURRENCY).map(|_| {
-            let (this, queue, evictions, handled) = (self.clone(), queue.clone(), evictions.clone(), handled.clone());
+            let (this, queue, evictions, handled, log_reads) = (self.clone(), queue.clone(), evictions.clone(), handled.clone(), log_reads.clone());
             async move {
                 loop {
                     let (namespace, pod) = queue.take(SLOTS_PER_NAMESPACE).await;
@@ -81,7 +87,7 @@ impl SafetyNet {
                         // Marked first: a second event for the same pod while this one runs is skipped.
                         if !handled.contains_key(&uid) {
                             handled.insert(uid.clone(), ());
-                            if !this.handle(&pod, &evictions).await {
+                            if !this.handle(&pod, &evictions, &log_reads).await {
                                 handled.invalidate(&uid);
                             }
                         }
@@ -95,7 +101,7 @@ impl SafetyNet {
 
     /// Handle one failing pod; false when it should be tried again at its next change.
     #[tracing::instrument(skip_all, fields(pod = pod.metadata.name.as_deref().unwrap_or(""), namespace = pod.metadata.namespace.as_deref().unwrap_or(""), node = tracing::field::Empty, arch = tracing::field::Empty))]
-    async fn handle(&self, pod: &Pod, evictions: &FairQueue<Eviction>) -> bool {
+    async fn handle(&self, pod: &Pod, evictions: &FairQueue<Eviction>, log_reads: &LogReads) -> bool {
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
         let Some(arch) = self.cluster.node_arch(&node) else {
             tracing::warn!(%node, "exec format error on a node whose architecture is unknown; not learned");
@@ -105,11 +111,12 @@ impl SafetyNet {
         let namespace = ns_of(pod);
         let mut errors = exec_format_errors(pod);
         if errors.is_empty() {
-            // A quick exit: its log tail says whether the entrypoint failed to exec. Read once
-            // per pod (the pod is then handled), so a crash-looping app costs one read.
-            errors = self.read_logs(pod).await;
+            // A quick exit: its log tail says whether the entrypoint failed to exec. Each
+            // container instance's log is read once; the pod is not marked handled, so a later
+            // failure of it (a runtime's StartError, another instance) is still seen.
+            errors = self.read_logs(pod, log_reads).await;
             if errors.is_empty() {
-                return true;
+                return false;
             }
         }
         let errors = self.with_digests(pod, errors).await;
@@ -194,13 +201,25 @@ impl SafetyNet {
 
     /// The exec format errors the log tails of the pod's quick exits show (runc's own line, in
     /// the container's log: evidence of the container's, as a termination message is).
-    async fn read_logs(&self, pod: &Pod) -> Vec<ExecFormatError> {
+    async fn read_logs(&self, pod: &Pod, log_reads: &LogReads) -> Vec<ExecFormatError> {
         let (namespace, name) = (ns_of(pod), pod.metadata.name.clone().unwrap_or_default());
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let deadline = Instant::now() + LOG_READS_PER_POD;
         let mut found = Vec::new();
-        for exit in quick_exits(pod) {
+        for exit in quick_exits(pod, super::unix_now()) {
+            let key = format!("{uid}/{}/{}", exit.container, exit.instance);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if log_reads.contains_key(&key) || left.is_zero() {
+                continue;
+            }
             let params = kube::api::LogParams { container: Some(exit.container.clone()), previous: exit.previous, tail_lines: Some(LOG_TAIL_LINES), limit_bytes: Some(LOG_TAIL_BYTES), ..Default::default() };
-            match tokio::time::timeout(LOG_READ, api.logs(&name, &params)).await {
+            let read = tokio::time::timeout(LOG_READ.min(left), api.logs(&name, &params)).await;
+            if matches!(read, Ok(Ok(_))) {
+                // A failed read is tried again at the pod's next change.
+                log_reads.insert(key, ());
+            }
+            match read {
                 Ok(Ok(log)) => match in_log(&exit, &log) {
                     Some(error) => found.push(error),
                     None => tracing::debug!(container = %exit.container, "a quick exit whose log says nothing of an exec format error"),

@@ -140,6 +140,14 @@ async fn installed_by_its_chart_on_a_real_node() {
         "spec": {"containers": [{"name": "app", "image": multi}], "terminationGracePeriodSeconds": 0}
     }))
     .expect("pod");
+    // `helm install --wait` returns once the replicas are Ready; kube-proxy programs the
+    // Service's new endpoints a moment later, and until then the API server cannot reach the
+    // webhook (failurePolicy Ignore admits unmutated). Wait for a dry run to be mutated.
+    wait("the webhook reachable through its Service", Duration::from_secs(30), || async {
+        let dry = PostParams { dry_run: true, ..Default::default() };
+        pods.create(&dry, &probe_pod("reachable", &multi)).await.is_ok_and(|p| annotation(&p, "archer.dev/platforms").is_some())
+    })
+    .await;
     let created = pods.create(&PostParams::default(), &pod).await.expect("create");
     assert_eq!(annotation(&created, "archer.dev/platforms"), Some("linux/amd64,linux/arm64"), "mutated by the installed webhook: {:?}", created.metadata.annotations);
     wait("the multi-arch pod Running on the real node", Duration::from_secs(90), || async {

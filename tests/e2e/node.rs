@@ -28,6 +28,7 @@ pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 const INTERFACE: &str = "lo";
 const CNI_BIN: &str = "/usr/lib/cni";
+const BRIDGE: &str = "archer-cni0";
 
 /// Can this machine run a real node (root, containerd, runc, the CNI plugins, iptables)?
 /// The scenarios fail with this reason rather than skip: .ci/run installs them.
@@ -159,7 +160,8 @@ impl Drop for RealNode {
             }
             let start = Instant::now();
             while start.elapsed() < Duration::from_secs(10) {
-                let left = ctr(&["tasks", "ls", "-q"]).map(|o| !o.stdout.is_empty()).unwrap_or(false);
+                // Killed tasks stay listed (STOPPED) until removed.
+                let left = ctr(&["tasks", "ls"]).map(|o| String::from_utf8_lossy(&o.stdout).contains("RUNNING")).unwrap_or(false);
                 if !left {
                     break;
                 }
@@ -174,15 +176,19 @@ impl Drop for RealNode {
         }
         // kube-proxy's rules would outlive it.
         let _ = Command::new(&self.kube_proxy).arg("--cleanup").output();
-        // containerd's mounts (snapshots, sandboxes' shm) would keep the directory.
+        // containerd's mounts (snapshots, sandboxes' shm, the pods' network namespaces, which
+        // `netns_mounts_under_state_dir` keeps in our directory) would keep the directory, and a
+        // pod's namespace its veth and address on the bridge.
         if let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") {
-            let root = self.dir.display().to_string();
+            let root = format!("{}/", self.dir.display());
             let mut ours: Vec<&str> = mounts.lines().filter_map(|l| l.split(' ').nth(1)).filter(|m| m.starts_with(&root)).collect();
             ours.sort_by_key(|m| std::cmp::Reverse(m.len()));
             for m in ours {
                 let _ = Command::new("umount").arg("-l").arg(m).output();
             }
         }
+        // The bridge the next node makes afresh (its pods' veths went with their namespaces).
+        let _ = Command::new("ip").args(["link", "del", BRIDGE]).output();
     }
 }
 
@@ -216,7 +222,7 @@ impl RealNode {
                 "cniVersion": "0.4.0",
                 "name": "archer-e2e",
                 "plugins": [
-                    {"type": "bridge", "bridge": "archer-cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+                    {"type": "bridge", "bridge": BRIDGE, "isGateway": true, "ipMasq": true, "hairpinMode": true,
                      "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": dir.join("ipam").display().to_string()}},
                     {"type": "portmap", "capabilities": {"portMappings": true}},
                     {"type": "loopback"}
@@ -229,7 +235,7 @@ impl RealNode {
         std::fs::write(
             &containerd_config,
             format!(
-                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{pause}\"\n  [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    bin_dir = \"{CNI_BIN}\"\n    conf_dir = \"{cni}\"\n  [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"{certs}\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n    runtime_type = \"io.containerd.runc.v2\"\n    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n      BinaryName = \"{runc}\"\n",
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\n[grpc]\n  address = \"{sock}\"\n\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{pause}\"\n  netns_mounts_under_state_dir = true\n  [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    bin_dir = \"{CNI_BIN}\"\n    conf_dir = \"{cni}\"\n  [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"{certs}\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n    runtime_type = \"io.containerd.runc.v2\"\n    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n      BinaryName = \"{runc}\"\n",
                 root = dir.join("containerd-root").display(),
                 state = dir.join("containerd-state").display(),
                 sock = socket.display(),

@@ -102,9 +102,13 @@ fn of_status(s: &ContainerStatus) -> Option<ExecFormatError> {
 /// A container that exited with an error this soon after it started may have failed to exec its
 /// entrypoint; one that ran longer did not.
 pub const QUICK_EXIT_SECONDS: i64 = 2;
+/// A quick exit older than this is history (the pod has moved on): not read.
+pub const QUICK_EXIT_RECENT_SECONDS: i64 = 600;
 /// The log tail read for a quick exit: the runtime's line is the last one or close to it.
 pub const LOG_TAIL_LINES: i64 = 5;
 pub const LOG_TAIL_BYTES: i64 = 4096;
+/// At most this many quick exits of one pod are read: a pod's container count is its own.
+pub const MAX_QUICK_EXITS_PER_POD: usize = 4;
 
 /// A container that exited with an error within [`QUICK_EXIT_SECONDS`] of starting, its status
 /// saying nothing of an exec format error: its log may (runc 1.1's exec after start).
@@ -117,27 +121,46 @@ pub struct QuickExit {
     /// not the current state.
     pub previous: bool,
     pub reason: String,
+    /// The runtime's id of the instance that exited: each instance's log is read once.
+    pub instance: String,
 }
 
-fn quick(t: &k8s_openapi::api::core::v1::ContainerStateTerminated) -> bool {
-    let lasted = match (&t.started_at, &t.finished_at) {
-        (Some(s), Some(f)) => f.0.as_second() - s.0.as_second(),
-        _ => return false,
-    };
-    t.exit_code != 0 && (0..=QUICK_EXIT_SECONDS).contains(&lasted) && !t.message.as_deref().unwrap_or_default().contains(MARK)
+/// An exit that may be a failed exec: an error code (runc 1.1 exits 1; a signal's 128+n and an
+/// OOM kill are something else), within [`QUICK_EXIT_SECONDS`] of the start, recent, and with
+/// no exec format error already in its message.
+fn quick(t: &k8s_openapi::api::core::v1::ContainerStateTerminated, now: i64) -> bool {
+    let (Some(started), Some(finished)) = (&t.started_at, &t.finished_at) else { return false };
+    let (started, finished) = (started.0.as_second(), finished.0.as_second());
+    let lasted = finished - started;
+    (1..=128).contains(&t.exit_code)
+        && t.reason.as_deref() != Some("OOMKilled")
+        && (0..=QUICK_EXIT_SECONDS).contains(&lasted)
+        && now - finished <= QUICK_EXIT_RECENT_SECONDS
+        && !t.message.as_deref().unwrap_or_default().contains(MARK)
 }
 
-/// The containers of `pod` (init containers included) that exited with an error at once, when
-/// no status of the pod already says exec format error.
-pub fn quick_exits(pod: &Pod) -> Vec<QuickExit> {
+/// The containers of `pod` (init containers included) that exited with an error at once, at most
+/// [`MAX_QUICK_EXITS_PER_POD`]. A container running again proves its entrypoint execs: its last
+/// termination is not one.
+pub fn quick_exits(pod: &Pod, now: i64) -> Vec<QuickExit> {
     let Some(status) = pod.status.as_ref() else { return Vec::new() };
     let all = status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
     all.filter_map(|s| {
-        let current = s.state.as_ref().and_then(|st| st.terminated.as_ref()).filter(|t| quick(t)).map(|t| (false, t));
-        let last = || s.last_state.as_ref().and_then(|st| st.terminated.as_ref()).filter(|t| quick(t)).map(|t| (true, t));
+        let state = s.state.as_ref();
+        let current = state.and_then(|st| st.terminated.as_ref()).filter(|t| quick(t, now)).map(|t| (false, t));
+        let running = state.is_some_and(|st| st.running.is_some());
+        let last = || s.last_state.as_ref().and_then(|st| st.terminated.as_ref()).filter(|t| !running && quick(t, now)).map(|t| (true, t));
         let (previous, t) = current.or_else(last)?;
-        Some(QuickExit { container: s.name.clone(), image: s.image.clone(), digest: digest_of(&s.image_id), previous, reason: t.reason.clone().unwrap_or_default() })
+        Some(QuickExit {
+            container: s.name.clone(),
+            image: s.image.clone(),
+            digest: digest_of(&s.image_id),
+            previous,
+            reason: t.reason.clone().unwrap_or_default(),
+            instance: t.container_id.clone().unwrap_or_default(),
+        })
     })
+    .take(MAX_QUICK_EXITS_PER_POD)
     .collect()
 }
 

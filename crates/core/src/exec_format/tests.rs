@@ -73,22 +73,44 @@ fn runc_1_1_status(state: &str, started: &str, finished: &str, exit: i32, messag
     pod(json!({"containerStatuses": [{"name": "app", "image": "reg/liar:1", "imageID": "reg/liar@sha256:33d4", "ready": false, "restartCount": 0, "state": current, "lastState": last}]}))
 }
 
+/// 2026-11-28T18:39:00Z, eleven seconds after the failure.
+const NOW: i64 = 1_795_891_140;
+
 #[test]
 fn a_container_that_exits_at_once_is_read_for_its_log() {
     let now = runc_1_1_status("now", "2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 1, None);
     assert!(exec_format_errors(&now).is_empty(), "nothing in the status says it");
-    let exits = quick_exits(&now);
+    let exits = quick_exits(&now, NOW);
     assert_eq!(exits.len(), 1);
-    assert_eq!((exits[0].previous, exits[0].digest.as_deref(), exits[0].reason.as_str()), (false, Some("sha256:33d4"), "Error"));
+    assert_eq!((exits[0].previous, exits[0].digest.as_deref(), exits[0].reason.as_str(), exits[0].instance.as_str()), (false, Some("sha256:33d4"), "Error", "containerd://ecfa"));
     let found = in_log(&exits[0], "exec /tiny: exec format error\n").expect("the line");
     assert_eq!((found.message.as_str(), found.evidence), ("exec /tiny: exec format error", Evidence::ExitedAtOnce));
     assert_eq!(in_log(&exits[0], "panic: no config\n"), None, "another crash");
     // After a restart the exit is the last state: the previous container's log is read.
     let restarted = runc_1_1_status("last", "2026-11-28T18:38:49Z", "2026-11-28T18:38:51Z", 1, None);
-    assert!(quick_exits(&restarted)[0].previous);
-    // Not read: a container that ran longer, exited 0, or whose status already says it.
-    assert!(quick_exits(&runc_1_1_status("now", "2026-11-28T18:38:49Z", "2026-11-28T18:38:52Z", 1, None)).is_empty(), "ran 3 s");
-    assert!(quick_exits(&runc_1_1_status("now", "2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 0, None)).is_empty(), "succeeded");
-    assert!(quick_exits(&runc_1_1_status("now", "2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 1, Some("exec format error"))).is_empty(), "the status says it");
-    assert!(quick_exits(&pod(json!({"containerStatuses": [{"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0, "state": {"running": {}}}]}))).is_empty());
+    assert!(quick_exits(&restarted, NOW)[0].previous);
+    // Not read: a container that ran longer, exited 0, was killed by a signal or the OOM killer,
+    // failed long ago, or whose status already says it.
+    let not = |started: &str, finished: &str, exit: i32, message: Option<&str>| quick_exits(&runc_1_1_status("now", started, finished, exit, message), NOW).is_empty();
+    assert!(not("2026-11-28T18:38:49Z", "2026-11-28T18:38:52Z", 1, None), "ran 3 s");
+    assert!(not("2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 0, None), "succeeded");
+    assert!(not("2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 137, None), "SIGKILL");
+    assert!(not("2026-11-28T18:18:49Z", "2026-11-28T18:18:49Z", 1, None), "twenty minutes ago");
+    assert!(not("2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 1, Some("exec format error")), "the status says it");
+    let mut oom = runc_1_1_status("now", "2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 1, None);
+    if let Some(t) = oom.status.as_mut().and_then(|s| s.container_statuses.as_mut()).and_then(|c| c[0].state.as_mut()).and_then(|s| s.terminated.as_mut()) {
+        t.reason = Some("OOMKilled".into());
+    }
+    assert!(quick_exits(&oom, NOW).is_empty(), "OOMKilled");
+    assert!(quick_exits(&pod(json!({"containerStatuses": [{"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0, "state": {"running": {}}}]})), NOW).is_empty());
+    // Running again after a quick exit: the entrypoint execs, the old exit is not read.
+    let mut back = runc_1_1_status("last", "2026-11-28T18:38:49Z", "2026-11-28T18:38:49Z", 1, None);
+    if let Some(c) = back.status.as_mut().and_then(|s| s.container_statuses.as_mut()) {
+        c[0].state = Some(k8s_openapi::api::core::v1::ContainerState { running: Some(Default::default()), ..Default::default() });
+    }
+    assert!(quick_exits(&back, NOW).is_empty(), "running again");
+    // A pod's many containers: at most MAX_QUICK_EXITS_PER_POD are read.
+    let terminated = json!({"terminated": {"containerID": "containerd://x", "exitCode": 1, "reason": "Error", "startedAt": "2026-11-28T18:38:49Z", "finishedAt": "2026-11-28T18:38:49Z"}});
+    let many: Vec<serde_json::Value> = (0..50).map(|i| json!({"name": format!("c{i}"), "image": "i", "imageID": "", "ready": false, "restartCount": 0, "state": terminated})).collect();
+    assert_eq!(quick_exits(&pod(json!({"containerStatuses": many})), NOW).len(), MAX_QUICK_EXITS_PER_POD);
 }
