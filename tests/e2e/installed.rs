@@ -148,6 +148,10 @@ async fn installed_by_its_chart_on_a_real_node() {
         pods.create(&dry, &probe_pod("reachable", &multi)).await.is_ok_and(|p| annotation(&p, "archer.dev/platforms").is_some())
     })
     .await;
+    // Archer's own image, as its webhook reads it: both architectures when CI built arm64 too.
+    let own = pods.create(&PostParams { dry_run: true, ..Default::default() }, &probe_pod("archer-itself", &format!("{repo}:e2e"))).await.expect("dry run");
+    let expected = if std::env::var_os("ARCHER_E2E_ARM64_BINARY").is_some() { "linux/amd64,linux/arm64" } else { "linux/amd64" };
+    assert_eq!(annotation(&own, "archer.dev/platforms"), Some(expected), "Archer's image index");
     let created = pods.create(&PostParams::default(), &pod).await.expect("create");
     assert_eq!(annotation(&created, "archer.dev/platforms"), Some("linux/amd64,linux/arm64"), "mutated by the installed webhook: {:?}", created.metadata.annotations);
     wait("the multi-arch pod Running on the real node", Duration::from_secs(90), || async {
