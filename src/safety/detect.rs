@@ -16,16 +16,16 @@ use kube::{Api, Resource};
 use tokio::time::Instant;
 
 use archer_core::exec_format::{exec_format_errors, in_log, quick_exits, ExecFormatError, LOG_TAIL_BYTES, LOG_TAIL_LINES};
-
-/// Container instances whose log tail was read (`<pod uid>/<container>/<instance>`): each is read
-/// once, however often its pod changes.
-type LogReads = moka::sync::Cache<String, ()>;
 use archer_core::placement::DECISION_ANNOTATION;
 use archer_core::safety_net::{on_exec_format_errors, scope, unverifiable, Detection, Entrypoint, Finding, Verdict, MAX_RECORD_BYTES};
 use archer_metrics::{label, labels2};
 
 use super::fair::FairQueue;
 use super::SafetyNet;
+
+/// Container instances whose log tail was read (`<pod uid>/<container>/<instance>`): each is read
+/// once, however often its pod changes.
+type LogReads = moka::sync::Cache<String, ()>;
 
 /// Failing pods handled at the same time, all namespaces together...
 const CONCURRENCY: usize = 8;
@@ -75,9 +75,9 @@ impl SafetyNet {
     /// Take failing pods from `queue` in turn by namespace, at most [`CONCURRENCY`] at once and
     /// [`SLOTS_PER_NAMESPACE`] of one namespace.
     pub(super) async fn detect_loop(self: Arc<Self>, queue: Arc<FairQueue<Pod>>, evictions: Arc<FairQueue<Eviction>>) {
-        let handled: moka::sync::Cache<String, ()> =
-            moka::sync::Cache::builder().max_capacity(MAX_HANDLED).time_to_live(Duration::from_secs(self.config.replacement_ttl_seconds)).build();
-        let log_reads: LogReads = moka::sync::Cache::builder().max_capacity(MAX_HANDLED).time_to_live(Duration::from_secs(self.config.replacement_ttl_seconds)).build();
+        // Pods handled, and container instances whose log was read: each remembered as long.
+        let remembered = || moka::sync::Cache::builder().max_capacity(MAX_HANDLED).time_to_live(Duration::from_secs(self.config.replacement_ttl_seconds)).build();
+        let (handled, log_reads): (moka::sync::Cache<String, ()>, LogReads) = (remembered(), remembered());
         let workers = (0..CONCURRENCY).map(|_| {
             let (this, queue, evictions, handled, log_reads) = (self.clone(), queue.clone(), evictions.clone(), handled.clone(), log_reads.clone());
             async move {
