@@ -101,7 +101,7 @@ pub struct SafetyNetConfig {
     /// again until the next failure).
     pub broken_ttl_seconds: u64,
     /// The longest a pod stays behind `archer.dev/inspecting`; then the namespace's failure policy
-    /// decides (see the README).
+    /// decides (see the docs).
     pub gate_max_seconds: f64,
     /// Bound on one inspection of a gated pod's images.
     pub gate_inspection_timeout_seconds: f64,
@@ -313,7 +313,7 @@ impl Default for ExtenderConfig {
     }
 }
 
-/// Connection and memory limits. Worst-case memory is stated in README.md ("Memory bound").
+/// Connection and memory limits. Worst-case memory is stated in docs ("Memory bound").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct LimitsConfig {
@@ -600,7 +600,7 @@ impl Config {
     }
 
     /// The worst-case resident memory of `archer serve` with this config in a cluster of
-    /// `nodes` nodes (README "Memory bound"): the process at rest, the image caches (all three
+    /// `nodes` nodes (docs "Memory bound"): the process at rest, the image caches (all three
     /// full, at their byte budgets), the webhook's decision memo and the extender's node facts,
     /// the node cache, the memory budget with the allocator's slack, and every connection at its
     /// buffers' and HTTP/2 window's worst.

@@ -1,7 +1,7 @@
 //! Archer: image-aware placement for mixed amd64/arm64 Kubernetes clusters. This crate is the
 //! runtime and the binary: the webhook, the extender, the provisioner's watches and executors, the
 //! HTTPS server and the CLI. The deciding code, the custom resources, the registry client and
-//! the clouds are crates of their own under `crates/` (README "Layout"); they are re-exported
+//! the clouds are crates of their own under `crates/` (docs "Layout"); they are re-exported
 //! here under their old paths for the integration tests and benchmarks.
 #![forbid(unsafe_code)]
 

@@ -316,7 +316,7 @@ async fn a_nodepool_label_with_a_newline_and_dashes_is_refused_in_azure_custom_d
 fn the_crds_refuse_labels_and_taints_that_are_not_kubernetes_syntax() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     for (file, wrap) in [("nodepool.yaml", true), ("nodeclaim.yaml", false)] {
-        for dir in ["deploy/crds", "deploy/helm/archer/crds"] {
+        for dir in ["deploy/crds", "deploy/helm/archer/files/crds"] {
             let crd: Value = archer::yaml::from_str(&std::fs::read_to_string(root.join(dir).join(file)).unwrap()).unwrap();
             let schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
             let validator = jsonschema::validator_for(&schema).expect("the CRD's schema compiles");

@@ -10,9 +10,16 @@ use std::time::Duration;
 
 use common::*;
 
-fn write_generation(root: &Path, name: &str) -> Vec<u8> {
+/// A certificate generation valid for `days` (generations differ in their notAfter, so the
+/// expiry gauge is seen to follow a reload).
+fn write_generation(root: &Path, name: &str, days: u32) -> Vec<u8> {
     let gen = root.join(name);
-    make_certs(&gen);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer"))
+        .args(["certs", "--dns", "localhost", "--ip", "127.0.0.1", "--days", &days.to_string(), "--out"])
+        .arg(&gen)
+        .output()
+        .expect("archer certs");
+    assert!(out.status.success(), "archer certs: {}", String::from_utf8_lossy(&out.stderr));
     std::fs::read(gen.join("tls.crt")).expect("cert")
 }
 
@@ -37,6 +44,13 @@ async fn served_cert(roots: &[std::path::PathBuf], url: &str) -> Vec<u8> {
     info.peer_certificate().expect("peer certificate").to_vec()
 }
 
+/// A certificate's notAfter, Unix seconds.
+fn not_after(pem: &[u8]) -> f64 {
+    let der = der_of(pem);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("x509");
+    cert.validity().not_after.timestamp() as f64
+}
+
 fn der_of(pem: &[u8]) -> Vec<u8> {
     use rustls_pki_types::pem::PemObject;
     rustls_pki_types::CertificateDer::from_pem_slice(pem).expect("pem").to_vec()
@@ -47,16 +61,18 @@ async fn rotated_certificate_is_served_without_restart() {
     let dir = tempfile::tempdir().expect("tmp");
     let secret = dir.path().join("secret");
     std::fs::create_dir_all(&secret).expect("dir");
-    let first = write_generation(&secret, "..2026_11_22_v1");
+    let first = write_generation(&secret, "..2026_11_22_v1", 365);
     swap_data(&secret, "..2026_11_22_v1");
     symlink("..data/tls.crt", secret.join("tls.crt")).expect("link");
     symlink("..data/tls.key", secret.join("tls.key")).expect("link");
     symlink("..data/ca.crt", secret.join("ca.crt")).expect("link");
-    let second = write_generation(&secret, "..2026_11_23_v2");
+    let second = write_generation(&secret, "..2026_11_23_v2", 730);
 
     let archer = Archer::start_with_certs(dir, secret.clone(), "tlsReloadIntervalSeconds: 1\n", &[]).await;
     let roots = [secret.join("..2026_11_22_v1/ca.crt"), secret.join("..2026_11_23_v2/ca.crt")];
     assert_eq!(served_cert(&roots, &archer.https).await, der_of(&first));
+    // Alerts read when the served certificate expires.
+    assert_eq!(archer.metric("archer_tls_certificate_expiration_timestamp_seconds").await, not_after(&first));
 
     // An unusable new pair (key missing) is refused and the old certificate keeps serving.
     std::fs::create_dir_all(secret.join("..broken")).expect("dir");
@@ -85,6 +101,8 @@ async fn rotated_certificate_is_served_without_restart() {
     }
     assert!(rotated, "the new certificate was not picked up; log:\n{}", archer.log_text());
     assert!(archer.metric("archer_tls_certificate_reloads_total{result=\"ok\"}").await >= 1.0);
+    assert!(not_after(&second) > not_after(&first) + 86400.0 * 300.0, "the generations differ in their notAfter");
+    assert_eq!(archer.metric("archer_tls_certificate_expiration_timestamp_seconds").await, not_after(&second), "the gauge follows the reload");
 }
 
 #[tokio::test]

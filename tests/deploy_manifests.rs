@@ -61,7 +61,7 @@ fn the_shipped_memory_limit_holds_the_memory_bound_and_the_grace_period_the_shut
     let pod = d.spec.expect("spec").template.spec.expect("pod");
     let limit = pod.containers[0].resources.as_ref().and_then(|r| r.limits.as_ref()).and_then(|l| l.get("memory")).expect("memory limit");
     let limit = archer::core::quantity::value(&limit.0).expect("quantity") as u64;
-    // A cluster of 1,000 nodes (the README gives the formula for any size).
+    // A cluster of 1,000 nodes (the docs give the formula ("Memory bound") for any size).
     let bound = cfg.memory_bound_bytes(1000);
     assert!(limit >= bound, "memory limit {} MiB is below the bound {} MiB", limit >> 20, bound >> 20);
     assert!(limit < bound * 3 / 2, "the limit is sized from the bound, not far above it");
@@ -102,7 +102,7 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> serde_json::Value {
 const READ: &[&str] = &["get", "list", "watch"];
 
 /// deploy/ runs the webhook, the extender and the safety net, no provisioner: exactly their rules
-/// (README "Deploying"). No Node writes, no NodeClaims or node classes, no deleting the webhook's
+/// (docs "Deploying"). No Node writes, no NodeClaims or node classes, no deleting the webhook's
 /// configuration (only the Helm chart's uninstall hook may, as its own service account), and
 /// ConfigMaps only by the record's name, in Archer's namespace.
 #[test]
@@ -250,7 +250,7 @@ fn scheduler_configurations_register_the_extender_both_ways() {
 fn generated_crd(file: &str, source: &str, crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition) -> String {
     let generated = format!("# Generated from {source}: ARCHER_UPDATE_CRDS=1 cargo test --test deploy_manifests\n{}", serde_saphyr::to_string(crd).expect("yaml"));
     // Kustomize's copy and the Helm chart's.
-    for dir in ["deploy/crds", "deploy/helm/archer/crds"] {
+    for dir in ["deploy/crds", "deploy/helm/archer/files/crds"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir).join(file);
         if std::env::var_os("ARCHER_UPDATE_CRDS").is_some() {
             std::fs::write(&path, &generated).expect("write crd");

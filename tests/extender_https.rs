@@ -92,7 +92,7 @@ async fn prioritize_ranks_by_cost_per_pod_arm64_first() {
     // Cost per pod = price x max(cpu share, memory share); all six have 1930m allocatable and CPU
     // dominates, so the order is the price order: t4g 0.0672, t3a 0.0752, m6g 0.0770,
     // m7g 0.0816, c6i 0.0850, m6i 0.0960 (us-east-1 on-demand).
-    // The worked example in README.md (arm64 5% and amd64 2.5% preference discounts).
+    // The worked example in the docs ("Scheduler extender") (arm64 5% and amd64 2.5% preference discounts).
     let expected: BTreeMap<String, i64> =
         [("ip-t4g-large", 10), ("ip-t3a-large", 7), ("ip-m6g-large", 7), ("ip-m7g-large", 5), ("ip-c6i-large", 4), ("ip-m6i-large", 0)]
             .into_iter()

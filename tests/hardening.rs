@@ -114,7 +114,7 @@ async fn concurrent_big_bodies_stay_under_the_memory_budget() {
     let (_, peak) = archer.rss();
     let grown = peak.saturating_sub(baseline);
     eprintln!("baseline RSS {} MiB, peak {} MiB, grown {} MiB (budget {} MiB)", baseline >> 20, peak >> 20, grown >> 20, BUDGET >> 20);
-    // The README's bound: the budget with the allocator's 15% slack, plus connection buffers.
+    // The docs' bound ("Memory bound"): the budget with the allocator's 15% slack, plus connection buffers.
     let bound = (BUDGET * 115 / 100 + 8 * MIB) as u64;
     assert!(grown < bound, "peak RSS grew {} MiB, over {} MiB for a {} MiB budget", grown >> 20, bound >> 20, BUDGET >> 20);
     assert_eq!(archer.metric("archer_memory_budget_in_use_bytes").await, 0.0, "everything reserved was given back");

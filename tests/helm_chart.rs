@@ -124,10 +124,12 @@ fn is_hook(v: &Value) -> bool {
     v["metadata"]["annotations"].get("helm.sh/hook").is_some()
 }
 
-/// Karpenter's NodeOverlay CRD, which the chart installs where the cluster does not serve it;
-/// the kustomize base leaves it to the user (deploy/crds/nodeoverlay.yaml).
+/// Karpenter's NodeOverlay CRD, which the chart installs where the cluster does not serve it
+/// (the kustomize base leaves it to the user: deploy/crds/nodeoverlay.yaml), and Archer's own
+/// CRDs, which `deploy/` applies from deploy/crds/ (the chart's copies are checked against those
+/// files by tests/deploy_manifests.rs and below).
 fn is_overlay_crd(v: &Value) -> bool {
-    v["kind"] == "CustomResourceDefinition" && v["metadata"]["name"] == "nodeoverlays.karpenter.sh"
+    v["kind"] == "CustomResourceDefinition" && (v["metadata"]["name"] == "nodeoverlays.karpenter.sh" || v["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(".archer.dev")))
 }
 
 fn assert_same_objects(mut chart: Vec<Value>, mut kustomize: Vec<Value>) {
@@ -246,7 +248,7 @@ fn non_default_values_reach_the_manifests() {
 /// the chart leaves it alone.
 #[test]
 fn the_chart_installs_the_nodeoverlay_crd_only_where_it_is_not_served() {
-    let crds = |flags: &[&str]| rendered(flags).into_iter().filter(is_overlay_crd).collect::<Vec<_>>();
+    let crds = |flags: &[&str]| rendered(flags).into_iter().filter(|o| is_overlay_crd(o) && o["metadata"]["name"] == "nodeoverlays.karpenter.sh").collect::<Vec<_>>();
     let installed = crds(&[]);
     assert_eq!(installed.len(), 1);
     assert_eq!(installed[0]["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
@@ -274,6 +276,69 @@ fn the_second_scheduler_consults_the_charts_service() {
     assert!(rendered(&[]).iter().all(|o| o["metadata"]["name"] != "archer-scheduler"), "off by default");
 }
 
+/// The second scheduler follows the cluster's version (EKS's suffix dropped); a given image is
+/// held to Kubernetes' version skew policy: the same minor version or one older, never newer.
+#[test]
+fn the_second_schedulers_image_follows_the_cluster_or_is_held_to_the_skew_policy() {
+    let image = |flags: &[&str]| -> Result<String, String> {
+        let objects = render(&[&["--set", "extender.secondScheduler.enabled=true"], flags].concat())?;
+        let d: Deployment = typed(&objects, "Deployment", "archer-scheduler");
+        Ok(d.spec.and_then(|s| s.template.spec).expect("pod").containers[0].image.clone().expect("image"))
+    };
+    assert_eq!(image(&["--kube-version", "v1.31.2"]).expect("render"), "registry.k8s.io/kube-scheduler:v1.31.2");
+    assert_eq!(image(&["--kube-version", "v1.30.9-eks-1552ad0"]).expect("render"), "registry.k8s.io/kube-scheduler:v1.30.9");
+    let pinned = "extender.secondScheduler.image=registry.example.com/kube-scheduler:v1.33.5";
+    assert_eq!(image(&["--kube-version", "v1.34.1", "--set", pinned]).expect("one minor older"), "registry.example.com/kube-scheduler:v1.33.5");
+    assert_eq!(image(&["--kube-version", "v1.33.0", "--set", pinned]).expect("the same minor"), "registry.example.com/kube-scheduler:v1.33.5");
+    let newer = image(&["--kube-version", "v1.32.3", "--set", pinned]).expect_err("newer than the cluster");
+    assert!(newer.contains("is kube-scheduler 1.33, but the cluster runs Kubernetes 1.32.3"), "{newer}");
+    assert!(image(&["--kube-version", "v1.35.0", "--set", pinned]).is_err(), "two minor versions older");
+    let by_digest = "extender.secondScheduler.image=registry.example.com/kube-scheduler@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    assert!(image(&["--kube-version", "v1.35.0", "--set", by_digest]).is_ok(), "a digest says no version to check");
+}
+
+/// Replicas spread over zones and nodes; `hostNetwork` with its ports and DNS policy; an existing
+/// service account; extra volumes and mounts; the NetworkPolicy.
+#[test]
+fn the_pods_spread_over_zones_and_run_on_the_host_network_when_asked() {
+    let pod = |objects: &[Value]| find(objects, "Deployment", "archer")["spec"]["template"]["spec"].clone();
+    let p = pod(&rendered(&[]));
+    let keys: Vec<&str> = p["topologySpreadConstraints"].as_array().expect("spread").iter().filter_map(|c| c["topologyKey"].as_str()).collect();
+    assert_eq!(keys, ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]);
+    assert!(p["hostNetwork"].is_null() && p["dnsPolicy"].is_null());
+
+    let objects = rendered(&["--set", "hostNetwork=true,ports.https=9443,ports.admin=9080"]);
+    let p = pod(&objects);
+    assert_eq!((p["hostNetwork"].as_bool(), p["dnsPolicy"].as_str()), (Some(true), Some("ClusterFirstWithHostNet")));
+    let c = &p["containers"][0];
+    let ports: Vec<i64> = c["ports"].as_array().expect("ports").iter().filter_map(|p| p["containerPort"].as_i64()).collect();
+    assert_eq!(ports, [9443, 9080]);
+    let args: Vec<&str> = c["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
+    assert!(args.contains(&"--listen=0.0.0.0:9443") && args.contains(&"--admin-listen=0.0.0.0:9080"), "{args:?}");
+    // The Service and the probes follow by the ports' names.
+    let svc = find(&objects, "Service", "archer");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "https");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "admin");
+
+    let objects = rendered(&["--set", "serviceAccount.create=false,serviceAccount.name=platform-archer", "--set-json", r#"extraVolumes=[{"name":"ca","configMap":{"name":"corp-ca"}}]"#, "--set-json", r#"extraVolumeMounts=[{"name":"ca","mountPath":"/etc/ssl/corp"}]"#]);
+    assert!(objects.iter().all(|o| o["kind"] != "ServiceAccount" || o["metadata"]["name"] != "platform-archer"), "not created");
+    let p = pod(&objects);
+    assert_eq!(p["serviceAccountName"], "platform-archer");
+    assert!(p["volumes"].as_array().expect("volumes").iter().any(|v| v["name"] == "ca" && v["configMap"]["name"] == "corp-ca"));
+    assert!(p["containers"][0]["volumeMounts"].as_array().expect("mounts").iter().any(|m| m["mountPath"] == "/etc/ssl/corp"));
+    let binding = objects.iter().find(|o| o["kind"] == "ClusterRoleBinding" && o["subjects"][0]["kind"] == "ServiceAccount").expect("binding");
+    assert_eq!(binding["subjects"][0]["name"], "platform-archer", "the chart's RBAC binds the existing account");
+
+    assert!(rendered(&[]).iter().all(|o| o["kind"] != "NetworkPolicy"), "off by default");
+    let objects = rendered(&["--set", "networkPolicy.enabled=true,ports.https=9443", "--set-json", r#"networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]"#]);
+    let np = find(&objects, "NetworkPolicy", "archer");
+    assert_eq!(np["spec"]["podSelector"]["matchLabels"], find(&objects, "Deployment", "archer")["spec"]["selector"]["matchLabels"]);
+    assert_eq!(np["spec"]["ingress"][0]["ports"][0]["port"], 9443);
+    assert_eq!(np["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"], "0.0.0.0/0", "the API server's addresses are not known: open by default");
+    assert_eq!(np["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], "monitoring");
+    assert_eq!(np["spec"]["egress"], json!([{}]), "registries and cloud APIs are anywhere");
+}
+
 #[test]
 fn bad_values_are_refused_with_a_clear_message() {
     let cases: &[(&[&str], &str)] = &[
@@ -290,6 +355,8 @@ fn bad_values_are_refused_with_a_clear_message() {
         (&["--set", "config.defaults.mode=strict"], "'/config/defaults/mode': value must be one of"),
         (&["--set", "tls.mode=secret,tls.caBundle=not base64!"], "'/tls/caBundle'"),
         (&["--set", "config.webhook.decisionTimeoutSeconds=6"], "config.webhook.decisionTimeoutSeconds (6) must be below webhook.timeoutSeconds (5)"),
+        (&["--set", "ports.https=70000"], "'/ports/https': maximum"),
+        (&["--set", "crds.instal=true"], "additional properties 'instal' not allowed"),
     ];
     for (flags, message) in cases {
         match render(flags) {
@@ -324,13 +391,35 @@ fn monitoring_objects_carry_the_repositorys_rules_and_dashboard() {
     assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
     let dashboard: Value = serde_json::from_str(cm["data"]["archer.json"].as_str().expect("archer.json")).expect("json");
     assert_eq!(dashboard, dashboard_file());
-    // Every alert links its README runbook, and the README has it.
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    // Dashboards shared by many clusters and jobs: every series is selected by both variables.
+    let names: Vec<&str> = dashboard["templating"]["list"].as_array().expect("variables").iter().filter_map(|v| v["name"].as_str()).collect();
+    assert!(names.contains(&"cluster") && names.contains(&"job"), "{names:?}");
+    fn exprs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => m.iter().for_each(|(k, v)| if k == "expr" { out.extend(v.as_str().map(String::from)) } else { exprs(v, out) }),
+            Value::Array(a) => a.iter().for_each(|v| exprs(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    exprs(&dashboard, &mut all);
+    for e in &all {
+        for (at, _) in e.match_indices("archer_") {
+            let name_end = e[at..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(e.len(), |n| at + n);
+            assert!(e[name_end..].starts_with(r#"{cluster=~"$cluster", job=~"$job""#), "{} in {e} lacks the cluster and job matchers", &e[at..name_end]);
+        }
+    }
+    // Archer down (no replica scraped), a lease nobody holds, and a certificate about to expire.
+    let rules = rules_file();
+    let expr_of = |alert: &str| rules["groups"][0]["rules"].as_array().expect("rules").iter().find(|r| r["alert"] == alert).and_then(|r| r["expr"].as_str()).unwrap_or_else(|| panic!("no alert {alert}")).to_string();
+    assert!(expr_of("ArcherDown").starts_with("absent(archer_build_info"));
+    assert!(expr_of("ArcherNoLeader").contains("archer_provisioner_leader_candidate") && expr_of("ArcherNoLeader").contains("archer_safety_net_leader_candidate"));
+    assert!(expr_of("ArcherCertificateExpiresSoon").contains("archer_tls_certificate_expiration_timestamp_seconds"));
+    // Every alert links its runbook page (tests/docs.rs holds the pages).
     for r in rules_file()["groups"][0]["rules"].as_array().expect("rules") {
         let alert = r["alert"].as_str().expect("alert");
         let url = r["annotations"]["runbook_url"].as_str().expect("runbook_url");
-        assert!(url.ends_with(&format!("#{}", alert.to_lowercase())), "{alert}: {url}");
-        assert!(readme.contains(&format!("#### {alert}\n")), "README has no runbook for {alert}");
+        assert!(url.ends_with(&format!("/runbooks/{}.html", alert.to_lowercase())), "{alert}: {url}");
     }
 }
 
@@ -436,19 +525,38 @@ async fn the_generated_certificate_serves_the_webhook_service() {
     assert!(other.get(format!("https://other.archer-system.svc:{port}/mutate")).send().await.is_err());
 }
 
-/// The supported installation beside Karpenter (README "Beside Karpenter"): the webhook and
-/// extender, the provisioner off; `--skip-crds` keeps Archer's CRDs out (the chart carries
-/// them only in `crds/`, which `helm template` and `--skip-crds` leave out).
+/// The supported installation beside Karpenter (docs "Beside Karpenter"): the webhook and
+/// extender, the provisioner off, and none of Archer's CRDs (`crds.install: false`).
 #[test]
 fn the_beside_karpenter_values_run_the_webhook_and_extender_with_the_provisioner_off() {
     let values = root().join("deploy/helm/archer/values-beside-karpenter.yaml");
     let objects = rendered(&["-f", values.to_str().expect("utf-8 path")]);
     assert_eq!(archer_config(&objects).provisioner.cloud_provider, "none");
     assert!(objects.iter().any(|o| o["kind"] == "MutatingWebhookConfiguration"), "the webhook is registered");
-    assert!(objects.iter().all(|o| o["kind"] != "CustomResourceDefinition"), "no CRD among the templates");
-    let with_crds = render(&["-f", values.to_str().expect("utf-8 path"), "--include-crds"]).expect("render");
-    let crds: BTreeSet<&str> = with_crds.iter().filter(|o| o["kind"] == "CustomResourceDefinition").filter_map(|o| o["metadata"]["name"].as_str()).collect();
-    assert!(crds.iter().all(|n| n.ends_with(".archer.dev")), "only Archer's own CRDs, which --skip-crds leaves out: {crds:?}");
+    assert!(objects.iter().all(|o| o["kind"] != "CustomResourceDefinition"), "no CRD: {:?}", keys(&objects));
+}
+
+/// Archer's CRDs are templates (Helm never upgrades crds/): rendered by default, each the
+/// generated file with the chart's labels and `helm.sh/resource-policy: keep`, so an upgrade
+/// updates them and an uninstall leaves them and their objects; `crds.keep: false` lets Helm
+/// delete them, `crds.install: false` leaves them out.
+#[test]
+fn the_crds_are_templates_that_upgrades_update_and_uninstalls_keep() {
+    let crds = |flags: &[&str]| -> Vec<Value> { rendered(flags).into_iter().filter(|o| o["kind"] == "CustomResourceDefinition" && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(".archer.dev"))).collect() };
+    let installed = crds(&[]);
+    let files: Vec<std::path::PathBuf> = std::fs::read_dir(root().join("deploy/crds")).expect("deploy/crds").filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.file_name().is_some_and(|n| n != "kustomization.yaml" && n != "nodeoverlay.yaml")).collect();
+    assert_eq!(installed.len(), files.len(), "every CRD of deploy/crds/: {:?}", keys(&installed));
+    assert!(!root().join("deploy/helm/archer/crds").exists(), "nothing in crds/, which Helm never upgrades");
+    for file in files {
+        let want = &archer::yaml::from_multiple::<Value>(&std::fs::read_to_string(&file).expect("crd")).expect("yaml")[0];
+        let name = want["metadata"]["name"].as_str().expect("name");
+        let got = installed.iter().find(|c| c["metadata"]["name"] == name).unwrap_or_else(|| panic!("{name} rendered"));
+        assert_eq!(got["spec"], want["spec"], "{name}: the generated schema, unchanged");
+        assert_eq!(got["metadata"]["annotations"]["helm.sh/resource-policy"], "keep", "{name}");
+        assert_eq!(got["metadata"]["labels"]["app.kubernetes.io/managed-by"], "Helm", "{name}");
+    }
+    assert!(crds(&["--set", "crds.keep=false"]).iter().all(|c| c["metadata"]["annotations"]["helm.sh/resource-policy"].is_null()));
+    assert!(crds(&["--set", "crds.install=false"]).is_empty());
 }
 
 /// `helm uninstall` first runs a Job that deletes the webhook's configuration and then releases
@@ -549,7 +657,7 @@ fn namespace_rules(record: Option<&str>) -> Vec<Value> {
     rules
 }
 
-/// Each mode is granted exactly what it runs (README "Deploying"): the whole rule lists, in
+/// Each mode is granted exactly what it runs (docs "Deploying"): the whole rule lists, in
 /// order. `nodes: create/delete` with kwok alone; each cloud's node classes with that cloud
 /// alone; no provisioner rule with the provisioner off; ConfigMaps only by the record's name;
 /// no Role at all when nothing holds a Lease; nobody but the uninstall hook deletes the webhook's
@@ -652,7 +760,7 @@ fn the_kustomize_provisioner_rules_add_up_to_the_charts() {
     }
 }
 
-/// The gate policy (README "Safety net"): pod updates that take `archer.dev/inspecting` away are
+/// The gate policy (docs "Safety net"): pod updates that take `archer.dev/inspecting` away are
 /// refused unless Archer's service account, or the uninstall hook's, sends them. Its names follow
 /// the release's; `gatePolicy.enabled=false` leaves it out, as does a release with no safety net
 /// (nothing gates pods then). What the API server makes of it: tests/e2e/gate_policy.rs.
@@ -678,4 +786,39 @@ fn the_gate_policy_lets_only_archer_remove_its_gate() {
         let objects = rendered(&["--set", off]);
         assert!(!objects.iter().any(|o| o["kind"].as_str().is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))), "{off}: no gate policy");
     }
+}
+
+/// `helm lint` passes, with the defaults and with every mode's values.
+#[test]
+fn helm_lint_passes() {
+    for flags in [&[][..], &["-f", "deploy/helm/archer/values-beside-karpenter.yaml"][..], &["--set", "provisioner.cloudProvider=kwok,tls.mode=certManager,networkPolicy.enabled=true,extender.secondScheduler.enabled=true"][..]] {
+        let out = Command::new(helm()).current_dir(root()).args(["lint", "--strict", "deploy/helm/archer"]).args(flags).output().expect("run helm");
+        assert!(out.status.success(), "helm lint {flags:?}:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// Rendering twice gives the same objects (Argo CD and `helm template | kubectl apply` would
+/// otherwise see a change on every sync) where the certificate is cert-manager's or the user's.
+/// `tls.mode: generate` mints a CA at render time and cannot: see the docs ("Install").
+#[test]
+fn rendering_twice_gives_the_same_objects() {
+    for mode in ["certManager", "secret"] {
+        let flags = ["--set", &format!("tls.mode={mode}")];
+        let (a, b) = (rendered(&flags), rendered(&flags));
+        assert_eq!(a, b, "tls.mode={mode}");
+    }
+}
+
+/// A release upgraded with `--reuse-values` from a chart without this one's new values carries
+/// none of them: the templates take the defaults rather than failing, dropping the
+/// ServiceAccount, or leaving the ports empty.
+#[test]
+fn values_a_previous_chart_did_not_have_take_their_defaults() {
+    let objects = rendered(&["--set", "crds=null,ports=null,networkPolicy=null,serviceAccount.create=null,hostNetwork=null"]);
+    assert!(objects.iter().any(|o| o["kind"] == "ServiceAccount" && o["metadata"]["name"] == "archer"), "the ServiceAccount is kept");
+    assert!(objects.iter().any(|o| o["kind"] == "CustomResourceDefinition" && o["metadata"]["name"] == "nodepools.archer.dev"));
+    let c = &find(&objects, "Deployment", "archer")["spec"]["template"]["spec"]["containers"][0];
+    let ports: Vec<i64> = c["ports"].as_array().expect("ports").iter().filter_map(|p| p["containerPort"].as_i64()).collect();
+    assert_eq!(ports, [8443, 8080]);
+    assert!(objects.iter().all(|o| o["kind"] != "NetworkPolicy"));
 }

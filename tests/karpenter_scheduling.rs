@@ -1330,7 +1330,7 @@ fn in_flight_nodes_hostname_spread_fills_room_already_there_as_kube_scheduler_do
     // launch as an empty hostname domain and opens 5 new nodes (1 on each of 9). kube-scheduler
     // counts only the nodes there are: 2 on each in-flight node keeps the skew at 0, the ninth
     // pod makes it 1, and it binds the pods there. Archer plans what kube-scheduler will do
-    // (README "The scheduling model"): no new node, 3/2/2/2.
+    // (docs "The scheduling model"): no new node, 3/2/2/2.
     let labels = json!({"foo": "bar"});
     let mut objects = vec![pool(json!([]))];
     for i in 0..4 {

@@ -122,7 +122,7 @@ fn bad_scenarios_are_errors() {
     std::fs::write(&bad, "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: many}\n").expect("write");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer")).args(["simulate", "--scenario"]).arg(&bad).output().expect("run");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("document 0"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("document 1"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The structure is the documentation (README "Layout"), so it is checked: no import cycle
+//! The structure is the documentation (docs "Layout"), so it is checked: no import cycle
 //! between the modules of a crate at any depth, no type with more than 20 methods, and the pure crates free
 //! of the runtime (no tokio, kube client, HTTP or cloud SDK anywhere below them).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing, reason = "test code: a failed expectation is a panic by design")]

@@ -1,6 +1,8 @@
 use std::process::ExitCode;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
+
+use super::output::Output;
 use serde_json::json;
 
 use super::RegistryArgs;
@@ -9,17 +11,12 @@ use super::RegistryArgs;
 pub struct InspectArgs {
     #[command(flatten)]
     pub registry: RegistryArgs,
-    #[arg(long, value_enum, default_value_t = Output::Text)]
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// Image references, as written in a pod spec.
     #[arg(required = true, value_name = "IMAGE")]
     pub images: Vec<String>,
-}
-
-#[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Output {
-    Text,
-    Json,
 }
 
 pub async fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
@@ -36,20 +33,20 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
                 let platforms: Vec<String> = found.platforms.0.iter().map(ToString::to_string).collect();
                 match output {
                     Output::Text => println!("{image}\n  digest:    {}\n  mediaType: {}\n  platforms: {}", found.digest, found.media_type, platforms.join(", ")),
-                    Output::Json => docs.push(json!({"image": image, "digest": found.digest, "mediaType": found.media_type, "platforms": platforms})),
+                    Output::Json | Output::Yaml => docs.push(json!({"image": image, "digest": found.digest, "mediaType": found.media_type, "platforms": platforms})),
                 }
             }
             Err(e) => {
                 failed = true;
                 match output {
                     Output::Text => println!("{image}\n  error:     {e} ({})", e.reason()),
-                    Output::Json => docs.push(json!({"image": image, "error": e.to_string(), "reason": e.reason()})),
+                    Output::Json | Output::Yaml => docs.push(json!({"image": image, "error": e.to_string(), "reason": e.reason()})),
                 }
             }
         }
     }
-    if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&docs)?);
+    if output != Output::Text {
+        output.print(&docs)?;
     }
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

@@ -3,6 +3,8 @@
 mod catalog;
 mod certs;
 mod inspect;
+mod output;
+mod progress;
 mod prices;
 mod report;
 mod serve;
@@ -94,13 +96,34 @@ impl RegistryArgs {
     }
 }
 
+/// Fields of the manifests a command read that their types do not have (with their path): each
+/// a warning on standard error, or under `--strict` one error naming them all.
+fn unknown_fields(strict: bool, found: &[String]) -> anyhow::Result<()> {
+    if found.is_empty() {
+        return Ok(());
+    }
+    if strict {
+        anyhow::bail!("unknown fields (--strict): {}", found.join("; "));
+    }
+    for f in found {
+        eprintln!("warning: unknown field {f}: ignored (--strict makes this an error)");
+    }
+    Ok(())
+}
+
 /// The allocator's purge delay in force, in milliseconds, as the binary set it (-1: never
 /// purges; `i64::MIN`: not set by a binary, as in tests of the library).
 pub static ALLOCATOR_PURGE_DELAY_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
 
+/// Colour only on a terminal, and never when `NO_COLOR` is set to anything but empty
+/// (no-color.org).
+fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn init_tracing(format: LogFormat, filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour(std::io::IsTerminal::is_terminal(&std::io::stderr()), std::env::var_os("NO_COLOR")));
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
@@ -143,10 +166,29 @@ pub fn main(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, `: `-joined, each cause said once: an error whose message already
+/// ends with its source's (`NodePool a: requirement on k: unknown operator`) is not followed by
+/// that source again. A cause that merely appears somewhere earlier (`denied` inside an image
+/// name) is kept.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out == text || out.ends_with(&format!(": {text}")) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// Build the shared registry lookup path from a config.
@@ -316,6 +358,25 @@ pub fn connection_limits(cfg: &crate::config::Config, metrics: std::sync::Arc<cr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let inner = anyhow::anyhow!("unknown operator \"Inn\"");
+        let quoted = inner.context("requirement on kubernetes.io/arch: unknown operator \"Inn\"").context("NodePool default");
+        assert_eq!(error_chain(&quoted), "NodePool default: requirement on kubernetes.io/arch: unknown operator \"Inn\"");
+        let plain = anyhow::anyhow!("connection refused").context("reading 127.0.0.1:5000/a").context("inspecting a");
+        assert_eq!(error_chain(&plain), "inspecting a: reading 127.0.0.1:5000/a: connection refused");
+        let elsewhere = anyhow::anyhow!("denied").context("reading registry.example.com/denied/app:1");
+        assert_eq!(error_chain(&elsewhere), "reading registry.example.com/denied/app:1: denied", "a cause quoted elsewhere, not at the end, is kept");
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_and_not_with_no_color() {
+        assert!(colour(true, None));
+        assert!(!colour(false, None), "piped");
+        assert!(!colour(true, Some("1".into())));
+        assert!(colour(true, Some("".into())), "NO_COLOR set but empty does not count (no-color.org)");
+    }
 
     /// The registry section becomes the client's and cache's own settings here, not in the config.
     #[test]

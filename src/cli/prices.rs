@@ -1,16 +1,16 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
-use super::inspect::Output;
+use super::output::Output;
 use archer_core::catalog::{CapacityType, Catalog};
 
 #[derive(Args, Debug)]
 pub struct PricesArgs {
-    /// Only this architecture (amd64, arm64).
-    #[arg(long)]
-    pub arch: Option<String>,
+    /// Only this architecture.
+    #[arg(long, value_enum)]
+    pub arch: Option<Arch>,
     /// Only this instance family (m7g, c6i, ...; an Azure series: Dpds_v5, ...).
     #[arg(long)]
     pub family: Option<String>,
@@ -27,13 +27,43 @@ pub struct PricesArgs {
     /// applies them: the prices shown are the overlaid ones, with the overlay that set each.
     #[arg(long)]
     pub overlays: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = Output::Text)]
+    /// A field of the overlays that their type does not have is an error (else a warning).
+    #[arg(long)]
+    pub strict: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// `aws`: what the EC2 provider sees (the types EC2 offers in the region, by zone, on-demand
     /// prices from the Price List Query API, EC2's spot prices); credentials and region from the
     /// standard chain (`AWS_ENDPOINT_URL` for another endpoint). Unset: the catalog alone.
     #[arg(long)]
     pub cloud_provider: Option<String>,
+}
+
+/// The architectures the catalog prices (`kubernetes.io/arch` values).
+#[derive(Copy, Clone, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Arch {
+    Amd64,
+    Arm64,
+}
+
+impl Arch {
+    fn is(arch: Option<Arch>, of: &str) -> bool {
+        arch.is_none_or(|a| of == if a == Arch::Amd64 { "amd64" } else { "arm64" })
+    }
+}
+
+/// A `--family` that matches nothing is a mistake to say, not an empty table: the families
+/// there are (of the architecture asked for) are listed.
+fn no_such_family<'a>(family: Option<&str>, matched: usize, known: impl Iterator<Item = &'a str>) -> anyhow::Result<()> {
+    match family {
+        Some(f) if matched == 0 => {
+            let known: std::collections::BTreeSet<&str> = known.collect();
+            let list: Vec<&str> = known.into_iter().collect();
+            anyhow::bail!("no instance type of family {f:?} here; the families are: {}", list.join(", "))
+        }
+        _ => Ok(()),
+    }
 }
 
 pub async fn run(args: PricesArgs) -> anyhow::Result<ExitCode> {
@@ -61,7 +91,8 @@ async fn aws_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
         (None, None) => "on-demand prices: the catalog's".to_string(),
     };
     let all = book.all();
-    let mut rows: Vec<_> = all.iter().filter(|o| arch.as_deref().is_none_or(|a| a == o.instance.arch)).filter(|o| family.as_deref().is_none_or(|f| f == o.instance.family)).collect();
+    let mut rows: Vec<_> = all.iter().filter(|o| Arch::is(arch, &o.instance.arch)).filter(|o| family.as_deref().is_none_or(|f| f == o.instance.family)).collect();
+    no_such_family(family.as_deref(), rows.len(), all.iter().filter(|o| Arch::is(arch, &o.instance.arch)).map(|o| o.instance.family.as_str()))?;
     rows.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| (&a.instance.name, &a.zone, a.capacity).cmp(&(&b.instance.name, &b.zone, b.capacity))));
     let source = |o: &archer_core::packer::Offering| match o.capacity {
         CapacityType::OnDemand => book.on_demand_source(&o.instance.name),
@@ -69,12 +100,12 @@ async fn aws_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
         CapacityType::Spot => "estimate",
     };
     match output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let docs: Vec<_> = rows
                 .iter()
                 .map(|o| serde_json::json!({"instanceType": o.instance.name, "arch": o.instance.arch, "zone": o.zone, "capacityType": o.capacity.as_str(), "pricePerHour": o.price, "priceSource": source(o), "region": region}))
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&docs)?);
+            output.print(&docs)?;
         }
         Output::Text => {
             println!("{:<20} {:<6} {:<14} {:<10} {:>10} {:<8}", "TYPE", "ARCH", "ZONE", "CAPACITY", "$/HOUR", "SOURCE");
@@ -88,10 +119,11 @@ async fn aws_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The NodeOverlays of a YAML file (documents, or a `List`); anything else in it is an error.
-fn read_overlays(path: &std::path::Path) -> anyhow::Result<Vec<std::sync::Arc<archer_api::nodeoverlay::NodeOverlay>>> {
+fn read_overlays(path: &std::path::Path, strict: bool) -> anyhow::Result<Vec<std::sync::Arc<archer_api::nodeoverlay::NodeOverlay>>> {
     use anyhow::Context;
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let (state, ignored) = archer_model::ClusterState::from_objects(archer_core::yaml::objects(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)?;
+    let (state, ignored, unknown) = archer_model::ClusterState::from_objects(archer_core::yaml::objects(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)?;
+    super::unknown_fields(strict, &unknown)?;
     if let Some(other) = ignored.first() {
         anyhow::bail!("{}: {other} is not a NodeOverlay (karpenter.sh/v1alpha1)", path.display());
     }
@@ -104,7 +136,7 @@ fn first_zone(region: &str, provider: &str) -> String {
 }
 
 fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
-    let PricesArgs { arch, family, region, catalog, output, overlays, .. } = args;
+    let PricesArgs { arch, family, region, catalog, output, overlays, strict, .. } = args;
     let c = Catalog::with_user_file(catalog.as_deref())?;
     let region = region.unwrap_or_else(|| c.default_region.clone());
     let known = c.regions();
@@ -116,7 +148,7 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
         .types()
         .iter()
         .filter(|t| t.prices.contains_key(&region))
-        .filter(|t| arch.as_deref().is_none_or(|a| a == t.arch))
+        .filter(|t| Arch::is(arch, &t.arch))
         .filter(|t| family.as_deref().is_none_or(|f| f == t.family))
         .map(|t| {
             let od = c.price_of(t, Some(&region), CapacityType::OnDemand);
@@ -124,12 +156,13 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
             (t.clone(), od, spot)
         })
         .collect();
+    no_such_family(family.as_deref(), rows.len(), c.types().iter().filter(|t| t.prices.contains_key(&region) && Arch::is(arch, &t.arch)).map(|t| t.family.as_str()))?;
     // Overlays, as the provisioner applies them to offerings (in the region's first zone).
     let mut by: std::collections::HashMap<(String, CapacityType), String> = Default::default();
     // Extended resources overlays' `capacity` gives each type.
     let mut sized: std::collections::HashMap<String, std::collections::BTreeMap<String, i64>> = Default::default();
     if let Some(path) = &overlays {
-        let overlays = read_overlays(path)?;
+        let overlays = read_overlays(path, strict)?;
         let offerings: Vec<archer_core::packer::Offering> = rows
             .iter()
             .flat_map(|(t, od, spot)| {
@@ -159,7 +192,7 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
     let overlay_of = |t: &str, c: CapacityType| by.get(&(t.to_string(), c)).cloned();
     rows.sort_by(|a, b| a.1.unwrap_or(f64::INFINITY).total_cmp(&b.1.unwrap_or(f64::INFINITY)).then_with(|| a.0.name.cmp(&b.0.name)));
     match output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let docs: Vec<_> = rows
                 .iter()
                 .map(|(t, od, spot)| serde_json::json!({
@@ -171,7 +204,7 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
                     "overlayCapacity": sized.get(&t.name),
                 }))
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&docs)?);
+            output.print(&docs)?;
         }
         Output::Text => {
             let overlay_column = |t: &str| {

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 
-use super::inspect::Output;
+use super::output::Output;
 use super::RegistryArgs;
 use archer_core::catalog::Catalog;
 use crate::cluster::ClusterView;
@@ -38,14 +38,19 @@ pub struct ReportArgs {
     /// Do not contact registries: only pods' archer.dev/platforms annotations say what images run on.
     #[arg(long)]
     pub offline: bool,
-    #[arg(long, value_enum, default_value_t = Output::Text)]
+    /// A field of the dump's objects that their type does not have is an error (else a warning).
+    #[arg(long)]
+    pub strict: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
 }
 
 /// The cluster of a dump: a `List`'s items, or the documents themselves.
-fn read_dump(text: &str) -> anyhow::Result<ClusterState> {
+fn read_dump(text: &str, strict: bool) -> anyhow::Result<ClusterState> {
     let objects = archer_core::yaml::objects(text).context("the dump is not YAML")?;
-    let (state, _ignored) = ClusterState::from_objects(objects).context("an object of the dump")?;
+    let (state, _ignored, unknown) = ClusterState::from_objects(objects).context("an object of the dump")?;
+    super::unknown_fields(strict, &unknown)?;
     Ok(state)
 }
 
@@ -91,16 +96,20 @@ async fn inspect_unannotated(pods: &[&Pod], inspector: &Inspector, base: &Keyrin
     for pod in unannotated(pods) {
         groups.entry(credential_key(pod, cluster.is_some())).or_insert_with(|| (pod, BTreeSet::new())).1.extend(archer_core::placement::pod_images(pod));
     }
+    let total: usize = groups.values().map(|(_, images)| images.len()).sum();
+    let progress = super::progress::Progress::bar(total, "inspecting images");
     let found: Vec<Vec<(String, Result<PlatformSet, String>)>> = futures::stream::iter(groups.into_values())
         .map(|(pod, images)| async move {
             let images: Vec<String> = images.into_iter().collect();
             let keyring = crate::cluster::pod_keyring(cluster, base, pod.metadata.namespace.as_deref().unwrap_or("default"), pod).await;
             let results = inspector.inspect_each(&images, &keyring).await;
-            images.into_iter().zip(results).map(|(i, r)| (i, r.map(|x| x.platforms.clone()).map_err(|e| e.with_reason()))).collect()
+            images.into_iter().zip(results).map(|(i, r)| (i, r.map(|x| x.platforms.clone()).map_err(|e| e.with_reason()))).collect::<Vec<_>>()
         })
         .buffer_unordered(CREDENTIAL_GROUPS_AT_ONCE)
+        .inspect(|group| progress.advance(group.len()))
         .collect()
         .await;
+    progress.finish();
     let mut images = ImagePlatforms::default();
     for (image, r) in found.into_iter().flatten() {
         if !matches!(images.get(&image), Some(Ok(_))) {
@@ -123,9 +132,9 @@ fn unannotated<'a, 'b>(pods: &'b [&'a Pod]) -> impl Iterator<Item = &'a Pod> + '
 const CREDENTIAL_GROUPS_AT_ONCE: usize = 4;
 
 pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
-    let ReportArgs { registry, from_file, kubeconfig, catalog, offline, output } = args;
+    let ReportArgs { registry, from_file, kubeconfig, catalog, offline, strict, output } = args;
     let (state, cluster) = match &from_file {
-        Some(path) => (read_dump(&std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?)?, None),
+        Some(path) => (read_dump(&std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?, strict)?, None),
         None => {
             let (state, view) = read_cluster(kubeconfig.as_ref()).await?;
             (state, Some(view))
@@ -143,7 +152,7 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     };
     let report = tokio::task::block_in_place(|| report::build(&state, &images, &catalog));
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Output::Json | Output::Yaml => output.print(&report)?,
         Output::Text => print!("{}", report::render_text(&report)),
     }
     Ok(ExitCode::SUCCESS)
@@ -169,10 +178,10 @@ mod tests {
     #[test]
     fn a_kubectl_list_and_plain_documents_both_read() {
         let list = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: {name: a}\n- apiVersion: v1\n  kind: Pod\n  metadata: {name: p, namespace: d}\n- apiVersion: v1\n  kind: Service\n  metadata: {name: s}\n";
-        let state = read_dump(list).expect("list");
+        let state = read_dump(list, true).expect("list");
         assert_eq!((state.nodes.len(), state.pods.len()), (1, 1));
         let docs = "apiVersion: v1\nkind: Node\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: b}\n";
-        assert_eq!(read_dump(docs).expect("docs").nodes.len(), 2);
-        assert!(read_dump("kind: Pod\nspec: 3\n").is_err(), "a malformed pod is an error, not skipped");
+        assert_eq!(read_dump(docs, true).expect("docs").nodes.len(), 2);
+        assert!(read_dump("kind: Pod\nspec: 3\n", false).is_err(), "a malformed pod is an error, not skipped");
     }
 }

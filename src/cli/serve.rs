@@ -352,7 +352,7 @@ fn provisioner_task(
                 }
             }
         };
-        crate::cluster::leader::while_leader(lease_client, &namespace, &lease, duration, &leader_metrics.leader, work).await?;
+        crate::cluster::leader::while_leader(lease_client, &namespace, &lease, duration, (&leader_metrics.leader, &leader_metrics.candidate), work).await?;
         Ok(())
     }))
 }
@@ -367,7 +367,7 @@ fn safety_task(cfg: &crate::config::Config, cluster: Option<ClusterView>, inspec
     let duration = Duration::from_secs(cfg.safety_net.lease_duration_seconds);
     Box::pin(async move {
         let work = move || net.clone().run();
-        crate::cluster::leader::while_leader(client, &namespace, &lease, duration, &metrics.leader, work).await?;
+        crate::cluster::leader::while_leader(client, &namespace, &lease, duration, (&metrics.leader, &metrics.candidate), work).await?;
         Ok(())
     })
 }

@@ -7,12 +7,14 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 
-use super::inspect::Output;
+use super::output::Output;
 use super::RegistryArgs;
 use archer_core::catalog::Catalog;
 use archer_core::labels;
 use archer_core::packer::Plan;
+use archer_core::planner::compare::Comparison;
 use archer_core::planner::plan_batch;
+use archer_core::words::{count, usd, usd_whole};
 use crate::provisioner::consolidation::{self, Decision};
 use archer_model::scenario::{all_images, Scenario};
 
@@ -37,9 +39,22 @@ pub struct SimulateArgs {
     /// replaces them, the saving), as if every node had been stable for `consolidateAfter`.
     #[arg(long)]
     pub disruption: bool,
-    #[arg(long, value_enum, default_value_t = Output::Text)]
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Exit with status 3 when the plan leaves any pod unschedulable (after printing it), so a
+    /// pipeline can gate on it.
+    #[arg(long)]
+    pub fail_on_unschedulable: bool,
+    /// A field of the scenario's objects that their type does not have (a misspelt `wieght`) is
+    /// an error; without it, a warning on standard error.
+    #[arg(long)]
+    pub strict: bool,
 }
+
+/// The exit status of `--fail-on-unschedulable` when a pod is left unschedulable (1 is an
+/// error, 2 a usage error).
+pub const UNSCHEDULABLE_EXIT: u8 = 3;
 
 /// Consolidation's decisions on the scenario's nodes, per pool: empty nodes first, else the best
 /// underutilised set, within the pool's budgets. Nodes are the pool's by their
@@ -81,11 +96,11 @@ fn disruption(s: &Scenario, inputs: &crate::provisioner::scenario::Inputs, prefe
 }
 
 fn print_disruption(decisions: &[Decision]) {
-    println!("\nDisruption: {} decision(s)", decisions.len());
+    println!("\nDisruption: {}", count(decisions.len(), "decision"));
     for d in decisions {
-        println!("  pool {}: {} {} (saves ${:.4}/hour)", d.pool, d.reason, d.nodes.join(", "), d.saving_per_hour);
+        println!("  pool {}: {} {} (saves {}/hour)", d.pool, d.reason, d.nodes.join(", "), usd(d.saving_per_hour));
         for n in &d.replacements {
-            println!("    replacement {} {} {} {} ${:.4}/hour: {}", n.instance_type, n.arch, n.zone, n.capacity_type, n.price_per_hour, n.pods.join(", "));
+            println!("    replacement {} {} {} {} {}/hour: {}", n.instance_type, n.arch, n.zone, n.capacity_type, usd(n.price_per_hour), n.pods.join(", "));
         }
         for (pod, node) in &d.moves {
             println!("    {pod} -> {node}");
@@ -101,7 +116,7 @@ fn plan_json(plan: &Plan) -> serde_json::Value {
     }
     let existing: Vec<serde_json::Value> = by_node.into_iter().map(|(node, pods)| json!({"node": node, "pods": pods})).collect();
     let bound = (plan.lower_bound_per_hour > 0.0).then(|| round(plan.lower_bound_per_hour));
-    json!({"nodes": plan.nodes, "existing": existing, "unschedulable": plan.unschedulable, "totalPricePerHour": round(plan.total_price_per_hour), "lowerBoundPerHour": bound})
+    json!({"pods": placed(plan) + plan.unschedulable.len(), "nodes": plan.nodes, "existing": existing, "unschedulable": plan.unschedulable, "totalPricePerHour": round(plan.total_price_per_hour), "lowerBoundPerHour": bound})
 }
 
 /// How far the plan's new nodes are from the lower bound no plan can beat, for people.
@@ -115,14 +130,20 @@ fn bound_line(plan: &Plan) -> Option<String> {
     }
     let gap = 100.0 * (plan.total_price_per_hour / bound - 1.0);
     Some(if gap < 0.05 {
-        format!("at the lower bound (${bound:.4}/hour): no plan is cheaper")
+        format!("at the lower bound ({}/hour): no plan is cheaper", usd(bound))
     } else {
-        format!("within {gap:.1}% of the lower bound (${bound:.4}/hour): no plan for these pods costs less than the bound")
+        format!("within {gap:.1}% of the lower bound ({}/hour): no plan for these pods costs less than the bound", usd(bound))
     })
 }
 
+/// Six decimals, and never `-0.0` (an empty plan's sum).
 fn round(p: f64) -> f64 {
-    (p * 1e6).round() / 1e6
+    archer_core::words::money((p * 1e6).round() / 1e6)
+}
+
+/// The pods a plan places: on its new nodes and on nodes already there.
+fn placed(plan: &Plan) -> usize {
+    plan.nodes.iter().map(|n| n.pods.len()).sum::<usize>() + plan.existing.len()
 }
 
 /// Zones of the scenario's pools whose region the catalog has no prices in, with that region:
@@ -149,8 +170,14 @@ fn elsewhere_suffix(elsewhere: &BTreeMap<String, String>, zone: &str, default_re
     }
 }
 
+/// `title`, then what the plan does with its pods: `for 40 pods: 12 new nodes, $0.5136/hour (2
+/// pods unschedulable)`.
 fn print_plan(title: &str, plan: &Plan, elsewhere: &BTreeMap<String, String>, default_region: &str) {
-    println!("{title}: {} new node(s), ${:.4}/hour", plan.nodes.len(), plan.total_price_per_hour);
+    let unschedulable = match plan.unschedulable.len() {
+        0 => String::new(),
+        n => format!(" ({} unschedulable)", count(n, "pod")),
+    };
+    println!("{title} for {}: {}, {}/hour{unschedulable}", count(placed(plan) + plan.unschedulable.len(), "pod"), count(plan.nodes.len(), "new node"), usd(plan.total_price_per_hour));
     if let Some(line) = bound_line(plan) {
         println!("  {line}");
     }
@@ -161,8 +188,8 @@ fn print_plan(title: &str, plan: &Plan, elsewhere: &BTreeMap<String, String>, de
         println!("  {:<wn$} {:<wp$} {:<wt$} {:<6} {:<11} {:<10} {:>8}  PODS", "NODE", "POOL", "TYPE", "ARCH", "ZONE", "CAPACITY", "$/HOUR");
         for n in &plan.nodes {
             println!(
-                "  {:<wn$} {:<wp$} {:<wt$} {:<6} {:<11} {:<10} {:>8.4}  {}{}",
-                n.name, n.pool, n.instance_type, n.arch, n.zone, n.capacity_type, n.price_per_hour, n.pods.join(", "), elsewhere_suffix(elsewhere, &n.zone, default_region)
+                "  {:<wn$} {:<wp$} {:<wt$} {:<6} {:<11} {:<10} {:>8}  {}{}",
+                n.name, n.pool, n.instance_type, n.arch, n.zone, n.capacity_type, usd(n.price_per_hour).trim_start_matches('$'), n.pods.join(", "), elsewhere_suffix(elsewhere, &n.zone, default_region)
             );
         }
         // Values chosen for keys a pool's requirements leave open (`key In [a,b,c]`).
@@ -179,10 +206,63 @@ fn print_plan(title: &str, plan: &Plan, elsewhere: &BTreeMap<String, String>, de
     }
 }
 
+/// The comparison, over the same pods in each of its plans, and saying which pods those are
+/// against the headline plan's.
+fn print_comparison(c: &Comparison, plan: &Plan, elsewhere: &BTreeMap<String, String>, default_region: &str) {
+    let same = placed(&c.with_arm64) + c.with_arm64.unschedulable.len();
+    println!();
+    print_plan("With arm64 forbidden", &c.without_arm64, elsewhere, default_region);
+    let all = placed(plan) + plan.unschedulable.len();
+    if c.left_out.is_empty() {
+        println!("\nComparison over the same {} as the plan:", count(same, "pod"));
+    } else {
+        let nowhere: std::collections::BTreeSet<&str> = plan.unschedulable.iter().map(|u| u.pod.as_str()).collect();
+        let (unplaced, need): (Vec<&str>, Vec<&str>) = c.left_out.iter().map(String::as_str).partition(|p| nowhere.contains(p));
+        let mut why = Vec::new();
+        if !need.is_empty() {
+            why.push(format!("{} only arm64 or spot can run ({})", count(need.len(), "pod"), need.join(", ")));
+        }
+        if !unplaced.is_empty() {
+            why.push(format!("{} no plan can place ({})", count(unplaced.len(), "pod"), unplaced.join(", ")));
+        }
+        println!("\nComparison over the same {} in every line: the plan's {all} less {}:", count(same, "pod"), why.join(" and "));
+    }
+    // The pods left out are in none of the lines (a plan may still list them as unschedulable).
+    let line = |what: &str, p: &Plan| {
+        let stuck = p.unschedulable.iter().filter(|u| !c.left_out.contains(&u.pod)).count();
+        let unschedulable = if stuck == 0 { String::new() } else { format!(", {} unschedulable", count(stuck, "pod")) };
+        println!("  {what:<24} {}/hour ({}{unschedulable})", usd(p.total_price_per_hour), count(p.nodes.len(), "new node"));
+    };
+    line("with arm64:", &c.with_arm64);
+    line("with arm64 forbidden:", &c.without_arm64);
+    line("amd64 on-demand only:", &c.amd64_on_demand);
+    // Compared and shown as printed, to the cent's hundredth: a saving that prints as $0.0000 is
+    // none, and a share that rounds to 0.0% is not shown.
+    let printed = |x: f64| archer_core::words::money((x * 1e4).round() / 1e4);
+    let (arm64, spot, baseline) = (printed(c.arm64_saving()), printed(c.spot_saving()), c.baseline());
+    let share = |saving: f64, of: f64| {
+        let pct = if of > 0.0 { (1000.0 * saving / of).round() / 10.0 } else { 0.0 };
+        if pct == 0.0 { String::new() } else { format!(" ({pct:.1}%)") }
+    };
+    println!("Multi-arch placement saves {}/hour{}, {}/month.", usd(arm64), share(arm64, c.without_arm64.total_price_per_hour), usd_whole(arm64 * 730.0));
+    if spot == 0.0 {
+        println!("Spot saves nothing more on these pods; against amd64 on-demand the saving in all is {}/month.", usd_whole(arm64 * 730.0));
+    } else if spot < 0.0 {
+        println!(
+            "Spot saves nothing here: amd64 on-demand alone costs {}/hour, {}/hour less than amd64 with the pools' capacity types (the pods' constraints place them differently).",
+            usd(baseline),
+            usd(-spot)
+        );
+    } else {
+        println!("Spot saves {}/hour more{}; against amd64 on-demand ({}/hour) the saving in all is {}/month.", usd(spot), share(spot, baseline), usd(baseline), usd_whole((arm64 + spot) * 730.0));
+    }
+}
+
 pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
-    let SimulateArgs { scenario, catalog, registry, offline, compare, disruption: disrupt, output } = args;
+    let SimulateArgs { scenario, catalog, registry, offline, compare, disruption: disrupt, output, fail_on_unschedulable, strict } = args;
     let text = std::fs::read_to_string(&scenario).with_context(|| format!("reading {}", scenario.display()))?;
-    let mut s = Scenario::parse(&text)?;
+    let mut s = Scenario::parse(&text).with_context(|| format!("reading the scenario {}", scenario.display()))?;
+    super::unknown_fields(strict, &s.unknown_fields)?;
     let cfg = registry.load()?;
     let catalog = Catalog::with_user_file(catalog.as_deref().or(cfg.catalog.as_deref()))?;
     let mut notes: Vec<String> = s.ignored.iter().map(|k| format!("ignored {k}")).collect();
@@ -199,7 +279,10 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         if !images.is_empty() {
             let inspector = super::inspector(&cfg, crate::metrics::Metrics::new().registry.clone(), cfg.memory_budget())?;
             let keyring = super::base_keyring(&cfg)?;
-            for (image, r) in images.iter().zip(inspector.inspect_each(&images, &keyring).await) {
+            let progress = super::progress::Progress::spinner(&format!("inspecting {}", count(images.len(), "image")));
+            let results = inspector.inspect_each(&images, &keyring).await;
+            progress.finish();
+            for (image, r) in images.iter().zip(results) {
                 match r {
                     Ok(i) => {
                         found.insert(image.clone(), i.platforms.clone());
@@ -227,18 +310,20 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if inputs.assumed > 0 {
-        notes.push(format!("{} pod(s) with unknown image platforms were assumed to run on any architecture", inputs.assumed));
+        notes.push(format!("{} with unknown image platforms {} assumed to run on any architecture", count(inputs.assumed, "pod"), if inputs.assumed == 1 { "was" } else { "were" }));
     }
     let decisions = if disrupt { Some(disruption(&s, &inputs, cfg.provisioner.preference_policy, &mut notes)) } else { None };
     let archer_model::scenario::Inputs { pending: pods, pools, offerings: offers, snapshot, on_amd64, .. } = inputs;
+    let progress = super::progress::Progress::spinner(&format!("planning {}{}", count(pods.len(), "pod"), if compare { ", four ways" } else { "" }));
     let plan = plan_batch(&snapshot, &pods, &pools, &offers);
     // The comparison is over the pods every plan can place: pods that need arm64 (or spot) are
     // left out of all of them (and listed), so the saving is like for like. The live savings
     // metrics read the same function.
     let comparison = compare.then(|| archer_core::planner::compare::compare(&snapshot, &pods, &on_amd64, &pools, &offers));
+    progress.finish();
 
     match output {
-        Output::Json => {
+        Output::Json | Output::Yaml => {
             let mut doc = serde_json::Map::new();
             if let serde_json::Value::Object(fields) = plan_json(&plan) {
                 doc = fields;
@@ -260,30 +345,12 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
             if !notes.is_empty() {
                 doc.insert("notes".into(), json!(notes));
             }
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            output.print(&doc)?;
         }
         Output::Text => {
             print_plan("Plan", &plan, &elsewhere, &catalog.default_region);
             if let Some(c) = &comparison {
-                println!();
-                print_plan("With arm64 forbidden", &c.without_arm64, &elsewhere, &catalog.default_region);
-                let (with, without) = (c.with_arm64.total_price_per_hour, c.without_arm64.total_price_per_hour);
-                let saved = c.arm64_saving();
-                let pct = if without > 0.0 { 100.0 * saved / without } else { 0.0 };
-                println!(
-                    "\nFor the {} pod(s) every plan places: ${with:.4}/hour with arm64, ${without:.4}/hour without. Multi-arch placement saves ${saved:.4}/hour ({pct:.1}%), ${:.0}/month.",
-                    c.with_arm64.nodes.iter().map(|n| n.pods.len()).sum::<usize>() + c.with_arm64.existing.len(),
-                    saved * 730.0
-                );
-                println!(
-                    "Against amd64 on-demand (${:.4}/hour), spot saves ${:.4}/hour more: ${:.0}/month in all.",
-                    c.baseline(),
-                    c.spot_saving(),
-                    (c.arm64_saving() + c.spot_saving()) * 730.0
-                );
-                if !c.left_out.is_empty() {
-                    println!("Left out of the comparison (need arm64 or spot): {}", c.left_out.join(", "));
-                }
+                print_comparison(c, &plan, &elsewhere, &catalog.default_region);
             }
             if let Some(d) = &decisions {
                 print_disruption(d);
@@ -292,6 +359,10 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
                 println!("note: {n}");
             }
         }
+    }
+    if fail_on_unschedulable && !plan.unschedulable.is_empty() {
+        eprintln!("{} unschedulable (--fail-on-unschedulable)", count(plan.unschedulable.len(), "pod"));
+        return Ok(ExitCode::from(UNSCHEDULABLE_EXIT));
     }
     Ok(ExitCode::SUCCESS)
 }

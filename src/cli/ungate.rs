@@ -17,8 +17,9 @@ pub struct UngateArgs {
     /// Delete this MutatingWebhookConfiguration first, so no pod is gated after the sweep.
     #[arg(long, value_name = "NAME")]
     pub delete_webhook_configuration: Option<String>,
-    /// Kubeconfig (default: in-cluster credentials, then the default kubeconfig).
-    #[arg(long, env = "KUBECONFIG")]
+    /// Kubeconfig (default: in-cluster credentials, then the default kubeconfig: `KUBECONFIG`, else
+    /// `~/.kube/config`).
+    #[arg(long, env = "ARCHER_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 }
 
@@ -36,6 +37,6 @@ pub async fn run(args: UngateArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let released = crate::safety::ungate_all(client).await.context("listing pods")?;
-    println!("released {released} pod(s) from the gate {}", archer_core::safety_net::GATE);
+    println!("released {} from the gate {}", archer_core::words::count(released, "pod"), archer_core::safety_net::GATE);
     Ok(ExitCode::SUCCESS)
 }

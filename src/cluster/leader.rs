@@ -21,8 +21,9 @@ pub enum LeaderError {
 }
 
 /// Run `work()` while this replica holds the lease `name` in `namespace`; stop it when the lease
-/// is lost and start it afresh when regained. Returns only on error.
-pub async fn while_leader<F, Fut>(client: Client, namespace: &str, name: &str, duration: Duration, leader_gauge: &Gauge, work: F) -> Result<(), LeaderError>
+/// is lost and start it afresh when regained. Returns only on error. `candidate` is 1 while this
+/// replica campaigns (alerts tell "no leader" from "not running"), `leader_gauge` while it leads.
+pub async fn while_leader<F, Fut>(client: Client, namespace: &str, name: &str, duration: Duration, (leader_gauge, candidate): (&Gauge, &Gauge), work: F) -> Result<(), LeaderError>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -38,6 +39,31 @@ where
         .await
         .map_err(|source| LeaderError::Lease { name: name.into(), namespace: namespace.into(), source })?;
     let (mut is_leader, manager_task) = manager.watch().await;
+    candidate.set(1);
+    // Both gauges go back to 0 however this ends: an error, or the task aborted at shutdown
+    // while /metrics still answers.
+    let _campaign = Campaign { leader: leader_gauge, candidate };
+    lead(&mut is_leader, manager_task, &identity, name, leader_gauge, work).await
+}
+
+/// Resets the leader and candidate gauges when the campaign ends, by return or by abort.
+struct Campaign<'a> {
+    leader: &'a Gauge,
+    candidate: &'a Gauge,
+}
+
+impl Drop for Campaign<'_> {
+    fn drop(&mut self) {
+        self.leader.set(0);
+        self.candidate.set(0);
+    }
+}
+
+async fn lead<F, Fut>(is_leader: &mut tokio::sync::watch::Receiver<bool>, manager_task: tokio::task::JoinHandle<Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>>, identity: &str, name: &str, leader_gauge: &Gauge, work: F) -> Result<(), LeaderError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let mut running: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let leader = *is_leader.borrow_and_update();

@@ -33,6 +33,9 @@ pub struct ProvisionerMetrics {
     pub launches_rate_limited: Counter,
     /// 1 while this replica holds the provisioner lease.
     pub leader: Gauge,
+    /// 1 while this replica campaigns for the provisioner lease (the provisioner is on), so
+    /// "no leader" is told apart from "no provisioner".
+    pub candidate: Gauge,
     /// Claims deleted because they could not become nodes, by reason.
     pub claims_given_up: Family<Labels, Counter>,
     /// Provisioner executor passes that failed, by executor and error.
@@ -81,6 +84,7 @@ impl Default for ProvisionerMetrics {
             unprovisionable_pods: Counter::default(),
             launches_rate_limited: Counter::default(),
             leader: Gauge::default(),
+            candidate: Gauge::default(),
             claims_given_up: Family::default(),
             reconcile_errors: Family::default(),
             interruption_messages: Family::default(),
@@ -130,6 +134,7 @@ impl ProvisionerMetrics {
         r.register("unprovisionable_pods", "Pending pods no NodePool can run", self.unprovisionable_pods.clone());
         r.register("launches_rate_limited", "Launches put off by the per-minute cap", self.launches_rate_limited.clone());
         r.register("provisioner_leader", "1 while this replica holds the provisioner lease", self.leader.clone());
+        r.register("provisioner_leader_candidate", "1 while this replica campaigns for the provisioner lease", self.candidate.clone());
         r.register("prices_source_info", "1 for where the cloud provider's on-demand prices come from now, by provider and source (price-list-api, retail-prices-api, catalog: before the API's first answer or with live prices off)", self.prices_source.clone());
         r.register("prices_refreshed_timestamp_seconds", "When the cloud provider's price API last answered (Unix seconds), by provider", self.prices_refreshed.clone());
         r.register("price_refresh_failing_since_timestamp_seconds", "Since when every price refresh of the provider has failed (Unix seconds; 0 when the last one answered), by provider", self.price_refresh_failing_since.clone());

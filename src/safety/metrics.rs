@@ -19,6 +19,8 @@ pub struct SafetyNetMetrics {
     pub gate_releases: Family<Labels, Counter>,
     /// 1 while this replica holds the safety net's lease.
     pub leader: Gauge,
+    /// 1 while this replica campaigns for the safety net's lease (the safety net is on).
+    pub candidate: Gauge,
     /// `archer_exec_format_learned_total{scope}`: broken pairs learned, for the failing pod's
     /// namespace only or (verified from the image) for every namespace.
     pub learned: Family<Labels, Counter>,
@@ -50,6 +52,7 @@ impl SafetyNetMetrics {
         root.register("gated_pods", "Pods held behind the scheduling gate archer.dev/inspecting now", self.gated_pods.clone());
         root.register("gate_releases", "Scheduling gates archer.dev/inspecting removed, by outcome (decided, bound, swept)", self.gate_releases.clone());
         root.register("safety_net_leader", "1 while this replica holds the safety net's lease", self.leader.clone());
+        root.register("safety_net_leader_candidate", "1 while this replica campaigns for the safety net's lease", self.candidate.clone());
         root.register("exec_format_learned", "Broken (digest, architecture) pairs learned, by scope: the failing pod's namespace, or every namespace when verified from the image", self.learned.clone());
         root.register("exec_format_verifications", "Reads of a failing image's entrypoint binary to verify an exec format error, by outcome", self.verifications.clone());
         root.register("safety_record_entries_dropped", "Entries of the safety net's record pushed out by its byte bound", self.record_entries_dropped.clone());

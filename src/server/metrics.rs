@@ -22,6 +22,9 @@ pub struct ServerMetrics {
     pub connections_open: Gauge,
     /// Serving-certificate reloads by result (ok, error).
     pub cert_reloads: Family<Labels, Counter>,
+    /// When the certificate served now expires (its notAfter, Unix seconds; cert-manager's
+    /// `certmanager_certificate_expiration_timestamp_seconds` in kind).
+    pub cert_expiration: Gauge,
 }
 
 impl ServerMetrics {
@@ -39,5 +42,6 @@ impl ServerMetrics {
         r.register("connection_timeouts", "Connections closed by a timeout, by phase", self.connection_timeouts.clone());
         r.register("connections_open", "Connections open now", self.connections_open.clone());
         r.register("tls_certificate_reloads", "Serving certificate reloads, by result", self.cert_reloads.clone());
+        r.register("tls_certificate_expiration_timestamp_seconds", "When the serving certificate in use expires (its notAfter), Unix seconds", self.cert_expiration.clone());
     }
 }

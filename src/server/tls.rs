@@ -68,7 +68,19 @@ fn parse(cert_path: &Path, cert_pem: &[u8], key_path: &Path, key_pem: &[u8]) -> 
     Ok(certified)
 }
 
+/// The leaf certificate's notAfter, in Unix seconds.
+fn not_after(certified: &CertifiedKey) -> Option<i64> {
+    let leaf = certified.cert.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 impl CertStore {
+    /// When the certificate served now expires (Unix seconds).
+    pub fn expires_at(&self) -> Option<i64> {
+        not_after(&self.current.load())
+    }
+
     /// Load the pair once; fails when it is unusable (the server cannot start without one).
     pub fn load(cert_path: &Path, key_path: &Path) -> Result<Arc<Self>, TlsError> {
         let (c, k) = (read(cert_path)?, read(key_path)?);
@@ -100,10 +112,17 @@ impl CertStore {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        let expiry = |store: &Self| {
+            if let Some(at) = store.expires_at() {
+                metrics.cert_expiration.set(at);
+            }
+        };
+        expiry(&self);
         loop {
             tick.tick().await;
             match self.reload() {
                 Ok(true) => {
+                    expiry(&self);
                     metrics.cert_reloads.get_or_create(&label("result", "ok")).inc();
                     tracing::info!(cert = %self.cert_path.display(), "serving certificate reloaded");
                 }

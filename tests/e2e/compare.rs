@@ -5,7 +5,7 @@
 //! an equivalent NodePool, and the same batching clocks (1 s idle, 3 s at most).
 //!
 //! Writes `target/karpenter-compare/summary.json` (`{"karpenterVersion", "workloads": {name:
-//! {mode: report}}}`) and prints the README's table.
+//! {mode: report}}}`) and prints the docs' table ("Benchmarks").
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

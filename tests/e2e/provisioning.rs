@@ -501,6 +501,7 @@ async fn one_replica_provisions_and_another_takes_over() {
         c.archer_admin
     };
     wait("the other replica leads", Duration::from_secs(60), || async { metric_at(survivor_admin, "archer_provisioner_leader").await == 1.0 }).await;
+    assert_eq!(metric_at(survivor_admin, "archer_provisioner_leader_candidate").await, 1.0, "it campaigns: the ArcherNoLeader alert can tell no leader from no provisioner");
     let big = with_requests(deployment("two", &c.registry.image("apps/one:1"), 2, json!({})), "3", "2Gi");
     api.create(&PostParams::default(), &big).await.expect("create");
     wait_running(&client, "ha", "two", 2, Duration::from_secs(120)).await;
@@ -509,8 +510,9 @@ async fn one_replica_provisions_and_another_takes_over() {
     // Work that stops while its replica holds the lease (a provisioner loop panicked) ends the
     // leader loop with an error, so the process restarts instead of holding the lease idle.
     let metrics = archer::metrics::Metrics::new();
-    let ended = tokio::time::timeout(Duration::from_secs(60), archer::cluster::leader::while_leader(client.clone(), "archer-system", "work-ends", Duration::from_secs(3), &metrics.provisioner.leader, || async {})).await;
+    let ended = tokio::time::timeout(Duration::from_secs(60), archer::cluster::leader::while_leader(client.clone(), "archer-system", "work-ends", Duration::from_secs(3), (&metrics.provisioner.leader, &metrics.provisioner.candidate), || async {})).await;
     assert!(matches!(ended, Ok(Err(archer::cluster::leader::LeaderError::WorkEnded(_)))), "{ended:?}");
+    assert_eq!((metrics.provisioner.leader.get(), metrics.provisioner.candidate.get()), (0, 0), "a loop that ended neither leads nor campaigns");
 }
 
 /// Plan fidelity: about 200 pods from 8 Deployments that mix zone and hostname spread (maxSkew 1

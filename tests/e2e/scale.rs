@@ -216,7 +216,7 @@ async fn scale_300_pods_converge_without_churn_then_scale_down_settles() {
 
 /// The benchmark (`tests/e2e/scale-bench`, not part of CI's run): 1,000 pods up, then 700,
 /// reporting what Karpenter's suite reports. It fails only if the cluster does not converge;
-/// the figures go in the closing notes and the README.
+/// the figures go in the closing notes and the docs ("Benchmarks").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run tests/e2e/scale-bench"]
 async fn scale_benchmark_1000_pods() {

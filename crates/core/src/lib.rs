@@ -21,6 +21,7 @@ pub mod safety_net;
 pub mod sched;
 pub mod scoring;
 pub mod taints;
+pub mod words;
 pub mod yaml;
 
 #[cfg(test)]

@@ -507,7 +507,7 @@ fn spread_over_zones(classes: Vec<Class>, offerings: &[Offering], room: &dyn Fn(
         if c.one_per_zone && c.pods.len() > zones.len() {
             // Anti-affinity on the zone key: one pod per zone; the rest cannot run anywhere.
             for p in c.pods.drain(zones.len()..) {
-                unschedulable.push(Unschedulable { pod: p, reason: format!("anti-affinity on the zone key: all {} zone(s) already hold one of its group", zones.len()) });
+                unschedulable.push(Unschedulable { pod: p, reason: format!("anti-affinity on the zone key: all {} already hold one of its group", super::words::count(zones.len(), "zone")) });
             }
         }
         if !(c.zone_spread || c.one_per_zone) || zones.len() < 2 {
@@ -856,14 +856,23 @@ fn class_of(pod: &PendingPod, pools: &[Pool], offerings: &[Offering], slots: &Sl
             why = format!("does not tolerate the taints of pool {}", pool.name);
             continue;
         }
+        // The largest room among the instance types the pod's constraints allow here: when
+        // some are allowed and none is big enough, the reason is the pod's size (whatever the
+        // other types fail on), not the last constraint a smaller type failed.
+        let mut largest_allowed: Option<Resources> = None;
         let fits: Vec<(Slot, i32)> = slots.labels[pi]
             .iter()
             .filter(|(oi, labels)| {
                 let ok = labels_fit(pod, labels).and_then(|()| extended_fit(pod, &offerings[*oi], &pool.name));
                 if let Err(e) = &ok {
-                    why = if e.starts_with("pool ") { e.clone() } else { format!("pool {}: {e}", pool.name) };
+                    if largest_allowed.is_none() {
+                        why = if e.starts_with("pool ") { e.clone() } else { format!("pool {}: {e}", pool.name) };
+                    }
+                    return false;
                 }
-                ok.is_ok() && pod.requests.fits(slots.room(pi, *oi))
+                let room = slots.room(pi, *oi);
+                largest_allowed = Some(largest_allowed.map_or(room, |l| if (room.cpu_millis, room.memory_bytes) > (l.cpu_millis, l.memory_bytes) { room } else { l }));
+                pod.requests.fits(room)
             })
             .map(|(oi, labels)| ((pi, *oi), pod.preferred.iter().filter(|(_, r)| r.matches_map(labels)).map(|(w, _)| *w).sum()))
             .collect();
@@ -876,6 +885,10 @@ fn class_of(pod: &PendingPod, pools: &[Pool], offerings: &[Offering], slots: &Sl
             continue;
         }
         if !compatible.is_empty() {
+            continue;
+        }
+        if let Some(l) = largest_allowed {
+            why = format!("pool {}: no instance type it allows is big enough for the pod's requests ({}); the largest has room for {l}", pool.name, pod.requests);
             continue;
         }
         if why.starts_with("no NodePool") || why.starts_with("does not tolerate") {

@@ -88,7 +88,7 @@ pub struct PolicyDefaults {
     pub allowed_architectures: Vec<String>,
     pub on_inspection_failure: FailurePolicy,
     pub fallback_architecture: Option<String>,
-    /// Rewrite image references to the inspected digest (off by default: see the README).
+    /// Rewrite image references to the inspected digest (off by default: see the docs, "Image inspection").
     pub pin_digests: bool,
     /// Evict a controller's pod once when its binary fails with an exec format error.
     pub replace_on_exec_format_error: bool,

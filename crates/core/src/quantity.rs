@@ -62,7 +62,6 @@ pub fn value(q: &str) -> Option<i64> {
 }
 
 pub(crate) const MIB: i64 = 1024 * 1024;
-#[cfg(test)]
 pub(crate) const GIB: i64 = 1024 * MIB;
 
 #[cfg(test)]

@@ -47,6 +47,19 @@ impl Resources {
     }
 }
 
+/// For people: `cpu 1.5, memory 512Mi` (the pod slot left out), in the units `kubectl` prints.
+impl std::fmt::Display for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cpu = if self.cpu_millis % 1000 == 0 { format!("{}", self.cpu_millis / 1000) } else { format!("{}m", self.cpu_millis) };
+        let mem = self.memory_bytes;
+        let memory = [("Gi", quantity::GIB), ("Mi", quantity::MIB), ("Ki", 1024)]
+            .iter()
+            .find(|(_, unit)| mem != 0 && mem % unit == 0)
+            .map_or_else(|| mem.to_string(), |(suffix, unit)| format!("{}{suffix}", mem / unit));
+        write!(f, "cpu {cpu}, memory {memory}")
+    }
+}
+
 impl std::ops::Add for Resources {
     type Output = Resources;
     fn add(self, o: Resources) -> Resources {

@@ -74,6 +74,31 @@ pub struct ObjectError {
     pub message: String,
 }
 
+/// `o` as a `T`, each field `T` does not have added to `unknown` as `Kind name: field path`
+/// (serde ignores them; a person who misspelt one should hear of it).
+pub fn read_object<T: serde::de::DeserializeOwned>(kind: &str, o: serde_json::Value, unknown: &mut Vec<String>) -> Result<Arc<T>, ObjectError> {
+    let name = o.pointer("/metadata/name").and_then(|n| n.as_str()).unwrap_or_default().to_string();
+    let mut found: Vec<String> = Vec::new();
+    let read = serde_ignored::deserialize(o, |path| {
+        let path = path.to_string();
+        // The type fields chose the type; a derived custom resource does not keep them.
+        if path != "apiVersion" && path != "kind" && !found.contains(&path) {
+            found.push(path);
+        }
+    });
+    unknown.extend(found.iter().map(|path| unknown_field(kind, &name, path)));
+    read.map(Arc::new).map_err(|e| ObjectError { kind: kind.to_string(), message: e.to_string() })
+}
+
+/// How an unknown field is named to people: `NodePool default: spec.wieght`.
+pub fn unknown_field(kind: &str, name: &str, path: &str) -> String {
+    if name.is_empty() {
+        format!("{kind}: {path}")
+    } else {
+        format!("{kind} {name}: {path}")
+    }
+}
+
 /// [`ClusterState::pricer`].
 pub struct Pricer<'a> {
     state: &'a ClusterState,
@@ -151,37 +176,42 @@ impl ClusterState {
     }
 
     /// A cluster dump (`kubectl get nodes,pods,... -o yaml`, or documents): every object read
-    /// in, and the kinds that were not (`apiVersion Kind`).
-    pub fn from_objects(objects: impl IntoIterator<Item = serde_json::Value>) -> Result<(ClusterState, Vec<String>), ObjectError> {
+    /// in, the kinds that were not (`apiVersion Kind`), and the fields Archer does not know
+    /// ([`unknown_field`]).
+    pub fn from_objects(objects: impl IntoIterator<Item = serde_json::Value>) -> Result<(ClusterState, Vec<String>, Vec<String>), ObjectError> {
         let mut state = ClusterState::default();
         let mut ignored = Vec::new();
+        let mut unknown = Vec::new();
         for o in objects.into_iter().filter(|o| !o.is_null()) {
-            if let Some(kind) = state.add(o)? {
+            if let Some(kind) = state.add(o, &mut unknown)? {
                 ignored.push(kind);
             }
         }
-        Ok((state, ignored))
+        Ok((state, ignored, unknown))
     }
 
-    /// Read one object into the state. `Ok(Some("apiVersion Kind"))` for a kind the state does
-    /// not keep (a NodePool of another group than Archer's or Karpenter's `karpenter.sh/v1`).
-    pub fn add(&mut self, object: serde_json::Value) -> Result<Option<String>, ObjectError> {
+    /// Read one object into the state. `Ok(Some(what))` for a kind the state does not keep
+    /// (`apiVersion Kind`: a NodePool of another group than Archer's or Karpenter's
+    /// `karpenter.sh/v1`; a document without a kind says so). Fields the object's type does not
+    /// have (a misspelt `wieght`, a field of a newer API) go to `unknown`, with their path.
+    pub fn add(&mut self, object: serde_json::Value, unknown: &mut Vec<String>) -> Result<Option<String>, ObjectError> {
         let kind = object.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
         let api = object.get("apiVersion").and_then(|k| k.as_str()).unwrap_or_default().to_string();
-        fn read<T: serde::de::DeserializeOwned>(kind: &str, o: serde_json::Value) -> Result<Arc<T>, ObjectError> {
-            serde_json::from_value(o).map(Arc::new).map_err(|e| ObjectError { kind: kind.to_string(), message: e.to_string() })
-        }
         match (kind.as_str(), api.as_str()) {
-            ("Node", _) => self.nodes.push(read(&kind, object)?),
-            ("Pod", _) => self.pods.push(read(&kind, object)?),
-            ("NodeClaim", archer_api::nodepool::API_VERSION) => self.claims.push(read(&kind, object)?),
-            ("NodePool", archer_api::nodepool::API_VERSION | archer_api::nodepool::KARPENTER_API_VERSION) => self.pools.push(read(&kind, object)?),
-            ("Namespace", _) => self.namespaces.push(read(&kind, object)?),
-            ("DaemonSet", _) => self.daemonsets.push(read(&kind, object)?),
-            ("PersistentVolumeClaim", _) => self.volume_claims.push(read(&kind, object)?),
-            ("PersistentVolume", _) => self.volumes.push(read(&kind, object)?),
-            ("NodeOverlay", "karpenter.sh/v1alpha1") => self.overlays.push(read(&kind, object)?),
-            _ => return Ok(Some(format!("{api} {kind}"))),
+            ("Node", _) => self.nodes.push(read_object(&kind, object, unknown)?),
+            ("Pod", _) => self.pods.push(read_object(&kind, object, unknown)?),
+            ("NodeClaim", archer_api::nodepool::API_VERSION) => self.claims.push(read_object(&kind, object, unknown)?),
+            ("NodePool", archer_api::nodepool::API_VERSION | archer_api::nodepool::KARPENTER_API_VERSION) => self.pools.push(read_object(&kind, object, unknown)?),
+            ("Namespace", _) => self.namespaces.push(read_object(&kind, object, unknown)?),
+            ("DaemonSet", _) => self.daemonsets.push(read_object(&kind, object, unknown)?),
+            ("PersistentVolumeClaim", _) => self.volume_claims.push(read_object(&kind, object, unknown)?),
+            ("PersistentVolume", _) => self.volumes.push(read_object(&kind, object, unknown)?),
+            ("NodeOverlay", "karpenter.sh/v1alpha1") => self.overlays.push(read_object(&kind, object, unknown)?),
+            ("", _) => {
+                let name = object.pointer("/metadata/name").and_then(|n| n.as_str()).map(|n| format!(" (metadata.name {n})")).unwrap_or_default();
+                return Ok(Some(format!("a document without a kind{name}")));
+            }
+            _ => return Ok(Some(format!("{api} {kind}").trim().to_string())),
         }
         Ok(None)
     }
@@ -286,7 +316,7 @@ pub(crate) mod tests {
             json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}),
             serde_json::Value::Null,
         ];
-        let (state, ignored) = ClusterState::from_objects(objects).expect("dump");
+        let (state, ignored, _) = ClusterState::from_objects(objects).expect("dump");
         assert_eq!((state.nodes.len(), state.pods.len(), state.namespaces.len(), state.claims.len(), state.pools.len()), (1, 1, 1, 1, 1));
         assert_eq!((state.daemonsets.len(), state.volume_claims.len(), state.volumes.len()), (1, 1, 1));
         assert_eq!(ignored, ["example.com/v1 NodePool", "v1 Service"]);
@@ -399,7 +429,7 @@ pub(crate) mod tests {
             json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "metadata": {"name": "general-abc", "annotations": {archer_core::labels::PLANNED_PODS_ANNOTATION: "default/planned"}},
                    "spec": {"nodePool": "general", "instanceType": "m7g.large", "zone": "us-east-1a", "capacityType": "spot", "arch": "arm64", "os": "linux", "pricePerHour": 0.03}}),
         ];
-        let (state, _) = ClusterState::from_objects(objects).expect("state");
+        let (state, _, _) = ClusterState::from_objects(objects).expect("state");
         let (pending, covered) = state.provisionable(&[]);
         let names: Vec<&str> = pending.iter().filter_map(|p| p.metadata.name.as_deref()).collect();
         assert_eq!(names, ["waiting"], "bound, gated, covered and untried pods are not planned");

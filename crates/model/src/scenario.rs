@@ -52,6 +52,10 @@ pub struct Scenario {
     pub pods: Vec<ScenarioPod>,
     /// Kinds that were ignored, for the report.
     pub ignored: Vec<String>,
+    /// Fields of the scenario's objects that their types do not have, with their path
+    /// (`document 2: NodePool default: spec.wieght`): serde skips them, so a misspelt field
+    /// would otherwise change nothing without a word.
+    pub unknown_fields: Vec<String>,
 }
 
 impl Scenario {
@@ -59,13 +63,16 @@ impl Scenario {
         let mut s = Scenario::default();
         let docs = archer_core::yaml::objects(text).map_err(|e| ScenarioError::Yaml(e.to_string()))?;
         for (index, json) in docs.into_iter().enumerate() {
-            let err = |message: String| ScenarioError::Document { index, message };
+            let err = |message: String| ScenarioError::Document { index: index + 1, message };
             if json.is_null() {
                 continue;
             }
             let kind = json.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
             if kind == "Deployment" {
-                let d: Deployment = serde_json::from_value(json).map_err(|e| err(format!("Deployment: {e}")))?;
+                let mut unknown = Vec::new();
+                let d: Arc<Deployment> = crate::cluster::read_object("Deployment", json, &mut unknown).map_err(|e| err(e.to_string()))?;
+                s.unknown_fields.extend(unknown.into_iter().map(|u| format!("document {}: {u}", index + 1)));
+                let d = Arc::unwrap_or_clone(d);
                 let name = d.metadata.name.clone().unwrap_or_default();
                 let ns = d.metadata.namespace.clone().unwrap_or_else(|| "default".into());
                 let spec = d.spec.ok_or_else(|| err(format!("Deployment {name} has no spec")))?;
@@ -83,7 +90,10 @@ impl Scenario {
             // Pods bound to a node (as `kubectl get pods -o yaml` prints running ones) are the
             // cluster's load; the others wait for a place.
             let to_place = kind == "Pod" && json.pointer("/spec/nodeName").and_then(|n| n.as_str()).is_none_or(str::is_empty);
-            match s.state.add(json).map_err(|e| err(e.to_string()))? {
+            let mut unknown = Vec::new();
+            let added = s.state.add(json, &mut unknown).map_err(|e| err(e.to_string()))?;
+            s.unknown_fields.extend(unknown.into_iter().map(|u| format!("document {}: {u}", index + 1)));
+            match added {
                 Some(other) => s.ignored.push(other),
                 None if to_place => {
                     if let Some(p) = s.state.pods.last() {

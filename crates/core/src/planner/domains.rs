@@ -5,7 +5,7 @@
 //! a pool allows and no node is in yet. A constraint with `nodeTaintsPolicy: Ignore` (the
 //! default) counts the domains of pools whose taints the pod does not tolerate too, as
 //! kube-scheduler counts such nodes; with `Honor`, only the pools it tolerates. Hostname is left
-//! out: a node Archer could buy is not a domain kube-scheduler sees (README, "The scheduling
+//! out: a node Archer could buy is not a domain kube-scheduler sees (docs, "The scheduling
 //! model").
 
 use std::borrow::Cow;

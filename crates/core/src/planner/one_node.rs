@@ -4,7 +4,7 @@
 //! so a replacement it can make is the cheapest single node that holds them all, in the
 //! highest-weight pool that has one. The cost-optimal plan may buy two small nodes where one
 //! larger node holds the same pods; consolidation then takes the one node (a trade of one node
-//! for many is never made, README "Consolidation").
+//! for many is never made, docs "Consolidation").
 
 use std::collections::HashMap;
 

@@ -73,7 +73,39 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- dig "safetyNet" "configMap" "archer-safety-net" .Values.config -}}
 {{- end -}}
 
-{{/* The uninstall hook's own service account (README "Safety net"). */}}
+{{/* The uninstall hook's own service account (docs "Safety net"). */}}
 {{- define "archer.ungateServiceAccountName" -}}
 {{- printf "%s-ungate" (include "archer.fullname" .) -}}
+{{- end -}}
+
+{{/* The second scheduler's image: extender.secondScheduler.image, else kube-scheduler at the
+cluster's own version (an EKS or AKS suffix such as -eks-1552ad0 dropped). A given image's tag
+must be the cluster's minor version or one older: Kubernetes' version skew policy lets
+kube-scheduler trail kube-apiserver by one minor version, never lead it. */}}
+{{- define "archer.schedulerImage" -}}
+{{- $cluster := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version | trimPrefix "v" -}}
+{{- $image := .Values.extender.secondScheduler.image -}}
+{{- if not $image -}}
+{{- printf "registry.k8s.io/kube-scheduler:v%s" $cluster -}}
+{{- else -}}
+{{- $tag := regexFind ":v?[0-9]+\\.[0-9]+" $image | trimPrefix ":" | trimPrefix "v" -}}
+{{- if $tag -}}
+{{- $want := splitList "." $cluster -}}
+{{- $got := splitList "." $tag -}}
+{{- $skew := sub (int (index $want 1)) (int (index $got 1)) -}}
+{{- if or (ne (index $want 0) (index $got 0)) (lt $skew 0) (gt $skew 1) -}}
+{{- fail (printf "extender.secondScheduler.image %s is kube-scheduler %s, but the cluster runs Kubernetes %s: the scheduler must be the same minor version or one older (Kubernetes' version skew policy); leave the image empty to follow the cluster" $image $tag $cluster) -}}
+{{- end -}}
+{{- end -}}
+{{- $image -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pods' ports (ports.https, ports.admin), with their defaults where a release upgraded
+with --reuse-values from a chart without them carries none. */}}
+{{- define "archer.httpsPort" -}}
+{{- dig "https" 8443 (.Values.ports | default dict) -}}
+{{- end -}}
+{{- define "archer.adminPort" -}}
+{{- dig "admin" 8080 (.Values.ports | default dict) -}}
 {{- end -}}
