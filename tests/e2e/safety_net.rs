@@ -217,7 +217,7 @@ async fn safety_net_a_silent_registry_is_released_by_the_bound() {
     // As the uninstall hook runs it: only Archer's and the hook's service accounts may remove the gate.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_archer")).args(["ungate", "--all", "--kubeconfig"]).arg(c.kubeconfig_as(crate::cluster::UNGATE_USER)).output().expect("archer ungate");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("released 1 pod(s)"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("released 1 pod from the gate"), "{}", String::from_utf8_lossy(&out.stdout));
     assert_eq!(gates(&api.get("held").await.expect("held")), vec!["example.com/quota".to_string()]);
     c.registry.resume();
 }
