@@ -91,8 +91,9 @@ async fn aws_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
         (None, None) => "on-demand prices: the catalog's".to_string(),
     };
     let all = book.all();
-    let mut rows: Vec<_> = all.iter().filter(|o| Arch::is(arch, &o.instance.arch)).filter(|o| family.as_deref().is_none_or(|f| f == o.instance.family)).collect();
-    no_such_family(family.as_deref(), rows.len(), all.iter().filter(|o| Arch::is(arch, &o.instance.arch)).map(|o| o.instance.family.as_str()))?;
+    let of_arch: Vec<_> = all.iter().filter(|o| Arch::is(arch, &o.instance.arch)).collect();
+    let mut rows: Vec<_> = of_arch.iter().copied().filter(|o| family.as_deref().is_none_or(|f| f == o.instance.family)).collect();
+    no_such_family(family.as_deref(), rows.len(), of_arch.iter().map(|o| o.instance.family.as_str()))?;
     rows.sort_by(|a, b| a.price.total_cmp(&b.price).then_with(|| (&a.instance.name, &a.zone, a.capacity).cmp(&(&b.instance.name, &b.zone, b.capacity))));
     let source = |o: &archer_core::packer::Offering| match o.capacity {
         CapacityType::OnDemand => book.on_demand_source(&o.instance.name),
@@ -144,11 +145,10 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
         let list: Vec<&str> = known.keys().map(String::as_str).collect();
         anyhow::bail!("the catalog has no prices for region {region:?} (it has: {}); add them with --catalog (for an Azure region, `archer catalog fetch --cloud azure --region {region} --out FILE` writes one)", list.join(", "));
     }
-    let mut rows: Vec<_> = c
-        .types()
+    let of_arch: Vec<_> = c.types().iter().filter(|t| t.prices.contains_key(&region) && Arch::is(arch, &t.arch)).collect();
+    let mut rows: Vec<_> = of_arch
         .iter()
-        .filter(|t| t.prices.contains_key(&region))
-        .filter(|t| Arch::is(arch, &t.arch))
+        .copied()
         .filter(|t| family.as_deref().is_none_or(|f| f == t.family))
         .map(|t| {
             let od = c.price_of(t, Some(&region), CapacityType::OnDemand);
@@ -156,7 +156,7 @@ fn catalog_prices(args: PricesArgs) -> anyhow::Result<ExitCode> {
             (t.clone(), od, spot)
         })
         .collect();
-    no_such_family(family.as_deref(), rows.len(), c.types().iter().filter(|t| t.prices.contains_key(&region) && Arch::is(arch, &t.arch)).map(|t| t.family.as_str()))?;
+    no_such_family(family.as_deref(), rows.len(), of_arch.iter().map(|t| t.family.as_str()))?;
     // Overlays, as the provisioner applies them to offerings (in the region's first zone).
     let mut by: std::collections::HashMap<(String, CapacityType), String> = Default::default();
     // Extended resources overlays' `capacity` gives each type.

@@ -116,7 +116,7 @@ fn plan_json(plan: &Plan) -> serde_json::Value {
     }
     let existing: Vec<serde_json::Value> = by_node.into_iter().map(|(node, pods)| json!({"node": node, "pods": pods})).collect();
     let bound = (plan.lower_bound_per_hour > 0.0).then(|| round(plan.lower_bound_per_hour));
-    json!({"pods": placed(plan) + plan.unschedulable.len(), "nodes": plan.nodes, "existing": existing, "unschedulable": plan.unschedulable, "totalPricePerHour": round(plan.total_price_per_hour), "lowerBoundPerHour": bound})
+    json!({"pods": pods_in(plan), "nodes": plan.nodes, "existing": existing, "unschedulable": plan.unschedulable, "totalPricePerHour": round(plan.total_price_per_hour), "lowerBoundPerHour": bound})
 }
 
 /// How far the plan's new nodes are from the lower bound no plan can beat, for people.
@@ -141,9 +141,9 @@ fn round(p: f64) -> f64 {
     archer_core::words::money((p * 1e6).round() / 1e6)
 }
 
-/// The pods a plan places: on its new nodes and on nodes already there.
-fn placed(plan: &Plan) -> usize {
-    plan.nodes.iter().map(|n| n.pods.len()).sum::<usize>() + plan.existing.len()
+/// The pods a plan is for: those on its new nodes, on nodes already there, and unschedulable.
+fn pods_in(plan: &Plan) -> usize {
+    plan.nodes.iter().map(|n| n.pods.len()).sum::<usize>() + plan.existing.len() + plan.unschedulable.len()
 }
 
 /// Zones of the scenario's pools whose region the catalog has no prices in, with that region:
@@ -177,7 +177,7 @@ fn print_plan(title: &str, plan: &Plan, elsewhere: &BTreeMap<String, String>, de
         0 => String::new(),
         n => format!(" ({} unschedulable)", count(n, "pod")),
     };
-    println!("{title} for {}: {}, {}/hour{unschedulable}", count(placed(plan) + plan.unschedulable.len(), "pod"), count(plan.nodes.len(), "new node"), usd(plan.total_price_per_hour));
+    println!("{title} for {}: {}, {}/hour{unschedulable}", count(pods_in(plan), "pod"), count(plan.nodes.len(), "new node"), usd(plan.total_price_per_hour));
     if let Some(line) = bound_line(plan) {
         println!("  {line}");
     }
@@ -209,10 +209,10 @@ fn print_plan(title: &str, plan: &Plan, elsewhere: &BTreeMap<String, String>, de
 /// The comparison, over the same pods in each of its plans, and saying which pods those are
 /// against the headline plan's.
 fn print_comparison(c: &Comparison, plan: &Plan, elsewhere: &BTreeMap<String, String>, default_region: &str) {
-    let same = placed(&c.with_arm64) + c.with_arm64.unschedulable.len();
+    let same = pods_in(&c.with_arm64);
     println!();
     print_plan("With arm64 forbidden", &c.without_arm64, elsewhere, default_region);
-    let all = placed(plan) + plan.unschedulable.len();
+    let all = pods_in(plan);
     if c.left_out.is_empty() {
         println!("\nComparison over the same {} as the plan:", count(same, "pod"));
     } else {

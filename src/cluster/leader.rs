@@ -43,27 +43,6 @@ where
     // Both gauges go back to 0 however this ends: an error, or the task aborted at shutdown
     // while /metrics still answers.
     let _campaign = Campaign { leader: leader_gauge, candidate };
-    lead(&mut is_leader, manager_task, &identity, name, leader_gauge, work).await
-}
-
-/// Resets the leader and candidate gauges when the campaign ends, by return or by abort.
-struct Campaign<'a> {
-    leader: &'a Gauge,
-    candidate: &'a Gauge,
-}
-
-impl Drop for Campaign<'_> {
-    fn drop(&mut self) {
-        self.leader.set(0);
-        self.candidate.set(0);
-    }
-}
-
-async fn lead<F, Fut>(is_leader: &mut tokio::sync::watch::Receiver<bool>, manager_task: tokio::task::JoinHandle<Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>>, identity: &str, name: &str, leader_gauge: &Gauge, work: F) -> Result<(), LeaderError>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
     let mut running: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let leader = *is_leader.borrow_and_update();
@@ -98,5 +77,18 @@ where
             manager_task.abort();
             return Err(e);
         }
+    }
+}
+
+/// Resets the leader and candidate gauges when the campaign ends, by return or by abort.
+struct Campaign<'a> {
+    leader: &'a Gauge,
+    candidate: &'a Gauge,
+}
+
+impl Drop for Campaign<'_> {
+    fn drop(&mut self) {
+        self.leader.set(0);
+        self.candidate.set(0);
     }
 }

@@ -865,9 +865,7 @@ fn class_of(pod: &PendingPod, pools: &[Pool], offerings: &[Offering], slots: &Sl
             .filter(|(oi, labels)| {
                 let ok = labels_fit(pod, labels).and_then(|()| extended_fit(pod, &offerings[*oi], &pool.name));
                 if let Err(e) = &ok {
-                    if largest_allowed.is_none() {
-                        why = if e.starts_with("pool ") { e.clone() } else { format!("pool {}: {e}", pool.name) };
-                    }
+                    why = if e.starts_with("pool ") { e.clone() } else { format!("pool {}: {e}", pool.name) };
                     return false;
                 }
                 let room = slots.room(pi, *oi);
