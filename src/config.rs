@@ -21,7 +21,8 @@ pub struct Config {
     pub admin_listen: String,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
-    /// How often the certificate files are re-read (a Secret volume's symlink swap included).
+    /// How often the certificate files are re-read (a Secret volume's symlink swap included), or
+    /// with `--tls-secret` the managed certificate's Secret.
     pub tls_reload_interval_seconds: u64,
     /// Archer's own namespace, never mutated.
     pub namespace: String,

@@ -346,7 +346,7 @@ fn bad_values_are_refused_with_a_clear_message() {
         (&["--set", "webhook.timeoutSeconds=40"], "'/webhook/timeoutSeconds': maximum"),
         (&["--set", "replicas=0"], "'/replicas': minimum"),
         (&["--set", "replica=2"], "additional properties 'replica' not allowed"),
-        (&["--set", "tls.mode=selfsigned"], "'/tls/mode': value must be one of 'generate', 'certManager', 'secret'"),
+        (&["--set", "tls.mode=selfsigned"], "'/tls/mode': value must be one of 'managed', 'certManager', 'secret', 'generate'"),
         (&["--set", "provisioner.cloudProvider=gcp"], "'/provisioner/cloudProvider': value must be one of 'none', 'kwok', 'aws', 'azure'"),
         (&["--set", "gatePolicy.enable=false"], "additional properties 'enable' not allowed"),
         (&["--set", "provisioner.cloudProvider=aws"], "missing property 'aws'"),
@@ -490,7 +490,7 @@ async fn every_metric_the_dashboard_and_rules_name_is_exported() {
 /// the Service's DNS name; Archer serves it, on the chart's own config file.
 #[tokio::test]
 async fn the_generated_certificate_serves_the_webhook_service() {
-    let objects = rendered(&[]);
+    let objects = rendered(&["--set", "tls.mode=generate"]);
     let secret: Secret = typed(&objects, "Secret", "archer-tls");
     assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
     let data = secret.data.expect("data");
@@ -523,6 +523,28 @@ async fn the_generated_certificate_serves_the_webhook_service() {
         .build()
         .expect("client");
     assert!(other.get(format!("https://other.archer-system.svc:{port}/mutate")).send().await.is_err());
+}
+
+/// tls.mode managed (the default): no Secret and no caBundle rendered (Archer writes both at run
+/// time, and an upgrade leaves what it wrote alone); Archer is told the Secret, the webhook
+/// configuration and the Service, and mounts no certificate; the second scheduler still mounts
+/// the Secret's `ca.crt` to verify the extender.
+#[test]
+fn the_managed_certificate_is_left_to_archer() {
+    let objects = rendered(&["--set", "extender.secondScheduler.enabled=true"]);
+    assert!(objects.iter().all(|o| o["kind"] != "Secret"), "no Secret rendered: {:?}", keys(&objects));
+    let m = find(&objects, "MutatingWebhookConfiguration", "archer");
+    assert!(m["webhooks"][0]["clientConfig"].get("caBundle").is_none(), "no caBundle rendered: {}", m["webhooks"][0]["clientConfig"]);
+    assert!(m["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].is_null());
+    let pod = &find(&objects, "Deployment", "archer")["spec"]["template"]["spec"];
+    let args: Vec<&str> = pod["containers"][0]["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
+    for want in ["--tls-secret=archer-tls", "--webhook-configuration=archer", "--tls-service=archer"] {
+        assert!(args.contains(&want), "{want} in {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--tls-cert") || a.starts_with("--tls-key")), "{args:?}");
+    assert!(pod["volumes"].as_array().expect("volumes").iter().all(|v| v["name"] != "tls"), "no certificate volume");
+    let scheduler = &find(&objects, "Deployment", "archer-scheduler")["spec"]["template"]["spec"];
+    assert!(scheduler["volumes"].as_array().expect("volumes").iter().any(|v| v["secret"]["secretName"] == "archer-tls"), "the second scheduler reads the CA from the managed Secret");
 }
 
 /// The supported installation beside Karpenter (docs "Beside Karpenter"): the webhook and
@@ -619,7 +641,7 @@ fn cluster_rules(pods: bool, provisioner: Option<&[&str]>, classes: Option<&str>
 }
 
 fn cluster_rules_with(pods: bool, safety_net: bool, provisioner: Option<&[&str]>, classes: Option<&str>) -> Vec<Value> {
-    let mut rules = vec![rule("", &["namespaces", "nodes"], READ), rule("", &["serviceaccounts", "secrets"], &["get"])];
+    let mut rules = vec![rule("", &["namespaces", "nodes"], READ), rule("", &["serviceaccounts", "secrets"], &["get"]), managed_tls_rule()];
     if pods {
         rules.extend([rule("", &["pods"], &["get", "list", "watch", "patch"]), rule("", &["pods/eviction"], &["create"])]);
     }
@@ -646,6 +668,12 @@ fn cluster_rules_with(pods: bool, safety_net: bool, provisioner: Option<&[&str]>
         rules.push(rule("events.k8s.io", &["events"], &["create", "patch"]));
     }
     rules
+}
+
+/// `tls.mode: managed` (the default): the release's own webhook configuration, by name, to
+/// publish the CA in its caBundle.
+fn managed_tls_rule() -> Value {
+    named_rule("admissionregistration.k8s.io", &["mutatingwebhookconfigurations"], &["archer"], &["get", "patch"])
 }
 
 /// The Role's rules in Archer's namespace: its Leases, and the safety net's record by name.
@@ -680,13 +708,23 @@ fn each_mode_is_granted_exactly_the_rules_it_needs() {
         ("aws provisioner", vec!["--set", "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"], cluster_rules(true, Some(cloud), Some("ec2nodeclasses")), Some(namespace_rules(record))),
         ("azure provisioner", vec!["--set", "provisioner.cloudProvider=azure"], cluster_rules(true, Some(cloud), Some("aksnodeclasses")), Some(namespace_rules(record))),
         ("another record name", vec!["--set", "config.safetyNet.configMap=archer-record"], cluster_rules(true, None, None), Some(namespace_rules(Some("archer-record")))),
+        ("a certificate of the user's", vec!["--set", "tls.mode=secret"], cluster_rules(true, None, None).into_iter().filter(|r| *r != managed_tls_rule()).collect(), Some(namespace_rules(record))),
     ];
     for (mode, flags, cluster, namespaced) in modes {
         let objects = rendered(&flags);
         assert_eq!(find(&objects, "ClusterRole", "archer")["rules"], json!(cluster), "{mode}: the ClusterRole");
         let binding = find(&objects, "ClusterRoleBinding", "archer");
         assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "archer", "namespace": NAMESPACE}]), "{mode}");
-        let role = objects.iter().find(|o| o["kind"] == "Role").cloned();
+        let role = objects.iter().find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "archer-leader-election").cloned();
+        // tls.mode managed: the certificate's Secret, created, then read and replaced by name.
+        let tls_role = objects.iter().find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "archer-tls");
+        if flags.contains(&"tls.mode=secret") {
+            assert!(tls_role.is_none(), "{mode}: no Secret to manage, yet {tls_role:?}");
+        } else {
+            let tls_role = tls_role.unwrap_or_else(|| panic!("{mode}: no Role for the managed certificate"));
+            assert_eq!(tls_role["rules"], json!([rule("", &["secrets"], &["create"]), named_rule("", &["secrets"], &["archer-tls"], &["get", "update"])]), "{mode}");
+            assert_eq!(find(&objects, "RoleBinding", "archer-tls")["subjects"], json!([{"kind": "ServiceAccount", "name": "archer", "namespace": NAMESPACE}]), "{mode}");
+        }
         match &namespaced {
             Some(rules) => {
                 let role = role.unwrap_or_else(|| panic!("{mode}: no Role"));
@@ -697,7 +735,7 @@ fn each_mode_is_granted_exactly_the_rules_it_needs() {
             }
             None => {
                 assert!(role.is_none(), "{mode}: nothing holds a Lease, yet a Role: {role:?}");
-                assert!(!objects.iter().any(|o| o["kind"] == "RoleBinding"), "{mode}");
+                assert!(!objects.iter().any(|o| o["kind"] == "RoleBinding" && o["metadata"]["name"] == "archer-leader-election"), "{mode}");
             }
         }
         // The record the Role names is shipped (Archer cannot create it), and nothing more.
@@ -711,7 +749,7 @@ fn each_mode_is_granted_exactly_the_rules_it_needs() {
         }
         // Only the uninstall hook's account deletes the webhook's configuration.
         for o in objects.iter().filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role") {
-            let deletes = o["rules"].as_array().expect("rules").iter().any(|r| r["resources"].as_array().is_some_and(|r| r.iter().any(|r| r == "mutatingwebhookconfigurations")));
+            let deletes = o["rules"].as_array().expect("rules").iter().any(|r| r["resources"].as_array().is_some_and(|r| r.iter().any(|r| r == "mutatingwebhookconfigurations")) && r["verbs"].as_array().is_some_and(|v| v.iter().any(|v| v == "delete")));
             assert_eq!(deletes, o["metadata"]["name"] == "archer-ungate", "{mode}: {}", o["metadata"]["name"]);
         }
         // Every rule a Role or ClusterRole holds, nothing more: no wildcard, secrets by name.
@@ -747,7 +785,8 @@ fn grants(rules: &Value) -> BTreeSet<(String, String, String, String)> {
 #[test]
 fn the_kustomize_provisioner_rules_add_up_to_the_charts() {
     let base = grants(&find(&file_docs("deploy/base/rbac.yaml"), "ClusterRole", "archer")["rules"]);
-    for (provider, flags) in [("kwok", "provisioner.cloudProvider=kwok"), ("aws", "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"), ("azure", "provisioner.cloudProvider=azure")] {
+    // The kustomize base serves a certificate it is given (tls.mode secret).
+    for (provider, flags) in [("kwok", "tls.mode=secret,provisioner.cloudProvider=kwok"), ("aws", "tls.mode=secret,provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"), ("azure", "tls.mode=secret,provisioner.cloudProvider=azure")] {
         let docs = file_docs(&format!("deploy/provisioner/{provider}.yaml"));
         let extra = grants(&find(&docs, "ClusterRole", "archer-provisioner")["rules"]);
         assert!(extra.is_disjoint(&base), "{provider}: only what the base lacks");
@@ -798,11 +837,14 @@ fn helm_lint_passes() {
 }
 
 /// Rendering twice gives the same objects (Argo CD and `helm template | kubectl apply` would
-/// otherwise see a change on every sync) where the certificate is cert-manager's or the user's.
-/// `tls.mode: generate` mints a CA at render time and cannot: see the docs ("Install").
+/// otherwise see a change on every sync) where the certificate is Archer's own (the default,
+/// `managed`: made at run time), cert-manager's or the user's. `tls.mode: generate` mints a CA
+/// at render time and cannot: see the docs ("Install").
 #[test]
 fn rendering_twice_gives_the_same_objects() {
-    for mode in ["certManager", "secret"] {
+    let (a, b) = (rendered(&[]), rendered(&[]));
+    assert_eq!(a, b, "the defaults");
+    for mode in ["managed", "certManager", "secret"] {
         let flags = ["--set", &format!("tls.mode={mode}")];
         let (a, b) = (rendered(&flags), rendered(&flags));
         assert_eq!(a, b, "tls.mode={mode}");

@@ -12,6 +12,7 @@ use crate::cluster::picture::Picture;
 use crate::cluster::ClusterView;
 use crate::extender::{self, Extender};
 use crate::metrics::Metrics;
+use crate::server::managed_tls::{plan::Lifetimes, ManagedTls};
 use crate::server::{self, admin, tls::CertStore};
 use crate::webhook::{self, Webhook};
 
@@ -34,6 +35,17 @@ pub struct ServeArgs {
     /// PEM private key of the serving certificate.
     #[arg(long, env = "ARCHER_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+    /// Manage the serving certificate in this Secret of Archer's namespace instead of reading
+    /// files: made and rotated by Archer, its CA published in --webhook-configuration.
+    #[arg(long, env = "ARCHER_TLS_SECRET", conflicts_with_all = ["tls_cert", "tls_key"], requires_all = ["webhook_configuration", "tls_service"])]
+    pub tls_secret: Option<String>,
+    /// The MutatingWebhookConfiguration whose caBundle the managed certificate's CA goes into.
+    #[arg(long, env = "ARCHER_WEBHOOK_CONFIGURATION", requires = "tls_secret")]
+    pub webhook_configuration: Option<String>,
+    /// The Service the managed certificate is for (its names in Archer's namespace:
+    /// NAME.NAMESPACE.svc and NAME.NAMESPACE.svc.cluster.local).
+    #[arg(long, env = "ARCHER_TLS_SERVICE", requires = "tls_secret")]
+    pub tls_service: Option<String>,
     /// Kubeconfig to use; without it, in-cluster credentials or the default kubeconfig are tried,
     /// and with none of those Archer runs standalone on the cluster defaults.
     #[arg(long, env = "ARCHER_KUBECONFIG")]
@@ -58,7 +70,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let purge_delay_ms = super::ALLOCATOR_PURGE_DELAY_MS.load(std::sync::atomic::Ordering::Relaxed);
     tracing::info!(purge_delay_ms, "allocator returns freed memory after purge_delay_ms (MIMALLOC_PURGE_DELAY overrides)");
     let kubeconfig = args.kubeconfig.clone();
-    let (cfg, cert, key) = configure(args)?;
+    let (cfg, tls) = configure(args)?;
 
     let budget = cfg.memory_budget();
     let mut metrics = Metrics::new();
@@ -66,7 +78,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(metrics);
     let health = Arc::new(admin::Health::default());
     health.set_not_ready("starting");
-    let store = CertStore::load(&cert, &key)?;
+    let store = match &tls {
+        Tls::Files { cert, key } => CertStore::load(cert, key)?,
+        Tls::Managed { .. } => CertStore::placeholder()?,
+    };
     let inspector = super::inspector(&cfg, metrics.registry.clone(), budget.clone())?;
     let (cluster, watch) = match super::connect(kubeconfig.as_ref()).await? {
         Some(client) => {
@@ -88,8 +103,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let (trigger, shutdown) = server::shutdown_channel();
     let mut servers = Servers::start(&cfg, &store, router, extender_router, admin::router(health.clone(), metrics.clone()), shutdown, super::connection_limits(&cfg, metrics.server.clone())).await?;
     tracing::info!(standalone = cluster.is_none(), "serving");
-    let reload = tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.server.clone()));
-    let ready = tokio::spawn(become_ready(cluster, health.clone()));
+    let (cert_ready, cert_wait) = tokio::sync::watch::channel(false);
+    let reload = match tls {
+        Tls::Files { .. } => {
+            cert_ready.send_replace(true);
+            tokio::spawn(store.clone().watch(Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), metrics.server.clone()))
+        }
+        Tls::Managed { secret, webhook, service } => {
+            let client = cluster.as_ref().map(|c| c.client().clone()).context("--tls-secret needs a cluster (no kubeconfig or in-cluster credentials found)")?;
+            let managed = ManagedTls::new(client, &cfg.namespace, &secret, &webhook, &service, MANAGED_LIFETIMES, Duration::from_secs(cfg.tls_reload_interval_seconds.max(1)), store.clone(), metrics.server.clone());
+            tokio::spawn(managed.run(cert_ready))
+        }
+    };
+    let ready = tokio::spawn(become_ready(cluster, cert_wait, health.clone()));
     // The namespace watch runs for the life of the process; if it ever ends, so does Archer.
     let mut watch = tokio::spawn(async move {
         match watch {
@@ -128,10 +154,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     outcome
 }
 
-/// The config file with the command line's flags over it, validated, and the serving
-/// certificate and key.
-fn configure(args: ServeArgs) -> anyhow::Result<(crate::config::Config, PathBuf, PathBuf)> {
-    let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, kubeconfig: _, namespace, catalog, extender_listen, cloud_provider } = args;
+/// How long the managed certificate's CA and serving certificates are valid (each renewed with a
+/// third of its life left).
+const MANAGED_LIFETIMES: Lifetimes = Lifetimes { ca: time::Duration::days(3650), cert: time::Duration::days(365) };
+
+/// Where the serving certificate comes from.
+enum Tls {
+    /// PEM files, re-read when they change.
+    Files { cert: PathBuf, key: PathBuf },
+    /// A Secret Archer keeps ([`crate::server::managed_tls`]).
+    Managed { secret: String, webhook: String, service: String },
+}
+
+/// The config file with the command line's flags over it, validated, and where the serving
+/// certificate comes from.
+fn configure(args: ServeArgs) -> anyhow::Result<(crate::config::Config, Tls)> {
+    let ServeArgs { registry, listen, admin_listen, tls_cert, tls_key, tls_secret, webhook_configuration, tls_service, kubeconfig: _, namespace, catalog, extender_listen, cloud_provider } = args;
     let mut cfg = registry.load()?;
     if let Some(p) = cloud_provider {
         cfg.provisioner.cloud_provider = p;
@@ -152,9 +190,12 @@ fn configure(args: ServeArgs) -> anyhow::Result<(crate::config::Config, PathBuf,
     if let Some(ns) = namespace {
         cfg.namespace = ns;
     }
-    let cert = tls_cert.or(cfg.tls_cert.clone()).context("--tls-cert is required (or tlsCert in the config file)")?;
+    if let (Some(secret), Some(webhook), Some(service)) = (tls_secret, webhook_configuration, tls_service) {
+        return Ok((cfg, Tls::Managed { secret, webhook, service }));
+    }
+    let cert = tls_cert.or(cfg.tls_cert.clone()).context("--tls-cert is required (or tlsCert in the config file, or --tls-secret)")?;
     let key = tls_key.or(cfg.tls_key.clone()).context("--tls-key is required (or tlsKey in the config file)")?;
-    Ok((cfg, cert, key))
+    Ok((cfg, Tls::Files { cert, key }))
 }
 
 /// What the webhook and the extender are built from.
@@ -261,9 +302,13 @@ impl Servers {
     }
 }
 
-/// Ready once the namespace and node caches have synced (at once when standalone). While they
-/// have not, /readyz and a warning say which list is still outstanding.
-async fn become_ready(cluster: Option<ClusterView>, health: Arc<admin::Health>) {
+/// Ready once the serving certificate is the real one and the namespace and node caches have
+/// synced (at once when standalone). While they have not, /readyz and a warning say which.
+async fn become_ready(cluster: Option<ClusterView>, mut cert: tokio::sync::watch::Receiver<bool>, health: Arc<admin::Health>) {
+    while tokio::time::timeout(SYNC_REPORT_INTERVAL, cert.wait_for(|ready| *ready)).await.is_err() {
+        health.set_not_ready("waiting for the managed webhook certificate");
+        tracing::warn!("the managed webhook certificate is not served yet; not ready");
+    }
     if let Some(view) = &cluster {
         while tokio::time::timeout(SYNC_REPORT_INTERVAL, view.wait_ready()).await.is_err() {
             let waiting = view.unsynced();

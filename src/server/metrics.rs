@@ -25,6 +25,8 @@ pub struct ServerMetrics {
     /// When the certificate served now expires (its notAfter, Unix seconds; cert-manager's
     /// `certmanager_certificate_expiration_timestamp_seconds` in kind).
     pub cert_expiration: Gauge,
+    /// Managed certificate Secrets written, by reason (absent, cert-renewal, ca-renewal, ...).
+    pub cert_writes: Family<Labels, Counter>,
 }
 
 impl ServerMetrics {
@@ -42,6 +44,7 @@ impl ServerMetrics {
         r.register("connection_timeouts", "Connections closed by a timeout, by phase", self.connection_timeouts.clone());
         r.register("connections_open", "Connections open now", self.connections_open.clone());
         r.register("tls_certificate_reloads", "Serving certificate reloads, by result", self.cert_reloads.clone());
+        r.register("tls_certificate_writes", "Webhook certificate Secrets written by Archer (tls.mode managed), by reason: absent, unusable, cert-renewal, ca-renewal, names-changed, wrong-issuer, expired-ca", self.cert_writes.clone());
         r.register("tls_certificate_expiration_timestamp_seconds", "When the serving certificate in use expires (its notAfter), Unix seconds", self.cert_expiration.clone());
     }
 }

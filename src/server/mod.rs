@@ -5,6 +5,7 @@ pub mod admin;
 pub mod body;
 pub mod metrics;
 mod conn;
+pub mod managed_tls;
 mod panics;
 pub mod tls;
 

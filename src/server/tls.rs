@@ -1,4 +1,5 @@
-//! The serving certificate, re-read from disk while running.
+//! The serving certificate: re-read from disk while running, or installed by the managed
+//! certificate ([`super::managed_tls`]) from the Secret it keeps.
 //!
 //! Files are polled (not watched with inotify) and compared by content, so the symlink swap a
 //! Kubernetes Secret volume does (`..data` -> a new timestamped directory) is picked up. A bad
@@ -33,6 +34,7 @@ pub enum TlsError {
 }
 
 pub struct CertStore {
+    /// The files it is read from; empty paths when Archer manages the certificate.
     cert_path: PathBuf,
     key_path: PathBuf,
     current: ArcSwap<CertifiedKey>,
@@ -93,18 +95,33 @@ impl CertStore {
         }))
     }
 
-    /// Re-read the files; `Ok(true)` when a new pair was installed.
-    pub fn reload(&self) -> Result<bool, TlsError> {
-        let (c, k) = (read(&self.cert_path)?, read(&self.key_path)?);
-        let fp = fingerprint(&c, &k);
+    /// A store serving a throwaway self-signed certificate no client trusts, until
+    /// [`CertStore::install`] puts the managed one in (the process is not ready until then).
+    pub fn placeholder() -> Result<Arc<Self>, TlsError> {
+        let generated = rcgen::generate_simple_self_signed(vec!["archer-placeholder.invalid".to_string()]).map_err(|e| TlsError::Mismatch(e.to_string()))?;
+        let (c, k) = (generated.cert.pem().into_bytes(), generated.key_pair.serialize_pem().into_bytes());
+        let certified = parse(Path::new("placeholder"), &c, Path::new("placeholder"), &k)?;
+        Ok(Arc::new(Self { cert_path: PathBuf::new(), key_path: PathBuf::new(), current: ArcSwap::from_pointee(certified), fingerprint: std::sync::Mutex::new(fingerprint(&c, &k)) }))
+    }
+
+    /// Serve this PEM pair from now on; `Ok(true)` when it differs from the one served. A pair
+    /// that does not parse or match is refused and the old one keeps serving.
+    pub fn install(&self, cert: &[u8], key: &[u8], from: &str) -> Result<bool, TlsError> {
+        let fp = fingerprint(cert, key);
         let mut last = self.fingerprint.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if *last == fp {
             return Ok(false);
         }
-        let certified = parse(&self.cert_path, &c, &self.key_path, &k)?;
+        let certified = parse(Path::new(from), cert, Path::new(from), key)?;
         self.current.store(Arc::new(certified));
         *last = fp;
         Ok(true)
+    }
+
+    /// Re-read the files; `Ok(true)` when a new pair was installed.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let (c, k) = (read(&self.cert_path)?, read(&self.key_path)?);
+        self.install(&c, &k, &self.cert_path.display().to_string())
     }
 
     /// Poll the files until the process ends.

@@ -109,6 +109,18 @@ async fn log_of(client: &Client, ns: &str, pod: &str) -> String {
     Api::<Pod>::namespaced(client.clone(), ns).logs(pod, &Default::default()).await.unwrap_or_default()
 }
 
+/// The managed certificate's Secret, written by Archer, and its CA, which the webhook's caBundle
+/// must be: the CA.
+async fn managed_certificate(client: &Client) -> Vec<u8> {
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), RELEASE_NS).get("archer-tls").await.expect("the managed Secret");
+    assert_eq!(secret.metadata.labels.as_ref().and_then(|l| l.get("app.kubernetes.io/managed-by")).map(String::as_str), Some("archer"), "written by Archer, not rendered by Helm");
+    let ca = secret.data.expect("data")["ca.crt"].0.clone();
+    let config = Api::<MutatingWebhookConfiguration>::all(client.clone()).get("archer").await.expect("webhook configuration");
+    let bundle = config.webhooks.expect("webhooks")[0].client_config.ca_bundle.clone().expect("a caBundle").0;
+    assert_eq!(bundle, ca, "the caBundle is the managed CA");
+    ca
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane and a real node: run tests/e2e/run installed_"]
 async fn installed_by_its_chart_on_a_real_node() {
@@ -121,7 +133,7 @@ async fn installed_by_its_chart_on_a_real_node() {
     c.registry.push_index_over("e2e/tiny", "multi", &[(&amd, "linux/amd64"), (&arm, "linux/arm64")]).await;
     let multi = c.registry.image("e2e/tiny:multi");
 
-    // Install: the image from the test registry, the chart's defaults (generated certificate).
+    // Install: the image from the test registry, the chart's defaults (the managed certificate).
     let repo = push_archer_image(&c);
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/archer");
     let chart = chart.to_string_lossy().to_string();
@@ -131,6 +143,8 @@ async fn installed_by_its_chart_on_a_real_node() {
     helm(&c, &install);
     let first = archer_rolled_out(&client, Duration::from_secs(120)).await;
     assert_eq!(first.len(), 2, "the chart's two replicas");
+    // tls.mode managed: Archer wrote the Secret (under the chart's RBAC) and published its CA.
+    let managed_ca = managed_certificate(&client).await;
 
     // A workload pod: mutated by the webhook through its Service, run by the real node.
     namespace(&client, "apps", json!({"archer.dev/prefer": "amd64,arm64"})).await;
@@ -198,6 +212,7 @@ async fn installed_by_its_chart_on_a_real_node() {
     helm(&c, &upgrade);
     let second = archer_rolled_out(&client, Duration::from_secs(180)).await;
     assert!(second.iter().all(|p| !first.contains(p)), "every replica replaced: {first:?} → {second:?}");
+    assert_eq!(managed_certificate(&client).await, managed_ca, "the upgrade kept the CA Archer made, and its caBundle");
     // The old pods' last connections drain after they leave the endpoints.
     tokio::time::sleep(Duration::from_secs(8)).await;
     stop.store(true, Ordering::Relaxed);
@@ -228,6 +243,9 @@ async fn installed_by_its_chart_on_a_real_node() {
     let all: Api<Pod> = Api::all(client.clone());
     let still_gated: Vec<String> = all.list(&ListParams::default()).await.expect("pods").items.into_iter().filter(|p| crate::safety_net::gates(p).iter().any(|g| g == "archer.dev/inspecting")).filter_map(|p| p.metadata.name).collect();
     assert!(still_gated.is_empty(), "no pod gated after uninstall: {still_gated:?}");
+    // The managed Secret went with the webhook configuration it is owned by.
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), RELEASE_NS);
+    wait("the managed Secret garbage-collected", Duration::from_secs(60), || async { secrets.get_opt("archer-tls").await.ok().flatten().is_none() }).await;
     let _ = pods.delete_collection(&DeleteParams::default(), &ListParams::default()).await;
 }
 

@@ -12,6 +12,7 @@ mod gate_policy;
 mod helm;
 mod installed;
 mod karpenter;
+mod managed_tls;
 mod multi_tenant;
 mod node;
 mod private_registries;
