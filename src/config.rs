@@ -39,6 +39,9 @@ pub struct Config {
     pub provisioner: ProvisionerConfig,
     /// The runtime safety net: exec format errors, re-placement and the scheduling gate.
     pub safety_net: SafetyNetConfig,
+    /// The cost and savings gauges of every priced node while this Archer does not provision
+    /// (beside Karpenter or AKS node auto-provisioning); the provisioner reports them itself.
+    pub savings: SavingsConfig,
     /// Connection and memory limits shared by every listener and request.
     pub limits: LimitsConfig,
     /// A user catalog file (YAML or CSV) on top of the embedded price catalog.
@@ -68,6 +71,7 @@ impl Default for Config {
             extender: ExtenderConfig::default(),
             provisioner: ProvisionerConfig::default(),
             safety_net: SafetyNetConfig::default(),
+            savings: SavingsConfig::default(),
             limits: LimitsConfig::default(),
             catalog: None,
             shutdown_delay_seconds: 5.0,
@@ -108,6 +112,25 @@ pub struct SafetyNetConfig {
     pub gate_inspection_timeout_seconds: f64,
     /// Pause between inspections of a gated pod whose images did not answer.
     pub gate_retry_seconds: f64,
+}
+
+/// The savings reporter: one replica at a time (its Lease) watches pods, NodePools
+/// (`karpenter.sh/v1`), DaemonSets and NodeOverlays and sets the cost and savings gauges.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct SavingsConfig {
+    pub enabled: bool,
+    pub lease_name: String,
+    pub lease_duration_seconds: u64,
+    /// Seconds between two computations (only when the pods on priced nodes or the prices
+    /// changed).
+    pub interval_seconds: f64,
+}
+
+impl Default for SavingsConfig {
+    fn default() -> Self {
+        Self { enabled: true, lease_name: "archer-savings".into(), lease_duration_seconds: 15, interval_seconds: 60.0 }
+    }
 }
 
 impl Default for SafetyNetConfig {
@@ -549,6 +572,9 @@ impl Config {
         }
         if !(self.registry.timeout_seconds > 0.0 && self.registry.timeout_seconds <= 30.0) {
             return Err(ConfigError::Invalid("registry.timeoutSeconds must be in (0, 30]".into()));
+        }
+        if !(self.savings.interval_seconds.is_finite() && (1.0..=3600.0).contains(&self.savings.interval_seconds)) || self.savings.lease_duration_seconds < 2 {
+            return Err(ConfigError::Invalid("savings.intervalSeconds must be in [1, 3600] and savings.leaseDurationSeconds at least 2".into()));
         }
         if !(1..=100).contains(&self.preferred_weight) {
             return Err(ConfigError::Invalid("preferredWeight must be 1..100".into()));

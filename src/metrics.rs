@@ -133,9 +133,12 @@ mod tests {
         "archer_safety_net_leader",
         "archer_safety_net_leader_candidate",
         "archer_safety_record_entries_dropped",
+        "archer_savings_leader",
+        "archer_savings_leader_candidate",
         "archer_savings_per_hour_dollars",
         "archer_tls_certificate_expiration_timestamp_seconds",
         "archer_tls_certificate_reloads",
+        "archer_tls_certificate_writes",
         "archer_unprovisionable_pods",
         ];
         assert_eq!(exported, expected);

@@ -101,7 +101,8 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> serde_json::Value {
 
 const READ: &[&str] = &["get", "list", "watch"];
 
-/// deploy/ runs the webhook, the extender and the safety net, no provisioner: exactly their rules
+/// deploy/ runs the webhook, the extender, the safety net and the savings reporter, no
+/// provisioner: exactly their rules
 /// (docs "Deploying"). No Node writes, no NodeClaims or node classes, no deleting the webhook's
 /// configuration (only the Helm chart's uninstall hook may, as its own service account), and
 /// ConfigMaps only by the record's name, in Archer's namespace.
@@ -116,6 +117,8 @@ fn rbac_is_exactly_what_the_base_runs() {
         rule("", &["pods"], &["get", "list", "watch", "patch"]),
         rule("", &["pods/eviction"], &["create"]),
         rule("", &["pods/log"], &["get"]),
+        rule("apps", &["daemonsets"], READ),
+        rule("karpenter.sh", &["nodepools", "nodeoverlays"], READ),
         rule("events.k8s.io", &["events"], &["create", "patch"]),
     ]);
     assert_eq!(doc("ClusterRole")["rules"], expected, "the ClusterRole's rules");
@@ -152,13 +155,11 @@ fn each_provisioner_adds_exactly_its_rules() {
     let provisioner = |node_verbs: &[&str]| {
         vec![
             rule("", &["nodes"], node_verbs),
-            rule("apps", &["daemonsets"], READ),
             rule("", &["persistentvolumeclaims", "persistentvolumes"], READ),
             rule("archer.dev", &["nodepools"], READ),
             rule("archer.dev", &["nodepools/status"], &["patch"]),
             rule("archer.dev", &["nodeclaims"], &["get", "list", "watch", "create", "delete"]),
             rule("archer.dev", &["nodeclaims/status"], &["patch"]),
-            rule("karpenter.sh", &["nodeoverlays"], READ),
             rule("karpenter.sh", &["nodeoverlays/status"], &["patch"]),
         ]
     };

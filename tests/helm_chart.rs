@@ -413,7 +413,7 @@ fn monitoring_objects_carry_the_repositorys_rules_and_dashboard() {
     let rules = rules_file();
     let expr_of = |alert: &str| rules["groups"][0]["rules"].as_array().expect("rules").iter().find(|r| r["alert"] == alert).and_then(|r| r["expr"].as_str()).unwrap_or_else(|| panic!("no alert {alert}")).to_string();
     assert!(expr_of("ArcherDown").starts_with("absent(archer_build_info"));
-    assert!(expr_of("ArcherNoLeader").contains("archer_provisioner_leader_candidate") && expr_of("ArcherNoLeader").contains("archer_safety_net_leader_candidate"));
+    assert!(expr_of("ArcherNoLeader").contains("archer_provisioner_leader_candidate") && expr_of("ArcherNoLeader").contains("archer_safety_net_leader_candidate") && expr_of("ArcherNoLeader").contains("archer_savings_leader_candidate"));
     assert!(expr_of("ArcherCertificateExpiresSoon").contains("archer_tls_certificate_expiration_timestamp_seconds"));
     // Every alert links its runbook page (tests/docs.rs holds the pages).
     for r in rules_file()["groups"][0]["rules"].as_array().expect("rules") {
@@ -636,11 +636,13 @@ fn ungate_rules(webhook: &str) -> Vec<Value> {
 /// safety net or the provisioner, then the provisioner's own (`provisioner` = the verbs on
 /// nodes), then the node classes, then Events.
 /// `safety_net`: the log tails of containers that exited at once, read by the safety net alone.
+/// The savings reporter (the provisioner off, the default `config.savings.enabled`): pods read
+/// (unless the pod rules already grant it), DaemonSets, Karpenter's NodePools and NodeOverlays.
 fn cluster_rules(pods: bool, provisioner: Option<&[&str]>, classes: Option<&str>) -> Vec<Value> {
-    cluster_rules_with(pods, pods, provisioner, classes)
+    cluster_rules_with(pods, pods, provisioner, classes, provisioner.is_none())
 }
 
-fn cluster_rules_with(pods: bool, safety_net: bool, provisioner: Option<&[&str]>, classes: Option<&str>) -> Vec<Value> {
+fn cluster_rules_with(pods: bool, safety_net: bool, provisioner: Option<&[&str]>, classes: Option<&str>, savings: bool) -> Vec<Value> {
     let mut rules = vec![rule("", &["namespaces", "nodes"], READ), rule("", &["serviceaccounts", "secrets"], &["get"]), managed_tls_rule()];
     if pods {
         rules.extend([rule("", &["pods"], &["get", "list", "watch", "patch"]), rule("", &["pods/eviction"], &["create"])]);
@@ -660,6 +662,12 @@ fn cluster_rules_with(pods: bool, safety_net: bool, provisioner: Option<&[&str]>
             rule("karpenter.sh", &["nodeoverlays"], READ),
             rule("karpenter.sh", &["nodeoverlays/status"], &["patch"]),
         ]);
+    }
+    if savings {
+        if !pods {
+            rules.push(rule("", &["pods"], READ));
+        }
+        rules.extend([rule("apps", &["daemonsets"], READ), rule("karpenter.sh", &["nodepools", "nodeoverlays"], READ)]);
     }
     if let Some(plural) = classes {
         rules.extend([rule("archer.dev", &[plural], READ), rule("archer.dev", &[&format!("{plural}/status")], &["patch"])]);
@@ -702,9 +710,10 @@ fn each_mode_is_granted_exactly_the_rules_it_needs() {
     let modes: Vec<Mode> = vec![
         ("webhook, extender and safety net (the defaults)", vec![], cluster_rules(true, None, None), Some(namespace_rules(record))),
         ("beside Karpenter", vec!["-f", beside], cluster_rules(true, None, None), Some(namespace_rules(record))),
-        ("webhook and extender only", vec!["--set", "config.safetyNet.enabled=false"], cluster_rules(false, None, None), None),
+        ("webhook, extender and savings", vec!["--set", "config.safetyNet.enabled=false"], cluster_rules(false, None, None), Some(namespace_rules(None))),
+        ("webhook and extender only", vec!["--set", "config.safetyNet.enabled=false,config.savings.enabled=false"], cluster_rules_with(false, false, None, None, false), None),
         ("kwok provisioner", vec!["--set", "provisioner.cloudProvider=kwok"], cluster_rules(true, Some(kwok), None), Some(namespace_rules(record))),
-        ("kwok provisioner, no safety net", vec!["--set", "provisioner.cloudProvider=kwok,config.safetyNet.enabled=false"], cluster_rules_with(true, false, Some(kwok), None), Some(namespace_rules(None))),
+        ("kwok provisioner, no safety net", vec!["--set", "provisioner.cloudProvider=kwok,config.safetyNet.enabled=false"], cluster_rules_with(true, false, Some(kwok), None, false), Some(namespace_rules(None))),
         ("aws provisioner", vec!["--set", "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"], cluster_rules(true, Some(cloud), Some("ec2nodeclasses")), Some(namespace_rules(record))),
         ("azure provisioner", vec!["--set", "provisioner.cloudProvider=azure"], cluster_rules(true, Some(cloud), Some("aksnodeclasses")), Some(namespace_rules(record))),
         ("another record name", vec!["--set", "config.safetyNet.configMap=archer-record"], cluster_rules(true, None, None), Some(namespace_rules(Some("archer-record")))),
@@ -795,7 +804,11 @@ fn the_kustomize_provisioner_rules_add_up_to_the_charts() {
         assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "archer", "namespace": NAMESPACE}]));
         let chart = grants(&find(&rendered(&["--set", flags]), "ClusterRole", "archer")["rules"]);
         let kustomize: BTreeSet<_> = base.union(&extra).cloned().collect();
-        assert_eq!(kustomize, chart, "{provider}: deploy/base/rbac.yaml and deploy/provisioner/{provider}.yaml against the chart");
+        // The base's savings reporter reads Karpenter's NodePools; with a provisioner on, that
+        // grant stays (kustomize adds, it does not take away) and is the only difference.
+        let savings_only: BTreeSet<_> = ["get", "list", "watch"].iter().map(|v| ("karpenter.sh".to_string(), "nodepools".to_string(), String::new(), v.to_string())).collect();
+        let want: BTreeSet<_> = chart.union(&savings_only).cloned().collect();
+        assert_eq!(kustomize, want, "{provider}: deploy/base/rbac.yaml and deploy/provisioner/{provider}.yaml against the chart");
     }
 }
 

@@ -44,7 +44,7 @@ pub enum LogFormat {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve the admission webhook (HTTPS) and the admin endpoints (HTTP).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Print each image's digest and platforms, through the webhook's own lookup path.
     Inspect(inspect::InspectArgs),
     /// Write a development CA and serving certificate.
@@ -153,7 +153,7 @@ pub fn main(cli: Cli) -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match command {
-            Command::Serve(a) => serve::run(a).await,
+            Command::Serve(a) => serve::run(*a).await,
             Command::Inspect(a) => inspect::run(a).await,
             Command::Certs(a) => certs::run(a),
             Command::Prices(a) => prices::run(a).await,

@@ -97,7 +97,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let parts = Parts { cfg: &cfg, budget: &budget, inspector: &inspector, cluster: cluster.as_ref(), picture: picture.as_ref(), base_keyring: &base_keyring, metrics: &metrics };
     let cluster_for_safety = cluster.clone();
     let provisioning = provisioner_task(&cfg, picture.as_ref(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.provisioner.clone())?;
-    let extender_router = extender::router(parts.extender(catalog));
+    let extender_router = extender::router(parts.extender(catalog.clone()));
     let router = webhook::router(parts.webhook()).merge(extender_router.clone()).route("/healthz", get(|| async { "ok" }));
 
     let (trigger, shutdown) = server::shutdown_channel();
@@ -124,6 +124,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let mut provisioning = tokio::spawn(provisioning);
+    let mut savings = tokio::spawn(savings_task(&cfg, cluster_for_safety.clone(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.provisioner.clone()));
     let mut safety = tokio::spawn(safety_task(&cfg, cluster_for_safety, inspector.clone(), base_keyring.clone(), metrics.safety.clone()));
     let outcome = tokio::select! {
         _ = terminate_signal() => {
@@ -134,8 +135,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         r = &mut watch => Err(anyhow::anyhow!("namespace watch stopped unexpectedly: {r:?}")),
         r = &mut provisioning => Err(anyhow::anyhow!("provisioner stopped unexpectedly: {r:?}")),
         r = &mut safety => Err(anyhow::anyhow!("the safety net stopped unexpectedly: {r:?}")),
+        r = &mut savings => Err(anyhow::anyhow!("the savings reporter stopped unexpectedly: {r:?}")),
     };
     provisioning.abort();
+    savings.abort();
     safety.abort();
     health.set_not_ready("shutting down");
     if outcome.is_ok() {
@@ -413,6 +416,38 @@ fn safety_task(cfg: &crate::config::Config, cluster: Option<ClusterView>, inspec
     Box::pin(async move {
         let work = move || net.clone().run();
         crate::cluster::leader::while_leader(client, &namespace, &lease, duration, (&metrics.leader, &metrics.candidate), work).await?;
+        Ok(())
+    })
+}
+
+/// The savings reporter under its own lease while Archer does not provision (the provisioner
+/// reports cost and savings itself), or a future that never ends.
+fn savings_task(
+    cfg: &crate::config::Config,
+    cluster: Option<ClusterView>,
+    catalog: Arc<archer_core::catalog::Catalog>,
+    inspector: archer_registry::Inspector,
+    keyring: archer_registry::Keyring,
+    metrics: Arc<crate::provisioner::metrics::ProvisionerMetrics>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>> {
+    let Some(view) = cluster.filter(|_| cfg.savings.enabled && !cfg.provisioner.enabled()) else { return Box::pin(std::future::pending()) };
+    let client = view.client().clone();
+    let reporter = Arc::new(crate::cluster::savings::SavingsReporter {
+        client: client.clone(),
+        view,
+        catalog,
+        defaults: Arc::new(cfg.defaults.clone()),
+        policy: cfg.provisioner.preference_policy,
+        inspector,
+        keyring,
+        metrics: metrics.clone(),
+        every: Duration::from_secs_f64(cfg.savings.interval_seconds),
+    });
+    let (namespace, lease) = (cfg.namespace.clone(), cfg.savings.lease_name.clone());
+    let duration = Duration::from_secs(cfg.savings.lease_duration_seconds);
+    Box::pin(async move {
+        let work = move || reporter.clone().run();
+        crate::cluster::leader::while_leader(client, &namespace, &lease, duration, (&metrics.savings_leader, &metrics.savings_candidate), work).await?;
         Ok(())
     })
 }

@@ -6,12 +6,14 @@
 //!
 //! [`ClusterState`]: archer_model::ClusterState
 
+pub mod cost;
 pub mod events;
 pub mod leader;
 pub mod picture;
 pub mod plans;
 pub mod registrations;
 pub mod safety_record;
+pub mod savings;
 pub mod stores;
 
 use std::collections::BTreeMap;

@@ -7,7 +7,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource};
@@ -17,13 +16,12 @@ use archer_api::nodepool::NodePool;
 use archer_cloud::{CloudError, CloudProvider};
 use archer_metrics::labels2;
 use super::metrics::ProvisionerMetrics;
-use archer_model::objects::{self as state, pod_id};
+use archer_model::objects as state;
 use archer_model::ClusterState;
 use archer_registry::{Inspector, Keyring};
 
 use crate::cluster::stores::Stores;
 use crate::cluster::picture::Picture;
-use crate::cluster::{pod_platforms, PodPlatforms};
 use crate::config::ProvisionerConfig;
 
 pub struct Context {
@@ -106,26 +104,7 @@ impl Context {
     /// digest decides what the record takes away); one whose images cannot be read stays
     /// unknown (assumed to run anywhere).
     pub async fn learn_platforms<P: std::borrow::Borrow<Pod> + Sync>(&self, state: &mut ClusterState, pods: &[P]) {
-        // Unknown pods, and pods whose images the safety record names (their digests decide
-        // what the record takes away, the webhook's record on the pod or not).
-        let unknown: Vec<&Pod> = pods.iter().map(|p| p.borrow()).filter(|p| state.pod_platforms(p).is_none() || state.needs_digests(p)).collect();
-        let found = join_all(unknown.into_iter().map(|pod| async move {
-            match pod_platforms(&self.inspector, Some(self.picture.view()), &self.base_keyring, pod, self.inspector.lookup_timeout() * 2).await {
-                PodPlatforms::Known { inspected, .. } => inspected,
-                PodPlatforms::Unknown(why) => {
-                    tracing::info!(pod = %pod_id(pod), reason = %why, "platforms unknown; the pod is assumed to run on any architecture");
-                    Vec::new()
-                }
-            }
-        }))
-        .await;
-        // The images' platforms as the registry gave them: the state is shared by the pods of
-        // every namespace, and `ClusterState::pod_platforms` takes away what the record holds
-        // broken for each pod's own namespace.
-        for (image, digest, platforms) in found.into_iter().flatten() {
-            state.platforms.insert(image.clone(), platforms);
-            state.digests.insert(image, digest);
-        }
+        crate::cluster::cost::learn_platforms(state, pods, &self.inspector, self.picture.view(), &self.base_keyring).await;
     }
 
     /// Pods the last batch placed that are still pending in `state`: they wait for capacity

@@ -36,6 +36,10 @@ pub struct ProvisionerMetrics {
     /// 1 while this replica campaigns for the provisioner lease (the provisioner is on), so
     /// "no leader" is told apart from "no provisioner".
     pub candidate: Gauge,
+    /// 1 while this replica holds the savings reporter's lease (the provisioner off).
+    pub savings_leader: Gauge,
+    /// 1 while this replica campaigns for the savings reporter's lease.
+    pub savings_candidate: Gauge,
     /// Claims deleted because they could not become nodes, by reason.
     pub claims_given_up: Family<Labels, Counter>,
     /// Provisioner executor passes that failed, by executor and error.
@@ -85,6 +89,8 @@ impl Default for ProvisionerMetrics {
             launches_rate_limited: Counter::default(),
             leader: Gauge::default(),
             candidate: Gauge::default(),
+            savings_leader: Gauge::default(),
+            savings_candidate: Gauge::default(),
             claims_given_up: Family::default(),
             reconcile_errors: Family::default(),
             interruption_messages: Family::default(),
@@ -135,6 +141,8 @@ impl ProvisionerMetrics {
         r.register("launches_rate_limited", "Launches put off by the per-minute cap", self.launches_rate_limited.clone());
         r.register("provisioner_leader", "1 while this replica holds the provisioner lease", self.leader.clone());
         r.register("provisioner_leader_candidate", "1 while this replica campaigns for the provisioner lease", self.candidate.clone());
+        r.register("savings_leader", "1 while this replica holds the savings reporter's lease (it sets the cost and savings gauges while Archer does not provision)", self.savings_leader.clone());
+        r.register("savings_leader_candidate", "1 while this replica campaigns for the savings reporter's lease", self.savings_candidate.clone());
         r.register("prices_source_info", "1 for where the cloud provider's on-demand prices come from now, by provider and source (price-list-api, retail-prices-api, catalog: before the API's first answer or with live prices off)", self.prices_source.clone());
         r.register("prices_refreshed_timestamp_seconds", "When the cloud provider's price API last answered (Unix seconds), by provider", self.prices_refreshed.clone());
         r.register("price_refresh_failing_since_timestamp_seconds", "Since when every price refresh of the provider has failed (Unix seconds; 0 when the last one answered), by provider", self.price_refresh_failing_since.clone());

@@ -457,6 +457,8 @@ impl Cluster {
         let lines: String = defaults.iter().map(|d| d.to_string()).filter(|d| !given.contains(&key(d))).chain(self.provisioner_config.iter().cloned()).map(|l| format!("  {l}\n")).collect();
         // The safety net's e2e clocks: a short gate bound and lease, an inspection per second.
         let safety = "safetyNet:\n  leaseDurationSeconds: 4\n  gateMaxSeconds: 20\n  gateInspectionTimeoutSeconds: 3\n  gateRetrySeconds: 1\n";
+        // The savings reporter's (provisioner off): a short lease, a computation every 2 seconds.
+        let safety = format!("{safety}savings:\n  leaseDurationSeconds: 4\n  intervalSeconds: 2\n");
         let registry: String = if self.registry_config.is_empty() { String::new() } else { std::iter::once("registry:\n".to_string()).chain(self.registry_config.iter().map(|l| format!("  {l}\n"))).collect() };
         std::fs::write(&config, format!("{safety}{registry}provisioner:\n  cloudProvider: {}\n{lines}", self.cloud_provider)).expect("archer config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_archer"));

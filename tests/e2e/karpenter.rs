@@ -243,4 +243,27 @@ async fn beside_karpenter_an_amd64_only_image_never_lands_on_arm64_and_a_multi_a
     }
     assert!(c.archer_pid().is_some(), "Archer's webhook and extender ran");
     assert!(!claims(&client).await.is_empty(), "Karpenter provisioned");
+
+    // The savings beside Karpenter: Archer's savings reporter (its provisioner off) prices
+    // Karpenter's nodes under their NodePool, and the multi-arch pods on arm64 save against the
+    // same pods on amd64, planned on Karpenter's NodePool.
+    crate::wait("the savings reporter leads", Duration::from_secs(30), || async { c.archer_metric("archer_savings_leader ").await == 1.0 }).await;
+    let pool = node_pool()["metadata"]["name"].as_str().expect("pool name").to_string();
+    let cost = |arch: &'static str| {
+        let pool = pool.clone();
+        let c = &c;
+        async move {
+            let mut sum = 0.0;
+            for capacity in ["on-demand", "spot"] {
+                sum += c.archer_metric(&format!("archer_nodes_cost_per_hour_dollars{{nodepool=\"{pool}\",arch=\"{arch}\",capacity_type=\"{capacity}\"}}")).await;
+            }
+            sum
+        }
+    };
+    crate::wait("Karpenter's nodes priced under their NodePool", Duration::from_secs(30), || async { cost("arm64").await > 0.0 && cost("amd64").await > 0.0 }).await;
+    crate::wait("an arm64 saving for the multi-arch pods", Duration::from_secs(30), || async { c.archer_metric("archer_savings_per_hour_dollars{source=\"arm64\"}").await > 0.0 }).await;
+    let baseline = c.archer_metric("archer_baseline_cost_per_hour_dollars ").await;
+    let saving = c.archer_metric("archer_savings_per_hour_dollars{source=\"arm64\"}").await;
+    assert!(baseline > saving, "the baseline (every pod on amd64 on-demand) costs more than the arm64 saving: {baseline} vs {saving}");
+    assert_eq!(c.archer_metric("archer_provisioner_leader ").await, 0.0, "the provisioner is off");
 }

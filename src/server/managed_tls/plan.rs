@@ -137,18 +137,19 @@ fn certs(pem: &str) -> Vec<Facts> {
 /// The Secret's contents, read: the CAs (signing one first), the serving certificate, and the
 /// keys; None when anything is missing, unparseable or mismatched.
 struct Read {
-    cas: Vec<Facts>,
+    signing: Facts,
+    older: Vec<Facts>,
     ca_key: KeyPair,
     leaf: Facts,
 }
 
 fn read(m: &Material) -> Option<Read> {
-    let cas = certs(&m.ca_bundle);
+    let mut cas = certs(&m.ca_bundle).into_iter();
+    let signing = cas.next()?;
     let ca_key = KeyPair::from_pem(&m.ca_key).ok()?;
     let leaf = certs(&m.cert).into_iter().next()?;
     let leaf_key = KeyPair::from_pem(&m.key).ok()?;
-    let signing = cas.first()?;
-    (signing.spki == ca_key.public_key_der() && leaf.spki == leaf_key.public_key_der()).then_some(Read { cas, ca_key, leaf })
+    (signing.spki == ca_key.public_key_der() && leaf.spki == leaf_key.public_key_der()).then(|| Read { signing, older: cas.collect(), ca_key, leaf })
 }
 
 /// Has a third or less of its lifetime left at `now`?
@@ -175,9 +176,9 @@ pub fn plan(current: Option<&Material>, names: &[String], life: Lifetimes, now: 
     let Some(current) = current else { return fresh(names, life, now, Reason::Absent).map(|m| Plan::Write(m, Reason::Absent)) };
     let Some(read) = read(current) else { return fresh(names, life, now, Reason::Unusable).map(|m| Plan::Write(m, Reason::Unusable)) };
     let t = now.unix_timestamp();
-    let signing = &read.cas[0];
+    let signing = &read.signing;
     // Older CAs stay trusted until they expire (the signing one is kept while it signs).
-    let older: Vec<&Facts> = read.cas[1..].iter().filter(|c| c.not_after > t && c.der != signing.der).collect();
+    let older: Vec<&Facts> = read.older.iter().filter(|c| c.not_after > t && c.der != signing.der).collect();
     if due(signing.not_before, signing.not_after, t) {
         let (ca_pem, ca_key, issuer) = new_ca(life, now)?;
         let (cert, key) = new_leaf(names, life, now, &issuer, &ca_key, signing_end(&ca_pem).unwrap_or(t))?;
@@ -204,7 +205,7 @@ pub fn plan(current: Option<&Material>, names: &[String], life: Lifetimes, now: 
         let (cert, key) = new_leaf(names, life, now, &issuer, &read.ca_key, signing.not_after)?;
         return Ok(Plan::Write(Material { ca_bundle: bundle, ca_key: current.ca_key.clone(), cert, key }, reason));
     }
-    if read.cas.len() != 1 + older.len() {
+    if read.older.len() != older.len() {
         return Ok(Plan::Write(Material { ca_bundle: bundle, ..current.clone() }, Reason::ExpiredCa));
     }
     Ok(Plan::Keep)
@@ -242,7 +243,7 @@ fn new_ca(life: Lifetimes, now: OffsetDateTime) -> Result<(String, KeyPair, rcge
 fn new_leaf(names: &[String], life: Lifetimes, now: OffsetDateTime, issuer: &rcgen::Certificate, issuer_key: &KeyPair, ca_end: i64) -> Result<(String, String), PlanError> {
     let mut leaf = CertificateParams::new(names.to_vec())?;
     leaf.distinguished_name = DistinguishedName::new();
-    leaf.distinguished_name.push(DnType::CommonName, names[0].clone());
+    leaf.distinguished_name.push(DnType::CommonName, names.first().cloned().unwrap_or_default());
     leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     leaf.not_before = now - Duration::minutes(5);
