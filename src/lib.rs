@@ -14,6 +14,7 @@ pub mod admission;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod cost;
 pub mod extender;
 pub mod metrics;
 pub mod prices;

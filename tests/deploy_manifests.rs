@@ -156,17 +156,17 @@ fn each_provisioner_adds_exactly_its_rules() {
         vec![
             rule("", &["nodes"], node_verbs),
             rule("", &["persistentvolumeclaims", "persistentvolumes"], READ),
-            rule("archer.dev", &["nodepools"], READ),
-            rule("archer.dev", &["nodepools/status"], &["patch"]),
-            rule("archer.dev", &["nodeclaims"], &["get", "list", "watch", "create", "delete"]),
-            rule("archer.dev", &["nodeclaims/status"], &["patch"]),
+            rule("archer.dev", &["archernodepools"], READ),
+            rule("archer.dev", &["archernodepools/status"], &["patch"]),
+            rule("archer.dev", &["archernodeclaims"], &["get", "list", "watch", "create", "delete"]),
+            rule("archer.dev", &["archernodeclaims/status"], &["patch"]),
             rule("karpenter.sh", &["nodeoverlays/status"], &["patch"]),
         ]
     };
     let classes = |plural: &str| [rule("archer.dev", &[plural], READ), rule("archer.dev", &[&format!("{plural}/status")], &["patch"])];
     let kwok = provisioner(&["create", "patch", "delete"]);
-    let aws: Vec<_> = provisioner(&["patch"]).into_iter().chain(classes("ec2nodeclasses")).collect();
-    let azure: Vec<_> = provisioner(&["patch"]).into_iter().chain(classes("aksnodeclasses")).collect();
+    let aws: Vec<_> = provisioner(&["patch"]).into_iter().chain(classes("archerec2nodeclasses")).collect();
+    let azure: Vec<_> = provisioner(&["patch"]).into_iter().chain(classes("archeraksnodeclasses")).collect();
     for (provider, expected) in [("kwok", kwok), ("aws", aws), ("azure", azure)] {
         let file = format!("provisioner/{provider}.yaml");
         let role = docs(&file).into_iter().find(|d| d["kind"] == "ClusterRole").unwrap_or_else(|| panic!("{file}: no ClusterRole"));
@@ -327,7 +327,7 @@ fn ec2nodeclass_crd_is_generated_from_the_types() {
     use kube::CustomResourceExt;
     let on_disk = generated_crd("ec2nodeclass.yaml", "crates/cloud-aws/src/nodeclass.rs", &archer::provisioner::cloud::aws::nodeclass::EC2NodeClass::crd());
     let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = archer::yaml::from_str(&on_disk).expect("crd");
-    assert_eq!((crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str(), crd.spec.names.plural.as_str()), ("archer.dev", "Cluster", "EC2NodeClass", "ec2nodeclasses"));
+    assert_eq!((crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str(), crd.spec.names.plural.as_str()), ("archer.dev", "Cluster", "EC2NodeClass", "archerec2nodeclasses"));
     assert!(crd.spec.versions[0].subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "status subresource");
     let schema = serde_json::to_string(&crd.spec.versions[0].schema).expect("schema");
     // Karpenter's field names, so a node class ports by changing its apiVersion.
@@ -343,7 +343,7 @@ fn aksnodeclass_crd_is_generated_from_the_types() {
     use kube::CustomResourceExt;
     let on_disk = generated_crd("aksnodeclass.yaml", "crates/cloud-azure/src/nodeclass.rs", &archer::provisioner::cloud::azure::nodeclass::AKSNodeClass::crd());
     let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition = archer::yaml::from_str(&on_disk).expect("crd");
-    assert_eq!((crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str(), crd.spec.names.plural.as_str()), ("archer.dev", "Cluster", "AKSNodeClass", "aksnodeclasses"));
+    assert_eq!((crd.spec.group.as_str(), crd.spec.scope.as_str(), crd.spec.names.kind.as_str(), crd.spec.names.plural.as_str()), ("archer.dev", "Cluster", "AKSNodeClass", "archeraksnodeclasses"));
     assert!(crd.spec.versions[0].subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "status subresource");
     let schema = serde_json::to_string(&crd.spec.versions[0].schema).expect("schema");
     // Karpenter on Azure's field names, so a node class ports by changing its apiVersion.

@@ -525,6 +525,41 @@ async fn the_generated_certificate_serves_the_webhook_service() {
     assert!(other.get(format!("https://other.archer-system.svc:{port}/mutate")).send().await.is_err());
 }
 
+/// Before install and upgrade, a hook runs `archer crds migrate` (moving objects off the CRD names
+/// Karpenter shares) under an account of its own: CRDs deleted and read only by the old and new
+/// names, backups only by their names (never Archer's config), the provisioner's Lease by name.
+/// With `crds.install: false` (beside Karpenter) there is no hook, and the running Deployment's
+/// account never touches a CRD.
+#[test]
+fn a_hook_moves_archers_objects_to_their_own_crd_names() {
+    let objects = rendered(&["--set", "provisioner.leaseName=my-lease"]);
+    let job = find(&objects, "Job", "archer-crd-migration");
+    assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "pre-install,pre-upgrade");
+    let args: Vec<&str> = job["spec"]["template"]["spec"]["containers"][0]["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
+    assert_eq!(args, ["crds", "migrate", "--namespace", NAMESPACE, "--lease", "my-lease", "--helm-release", "archer"]);
+    assert_eq!(job["spec"]["template"]["spec"]["serviceAccountName"], "archer-crd-migration");
+    let cluster = find(&objects, "ClusterRole", "archer-crd-migration");
+    for r in cluster["rules"].as_array().expect("rules") {
+        let verbs: Vec<&str> = r["verbs"].as_array().expect("verbs").iter().filter_map(Value::as_str).collect();
+        if r["resources"][0] == "customresourcedefinitions" && verbs != ["create"] {
+            let names: Vec<&str> = r["resourceNames"].as_array().expect("CRDs by name").iter().filter_map(Value::as_str).collect();
+            assert!(names.iter().all(|n| n.ends_with(".archer.dev")), "{names:?}");
+        }
+    }
+    let role = find(&objects, "Role", "archer-crd-migration");
+    for r in role["rules"].as_array().expect("rules") {
+        let verbs: Vec<&str> = r["verbs"].as_array().expect("verbs").iter().filter_map(Value::as_str).collect();
+        if verbs != ["create"] {
+            let names: Vec<&str> = r["resourceNames"].as_array().expect("by name").iter().filter_map(Value::as_str).collect();
+            assert!(names.iter().all(|n| n.starts_with("archer-crd-migration-") || *n == "my-lease"), "{names:?}");
+            assert!(names.len() == 64 || names == ["my-lease"], "16 backup chunks for each of 4 kinds: {}", names.len());
+        }
+    }
+    assert!(find(&objects, "ClusterRole", "archer")["rules"].as_array().expect("rules").iter().all(|r| r["apiGroups"][0] != "apiextensions.k8s.io"), "the Deployment's account touches no CRD");
+    let beside = rendered(&["--set", "crds.install=false"]);
+    assert!(beside.iter().all(|o| !o["metadata"]["name"].as_str().unwrap_or("").contains("crd-migration")), "no hook without Archer's CRDs");
+}
+
 /// tls.mode managed (the default): no Secret and no caBundle rendered (Archer writes both at run
 /// time, and an upgrade leaves what it wrote alone); Archer is told the Secret, the webhook
 /// configuration and the Service, and mounts no certificate; the second scheduler still mounts
@@ -612,7 +647,7 @@ fn uninstalling_runs_archer_ungate_before_anything_is_removed() {
     assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "archer-ungate", "namespace": NAMESPACE}]));
     assert_eq!(find(&objects, "ClusterRole", "archer-ungate")["rules"], json!(ungate_rules("archer")), "list and patch pods, delete its own webhook configuration, nothing else");
     let without = rendered(&["--set", "tls.mode=secret", "--set", "ungateOnUninstall=false"]);
-    assert!(!without.iter().any(is_hook), "ungateOnUninstall: false renders no hook");
+    assert!(!without.iter().any(|o| is_hook(o) && o["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"), "ungateOnUninstall: false renders no uninstall hook");
     assert!(!without.iter().any(|o| o["metadata"]["name"] == "archer-ungate"), "nor its service account and permissions");
 }
 
@@ -655,10 +690,10 @@ fn cluster_rules_with(pods: bool, safety_net: bool, provisioner: Option<&[&str]>
             rule("", &["nodes"], node_verbs),
             rule("apps", &["daemonsets"], READ),
             rule("", &["persistentvolumeclaims", "persistentvolumes"], READ),
-            rule("archer.dev", &["nodepools"], READ),
-            rule("archer.dev", &["nodepools/status"], &["patch"]),
-            rule("archer.dev", &["nodeclaims"], &["get", "list", "watch", "create", "delete"]),
-            rule("archer.dev", &["nodeclaims/status"], &["patch"]),
+            rule("archer.dev", &["archernodepools"], READ),
+            rule("archer.dev", &["archernodepools/status"], &["patch"]),
+            rule("archer.dev", &["archernodeclaims"], &["get", "list", "watch", "create", "delete"]),
+            rule("archer.dev", &["archernodeclaims/status"], &["patch"]),
             rule("karpenter.sh", &["nodeoverlays"], READ),
             rule("karpenter.sh", &["nodeoverlays/status"], &["patch"]),
         ]);
@@ -714,8 +749,8 @@ fn each_mode_is_granted_exactly_the_rules_it_needs() {
         ("webhook and extender only", vec!["--set", "config.safetyNet.enabled=false,config.savings.enabled=false"], cluster_rules_with(false, false, None, None, false), None),
         ("kwok provisioner", vec!["--set", "provisioner.cloudProvider=kwok"], cluster_rules(true, Some(kwok), None), Some(namespace_rules(record))),
         ("kwok provisioner, no safety net", vec!["--set", "provisioner.cloudProvider=kwok,config.safetyNet.enabled=false"], cluster_rules_with(true, false, Some(kwok), None, false), Some(namespace_rules(None))),
-        ("aws provisioner", vec!["--set", "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"], cluster_rules(true, Some(cloud), Some("ec2nodeclasses")), Some(namespace_rules(record))),
-        ("azure provisioner", vec!["--set", "provisioner.cloudProvider=azure"], cluster_rules(true, Some(cloud), Some("aksnodeclasses")), Some(namespace_rules(record))),
+        ("aws provisioner", vec!["--set", "provisioner.cloudProvider=aws,provisioner.aws.clusterName=prod"], cluster_rules(true, Some(cloud), Some("archerec2nodeclasses")), Some(namespace_rules(record))),
+        ("azure provisioner", vec!["--set", "provisioner.cloudProvider=azure"], cluster_rules(true, Some(cloud), Some("archeraksnodeclasses")), Some(namespace_rules(record))),
         ("another record name", vec!["--set", "config.safetyNet.configMap=archer-record"], cluster_rules(true, None, None), Some(namespace_rules(Some("archer-record")))),
         ("a certificate of the user's", vec!["--set", "tls.mode=secret"], cluster_rules(true, None, None).into_iter().filter(|r| *r != managed_tls_rule()).collect(), Some(namespace_rules(record))),
     ];
@@ -871,7 +906,7 @@ fn rendering_twice_gives_the_same_objects() {
 fn values_a_previous_chart_did_not_have_take_their_defaults() {
     let objects = rendered(&["--set", "crds=null,ports=null,networkPolicy=null,serviceAccount.create=null,hostNetwork=null"]);
     assert!(objects.iter().any(|o| o["kind"] == "ServiceAccount" && o["metadata"]["name"] == "archer"), "the ServiceAccount is kept");
-    assert!(objects.iter().any(|o| o["kind"] == "CustomResourceDefinition" && o["metadata"]["name"] == "nodepools.archer.dev"));
+    assert!(objects.iter().any(|o| o["kind"] == "CustomResourceDefinition" && o["metadata"]["name"] == "archernodepools.archer.dev"));
     let c = &find(&objects, "Deployment", "archer")["spec"]["template"]["spec"]["containers"][0];
     let ports: Vec<i64> = c["ports"].as_array().expect("ports").iter().filter_map(|p| p["containerPort"].as_i64()).collect();
     assert_eq!(ports, [8443, 8080]);

@@ -2,6 +2,7 @@
 
 mod catalog;
 mod certs;
+mod crds;
 mod inspect;
 mod output;
 mod progress;
@@ -59,6 +60,8 @@ pub enum Command {
     Report(report::ReportArgs),
     /// Remove the scheduling gate archer.dev/inspecting from every pod (Helm's pre-delete hook).
     Ungate(ungate::UngateArgs),
+    /// Archer's CRDs: `archer crds migrate` moves objects to the names Karpenter does not share.
+    Crds(crds::CrdsArgs),
 }
 
 /// Registry flags shared by every subcommand that reads images.
@@ -161,6 +164,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Simulate(a) => simulate::run(a).await,
             Command::Report(a) => report::run(a).await,
             Command::Ungate(a) => ungate::run(a).await,
+            Command::Crds(a) => crds::run(a).await,
         }
     });
     match result {

@@ -124,7 +124,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let mut provisioning = tokio::spawn(provisioning);
-    let mut savings = tokio::spawn(savings_task(&cfg, cluster_for_safety.clone(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.provisioner.clone()));
+    let mut savings = tokio::spawn(savings_task(&cfg, cluster_for_safety.clone(), catalog.clone(), inspector.clone(), base_keyring.clone(), metrics.provisioner.cost.clone()));
     let mut safety = tokio::spawn(safety_task(&cfg, cluster_for_safety, inspector.clone(), base_keyring.clone(), metrics.safety.clone()));
     let outcome = tokio::select! {
         _ = terminate_signal() => {
@@ -428,11 +428,11 @@ fn savings_task(
     catalog: Arc<archer_core::catalog::Catalog>,
     inspector: archer_registry::Inspector,
     keyring: archer_registry::Keyring,
-    metrics: Arc<crate::provisioner::metrics::ProvisionerMetrics>,
+    metrics: Arc<crate::cost::metrics::CostMetrics>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>> {
     let Some(view) = cluster.filter(|_| cfg.savings.enabled && !cfg.provisioner.enabled()) else { return Box::pin(std::future::pending()) };
     let client = view.client().clone();
-    let reporter = Arc::new(crate::cluster::savings::SavingsReporter {
+    let reporter = Arc::new(crate::cost::savings::SavingsReporter {
         client: client.clone(),
         view,
         catalog,

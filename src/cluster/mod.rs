@@ -6,14 +6,12 @@
 //!
 //! [`ClusterState`]: archer_model::ClusterState
 
-pub mod cost;
 pub mod events;
 pub mod leader;
 pub mod picture;
 pub mod plans;
 pub mod registrations;
 pub mod safety_record;
-pub mod savings;
 pub mod stores;
 
 use std::collections::BTreeMap;
@@ -35,7 +33,7 @@ use archer_registry::{Inspector, Keyring};
 const SECRET_TTL: Duration = Duration::from_secs(60);
 
 /// A watch-backed cache of every object of kind `K`, and the future that keeps it current.
-fn reflect<K>(client: &Client, what: &'static str) -> (Store<K>, impl std::future::Future<Output = ()> + Send + 'static)
+pub(crate) fn reflect<K>(client: &Client, what: &'static str) -> (Store<K>, impl std::future::Future<Output = ()> + Send + 'static)
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {

@@ -90,7 +90,7 @@ const OVERLAY_CRD_RECHECK: std::time::Duration = std::time::Duration::from_secs(
 /// The NodeOverlay cache. Karpenter's CRD (`nodeoverlays.karpenter.sh`) may not be installed:
 /// until the API serves it, the cache stays empty and the absence is logged once per look (every
 /// five minutes), rather than a watch failing every few seconds.
-pub(super) fn watch_overlays(client: Client) -> (Store<NodeOverlay>, impl std::future::Future<Output = ()> + Send + 'static) {
+pub(crate) fn watch_overlays(client: Client) -> (Store<NodeOverlay>, impl std::future::Future<Output = ()> + Send + 'static) {
     let (store, writer) = kube::runtime::reflector::store();
     let drive = async move {
         let api = Api::<NodeOverlay>::all(client);

@@ -104,7 +104,7 @@ impl Context {
     /// digest decides what the record takes away); one whose images cannot be read stays
     /// unknown (assumed to run anywhere).
     pub async fn learn_platforms<P: std::borrow::Borrow<Pod> + Sync>(&self, state: &mut ClusterState, pods: &[P]) {
-        crate::cluster::cost::learn_platforms(state, pods, &self.inspector, self.picture.view(), &self.base_keyring).await;
+        crate::cost::learn_platforms(state, pods, &self.inspector, self.picture.view(), &self.base_keyring).await;
     }
 
     /// Pods the last batch placed that are still pending in `state`: they wait for capacity

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use archer_model::adapter as model;
 use archer_model::objects as state;
 use super::context::Context;
-use crate::cluster::cost;
+use crate::cost;
 
 /// How often pods that became Ready are looked for.
 const STARTUP_EVERY: Duration = Duration::from_secs(5);
@@ -23,6 +23,18 @@ fn startup_seconds(pod: &Pod) -> Option<f64> {
     let ready = pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;
     let at = ready.last_transition_time.as_ref()?.0;
     Some(at.duration_since(created).as_secs_f64().max(0.0))
+}
+
+/// Empties the price gauges when dropped (leadership lost), as [`cost::ClearOnDrop`] the cost
+/// ones.
+struct ClearPrices(Arc<super::metrics::ProvisionerMetrics>);
+
+impl Drop for ClearPrices {
+    fn drop(&mut self) {
+        self.0.prices_source.clear();
+        self.0.prices_refreshed.clear();
+        self.0.price_refresh_failing_since.clear();
+    }
 }
 
 /// The cost reporter: keeps the cost, savings and startup metrics current.
@@ -39,7 +51,7 @@ impl CostReporter {
     pub async fn run(self: Arc<Self>) {
         // A replica that stops provisioning (leadership lost) stops reporting, so sums over
         // replicas count each node once.
-        let _clear = cost::ClearOnDrop(self.ctx.metrics.clone());
+        let _clear = (cost::ClearOnDrop(self.ctx.metrics.cost.clone()), ClearPrices(self.ctx.metrics.clone()));
         let mut observed = HashSet::new();
         let mut last_cost: Option<tokio::time::Instant> = None;
         let mut last_pods = None;
@@ -97,7 +109,7 @@ impl CostReporter {
     async fn report_cost(&self, last: &mut Option<u64>) {
         self.report_prices();
         let mut cluster = self.ctx.state();
-        cost::report_nodes(&self.ctx.metrics, &cluster);
+        cost::report_nodes(&self.ctx.metrics.cost, &cluster);
         let pods = cost::priced_pods(&cluster);
         tracing::Span::current().record("nodes", cluster.nodes.len()).record("pods", pods.len());
         // The savings take three plans of every pod: only once the cluster has settled (as the
@@ -116,7 +128,7 @@ impl CostReporter {
         self.ctx.learn_platforms(&mut cluster, &pods).await;
         let policy = self.ctx.settings.preference_policy;
         let c = tokio::task::block_in_place(|| cost::comparison(&cluster, &pods, policy));
-        cost::report_savings(&self.ctx.metrics, &c);
+        cost::report_savings(&self.ctx.metrics.cost, &c);
     }
 }
 

@@ -36,10 +36,6 @@ pub struct ProvisionerMetrics {
     /// 1 while this replica campaigns for the provisioner lease (the provisioner is on), so
     /// "no leader" is told apart from "no provisioner".
     pub candidate: Gauge,
-    /// 1 while this replica holds the savings reporter's lease (the provisioner off).
-    pub savings_leader: Gauge,
-    /// 1 while this replica campaigns for the savings reporter's lease.
-    pub savings_candidate: Gauge,
     /// Claims deleted because they could not become nodes, by reason.
     pub claims_given_up: Family<Labels, Counter>,
     /// Provisioner executor passes that failed, by executor and error.
@@ -49,17 +45,8 @@ pub struct ProvisionerMetrics {
     /// Interruption queue messages deleted without being acted on, by reason (foreign_source,
     /// foreign_account, max_receives).
     pub interruption_messages_dropped: Family<Labels, Counter>,
-    /// Nodes Archer manages now, by nodepool, arch and capacity_type.
-    pub managed_nodes: Family<Labels, Gauge>,
-    /// Their hourly price, by the same labels.
-    pub nodes_cost: Family<Labels, Gauge<f64, AtomicU64>>,
-    /// Every node's hourly price by the one price rule, by node and source (annotation,
-    /// nodeclaim, offering, catalog, catalog-default-region).
-    pub node_price: Family<Labels, Gauge<f64, AtomicU64>>,
-    /// Hourly saving of the pods on managed nodes against amd64 on-demand, by source (arm64, spot).
-    pub savings: Family<Labels, Gauge<f64, AtomicU64>>,
-    /// Hourly price of the same pods on amd64 on-demand nodes.
-    pub baseline_cost: Gauge<f64, AtomicU64>,
+    /// The cost and savings gauges (its cost reporter sets them while this replica provisions).
+    pub cost: std::sync::Arc<crate::cost::metrics::CostMetrics>,
     /// Created to Ready, of pods the provisioner launched nodes for.
     pub pod_startup_seconds: Histogram,
     /// 1 for where the provider's on-demand prices come from now, by provider and source
@@ -89,17 +76,11 @@ impl Default for ProvisionerMetrics {
             launches_rate_limited: Counter::default(),
             leader: Gauge::default(),
             candidate: Gauge::default(),
-            savings_leader: Gauge::default(),
-            savings_candidate: Gauge::default(),
             claims_given_up: Family::default(),
             reconcile_errors: Family::default(),
             interruption_messages: Family::default(),
             interruption_messages_dropped: Family::default(),
-            managed_nodes: Family::default(),
-            nodes_cost: Family::default(),
-            node_price: Family::default(),
-            savings: Family::default(),
-            baseline_cost: Gauge::default(),
+            cost: Default::default(),
             pod_startup_seconds: Histogram::new(exponential_buckets(0.5, 2.0, 14)),
             prices_source: Family::default(),
             prices_refreshed: Family::default(),
@@ -118,11 +99,7 @@ impl ProvisionerMetrics {
     }
 
     fn register(&self, r: &mut Registry) {
-        r.register("managed_nodes", "Nodes Archer manages, by nodepool, arch and capacity_type", self.managed_nodes.clone());
-        r.register("node_price_dollars_per_hour", "Hourly price of each node by the one price rule, by node and where the price came from (annotation, nodeclaim, offering, catalog, catalog-default-region)", self.node_price.clone());
-        r.register("nodes_cost_per_hour_dollars", "Hourly price of the nodes Archer manages, by nodepool, arch and capacity_type", self.nodes_cost.clone());
-        r.register("savings_per_hour_dollars", "Hourly saving of the pods on managed nodes against the same pods on amd64 on-demand nodes (as simulate --compare plans them), by source: arm64, spot", self.savings.clone());
-        r.register("baseline_cost_per_hour_dollars", "Hourly price of the pods on managed nodes if they ran on amd64 on-demand nodes (as simulate --compare plans them)", self.baseline_cost.clone());
+        self.cost.register(r);
         r.register("provisioned_pod_startup_duration_seconds", "Time from creation to Ready of pods the provisioner launched nodes for", self.pod_startup_seconds.clone());
         r.register("nodeclaims_given_up", "NodeClaims deleted because they could not become nodes (launch failures, registration timeouts), by reason", self.claims_given_up.clone());
         r.register("provisioner_reconcile_errors", "Provisioner executor passes that failed, by executor and error", self.reconcile_errors.clone());
@@ -141,8 +118,6 @@ impl ProvisionerMetrics {
         r.register("launches_rate_limited", "Launches put off by the per-minute cap", self.launches_rate_limited.clone());
         r.register("provisioner_leader", "1 while this replica holds the provisioner lease", self.leader.clone());
         r.register("provisioner_leader_candidate", "1 while this replica campaigns for the provisioner lease", self.candidate.clone());
-        r.register("savings_leader", "1 while this replica holds the savings reporter's lease (it sets the cost and savings gauges while Archer does not provision)", self.savings_leader.clone());
-        r.register("savings_leader_candidate", "1 while this replica campaigns for the savings reporter's lease", self.savings_candidate.clone());
         r.register("prices_source_info", "1 for where the cloud provider's on-demand prices come from now, by provider and source (price-list-api, retail-prices-api, catalog: before the API's first answer or with live prices off)", self.prices_source.clone());
         r.register("prices_refreshed_timestamp_seconds", "When the cloud provider's price API last answered (Unix seconds), by provider", self.prices_refreshed.clone());
         r.register("price_refresh_failing_since_timestamp_seconds", "Since when every price refresh of the provider has failed (Unix seconds; 0 when the last one answered), by provider", self.price_refresh_failing_since.clone());

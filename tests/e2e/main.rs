@@ -8,6 +8,7 @@ mod aws;
 mod azure;
 mod cluster;
 mod compare;
+mod crd_migration;
 mod gate_policy;
 mod helm;
 mod installed;
@@ -358,7 +359,7 @@ async fn nodepool_crd_installs_and_validates() {
     let c = Cluster::start("nodepool-crd").await;
     let client = c.client().await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for name in ["nodepools.archer.dev", "nodeclaims.archer.dev"] {
+    for name in ["archernodepools.archer.dev", "archernodeclaims.archer.dev"] {
         let crd = crds.get(name).await.expect("installed");
         assert!(crd.status.and_then(|s| s.conditions).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True")));
     }
@@ -376,7 +377,7 @@ async fn nodepool_crd_installs_and_validates() {
     assert_eq!(pools.list(&ListParams::default()).await.expect("list").items.len(), 3);
     // A pool that breaks the schema is refused by the API server.
     let raw = serde_json::to_vec(&json!({"apiVersion": "archer.dev/v1alpha1", "kind": "NodePool", "metadata": {"name": "bad"}, "spec": {"weight": "heavy"}})).expect("json");
-    let req = http::Request::post("/apis/archer.dev/v1alpha1/nodepools").header("content-type", "application/json").body(raw).expect("request");
+    let req = http::Request::post("/apis/archer.dev/v1alpha1/archernodepools").header("content-type", "application/json").body(raw).expect("request");
     assert!(client.request::<NodePool>(req).await.is_err(), "a string weight is refused by the schema");
 
     // The AKSNodeClass CRD: Karpenter on Azure's node class, written for Archer's group, is
@@ -387,7 +388,7 @@ async fn nodepool_crd_installs_and_validates() {
     classes.create(&PostParams::default(), &good).await.expect("a valid AKSNodeClass is accepted");
     for (name, spec) in [("small-disk", json!({"osDiskSizeGB": 10})), ("many-pods", json!({"maxPods": 500})), ("windows", json!({"imageFamily": "Windows"}))] {
         let raw = serde_json::to_vec(&json!({"apiVersion": "archer.dev/v1alpha1", "kind": "AKSNodeClass", "metadata": {"name": name}, "spec": spec})).expect("json");
-        let req = http::Request::post("/apis/archer.dev/v1alpha1/aksnodeclasses").header("content-type", "application/json").body(raw).expect("request");
+        let req = http::Request::post("/apis/archer.dev/v1alpha1/archeraksnodeclasses").header("content-type", "application/json").body(raw).expect("request");
         assert!(client.request::<AKSNodeClass>(req).await.is_err(), "{name} is refused by the schema");
     }
 }

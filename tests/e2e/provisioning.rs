@@ -1012,14 +1012,14 @@ async fn claims_and_pools_show_status_columns_and_events() {
             client.request::<serde_json::Value>(req).await.expect("table")
         }
     };
-    let t = table("nodeclaims").await;
+    let t = table("archernodeclaims").await;
     let columns: Vec<&str> = t["columnDefinitions"].as_array().expect("columns").iter().filter_map(|c| c["name"].as_str()).collect();
     for want in ["Name", "Pool", "Type", "Zone", "Capacity", "Node", "Ready", "Age"] {
         assert!(columns.contains(&want), "nodeclaims columns {columns:?} lack {want}");
     }
     let ready_at = columns.iter().position(|c| *c == "Ready").expect("Ready");
     assert!(t["rows"].as_array().expect("rows").iter().all(|r| r["cells"][ready_at] == "True"), "{t}");
-    let t = table("nodepools").await;
+    let t = table("archernodepools").await;
     let columns: Vec<&str> = t["columnDefinitions"].as_array().expect("columns").iter().filter_map(|c| c["name"].as_str()).collect();
     for want in ["Name", "Nodes", "CPU", "Memory", "Ready", "Age"] {
         assert!(columns.contains(&want), "nodepools columns {columns:?} lack {want}");

@@ -15,7 +15,7 @@ use archer_core::requirements::Requirements;
 
 /// What the node must be. Cluster-scoped; named `<pool>-<random>` by the API server.
 #[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
-#[kube(group = "archer.dev", version = "v1alpha1", kind = "NodeClaim", plural = "nodeclaims", shortname = "anc", status = "NodeClaimStatus")]
+#[kube(group = "archer.dev", version = "v1alpha1", kind = "NodeClaim", plural = "archernodeclaims", singular = "archernodeclaim", shortname = "anc", category = "archer", status = "NodeClaimStatus")]
 #[kube(printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.nodePool"}"#)]
 #[kube(printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.instanceType"}"#)]
 #[kube(printcolumn = r#"{"name":"Zone","type":"string","jsonPath":".spec.zone"}"#)]

@@ -22,7 +22,7 @@ pub const DEFAULT_ZONES: [&str; 3] = ["us-east-1a", "us-east-1b", "us-east-1c"];
 /// The NodePool custom resource (cluster-scoped), `archer.dev/v1alpha1`. Its CRD in
 /// `deploy/crds/nodepool.yaml` is generated from these types (see `tests/deploy_manifests.rs`).
 #[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
-#[kube(group = "archer.dev", version = "v1alpha1", kind = "NodePool", plural = "nodepools", shortname = "anp", status = "NodePoolStatus")]
+#[kube(group = "archer.dev", version = "v1alpha1", kind = "NodePool", plural = "archernodepools", singular = "archernodepool", shortname = "anp", category = "archer", status = "NodePoolStatus")]
 #[kube(printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes"}"#)]
 #[kube(printcolumn = r#"{"name":"CPU","type":"string","jsonPath":".status.resources.cpu"}"#)]
 #[kube(printcolumn = r#"{"name":"Memory","type":"string","jsonPath":".status.resources.memory"}"#)]

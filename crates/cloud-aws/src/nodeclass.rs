@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 /// Where and how an EC2 node of a pool is launched. Cluster-scoped.
 #[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
-#[kube(group = "archer.dev", version = "v1alpha1", kind = "EC2NodeClass", plural = "ec2nodeclasses", shortname = "ec2nc", status = "EC2NodeClassStatus")]
+#[kube(group = "archer.dev", version = "v1alpha1", kind = "EC2NodeClass", plural = "archerec2nodeclasses", singular = "archerec2nodeclass", shortname = "aec2nc", category = "archer", status = "EC2NodeClassStatus")]
 #[kube(printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#)]
 #[kube(printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#)]
 #[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]

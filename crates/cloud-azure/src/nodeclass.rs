@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 /// How an Azure node of a pool is made. Cluster-scoped.
 #[derive(CustomResource, Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
-#[kube(group = "archer.dev", version = "v1alpha1", kind = "AKSNodeClass", plural = "aksnodeclasses", shortname = "aksnc", status = "AKSNodeClassStatus")]
+#[kube(group = "archer.dev", version = "v1alpha1", kind = "AKSNodeClass", plural = "archeraksnodeclasses", singular = "archeraksnodeclass", shortname = "aaksnc", category = "archer", status = "AKSNodeClassStatus")]
 #[kube(printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#)]
 #[kube(printcolumn = r#"{"name":"ImageFamily","type":"string","jsonPath":".spec.imageFamily"}"#)]
 #[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]

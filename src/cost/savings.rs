@@ -3,7 +3,7 @@
 //! reports them. One replica at a time (its own Lease, `savings.leaseName`) watches the pods
 //! and DaemonSets, reads Karpenter's NodePools (`karpenter.sh/v1`) and the user's NodeOverlays,
 //! and sets the same gauges the provisioner's cost reporter sets, by the same rules
-//! ([`super::cost`]): every node whose price is known counts, whoever launched it.
+//! ([`super`]): every node whose price is known counts, whoever launched it.
 //!
 //! Prices are the catalog's in the zones of the nodes and pools, with the NodeOverlays applied
 //! (the user's discounts), unless a node's `archer.dev/price-per-hour` says otherwise. A pod's
@@ -23,9 +23,8 @@ use archer_core::catalog::Catalog;
 use archer_core::policy::PolicyDefaults;
 use archer_model::ClusterState;
 
-use super::cost;
-use super::ClusterView;
-use crate::provisioner::metrics::ProvisionerMetrics;
+use crate::cluster::ClusterView;
+use super::metrics::CostMetrics;
 
 /// What the reporter reads and where it reports.
 pub struct SavingsReporter {
@@ -36,7 +35,7 @@ pub struct SavingsReporter {
     pub policy: archer_core::sched::preferences::Policy,
     pub inspector: archer_registry::Inspector,
     pub keyring: archer_registry::Keyring,
-    pub metrics: Arc<ProvisionerMetrics>,
+    pub metrics: Arc<CostMetrics>,
     pub every: Duration,
 }
 
@@ -55,10 +54,10 @@ fn karpenter_pools() -> ApiResource {
 impl SavingsReporter {
     /// Report until the task is dropped (leadership lost); the gauges are emptied then.
     pub async fn run(self: Arc<Self>) {
-        let _clear = cost::ClearOnDrop(self.metrics.clone());
-        let (pods, p) = super::reflect::<Pod>(&self.client, "pod");
-        let (daemonsets, d) = super::reflect::<DaemonSet>(&self.client, "daemonset");
-        let (overlays, o) = super::stores::watch_overlays(self.client.clone());
+        let _clear = super::ClearOnDrop(self.metrics.clone());
+        let (pods, p) = crate::cluster::reflect::<Pod>(&self.client, "pod");
+        let (daemonsets, d) = crate::cluster::reflect::<DaemonSet>(&self.client, "daemonset");
+        let (overlays, o) = crate::cluster::stores::watch_overlays(self.client.clone());
         let caches = Caches { pods, daemonsets, overlays };
         tokio::select! {
             _ = futures::future::join3(p, d, o) => tracing::error!("the savings reporter's watches ended"),
@@ -98,17 +97,17 @@ impl SavingsReporter {
     async fn report(&self, caches: &Caches, last: &mut Option<u64>, missing_logged: &mut bool) {
         let pools = self.pools(missing_logged).await;
         let mut cluster = state(&self.view, caches, pools, &self.catalog, &self.defaults);
-        cost::report_nodes(&self.metrics, &cluster);
-        let pods = cost::priced_pods(&cluster);
+        super::report_nodes(&self.metrics, &cluster);
+        let pods = super::priced_pods(&cluster);
         tracing::Span::current().record("nodes", cluster.nodes.len()).record("pods", pods.len());
-        let fingerprint = cost::fingerprint(&pods, &cluster) ^ (cluster.pools.len() as u64);
+        let fingerprint = super::fingerprint(&pods, &cluster) ^ (cluster.pools.len() as u64);
         if *last == Some(fingerprint) {
             return;
         }
         *last = Some(fingerprint);
-        cost::learn_platforms(&mut cluster, &pods, &self.inspector, &self.view, &self.keyring).await;
-        let c = tokio::task::block_in_place(|| cost::comparison(&cluster, &pods, self.policy));
-        cost::report_savings(&self.metrics, &c);
+        super::learn_platforms(&mut cluster, &pods, &self.inspector, &self.view, &self.keyring).await;
+        let c = tokio::task::block_in_place(|| super::comparison(&cluster, &pods, self.policy));
+        super::report_savings(&self.metrics, &c);
     }
 }
 
@@ -124,7 +123,7 @@ fn state(view: &ClusterView, caches: &Caches, pools: Vec<serde_json::Value>, cat
         overlays: caches.overlays.state(),
         policy_defaults: defaults.clone(),
         catalog: Some(catalog.clone()),
-        now_ms: super::unix_now_ms(),
+        now_ms: crate::cluster::unix_now_ms(),
         ..Default::default()
     };
     let mut unknown = Vec::new();

@@ -1,6 +1,6 @@
 //! What nodes cost and what the pods on them save, whoever launched the nodes: the one rule the
 //! provisioner's cost reporter ([`crate::provisioner::cost`]) and the savings reporter that runs
-//! beside Karpenter ([`super::savings`]) both set the cost and savings gauges by. Deciding is
+//! beside Karpenter ([`savings`]) both set the cost and savings gauges by. Deciding is
 //! pure (prices by the one price rule, the counterfactual of `core::planner::compare`); the
 //! reporters only read their caches and set metrics.
 
@@ -17,7 +17,10 @@ use archer_model::adapter as model;
 use archer_model::objects as state;
 use archer_model::ClusterState;
 
-use crate::provisioner::metrics::ProvisionerMetrics;
+use metrics::CostMetrics;
+
+pub mod metrics;
+pub mod savings;
 
 /// (nodepool, arch, capacity_type) of a node a NodePool launched (Archer's or Karpenter's); None
 /// for any other node.
@@ -103,12 +106,12 @@ pub fn comparison(cluster: &ClusterState, pods: &[Arc<Pod>], policy: archer_core
 /// pod, an image not seen), and of those whose images the safety record names, into `state`.
 /// What the registry says of an image is Archer's own finding, so the state shares it between
 /// namespaces; a pod's own annotation stays that pod's ([`ClusterState::pod_platforms`]).
-pub async fn learn_platforms<P: std::borrow::Borrow<Pod> + Sync>(state: &mut ClusterState, pods: &[P], inspector: &archer_registry::Inspector, view: &super::ClusterView, keyring: &archer_registry::Keyring) {
+pub async fn learn_platforms<P: std::borrow::Borrow<Pod> + Sync>(state: &mut ClusterState, pods: &[P], inspector: &archer_registry::Inspector, view: &crate::cluster::ClusterView, keyring: &archer_registry::Keyring) {
     let unknown: Vec<&Pod> = pods.iter().map(|p| p.borrow()).filter(|p| state.pod_platforms(p).is_none() || state.needs_digests(p)).collect();
     let found = futures::future::join_all(unknown.into_iter().map(|pod| async move {
-        match super::pod_platforms(inspector, Some(view), keyring, pod, inspector.lookup_timeout() * 2).await {
-            super::PodPlatforms::Known { inspected, .. } => inspected,
-            super::PodPlatforms::Unknown(why) => {
+        match crate::cluster::pod_platforms(inspector, Some(view), keyring, pod, inspector.lookup_timeout() * 2).await {
+            crate::cluster::PodPlatforms::Known { inspected, .. } => inspected,
+            crate::cluster::PodPlatforms::Unknown(why) => {
                 tracing::info!(pod = %state::pod_id(pod), reason = %why, "platforms unknown; the pod is assumed to run on any architecture");
                 Vec::new()
             }
@@ -140,7 +143,7 @@ fn labels3(key: &Key) -> Labels {
 }
 
 /// Set the node gauges: NodePools' nodes and their cost, and every priced node's price.
-pub fn report_nodes(metrics: &ProvisionerMetrics, cluster: &ClusterState) {
+pub fn report_nodes(metrics: &CostMetrics, cluster: &ClusterState) {
     metrics.managed_nodes.clear();
     metrics.nodes_cost.clear();
     for (key, (count, price)) in &node_costs(cluster) {
@@ -154,7 +157,7 @@ pub fn report_nodes(metrics: &ProvisionerMetrics, cluster: &ClusterState) {
 }
 
 /// Set the savings gauges from a comparison.
-pub fn report_savings(metrics: &ProvisionerMetrics, c: &Comparison) {
+pub fn report_savings(metrics: &CostMetrics, c: &Comparison) {
     // `+ 0.0` turns an empty sum's -0.0 into 0.
     metrics.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(c.arm64_saving() + 0.0);
     metrics.savings.get_or_create(&vec![("source", "spot".to_string())]).set(c.spot_saving() + 0.0);
@@ -164,7 +167,7 @@ pub fn report_savings(metrics: &ProvisionerMetrics, c: &Comparison) {
 
 /// Empties the cost, savings and price gauges when dropped (a reporter's task ended: leadership
 /// lost), so sums over replicas count each node once.
-pub struct ClearOnDrop(pub Arc<ProvisionerMetrics>);
+pub struct ClearOnDrop(pub Arc<CostMetrics>);
 
 impl Drop for ClearOnDrop {
     fn drop(&mut self) {
@@ -173,9 +176,6 @@ impl Drop for ClearOnDrop {
         self.0.node_price.clear();
         self.0.savings.clear();
         self.0.baseline_cost.set(0.0);
-        self.0.prices_source.clear();
-        self.0.prices_refreshed.clear();
-        self.0.price_refresh_failing_since.clear();
     }
 }
 
@@ -228,12 +228,12 @@ mod tests {
     fn a_reporter_that_stops_stops_reporting_cost() {
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let key = ("default".to_string(), "arm64".to_string(), "spot".to_string());
-        metrics.provisioner.nodes_cost.get_or_create(&labels3(&key)).set(1.5);
-        metrics.provisioner.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(0.7);
-        metrics.provisioner.baseline_cost.set(3.0);
+        metrics.provisioner.cost.nodes_cost.get_or_create(&labels3(&key)).set(1.5);
+        metrics.provisioner.cost.savings.get_or_create(&vec![("source", "arm64".to_string())]).set(0.7);
+        metrics.provisioner.cost.baseline_cost.set(3.0);
         let sample = |m: &crate::metrics::Metrics, name: &str| m.encode().lines().any(|l| l.starts_with(name) && !l.ends_with(" 0") && !l.ends_with(" 0.0"));
         assert!(sample(&metrics, "archer_nodes_cost_per_hour_dollars{") && sample(&metrics, "archer_baseline_cost_per_hour_dollars"));
-        drop(ClearOnDrop(metrics.provisioner.clone()));
+        drop(ClearOnDrop(metrics.provisioner.cost.clone()));
         for name in ["archer_nodes_cost_per_hour_dollars{", "archer_savings_per_hour_dollars{", "archer_baseline_cost_per_hour_dollars"] {
             assert!(!sample(&metrics, name), "{name} still reported:\n{}", metrics.encode());
         }
