@@ -111,7 +111,7 @@ pub async fn run(args: CrdsArgs) -> anyhow::Result<ExitCode> {
     let mut result = Ok(());
     let helm = args.helm_release.as_deref().map(|release| (release, args.namespace.as_str()));
     for (m, old) in pending {
-        match migrate(&client, &backups, m, old, helm).await {
+        match migrate(&client, &backups, m, old, helm, &fence).await {
             Ok(n) => println!("{}: {} moved from {}.{GROUP} to {}", m.kind, archer_core::words::count(n, "object"), m.old, new_name(m)?),
             Err(e) => {
                 result = Err(e.context(format!("migrating {}; run `archer crds migrate` again to resume from the backup", m.kind)));
@@ -136,22 +136,34 @@ fn resource(plural: &str, kind: &str, version: &str) -> ApiResource {
 }
 
 /// Move one kind; how many objects moved.
-async fn migrate(client: &Client, backups: &Api<ConfigMap>, m: &Move, old: Option<CustomResourceDefinition>, helm: Option<(&str, &str)>) -> anyhow::Result<usize> {
+async fn migrate(client: &Client, backups: &Api<ConfigMap>, m: &Move, old: Option<CustomResourceDefinition>, helm: Option<(&str, &str)>, fence: &Fence) -> anyhow::Result<usize> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let new = new_crd(m)?;
     let version = new.spec.versions.iter().find(|v| v.storage).map(|v| v.name.clone()).context("the shipped CRD has a storage version")?;
-    let mut backup = read_backup(backups, m.old).await?;
-    if backup.is_none() {
-        let Some(old) = &old else { anyhow::bail!("no backup and no CRD: nothing to restore") };
-        let objects = Api::<DynamicObject>::all_with(client.clone(), &resource(m.old, m.kind, &version)).list(&ListParams::default()).await.with_context(|| format!("listing {}.{GROUP}", m.old))?;
-        let objects: Vec<Value> = objects.items.into_iter().map(|o| serde_json::to_value(o).unwrap_or(Value::Null)).filter(|v| !v.is_null()).collect();
-        let owners = if m.kind == "NodeClaim" { node_owners(client).await? } else { Vec::new() };
-        let b = Backup { objects, owners, labels: old.metadata.labels.clone().unwrap_or_default(), annotations: old.metadata.annotations.clone().unwrap_or_default() };
-        write_backup(backups, m.old, &b).await?;
-        backup = Some(b);
-    }
-    let backup = backup.context("backup")?;
+    let earlier = read_backup(backups, m.old).await?;
+    // While the old CRD is served, its objects now are the truth (an earlier run's backup may
+    // miss claims made since): back up again. Once it is being deleted, or gone, the backup is.
+    let backup = match old.as_ref().filter(|c| c.metadata.deletion_timestamp.is_none()) {
+        Some(old) => {
+            fence.check()?;
+            let objects = Api::<DynamicObject>::all_with(client.clone(), &resource(m.old, m.kind, &version)).list(&ListParams::default()).await.with_context(|| format!("listing {}.{GROUP}", m.old))?;
+            let objects: Vec<Value> = objects.items.into_iter().map(|o| serde_json::to_value(o).unwrap_or(Value::Null)).filter(|v| !v.is_null()).collect();
+            let mut owners = if m.kind == "NodeClaim" { node_owners(client).await? } else { Vec::new() };
+            // Nodes an interrupted run took off their claim already: still theirs.
+            let names: std::collections::BTreeSet<&str> = objects.iter().filter_map(|o| o.pointer("/metadata/name").and_then(Value::as_str)).collect();
+            for pair in earlier.iter().flat_map(|b| b.owners.iter()) {
+                if names.contains(pair.1.as_str()) && !owners.contains(pair) {
+                    owners.push(pair.clone());
+                }
+            }
+            let b = Backup { objects, owners, labels: old.metadata.labels.clone().unwrap_or_default(), annotations: old.metadata.annotations.clone().unwrap_or_default() };
+            write_backup(backups, m.old, &b).await?;
+            b
+        }
+        None => earlier.context("the old CRD is going and no backup of it is here: nothing to restore")?,
+    };
     if old.is_some() {
+        fence.check()?;
         if m.kind == "NodeClaim" {
             detach_nodes(client, &backup.owners).await?;
         }
@@ -301,6 +313,14 @@ async fn write_backup(api: &Api<ConfigMap>, old: &str, b: &Backup) -> anyhow::Re
             Err(e) => return Err(e).context("writing the backup"),
         }
     }
+    // Chunks an earlier, larger backup left.
+    for i in texts.len()..MAX_CHUNKS {
+        match api.delete(&chunk_name(old, i), &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).context("deleting an old backup chunk"),
+        }
+    }
     Ok(())
 }
 
@@ -317,9 +337,10 @@ async fn read_backup(api: &Api<ConfigMap>, old: &str) -> anyhow::Result<Option<B
     Ok(Some(from_chunks(&texts)?))
 }
 
-/// Delete the backup, head last (a backup without its head is never read).
+/// Delete the backup, head first: a backup without its head is never read, so stopping half-way
+/// leaves chunks the next backup overwrites, never a head that names a missing chunk.
 async fn delete_backup(api: &Api<ConfigMap>, old: &str) -> anyhow::Result<()> {
-    for i in (0..MAX_CHUNKS).rev() {
+    for i in 0..MAX_CHUNKS {
         match api.delete(&chunk_name(old, i), &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -366,56 +387,107 @@ async fn reattach_nodes(client: &Client, owners: &[(String, String)], uids: &BTr
 }
 
 /// The provisioner's Lease, held by this command: the provisioner holding it now stops at its
-/// next renewal, and no replica takes it until it is released.
+/// next renewal, and no replica takes it until it is released. It is renewed (at the version
+/// read, so a write by anyone else in between is a conflict, not lost) well within the shortest
+/// lease a replica may hold; once a renewal finds another holder or fails, the hold is lost and
+/// [`Fence::check`] stops the migration before its next destructive step.
 struct Fence {
     api: Api<Lease>,
     name: String,
-    renew: Option<tokio::task::JoinHandle<()>>,
+    lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    renew: tokio::task::JoinHandle<()>,
 }
 
-/// How long this command's hold lasts without a renewal (renewed at a third of it).
+/// How long this command's hold lasts without a renewal.
 const HOLD_SECONDS: i32 = 60;
+/// How often it is renewed: a replica's renewal may set a shorter duration (its own) once
+/// before it finds the Lease taken, and the shortest a replica may hold is 2 s.
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+
+fn micro_now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
 
 impl Fence {
     async fn take(client: &Client, namespace: &str, name: &str) -> anyhow::Result<Fence> {
         let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
-        let Some(mut lease) = api.get_opt(name).await.context("reading the provisioner's Lease")? else {
-            println!("no provisioner Lease {namespace}/{name}: no provisioner to stop");
-            return Ok(Fence { api, name: name.to_string(), renew: None });
+        let their = match api.get_opt(name).await.context("reading the provisioner's Lease")? {
+            Some(mut lease) => {
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                let their = spec.lease_duration_seconds.unwrap_or(15);
+                spec.holder_identity = Some(HOLDER.into());
+                spec.lease_duration_seconds = Some(HOLD_SECONDS);
+                (spec.acquire_time, spec.renew_time) = (Some(micro_now()), Some(micro_now()));
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                api.replace(name, &PostParams::default(), &lease).await.context("taking the provisioner's Lease")?;
+                their
+            }
+            // No Lease yet: made held, so a replica that starts meanwhile waits.
+            None => {
+                let lease: Lease = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"holderIdentity": HOLDER, "leaseDurationSeconds": HOLD_SECONDS, "acquireTime": micro_now(), "renewTime": micro_now(), "leaseTransitions": 0}}))?;
+                api.create(&PostParams::default(), &lease).await.context("creating the provisioner's Lease, held")?;
+                0
+            }
         };
-        let spec = lease.spec.get_or_insert_with(Default::default);
-        let their = spec.lease_duration_seconds.unwrap_or(15);
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now());
-        spec.holder_identity = Some(HOLDER.into());
-        spec.lease_duration_seconds = Some(HOLD_SECONDS);
-        spec.acquire_time = Some(now.clone());
-        spec.renew_time = Some(now);
-        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-        api.replace(name, &PostParams::default(), &lease).await.context("taking the provisioner's Lease")?;
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renew = tokio::spawn(Self::keep(api.clone(), name.to_string(), lost.clone()));
         // The holder renews within its lease duration and stops when it finds the Lease taken.
         println!("holding the provisioner's Lease {namespace}/{name}; waiting {their} s for its holder to stop");
-        tokio::time::sleep(Duration::from_secs(u64::try_from(their.max(1)).unwrap_or(15) + 2)).await;
-        let (renew_api, renew_name) = (api.clone(), name.to_string());
-        let renew = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(u64::try_from(HOLD_SECONDS / 3).unwrap_or(20))).await;
-                let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now());
-                let patch = json!({"spec": {"holderIdentity": HOLDER, "renewTime": now}});
-                if let Err(e) = renew_api.patch(&renew_name, &PatchParams::default(), &Patch::Merge(patch)).await {
-                    tracing::warn!(error = %e, "renewing the provisioner's Lease");
-                }
-            }
-        });
-        Ok(Fence { api, name: name.to_string(), renew: Some(renew) })
+        tokio::time::sleep(Duration::from_secs(u64::try_from(their.max(0)).unwrap_or(15) + 2)).await;
+        let fence = Fence { api, name: name.to_string(), lost, renew };
+        fence.check()?;
+        Ok(fence)
     }
 
-    /// Delete the Lease: the replicas campaign for a new one at once.
-    async fn release(self) {
-        if let Some(r) = self.renew {
-            r.abort();
-            if let Err(e) = self.api.delete(&self.name, &DeleteParams::default()).await {
-                eprintln!("warning: releasing the provisioner's Lease {}: {e}; it expires in {HOLD_SECONDS} s", self.name);
+    /// Renew until aborted; mark the hold lost when the Lease is someone else's or cannot be
+    /// renewed.
+    async fn keep(api: Api<Lease>, name: String, lost: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        loop {
+            tokio::time::sleep(RENEW_EVERY).await;
+            let renewed = async {
+                let mut lease = api.get(&name).await?;
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                if spec.holder_identity.as_deref() != Some(HOLDER) {
+                    return Ok::<bool, kube::Error>(false);
+                }
+                spec.renew_time = Some(micro_now());
+                spec.lease_duration_seconds = Some(HOLD_SECONDS);
+                api.replace(&name, &PostParams::default(), &lease).await?;
+                Ok(true)
+            };
+            match renewed.await {
+                Ok(true) => {}
+                // A replica's renewal in between (it has not seen the Lease taken yet): again.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Ok(false) => {
+                    eprintln!("error: the provisioner's Lease {name} was taken from this migration");
+                    lost.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
+                Err(e) => {
+                    eprintln!("error: renewing the provisioner's Lease {name}: {e}");
+                    lost.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
             }
+        }
+    }
+
+    /// Fails once the hold was lost: nothing destructive is done without it.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.lost.load(std::sync::atomic::Ordering::SeqCst) {
+            anyhow::bail!("the provisioner's Lease {} is no longer held by this migration", self.name);
+        }
+        Ok(())
+    }
+
+    /// Give the Lease up as the replicas' own library does (holder and times emptied): they take
+    /// it at once.
+    async fn release(self) {
+        self.renew.abort();
+        let patch = json!({"spec": {"holderIdentity": null, "acquireTime": null, "renewTime": null, "leaseDurationSeconds": null}});
+        if let Err(e) = self.api.patch(&self.name, &PatchParams::default(), &Patch::Strategic(patch)).await {
+            eprintln!("warning: releasing the provisioner's Lease {}: {e}; it expires in {HOLD_SECONDS} s", self.name);
         }
     }
 }

@@ -75,32 +75,40 @@ impl SavingsReporter {
         }
     }
 
-    /// Karpenter's NodePools now; none when the API does not serve them (said once).
-    async fn pools(&self, missing_logged: &mut bool) -> Vec<serde_json::Value> {
+    /// Karpenter's NodePools now; none when the API does not serve them (said once); `None`
+    /// when they cannot be read (the savings then keep their last value).
+    async fn pools(&self, missing_logged: &mut bool) -> Option<Vec<serde_json::Value>> {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &karpenter_pools());
         match api.list(&ListParams::default()).await {
-            Ok(list) => list.items.into_iter().filter_map(|o| serde_json::to_value(o).ok()).collect(),
+            Ok(list) => Some(list.items.into_iter().filter_map(|o| serde_json::to_value(o).ok()).collect()),
             Err(kube::Error::Api(e)) if e.code == 404 => {
                 if !std::mem::replace(missing_logged, true) {
                     tracing::info!("NodePool (karpenter.sh/v1) is not served: node costs are reported, savings have no pool to plan the counterfactual on");
                 }
-                Vec::new()
+                Some(Vec::new())
             }
             Err(e) => {
                 tracing::warn!(error = %e, "listing Karpenter's NodePools; the savings keep their last value");
-                Vec::new()
+                None
             }
         }
     }
 
     #[tracing::instrument(skip_all, fields(nodes = tracing::field::Empty, pods = tracing::field::Empty))]
     async fn report(&self, caches: &Caches, last: &mut Option<u64>, missing_logged: &mut bool) {
-        let pools = self.pools(missing_logged).await;
+        let Some(pools) = self.pools(missing_logged).await else { return };
+        // A pool's spec changes the counterfactual: its name, uid and generation count.
+        let pool_versions: Vec<String> = pools.iter().map(|p| format!("{}/{}/{}", p.pointer("/metadata/name").and_then(|v| v.as_str()).unwrap_or(""), p.pointer("/metadata/uid").and_then(|v| v.as_str()).unwrap_or(""), p.pointer("/metadata/generation").and_then(serde_json::Value::as_i64).unwrap_or(0))).collect();
         let mut cluster = state(&self.view, caches, pools, &self.catalog, &self.defaults);
         super::report_nodes(&self.metrics, &cluster);
         let pods = super::priced_pods(&cluster);
         tracing::Span::current().record("nodes", cluster.nodes.len()).record("pods", pods.len());
-        let fingerprint = super::fingerprint(&pods, &cluster) ^ (cluster.pools.len() as u64);
+        let fingerprint = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            pool_versions.hash(&mut h);
+            super::fingerprint(&pods, &cluster) ^ h.finish()
+        };
         if *last == Some(fingerprint) {
             return;
         }

@@ -98,12 +98,55 @@ async fn crd_migration_moves_objects_with_status_keeps_owned_nodes_and_resumes()
     let node: Node = serde_json::from_value(json!({"metadata": {"name": "default-abc12", "labels": {"archer.dev/nodepool": "default"},
         "ownerReferences": [{"apiVersion": "archer.dev/v1alpha1", "kind": "NodeClaim", "name": "default-abc12", "uid": old_uid}]}})).expect("node");
     nodes.create(&PostParams::default(), &node).await.expect("node");
-    // A provisioner holds its Lease (a short one: the command waits it out).
+    // A provisioner holds its Lease (a short one: the command waits it out) and keeps renewing
+    // it, as a replica does until it finds the Lease taken (kube-lease-manager renews with a
+    // patch of the time and its duration, without looking at the holder).
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
     let lease: Lease = serde_json::from_value(json!({"metadata": {"name": "archer-provisioner"}, "spec": {"holderIdentity": "archer-old-replica", "leaseDurationSeconds": 2, "renewTime": k8s_openapi::jiff::Timestamp::now()}})).expect("lease");
     leases.create(&PostParams::default(), &lease).await.expect("lease");
+    let renewer = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            for _ in 0..6 {
+                let patch = json!({"spec": {"renewTime": k8s_openapi::jiff::Timestamp::now(), "leaseDurationSeconds": 2}});
+                let _ = leases.patch("archer-provisioner", &PatchParams::default(), &Patch::Strategic(patch)).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
 
-    let out = migrate(&c);
+    // Another replica campaigns: it takes the Lease whenever it has expired. It must never take
+    // it from the migration.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let candidate = {
+        let (leases, stop) = (leases.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut took_from_migration = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(mut lease) = leases.get("archer-provisioner").await {
+                    let spec = lease.spec.get_or_insert_with(Default::default);
+                    let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
+                        (Some(t), Some(d)) => t.0.as_second() + i64::from(d) < k8s_openapi::jiff::Timestamp::now().as_second(),
+                        _ => false,
+                    };
+                    if expired && spec.holder_identity.as_deref() == Some("archer-crd-migration") {
+                        spec.holder_identity = Some("archer-new-replica".into());
+                        spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()));
+                        spec.lease_duration_seconds = Some(2);
+                        if leases.replace("archer-provisioner", &PostParams::default(), &lease).await.is_ok() {
+                            took_from_migration += 1;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            took_from_migration
+        })
+    };
+    let out = tokio::task::block_in_place(|| migrate(&c));
+    renewer.await.expect("renewer");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(candidate.await.expect("candidate"), 0, "no replica took the Lease while objects moved");
     assert!(out.contains("NodePool: 1 object moved from nodepools.archer.dev to archernodepools.archer.dev") && out.contains("NodeClaim: 1 object moved"), "{out}");
     for old in ["nodepools.archer.dev", "nodeclaims.archer.dev"] {
         assert!(crds.get_opt(old).await.expect("crds").is_none(), "{old} is gone");
@@ -126,12 +169,13 @@ async fn crd_migration_moves_objects_with_status_keeps_owned_nodes_and_resumes()
     let node = nodes.get("default-abc12").await.expect("the Node was not collected");
     let owner = node.metadata.owner_references.unwrap_or_default();
     assert_eq!(owner.iter().map(|o| (o.kind.as_str(), o.uid.as_str())).collect::<Vec<_>>(), [("NodeClaim", claim.metadata.uid.as_deref().expect("uid"))]);
-    assert!(leases.get_opt("archer-provisioner").await.expect("leases").is_none(), "the Lease released (deleted: the replicas campaign at once)");
+    let released = leases.get("archer-provisioner").await.expect("the Lease stays");
+    assert_eq!(released.spec.and_then(|s| s.holder_identity), None, "released as the replicas' own library releases it: no holder, taken at once");
     let backups: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
     assert!(backups.list(&Default::default()).await.expect("configmaps").items.iter().all(|c| !c.metadata.name.as_deref().unwrap_or("").starts_with("archer-crd-migration")), "the backup deleted");
 
     // Again: nothing to do.
-    assert!(migrate(&c).contains("nothing to migrate"));
+    assert!(tokio::task::block_in_place(|| migrate(&c)).contains("nothing to migrate"));
 
     // Interrupted after the old CRD went: the backup alone is there, and the run restores it.
     Api::<NodePool>::all(client.clone()).delete("default", &Default::default()).await.expect("delete the pool");
@@ -141,7 +185,7 @@ async fn crd_migration_moves_objects_with_status_keeps_owned_nodes_and_resumes()
     let backup = json!({"objects": [{"apiVersion": "archer.dev/v1alpha1", "kind": "NodePool", "metadata": {"name": "resumed"}, "spec": {"template": {"spec": {"requirements": []}}}}], "owners": [], "labels": {}, "annotations": {}});
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "archer-crd-migration-nodepools-0", "annotations": {"archer.dev/chunks": "1"}}, "data": {"backup.json": backup.to_string()}})).expect("cm");
     backups.create(&PostParams::default(), &cm).await.expect("backup");
-    let out = migrate(&c);
+    let out = tokio::task::block_in_place(|| migrate(&c));
     assert!(out.contains("NodePool: 1 object moved"), "{out}");
     established(&crds, crd_name).await;
     Api::<NodePool>::all(client.clone()).get("resumed").await.expect("restored from the backup");

@@ -30,6 +30,8 @@ use plan::{Lifetimes, Material, Plan};
 
 /// How soon a failed round is tried again.
 const RETRY: Duration = Duration::from_secs(5);
+/// Until when the CAs after the signing one stay in the bundle (Unix seconds).
+const OLDER_UNTIL: &str = "archer.dev/older-cas-until";
 /// Label on the Secret Archer writes.
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "archer");
 
@@ -45,6 +47,8 @@ pub enum ManagedTlsError {
     Serve(#[from] super::tls::TlsError),
     #[error("Secret {0} kept changing under this replica: trying again")]
     Contended(String),
+    #[error("MutatingWebhookConfiguration {0} is not there (yet): the certificate is served once its CA can be published")]
+    NoWebhook(String),
 }
 
 /// Where the certificate is kept and for which names.
@@ -106,9 +110,10 @@ impl ManagedTls {
     #[tracing::instrument(skip_all, fields(namespace = %self.namespace, secret = %self.secret))]
     pub async fn round(&self) -> Result<(), ManagedTlsError> {
         let config = self.webhooks.get_opt(&self.webhook).await.map_err(|source| ManagedTlsError::Webhook { name: self.webhook.clone(), source })?;
-        if config.is_none() {
-            tracing::warn!(webhook = %self.webhook, "the MutatingWebhookConfiguration is not there: no caBundle to publish");
-        }
+        // Not ready without it: a certificate served before its CA is published is refused.
+        let Some(config) = config else { return Err(ManagedTlsError::NoWebhook(self.webhook.clone())) };
+        let config = Some(config);
+        let published = published_bundle(config.as_ref());
         // The Secret goes with the webhook's configuration: deleting it (the chart's uninstall
         // hook does) lets the garbage collector delete the Secret.
         let owner = config.as_ref().and_then(owner_of);
@@ -116,7 +121,7 @@ impl ManagedTls {
             let found = self.secrets.get_opt(&self.secret).await.map_err(|e| self.secret_error(e))?;
             // A Secret that lacks a key is unusable (made anew), not absent.
             let current = found.as_ref().map(|s| material_of(s).unwrap_or_else(Material::unusable));
-            let (material, reason) = match plan::plan(current.as_ref(), &self.names, self.life, time::OffsetDateTime::now_utc())? {
+            let (material, reason) = match plan::plan(current.as_ref(), &published, &self.names, self.life, time::OffsetDateTime::now_utc())? {
                 Plan::Keep => match (current, &found) {
                     (Some(m), Some(s)) if owner.as_ref().is_none_or(|o| owned_by(s, o)) => return self.publish(config.as_ref(), &m).await,
                     (Some(m), _) => (m, None),
@@ -153,9 +158,15 @@ impl ManagedTls {
             (plan::CERT.to_string(), ByteString(m.cert.clone().into_bytes())),
             (plan::KEY.to_string(), ByteString(m.key.clone().into_bytes())),
         ]);
+        let until = m.older_until.map(|t| t.to_string());
         match found {
             Some(mut s) => {
                 s.data = Some(data);
+                let annotations = s.metadata.annotations.get_or_insert_with(Default::default);
+                match &until {
+                    Some(t) => annotations.insert(OLDER_UNTIL.into(), t.clone()),
+                    None => annotations.remove(OLDER_UNTIL),
+                };
                 s.string_data = None;
                 s.metadata.managed_fields = None;
                 s.metadata.labels.get_or_insert_with(Default::default).insert(MANAGED_BY.0.into(), MANAGED_BY.1.into());
@@ -173,6 +184,7 @@ impl ManagedTls {
                         namespace: Some(self.namespace.clone()),
                         labels: Some(BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())])),
                         owner_references: owner.map(|o| vec![o]),
+                        annotations: until.map(|t| BTreeMap::from([(OLDER_UNTIL.to_string(), t)])),
                         ..Default::default()
                     },
                     type_: Some("kubernetes.io/tls".into()),
@@ -209,7 +221,8 @@ impl ManagedTls {
         }
         use base64::Engine;
         let encoded = base64::engine::general_purpose::STANDARD.encode(bundle);
-        let patch = serde_json::json!({"webhooks": stale.iter().map(|name| serde_json::json!({"name": name, "clientConfig": {"caBundle": encoded}})).collect::<Vec<_>>()});
+        // At the version read: a replica with an older view gets a conflict, not the last word.
+        let patch = serde_json::json!({"metadata": {"resourceVersion": config.metadata.resource_version}, "webhooks": stale.iter().map(|name| serde_json::json!({"name": name, "clientConfig": {"caBundle": encoded}})).collect::<Vec<_>>()});
         self.webhooks.patch(&self.webhook, &PatchParams::default(), &Patch::Strategic(patch)).await.map_err(err)?;
         tracing::info!(webhook = %self.webhook, webhooks = ?stale, "published the CA bundle");
         Ok(())
@@ -225,9 +238,15 @@ fn owned_by(s: &Secret, owner: &OwnerReference) -> bool {
     s.metadata.owner_references.as_ref().is_some_and(|refs| refs.iter().any(|r| r.uid == owner.uid))
 }
 
+/// The CA bundle the configuration's first webhook trusts now (empty when none).
+fn published_bundle(config: Option<&MutatingWebhookConfiguration>) -> Vec<u8> {
+    config.and_then(|c| c.webhooks.as_ref()?.first()?.client_config.ca_bundle.as_ref().map(|b| b.0.clone())).unwrap_or_default()
+}
+
 /// The Secret's four PEM texts; None when one is missing or not UTF-8 (the plan makes it anew).
 fn material_of(s: &Secret) -> Option<Material> {
     let data = s.data.as_ref()?;
     let text = |k: &str| data.get(k).and_then(|v| String::from_utf8(v.0.clone()).ok());
-    Some(Material { ca_bundle: text(plan::CA_BUNDLE)?, ca_key: text(plan::CA_KEY)?, cert: text(plan::CERT)?, key: text(plan::KEY)? })
+    let older_until = s.metadata.annotations.as_ref().and_then(|a| a.get(OLDER_UNTIL)).and_then(|t| t.parse().ok());
+    Some(Material { ca_bundle: text(plan::CA_BUNDLE)?, ca_key: text(plan::CA_KEY)?, cert: text(plan::CERT)?, key: text(plan::KEY)?, older_until })
 }

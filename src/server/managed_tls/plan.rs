@@ -6,6 +6,10 @@
 //! valid, so a CA rollover never leaves a serving certificate without a trusted issuer),
 //! `ca.key` (the signing CA's key), and `tls.crt`/`tls.key` (the serving certificate).
 //!
+//! CAs that no longer sign (the one a rollover replaced, or those the webhook trusted when the
+//! Secret had to be made anew) stay in the bundle for [`RETIRE_SECONDS`], long enough for every
+//! replica to read the new certificate, and no longer than they are valid.
+//!
 //! Renewal is at a third of a certificate's own lifetime left (cert-manager's default
 //! `renewBefore`), measured on the certificate, not the settings, so changing them never
 //! churns a valid certificate.
@@ -21,19 +25,27 @@ pub const CA_KEY: &str = "ca.key";
 pub const CERT: &str = "tls.crt";
 pub const KEY: &str = "tls.key";
 
-/// The four PEM texts the Secret holds.
+/// How long a CA that no longer signs stays in the bundle (every replica reads the Secret every
+/// `tlsReloadIntervalSeconds`).
+pub const RETIRE_SECONDS: i64 = 3600;
+/// The most CAs the webhook trusted that a new Secret keeps trusting for a while.
+const MAX_KEPT: usize = 4;
+
+/// The four PEM texts the Secret holds, and until when the CAs after the signing one stay
+/// (Unix seconds; the Secret's annotation `archer.dev/older-cas-until`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Material {
     pub ca_bundle: String,
     pub ca_key: String,
     pub cert: String,
     pub key: String,
+    pub older_until: Option<i64>,
 }
 
 impl Material {
     /// What a Secret missing a key reads as.
     pub fn unusable() -> Material {
-        Material { ca_bundle: String::new(), ca_key: String::new(), cert: String::new(), key: String::new() }
+        Material { ca_bundle: String::new(), ca_key: String::new(), cert: String::new(), key: String::new(), older_until: None }
     }
 }
 
@@ -63,6 +75,8 @@ pub enum Reason {
     WrongIssuer,
     /// A CA in the bundle has expired: it is dropped.
     ExpiredCa,
+    /// CAs that no longer sign have been kept their hour: they are dropped.
+    RetiredCa,
 }
 
 impl Reason {
@@ -75,6 +89,7 @@ impl Reason {
             Reason::NamesChanged => "names-changed",
             Reason::WrongIssuer => "wrong-issuer",
             Reason::ExpiredCa => "expired-ca",
+            Reason::RetiredCa => "retired-ca",
         }
     }
 }
@@ -168,27 +183,29 @@ fn same_names(have: &[String], want: &[String]) -> bool {
     a == b
 }
 
-/// What the Secret should hold at `now` for a serving certificate for `names`.
-pub fn plan(current: Option<&Material>, names: &[String], life: Lifetimes, now: OffsetDateTime) -> Result<Plan, PlanError> {
+/// What the Secret should hold at `now` for a serving certificate for `names`; `published` is
+/// the CA bundle the webhook trusts now (what replicas serving an older certificate rely on).
+pub fn plan(current: Option<&Material>, published: &[u8], names: &[String], life: Lifetimes, now: OffsetDateTime) -> Result<Plan, PlanError> {
     if names.is_empty() {
         return Err(PlanError::NoNames);
     }
-    let Some(current) = current else { return fresh(names, life, now, Reason::Absent).map(|m| Plan::Write(m, Reason::Absent)) };
-    let Some(read) = read(current) else { return fresh(names, life, now, Reason::Unusable).map(|m| Plan::Write(m, Reason::Unusable)) };
+    let Some(current) = current else { return fresh(published, names, life, now).map(|m| Plan::Write(m, Reason::Absent)) };
+    let Some(read) = read(current) else { return fresh(published, names, life, now).map(|m| Plan::Write(m, Reason::Unusable)) };
     let t = now.unix_timestamp();
     let signing = &read.signing;
-    // Older CAs stay trusted until they expire (the signing one is kept while it signs).
-    let older: Vec<&Facts> = read.older.iter().filter(|c| c.not_after > t && c.der != signing.der).collect();
+    // Older CAs stay trusted while they are valid and, when a time is set, until it passes.
+    let retired = current.older_until.is_some_and(|until| t >= until);
+    let older: Vec<&Facts> = read.older.iter().filter(|c| c.not_after > t && c.der != signing.der && !retired).collect();
     if due(signing.not_before, signing.not_after, t) {
         let (ca_pem, ca_key, issuer) = new_ca(life, now)?;
         let (cert, key) = new_leaf(names, life, now, &issuer, &ca_key, signing_end(&ca_pem).unwrap_or(t))?;
         let mut bundle = ca_pem;
-        // The CA that signed until now stays in the bundle while it is valid: replicas still
-        // serving its certificate stay trusted until they read the new one.
+        // The CA that signed until now stays in the bundle for a while: replicas still serving
+        // its certificate stay trusted until they read the new one.
         for c in std::iter::once(signing).filter(|c| c.not_after > t).chain(older) {
             bundle.push_str(&c.pem);
         }
-        return Ok(Plan::Write(Material { ca_bundle: bundle, ca_key: ca_key.serialize_pem(), cert, key }, Reason::CaRenewal));
+        return Ok(Plan::Write(Material { ca_bundle: bundle, ca_key: ca_key.serialize_pem(), cert, key, older_until: Some(t + RETIRE_SECONDS) }, Reason::CaRenewal));
     }
     let bundle = std::iter::once(signing).chain(older.iter().copied()).map(|c| c.pem.as_str()).collect::<String>();
     let reissue = if read.leaf.issuer != signing.subject {
@@ -203,10 +220,11 @@ pub fn plan(current: Option<&Material>, names: &[String], life: Lifetimes, now: 
     if let Some(reason) = reissue {
         let issuer = CertificateParams::from_ca_cert_pem(&signing.pem)?.self_signed(&read.ca_key)?;
         let (cert, key) = new_leaf(names, life, now, &issuer, &read.ca_key, signing.not_after)?;
-        return Ok(Plan::Write(Material { ca_bundle: bundle, ca_key: current.ca_key.clone(), cert, key }, reason));
+        return Ok(Plan::Write(Material { ca_bundle: bundle, ca_key: current.ca_key.clone(), cert, key, older_until: current.older_until.filter(|_| !older.is_empty()) }, reason));
     }
     if read.older.len() != older.len() {
-        return Ok(Plan::Write(Material { ca_bundle: bundle, ..current.clone() }, Reason::ExpiredCa));
+        let why = if retired { Reason::RetiredCa } else { Reason::ExpiredCa };
+        return Ok(Plan::Write(Material { ca_bundle: bundle, older_until: current.older_until.filter(|_| !older.is_empty()), ..current.clone() }, why));
     }
     Ok(Plan::Keep)
 }
@@ -215,12 +233,19 @@ fn signing_end(ca_pem: &str) -> Option<i64> {
     certs(ca_pem).first().map(|c| c.not_after)
 }
 
-/// A new CA and serving certificate.
-fn fresh(names: &[String], life: Lifetimes, now: OffsetDateTime, _why: Reason) -> Result<Material, PlanError> {
-    let (ca_bundle, ca_key, issuer) = new_ca(life, now)?;
-    let end = signing_end(&ca_bundle).unwrap_or(now.unix_timestamp());
+/// A new CA and serving certificate; the CAs the webhook trusts now (valid, at most
+/// [`MAX_KEPT`]) stay in the bundle for [`RETIRE_SECONDS`], so replicas still serving a
+/// certificate of theirs are not refused meanwhile.
+fn fresh(published: &[u8], names: &[String], life: Lifetimes, now: OffsetDateTime) -> Result<Material, PlanError> {
+    let t = now.unix_timestamp();
+    let (mut ca_bundle, ca_key, issuer) = new_ca(life, now)?;
+    let end = signing_end(&ca_bundle).unwrap_or(t);
     let (cert, key) = new_leaf(names, life, now, &issuer, &ca_key, end)?;
-    Ok(Material { ca_bundle, ca_key: ca_key.serialize_pem(), cert, key })
+    let kept: Vec<Facts> = certs(&String::from_utf8_lossy(published)).into_iter().filter(|c| c.not_after > t).take(MAX_KEPT).collect();
+    for c in &kept {
+        ca_bundle.push_str(&c.pem);
+    }
+    Ok(Material { ca_bundle, ca_key: ca_key.serialize_pem(), cert, key, older_until: (!kept.is_empty()).then_some(t + RETIRE_SECONDS) })
 }
 
 /// A new self-signed CA (its PEM, key and the issuer rcgen signs with). Its name carries the
@@ -293,28 +318,28 @@ mod tests {
 
     #[test]
     fn an_absent_secret_gets_a_ca_and_a_certificate_it_signs_for_the_names() {
-        let (m, why) = written(plan(None, &names(), LIFE, t0()).expect("plan"));
+        let (m, why) = written(plan(None, b"", &names(), LIFE, t0()).expect("plan"));
         assert_eq!(why, Reason::Absent);
         for n in names() {
             assert!(trusted(&m.ca_bundle, &m.cert, &n, t0()), "{n}");
         }
         assert!(!trusted(&m.ca_bundle, &m.cert, "other.archer-system.svc", t0()));
-        assert_eq!(plan(Some(&m), &names(), LIFE, t0()).expect("plan"), Plan::Keep, "the same Secret is kept");
+        assert_eq!(plan(Some(&m), b"", &names(), LIFE, t0()).expect("plan"), Plan::Keep, "the same Secret is kept");
         // Another replica reading it a day later keeps it too: every replica serves one pair.
-        assert_eq!(plan(Some(&m), &names(), LIFE, t0() + Duration::days(1)).expect("plan"), Plan::Keep);
+        assert_eq!(plan(Some(&m), b"", &names(), LIFE, t0() + Duration::days(1)).expect("plan"), Plan::Keep);
     }
 
     #[test]
     fn a_broken_secret_is_made_anew() {
-        let (good, _) = written(plan(None, &names(), LIFE, t0()).expect("plan"));
-        let (other, _) = written(plan(None, &names(), LIFE, t0()).expect("plan"));
+        let (good, _) = written(plan(None, b"", &names(), LIFE, t0()).expect("plan"));
+        let (other, _) = written(plan(None, b"", &names(), LIFE, t0()).expect("plan"));
         for broken in [
             Material { cert: "garbage".into(), ..good.clone() },
             Material { ca_key: String::new(), ..good.clone() },
             Material { key: other.key.clone(), ..good.clone() },
             Material { ca_key: other.ca_key.clone(), ..good.clone() },
         ] {
-            let (m, why) = written(plan(Some(&broken), &names(), LIFE, t0()).expect("plan"));
+            let (m, why) = written(plan(Some(&broken), b"", &names(), LIFE, t0()).expect("plan"));
             assert_eq!(why, Reason::Unusable);
             assert!(trusted(&m.ca_bundle, &m.cert, &names()[0], t0()));
         }
@@ -322,10 +347,10 @@ mod tests {
 
     #[test]
     fn the_serving_certificate_is_renewed_at_a_third_of_its_life_by_the_same_ca() {
-        let (m, _) = written(plan(None, &names(), LIFE, t0()).expect("plan"));
-        assert_eq!(plan(Some(&m), &names(), LIFE, t0() + Duration::days(240)).expect("plan"), Plan::Keep, "two thirds of a year in");
+        let (m, _) = written(plan(None, b"", &names(), LIFE, t0()).expect("plan"));
+        assert_eq!(plan(Some(&m), b"", &names(), LIFE, t0() + Duration::days(240)).expect("plan"), Plan::Keep, "two thirds of a year in");
         let at = t0() + Duration::days(250);
-        let (renewed, why) = written(plan(Some(&m), &names(), LIFE, at).expect("plan"));
+        let (renewed, why) = written(plan(Some(&m), b"", &names(), LIFE, at).expect("plan"));
         assert_eq!(why, Reason::CertRenewal);
         assert_eq!((&renewed.ca_bundle, &renewed.ca_key), (&m.ca_bundle, &m.ca_key), "the CA and the bundle are unchanged: nothing to publish");
         assert_ne!(renewed.cert, m.cert);
@@ -335,27 +360,27 @@ mod tests {
 
     #[test]
     fn new_names_get_a_new_certificate() {
-        let (m, _) = written(plan(None, &names(), LIFE, t0()).expect("plan"));
+        let (m, _) = written(plan(None, b"", &names(), LIFE, t0()).expect("plan"));
         let renamed = vec!["archer2.ops.svc".to_string()];
-        let (n, why) = written(plan(Some(&m), &renamed, LIFE, t0()).expect("plan"));
+        let (n, why) = written(plan(Some(&m), b"", &renamed, LIFE, t0()).expect("plan"));
         assert_eq!(why, Reason::NamesChanged);
         assert!(trusted(&m.ca_bundle, &n.cert, "archer2.ops.svc", t0()));
         assert!(!trusted(&m.ca_bundle, &n.cert, &names()[0], t0()));
         // The same names in another order are the same names.
         let reordered: Vec<String> = names().into_iter().rev().collect();
-        assert_eq!(plan(Some(&m), &reordered, LIFE, t0()).expect("plan"), Plan::Keep);
+        assert_eq!(plan(Some(&m), b"", &reordered, LIFE, t0()).expect("plan"), Plan::Keep);
     }
 
     #[test]
-    fn a_ca_rollover_keeps_the_old_ca_trusted_until_it_expires_then_drops_it() {
+    fn a_ca_rollover_keeps_the_old_ca_trusted_for_an_hour_then_drops_it() {
         let life = Lifetimes { ca: Duration::days(30), cert: Duration::days(20) };
-        let (m, _) = written(plan(None, &names(), life, t0()).expect("plan"));
+        let (m, _) = written(plan(None, b"", &names(), life, t0()).expect("plan"));
         // The serving certificate is renewed (a third of 20 days left) before the CA is due,
         // and then runs to the CA's end.
-        let (m2, why) = written(plan(Some(&m), &names(), life, t0() + Duration::days(14)).expect("plan"));
+        let (m2, why) = written(plan(Some(&m), b"", &names(), life, t0() + Duration::days(14)).expect("plan"));
         assert_eq!(why, Reason::CertRenewal);
         let roll_at = t0() + Duration::days(20);
-        let (rolled, why) = written(plan(Some(&m2), &names(), life, roll_at).expect("plan"));
+        let (rolled, why) = written(plan(Some(&m2), b"", &names(), life, roll_at).expect("plan"));
         assert_eq!(why, Reason::CaRenewal);
         assert_ne!(rolled.ca_key, m2.ca_key);
         assert_eq!(certs(&rolled.ca_bundle).len(), 2, "the new CA and the old one");
@@ -363,20 +388,46 @@ mod tests {
         assert!(trusted(&rolled.ca_bundle, &m2.cert, &names()[0], roll_at));
         assert!(trusted(&rolled.ca_bundle, &rolled.cert, &names()[0], roll_at));
         assert!(!trusted(&m2.ca_bundle, &rolled.cert, &names()[0], roll_at), "the new CA is new");
-        assert_eq!(plan(Some(&rolled), &names(), life, roll_at + Duration::days(1)).expect("plan"), Plan::Keep);
-        // Once the old CA expires it leaves the bundle; the signing CA and certificate stay.
-        let later = t0() + Duration::days(31);
-        let (pruned, why) = written(plan(Some(&rolled), &names(), life, later).expect("plan"));
-        assert_eq!(why, Reason::ExpiredCa);
-        assert_eq!(certs(&pruned.ca_bundle).len(), 1);
+        assert_eq!(plan(Some(&rolled), b"", &names(), life, roll_at + Duration::minutes(50)).expect("plan"), Plan::Keep);
+        // An hour on, every replica serves the new certificate: the old CA leaves the bundle;
+        // the signing CA and certificate stay.
+        let later = roll_at + Duration::minutes(61);
+        let (pruned, why) = written(plan(Some(&rolled), b"", &names(), life, later).expect("plan"));
+        assert_eq!(why, Reason::RetiredCa);
+        assert_eq!((certs(&pruned.ca_bundle).len(), pruned.older_until), (1, None));
         assert_eq!((&pruned.cert, &pruned.ca_key), (&rolled.cert, &rolled.ca_key));
         assert!(trusted(&pruned.ca_bundle, &pruned.cert, &names()[0], later));
+        assert_eq!(plan(Some(&pruned), b"", &names(), life, later).expect("plan"), Plan::Keep);
+        // Without a time (a Secret of an earlier release), an older CA stays until it expires.
+        let untimed = Material { older_until: None, ..rolled.clone() };
+        assert_eq!(plan(Some(&untimed), b"", &names(), life, later).expect("plan"), Plan::Keep);
+        let (pruned, why) = written(plan(Some(&untimed), b"", &names(), life, t0() + Duration::days(31)).expect("plan"));
+        assert_eq!((why, certs(&pruned.ca_bundle).len()), (Reason::ExpiredCa, 1));
+    }
+
+    /// A Secret made anew (deleted, or collected with a recreated webhook configuration) keeps
+    /// the CAs the webhook trusts now for an hour: replicas that still serve a certificate of
+    /// theirs until they read the new Secret are not refused meanwhile.
+    #[test]
+    fn a_secret_made_anew_keeps_the_published_cas_for_an_hour() {
+        let (first, _) = written(plan(None, b"", &names(), LIFE, t0()).expect("plan"));
+        let (again, why) = written(plan(None, first.ca_bundle.as_bytes(), &names(), LIFE, t0()).expect("plan"));
+        assert_eq!(why, Reason::Absent);
+        assert_eq!(certs(&again.ca_bundle).len(), 2);
+        assert!(trusted(&again.ca_bundle, &first.cert, &names()[0], t0()), "the old replicas' certificate");
+        assert!(trusted(&again.ca_bundle, &again.cert, &names()[0], t0()), "the new one");
+        let (pruned, why) = written(plan(Some(&again), b"", &names(), LIFE, t0() + Duration::minutes(61)).expect("plan"));
+        assert_eq!(why, Reason::RetiredCa);
+        assert!(!trusted(&pruned.ca_bundle, &first.cert, &names()[0], t0()), "the old CA is gone");
+        // Garbage in the published bundle is ignored.
+        let (m, _) = written(plan(None, b"not a certificate", &names(), LIFE, t0()).expect("plan"));
+        assert_eq!((certs(&m.ca_bundle).len(), m.older_until), (1, None));
     }
 
     #[test]
     fn a_certificate_never_outlives_its_ca() {
         let life = Lifetimes { ca: Duration::days(30), cert: Duration::days(365) };
-        let (m, _) = written(plan(None, &names(), life, t0()).expect("plan"));
+        let (m, _) = written(plan(None, b"", &names(), life, t0()).expect("plan"));
         let leaf = certs(&m.cert).remove(0);
         let ca = certs(&m.ca_bundle).remove(0);
         assert!(leaf.not_after <= ca.not_after);
@@ -384,6 +435,6 @@ mod tests {
 
     #[test]
     fn no_names_is_an_error() {
-        assert!(matches!(plan(None, &[], LIFE, t0()), Err(PlanError::NoNames)));
+        assert!(matches!(plan(None, b"", &[], LIFE, t0()), Err(PlanError::NoNames)));
     }
 }
