@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
@@ -59,10 +59,7 @@ async fn established(crds: &Api<CustomResourceDefinition>, name: &str) {
 async fn crd_migration_moves_objects_with_status_keeps_owned_nodes_and_resumes() {
     let c = Cluster::start_mode("crd-migration", &[], Mode::Karpenter, Vec::new()).await;
     let client = c.client().await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(NS).await.expect("namespaces").is_none() {
-        namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": NS}})).expect("ns")).await.expect("namespace");
-    }
+    crate::ensure_namespace(&client, NS).await;
     // The chart's hook permissions (its account, roles and bindings), and nothing more.
     let hook: Vec<serde_json::Value> = crate::helm::render(NS, &[]).into_iter().filter(|o| o["metadata"]["name"] == "archer-crd-migration" && o["kind"] != "Job").collect();
     assert_eq!(hook.len(), 5, "{hook:?}");

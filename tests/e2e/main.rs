@@ -33,6 +33,15 @@ use serde_json::json;
 use cluster::Cluster;
 use common::node_json;
 
+/// Namespace `name`, made when the control plane does not have it yet (no default service
+/// account is waited for: for Archer's own objects, not for pods).
+async fn ensure_namespace(client: &Client, name: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(name).await.expect("namespaces").is_none() {
+        namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns")).await.expect("namespace");
+    }
+}
+
 async fn namespace(client: &Client, name: &str, annotations: serde_json::Value) {
     let ns: Namespace = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "annotations": annotations}})).expect("ns");
     Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("create namespace");

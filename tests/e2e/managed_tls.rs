@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use serde_json::json;
@@ -49,10 +49,7 @@ async fn ca_bundle(api: &Api<MutatingWebhookConfiguration>) -> Option<Vec<u8>> {
 async fn managed_tls_two_replicas_write_one_secret_publish_its_ca_and_follow_a_new_one() {
     let c = Cluster::start_mode("managed-tls", &[], Mode::Karpenter, Vec::new()).await;
     let client = c.client().await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(NS).await.expect("namespaces").is_none() {
-        namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": NS}})).expect("ns")).await.expect("namespace");
-    }
+    crate::ensure_namespace(&client, NS).await;
     // The webhook's configuration, without a caBundle (the chart renders none in this mode).
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let config: MutatingWebhookConfiguration = serde_json::from_value(json!({

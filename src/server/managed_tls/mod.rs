@@ -112,18 +112,17 @@ impl ManagedTls {
         let config = self.webhooks.get_opt(&self.webhook).await.map_err(|source| ManagedTlsError::Webhook { name: self.webhook.clone(), source })?;
         // Not ready without it: a certificate served before its CA is published is refused.
         let Some(config) = config else { return Err(ManagedTlsError::NoWebhook(self.webhook.clone())) };
-        let config = Some(config);
-        let published = published_bundle(config.as_ref());
+        let published = published_bundle(&config);
         // The Secret goes with the webhook's configuration: deleting it (the chart's uninstall
         // hook does) lets the garbage collector delete the Secret.
-        let owner = config.as_ref().and_then(owner_of);
+        let owner = owner_of(&config);
         for _ in 0..3 {
             let found = self.secrets.get_opt(&self.secret).await.map_err(|e| self.secret_error(e))?;
             // A Secret that lacks a key is unusable (made anew), not absent.
             let current = found.as_ref().map(|s| material_of(s).unwrap_or_else(Material::unusable));
             let (material, reason) = match plan::plan(current.as_ref(), &published, &self.names, self.life, time::OffsetDateTime::now_utc())? {
                 Plan::Keep => match (current, &found) {
-                    (Some(m), Some(s)) if owner.as_ref().is_none_or(|o| owned_by(s, o)) => return self.publish(config.as_ref(), &m).await,
+                    (Some(m), Some(s)) if owner.as_ref().is_none_or(|o| owned_by(s, o)) => return self.publish(&config, &m).await,
                     (Some(m), _) => (m, None),
                     (None, _) => continue,
                 },
@@ -135,7 +134,7 @@ impl ManagedTls {
                         self.metrics.cert_writes.get_or_create(&label("reason", reason.as_str())).inc();
                         tracing::info!(reason = reason.as_str(), "wrote the webhook certificate");
                     }
-                    return self.publish(config.as_ref(), &material).await;
+                    return self.publish(&config, &material).await;
                 }
                 // Another replica wrote first: read what it wrote.
                 Err(kube::Error::Api(e)) if e.code == 409 => tracing::debug!("the Secret changed under this replica; reading it again"),
@@ -197,10 +196,8 @@ impl ManagedTls {
     }
 
     /// Make every webhook of the configuration trust the bundle, then serve the certificate.
-    async fn publish(&self, config: Option<&MutatingWebhookConfiguration>, m: &Material) -> Result<(), ManagedTlsError> {
-        if let Some(config) = config {
-            self.publish_bundle(config, m.ca_bundle.as_bytes()).await?;
-        }
+    async fn publish(&self, config: &MutatingWebhookConfiguration, m: &Material) -> Result<(), ManagedTlsError> {
+        self.publish_bundle(config, m.ca_bundle.as_bytes()).await?;
         if self.store.install(m.cert.as_bytes(), m.key.as_bytes(), &format!("Secret {}/{}", self.namespace, self.secret))? {
             self.metrics.cert_reloads.get_or_create(&label("result", "ok")).inc();
             tracing::info!("serving the managed webhook certificate");
@@ -239,8 +236,8 @@ fn owned_by(s: &Secret, owner: &OwnerReference) -> bool {
 }
 
 /// The CA bundle the configuration's first webhook trusts now (empty when none).
-fn published_bundle(config: Option<&MutatingWebhookConfiguration>) -> Vec<u8> {
-    config.and_then(|c| c.webhooks.as_ref()?.first()?.client_config.ca_bundle.as_ref().map(|b| b.0.clone())).unwrap_or_default()
+fn published_bundle(config: &MutatingWebhookConfiguration) -> Vec<u8> {
+    config.webhooks.as_ref().and_then(|w| w.first()?.client_config.ca_bundle.as_ref().map(|b| b.0.clone())).unwrap_or_default()
 }
 
 /// The Secret's four PEM texts; None when one is missing or not UTF-8 (the plan makes it anew).
