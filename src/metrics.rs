@@ -85,6 +85,7 @@ mod tests {
         "archer_connections_displaced",
         "archer_connections_open",
         "archer_connections_refused",
+        "archer_consolidation_searches_skipped",
         "archer_disruption_decisions",
         "archer_exec_format_detections_dropped",
         "archer_exec_format_errors",

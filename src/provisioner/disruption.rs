@@ -33,6 +33,8 @@ pub struct Tracker {
     /// Nodes another task is taking out (tainted, its drain not started yet): not resumed.
     reserved: Mutex<std::collections::HashSet<String>>,
     start: std::sync::atomic::AtomicUsize,
+    /// Pools a full search found nothing in, on inputs that have not changed since.
+    quiet: super::quiet::Quiet,
 }
 
 impl Tracker {
@@ -134,13 +136,29 @@ impl Disrupter {
             Some(after) => self.read_clocks(&nodes, after),
             None => Default::default(),
         };
-        let moving: Vec<&Pod> = nodes.candidates.iter().filter(|c| settled.contains(c.name()) && consolidation::disruptable(c)).flat_map(|c| state::evictable(&c.pods)).collect();
-        let start = if moving.is_empty() { 0 } else { self.tracker.next_start(consolidation::EVALUATIONS_PER_PASS) };
-        let search = consolidation::Search { min_saving_fraction: self.ctx.settings.min_saving_fraction(), max_evaluations: consolidation::EVALUATIONS_PER_PASS, start, balance: None };
-        let hold = self.ctx.hold(&state, &pool);
+        let mut hold = self.ctx.hold(&state, &pool);
         if let Some(why) = &hold {
             tracing::debug!(pool = %pool, why = %why, "consolidation waits for a settled cluster");
         }
+        // Nothing a search reads changed since a full search found nothing: skip it (drift and
+        // expiry are still checked).
+        fn names(set: &HashSet<String>) -> Vec<&str> {
+            let mut v: Vec<&str> = set.iter().map(String::as_str).collect();
+            v.sort_unstable();
+            v
+        }
+        let budget = nodes.budget(&settings, "Underutilized").min(nodes.budget(&settings, "Empty"));
+        let inputs = super::quiet::inputs(&state, &nodes, &names(&settled), &names(&empty_for), budget, hold.as_deref());
+        let windows = nodes.candidates.len().div_ceil(consolidation::EVALUATIONS_PER_PASS);
+        let searching = hold.is_none() && !self.tracker.quiet.consolidated(&pool, inputs, windows, Instant::now());
+        if hold.is_none() && !searching {
+            tracing::debug!(pool = %pool, "consolidation skipped: nothing changed since a full search found nothing");
+            self.ctx.metrics.consolidation_skipped.inc();
+            hold = Some("consolidated: nothing changed since a full search found nothing".into());
+        }
+        let moving: Vec<&Pod> = if searching { nodes.candidates.iter().filter(|c| settled.contains(c.name()) && consolidation::disruptable(c)).flat_map(|c| state::evictable(&c.pods)).collect() } else { Vec::new() };
+        let start = if moving.is_empty() { 0 } else { self.tracker.next_start(consolidation::EVALUATIONS_PER_PASS) };
+        let search = consolidation::Search { min_saving_fraction: self.ctx.settings.min_saving_fraction(), max_evaluations: consolidation::EVALUATIONS_PER_PASS, start, balance: None };
         let draining = |n: &str| self.tracker.draining(n);
         let provider_drift = |c: &NodeClaim| self.ctx.provider.drifted(c);
         let commands = self
@@ -149,6 +167,13 @@ impl Disrupter {
                 disruption::disrupt_pool(world, np, &settings, &nodes, &clock, &provider_drift, search)
             })
             .await;
+        if searching {
+            if commands.is_empty() {
+                self.tracker.quiet.found_nothing(&pool, inputs, Instant::now());
+            } else {
+                self.tracker.quiet.forget(&pool);
+            }
+        }
         for c in commands {
             self.carry_out(&pool, &state, c).await;
         }

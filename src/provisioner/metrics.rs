@@ -25,6 +25,9 @@ pub struct ProvisionerMetrics {
     pub pod_evictions: Family<Labels, Counter>,
     /// Disruption decisions, by reason and result (taken, or stale when re-validation dropped it).
     pub disruption_decisions: Family<Labels, Counter>,
+    /// Disruption passes that skipped the consolidation search: nothing it reads changed since a
+    /// full search found nothing (Karpenter's "consolidated" state).
+    pub consolidation_skipped: Counter,
     /// Pod deletion costs written, by outcome (written, gone, error).
     pub deletion_cost_writes: Family<Labels, Counter>,
     /// Pending pods no pool can run (an Event says why).
@@ -71,6 +74,7 @@ impl Default for ProvisionerMetrics {
             nodes_terminated: Family::default(),
             pod_evictions: Family::default(),
             disruption_decisions: Family::default(),
+            consolidation_skipped: Counter::default(),
             deletion_cost_writes: Family::default(),
             unprovisionable_pods: Counter::default(),
             launches_rate_limited: Counter::default(),
@@ -113,6 +117,7 @@ impl ProvisionerMetrics {
         r.register("nodes_terminated", "Nodes removed, by reason", self.nodes_terminated.clone());
         r.register("pod_evictions", "Pods evicted by a drain, by the drain's reason", self.pod_evictions.clone());
         r.register("disruption_decisions", "Disruption decisions, by reason and result (taken, stale)", self.disruption_decisions.clone());
+        r.register("consolidation_searches_skipped", "Disruption passes that skipped the consolidation search: nothing it reads changed since a full search found nothing", self.consolidation_skipped.clone());
         r.register("pod_deletion_cost_writes", "Pod deletion costs written on pods of managed nodes, by outcome (written, gone, error)", self.deletion_cost_writes.clone());
         r.register("unprovisionable_pods", "Pending pods no NodePool can run", self.unprovisionable_pods.clone());
         r.register("launches_rate_limited", "Launches put off by the per-minute cap", self.launches_rate_limited.clone());

@@ -18,6 +18,7 @@ mod disruption;
 mod launch;
 pub mod metrics;
 mod nodes;
+mod quiet;
 mod status;
 pub mod worker;
 

@@ -105,7 +105,11 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
     .instrument(span.clone())
     .await;
     w.metrics.admission_seconds.observe(started.elapsed().as_secs_f64());
-    span.in_scope(|| tracing::info!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
+    // One line per review at debug: at the shipped level (info) a line for every pod made the
+    // log the webhook's largest cost (a JSON line formatted and written to stderr per request,
+    // issue #45); the outcome is counted in archer_admission_reviews_total and written to the
+    // API server's audit log as the `decision` annotation, and denials and gates log at info.
+    span.in_scope(|| tracing::debug!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
     ([(axum::http::header::CONTENT_TYPE, "application/json")], response.answer().to_json_for(&request.uid)).into_response()
 }
 

@@ -62,6 +62,9 @@ impl Mode {
 struct Options {
     archer_process: bool,
     real_node: bool,
+    /// API Priority and Fairness on (off elsewhere): the comparison counts each controller's
+    /// writes under a FlowSchema of its own.
+    flow_control: bool,
 }
 
 pub(crate) struct Proc {
@@ -168,7 +171,14 @@ impl Cluster {
     /// CRDs: [`crate::karpenter::start`]), Archer's config with `provisioner_config` lines
     /// (replacing the e2e clocks of the same keys).
     pub async fn start_mode(test: &str, extra_insecure: &[&str], mode: Mode, provisioner_config: Vec<String>) -> Cluster {
-        Self::start_opts(test, extra_insecure, mode, provisioner_config, Options { archer_process: mode.runs_archer(), real_node: false }).await
+        Self::start_opts(test, extra_insecure, mode, provisioner_config, Options { archer_process: mode.runs_archer(), real_node: false, flow_control: false }).await
+    }
+
+    /// [`Cluster::start_mode`] with API Priority and Fairness on, so
+    /// `apiserver_flowcontrol_dispatched_requests_total{flow_schema}` counts requests by the
+    /// FlowSchemas a test adds (the comparison's writes per controller).
+    pub async fn start_mode_with_flow_control(test: &str, mode: Mode, provisioner_config: Vec<String>) -> Cluster {
+        Self::start_opts(test, &[], mode, provisioner_config, Options { archer_process: mode.runs_archer(), real_node: false, flow_control: true }).await
     }
 
     /// A control plane with a real node (node.rs) beside the kwok nodes: the API server listens
@@ -177,7 +187,7 @@ impl Cluster {
     /// as a process beside the control plane (the webhook registered by URL, the scheduler's
     /// extender), else not at all (the installed_* scenarios install it with its chart).
     pub async fn start_real(test: &str, archer_process: bool) -> Cluster {
-        Self::start_opts(test, &[], Mode::Archer, Vec::new(), Options { archer_process, real_node: true }).await
+        Self::start_opts(test, &[], Mode::Archer, Vec::new(), Options { archer_process, real_node: true, flow_control: false }).await
     }
 
     async fn start_opts(test: &str, extra_insecure: &[&str], mode: Mode, provisioner_config: Vec<String>, opts: Options) -> Cluster {
@@ -253,7 +263,7 @@ impl Cluster {
             &format!("--service-account-signing-key-file={}", d.join("sa.key").display()),
             &format!("--service-cluster-ip-range={}", crate::node::SERVICE_CIDR),
             "--allow-privileged=true",
-            "--enable-priority-and-fairness=false",
+            &format!("--enable-priority-and-fairness={}", opts.flow_control),
             "--watch-cache=true",
         ]);
         procs.push(spawn("kube-apiserver", &logs, api));

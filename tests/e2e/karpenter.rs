@@ -75,6 +75,27 @@ pub fn instance_types(offerings: &[Offering]) -> Value {
     Value::Array(types)
 }
 
+/// What Karpenter is given: its NodePool, and which of Archer's offerings become its kwok
+/// instance types (the comparison's `--pool getting-started` keeps categories c, m, r of
+/// generation > 2, as Archer's own pool requires).
+pub struct Setup {
+    pub pool: Value,
+    pub keep: fn(&Offering) -> bool,
+    /// The API server runs Priority and Fairness (the comparison counts writes by FlowSchema).
+    pub flow_control: bool,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup { pool: node_pool(), keep: |_| true, flow_control: false }
+    }
+}
+
+/// The user Karpenter's controller acts as (the admin impersonates it; a ClusterRoleBinding
+/// gives it `cluster-admin`), so the API server's request metrics tell its writes from everyone
+/// else's (in `system:masters` the mandatory `exempt` FlowSchema would take them all).
+pub const USER: &str = "karpenter";
+
 /// Karpenter's NodePool equivalent to Archer's e2e default pool: both architectures, on-demand
 /// and spot, Linux, the same consolidation policy and delay (budgets: both default to 10%).
 pub fn node_pool() -> Value {
@@ -109,10 +130,10 @@ pub async fn nodes(client: &Client) -> Vec<Node> {
     Api::<Node>::all(client.clone()).list(&ListParams::default().labels("karpenter.sh/nodepool")).await.map(|l| l.items).unwrap_or_default()
 }
 
-/// Install Karpenter's CRDs, its KWOKNodeClass and NodePool, and start its kwok controller with
-/// Archer's instance types and the e2e batching clocks (1 s idle, 3 s at most, as Archer's).
-/// Returns the controller's process id.
-pub async fn start(c: &mut Cluster) -> u32 {
+/// Install Karpenter's CRDs, its KWOKNodeClass and `setup`'s NodePool, and start its kwok
+/// controller with Archer's instance types that `setup` keeps and the e2e batching clocks (1 s
+/// idle, 3 s at most, as Archer's), acting as [`USER`]. Returns the controller's process id.
+pub async fn start(c: &mut Cluster, setup: &Setup) -> u32 {
     let dir = dir();
     let mut crds: Vec<PathBuf> = std::fs::read_dir(dir.join("crds")).expect("karpenter crds").filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == "yaml")).collect();
     crds.sort();
@@ -122,15 +143,29 @@ pub async fn start(c: &mut Cluster) -> u32 {
     let class: DynamicObject = serde_json::from_value(json!({"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass", "metadata": {"name": "default"}, "spec": {}})).expect("node class");
     classes.create(&PostParams::default(), &class).await.expect("create the KWOKNodeClass");
     let pools: Api<DynamicObject> = Api::all_with(client.clone(), &resource("karpenter.sh", "NodePool", "nodepools"));
-    pools.create(&PostParams::default(), &serde_json::from_value(node_pool()).expect("pool")).await.expect("create the NodePool");
+    pools.create(&PostParams::default(), &serde_json::from_value(setup.pool.clone()).expect("pool")).await.expect("create the NodePool");
 
     let catalog = archer::catalog::Catalog::embedded().expect("catalog");
     let zones: Vec<String> = ZONES.iter().map(|z| z.to_string()).collect();
     let types = c.dir.path().join("karpenter-instance-types.json");
-    std::fs::write(&types, instance_types(&archer::provisioner::nodepool::offerings(&catalog, &zones)).to_string()).expect("instance types");
+    let offerings: Vec<Offering> = archer::provisioner::nodepool::offerings(&catalog, &zones).into_iter().filter(|o| (setup.keep)(o)).collect();
+    std::fs::write(&types, instance_types(&offerings).to_string()).expect("instance types");
+    let admin = std::fs::read_to_string(&c.kubeconfig).expect("kubeconfig");
+    let token = format!("    token: {}\n", crate::cluster::TOKEN);
+    let kubeconfig = c.dir.path().join("kubeconfig-karpenter");
+    let as_karpenter = admin.replace(&token, &format!("{token}    as: {USER}\n"));
+    let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "karpenter-e2e"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": USER}]
+    }))
+    .expect("binding");
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &binding).await.expect("bind Karpenter's user to cluster-admin");
+    assert_ne!(as_karpenter, admin, "the admin kubeconfig has its token line");
+    std::fs::write(&kubeconfig, as_karpenter).expect("Karpenter's kubeconfig");
     let (metrics, health) = (free_port(), free_port());
     let mut cmd = Command::new(dir.join("karpenter-kwok"));
-    cmd.env("KUBECONFIG", &c.kubeconfig)
+    cmd.env("KUBECONFIG", &kubeconfig)
         .env("INSTANCE_TYPES_FILE_PATH", &types)
         .env("DISABLE_LEADER_ELECTION", "true")
         .env("METRICS_PORT", metrics.to_string())
@@ -170,11 +205,11 @@ pub async fn wrong_arch_pods(client: &Client, namespace: &str, platforms: &BTree
 
 /// Start a control plane for `mode` with Karpenter running where the mode has it (Archer's
 /// config with `provisioner_config` lines, see [`Cluster::start_mode`]).
-pub async fn cluster(test: &str, mode: Mode, provisioner_config: Vec<String>) -> (Cluster, Option<u32>) {
-    let mut c = Cluster::start_mode(test, &[], mode, provisioner_config).await;
+pub async fn cluster(test: &str, mode: Mode, provisioner_config: Vec<String>, setup: &Setup) -> (Cluster, Option<u32>) {
+    let mut c = if setup.flow_control { Cluster::start_mode_with_flow_control(test, mode, provisioner_config).await } else { Cluster::start_mode(test, &[], mode, provisioner_config).await };
     let pid = match mode {
         Mode::Archer => None,
-        Mode::Karpenter | Mode::KarpenterWithArcher => Some(start(&mut c).await),
+        Mode::Karpenter | Mode::KarpenterWithArcher => Some(start(&mut c, setup).await),
     };
     if mode != Mode::Karpenter {
         c.register_webhook(c.archer_port).await;
@@ -209,7 +244,7 @@ fn archers_offerings_become_karpenters_instance_types_with_the_same_allocatable(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control plane and Karpenter: run tests/e2e/karpenter-compare"]
 async fn beside_karpenter_an_amd64_only_image_never_lands_on_arm64_and_a_multi_arch_one_goes_to_arm64() {
-    let (c, _) = cluster("beside-karpenter", Mode::KarpenterWithArcher, Vec::new()).await;
+    let (c, _) = cluster("beside-karpenter", Mode::KarpenterWithArcher, Vec::new(), &Setup::default()).await;
     let client = c.client().await;
     c.registry.push_image("apps/legacy", "1", "linux/amd64", true).await;
     c.registry.push_index("apps/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
