@@ -281,11 +281,12 @@ fn every_alert_has_a_runbook_page_at_a_stable_path() {
 }
 
 /// The README is what a newcomer needs on one screen or two: the two set-up commands first, then
-/// what Archer is, how to install it beside Karpenter, and where the docs are.
+/// what Archer is, how to install it beside Karpenter, where the docs are, and the two tables
+/// against Karpenter (issue #45 puts them there; what they mean is in the benchmarks page).
 #[test]
 fn the_readme_is_short_and_starts_with_the_two_commands() {
     let readme = read(&root().join("README.md"));
-    assert!(readme.lines().count() <= 120, "README.md has {} lines: the rest belongs in docs/", readme.lines().count());
+    assert!(readme.lines().count() <= 150, "README.md has {} lines: the rest belongs in docs/", readme.lines().count());
     let blocks: Vec<&str> = readme.split("```sh\n").skip(1).filter_map(|b| b.split("```").next()).take(2).collect();
     assert_eq!(blocks, ["cargo run --no-default-features -- simulate --scenario examples/inflate.yaml --compare\n", "cargo test --locked\n"]);
     assert!(readme.contains("values-beside-karpenter.yaml"), "install beside Karpenter");
