@@ -80,14 +80,14 @@ pub fn instance_types(offerings: &[Offering]) -> Value {
 /// generation > 2, as Archer's own pool requires).
 pub struct Setup {
     pub pool: Value,
-    pub keep: fn(&Offering) -> bool,
+    pub keep: Box<dyn Fn(&Offering) -> bool + Send + Sync>,
     /// The API server runs Priority and Fairness (the comparison counts writes by FlowSchema).
     pub flow_control: bool,
 }
 
 impl Default for Setup {
     fn default() -> Self {
-        Setup { pool: node_pool(), keep: |_| true, flow_control: false }
+        Setup { pool: node_pool(), keep: Box::new(|_| true), flow_control: false }
     }
 }
 

@@ -146,18 +146,14 @@ pub async fn writes(apiserver: &str, controllers: &[&str]) -> BTreeMap<String, f
         .collect()
 }
 
+/// A quantity as Karpenter's suite sums it: cores, or bytes (the core's parser).
 fn quantity(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>, cpu: bool) -> f64 {
     let Some(q) = q else { return 0.0 };
-    let s = q.0.as_str();
-    let (num, mult) = if cpu {
-        match s.strip_suffix('m') {
-            Some(n) => (n, 0.001),
-            None => (s, 1.0),
-        }
+    if cpu {
+        archer::core::quantity::cpu_millis(&q.0).map_or(0.0, |m| m as f64 / 1000.0)
     } else {
-        [("Ki", 1024.0), ("Mi", 1024.0 * 1024.0), ("Gi", 1024.0 * 1024.0 * 1024.0), ("k", 1e3), ("M", 1e6), ("G", 1e9)].iter().find_map(|(suffix, m)| s.strip_suffix(suffix).map(|n| (n, *m))).unwrap_or((s, 1.0))
-    };
-    num.parse::<f64>().unwrap_or(0.0) * mult
+        archer::core::quantity::value(&q.0).map_or(0.0, |b| b as f64)
+    }
 }
 
 /// Node utilisation as Karpenter's suites compute it (test/pkg/environment monitor): for each

@@ -101,13 +101,9 @@ impl NodePoolShape {
         spec
     }
 
-    pub fn keep(&self) -> fn(&Offering) -> bool {
-        match (self.kind, self.suite) {
-            (PoolKind::All, false) => |o| keeps(PoolKind::All, false, o),
-            (PoolKind::All, true) => |o| keeps(PoolKind::All, true, o),
-            (PoolKind::GettingStarted, false) => |o| keeps(PoolKind::GettingStarted, false, o),
-            (PoolKind::GettingStarted, true) => |o| keeps(PoolKind::GettingStarted, true, o),
-        }
+    pub fn keep(&self) -> Box<dyn Fn(&Offering) -> bool + Send + Sync> {
+        let (kind, suite) = (self.kind, self.suite);
+        Box::new(move |o| keeps(kind, suite, o))
     }
 
     /// Archer's `archer.dev/v1alpha1` NodePool `default`.
