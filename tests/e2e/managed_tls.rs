@@ -107,7 +107,15 @@ async fn managed_tls_two_replicas_write_one_secret_publish_its_ca_and_follow_a_n
     wait("a new Secret", Duration::from_secs(30), || async { secrets.get_opt("archer-tls").await.ok().flatten().and_then(|s| s.data).is_some_and(|d| d["ca.crt"].0 != bundle) }).await;
     let renewed = secrets.get("archer-tls").await.expect("secret").data.expect("data")["ca.crt"].0.clone();
     wait("the new CA published", Duration::from_secs(10), || async { ca_bundle(&webhooks).await.as_deref() == Some(renewed.as_slice()) }).await;
-    wait("both replicas serving under the new CA", Duration::from_secs(10), || async { serves_under(&renewed, a.1).await && serves_under(&renewed, b.1).await }).await;
+    // The new bundle is the new signing CA first, then the CA the webhook trusted until now (kept
+    // an hour, so a replica still serving the old certificate stays trusted meanwhile): the wait
+    // is on the signing CA alone, since the whole bundle vouches for the old certificate too.
+    let renewed_certs = pem_certs(&renewed);
+    let old_ca = pem_certs(&bundle);
+    assert!(renewed_certs.len() >= 2 && renewed_certs[1..].iter().any(|c| old_ca.contains(c)), "the new bundle keeps trusting the old CA for a while: {} certificates", renewed_certs.len());
+    let signing = renewed_certs[0].clone().into_bytes();
+    assert!(!old_ca.contains(&renewed_certs[0]), "a new CA signs");
+    wait("both replicas serving under the new signing CA", Duration::from_secs(10), || async { serves_under(&signing, a.1).await && serves_under(&signing, b.1).await }).await;
     assert!(!serves_under(&bundle, a.1).await, "the old CA no longer vouches for what is served");
     assert_eq!(writes(a.2).await + writes(b.2).await, 2.0, "one more write between the two");
     drop((a, b));

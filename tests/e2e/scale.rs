@@ -69,8 +69,17 @@ pub(crate) fn usage(pid: u32) -> (u64, f64) {
     // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
     let rest: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
     let ticks: f64 = [11, 12].iter().filter_map(|i| rest.get(*i)?.parse::<f64>().ok()).sum();
-    let per_second = std::process::Command::new("getconf").arg("CLK_TCK").output().ok().and_then(|o| String::from_utf8(o.stdout).ok()).and_then(|s| s.trim().parse::<f64>().ok()).unwrap_or(100.0);
-    (hwm, ticks / per_second)
+    (hwm, ticks / clock_ticks_per_second())
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`), read once: the comparison's sampler
+/// calls [`usage`] every second per controller, and a process spawned each time was itself a
+/// cost on the machine being measured.
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf").arg("CLK_TCK").output().ok().and_then(|o| String::from_utf8(o.stdout).ok()).and_then(|s| s.trim().parse::<f64>().ok()).unwrap_or(100.0)
+    })
 }
 
 /// Requests of the pods bound to Archer's nodes against those nodes' allocatable (cpu, memory).
