@@ -109,8 +109,10 @@ async fn main() {
     }
     let reg = Registry::start().await;
     reg.push_index("bench/app", "1", &["linux/amd64", "linux/arm64"], true, false).await;
-    // As the chart runs it: JSON logs at the default level.
-    let archer = Archer::start(&format!("registry:\n  insecure: [\"{}\"]\n", reg.host), &["--log-format", "json"]).await;
+    // As the chart runs it: JSON logs at the default level. `--log info` outranks the harness's
+    // ARCHER_LOG (`info,archer=debug`, for the tests' logs): without it this measured Archer
+    // writing a debug line per review, which the chart never does.
+    let archer = Archer::start(&format!("registry:\n  insecure: [\"{}\"]\n", reg.host), &["--log-format", "json", "--log", "info"]).await;
     let floor_url = start_floor(&archer.certs);
 
     // A real-shaped review of a multi-arch pod: /mutate patches it (warm cache after the first).

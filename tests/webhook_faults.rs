@@ -54,6 +54,44 @@ async fn registry_down_fails_open_by_default_and_closed_when_asked() {
     assert_eq!(p["metadata"]["annotations"]["archer.dev/decision"], "fallback");
 }
 
+/// As shipped (JSON at info), a denial's line carries the review's span with every field it is
+/// made with (uid, namespace, pod), and nothing is logged per review beyond it: the outcome is in
+/// the metric. The span records nothing after it is made (each later record cost the JSON format
+/// a re-parse of the span's fields per review, issue #45), so what the line shows must come from
+/// its creation.
+#[tokio::test]
+async fn a_denial_logs_its_review_span_and_a_plain_admission_logs_nothing_at_info() {
+    let mut reg = Registry::start().await;
+    reg.push_index("app/web", "1", &["linux/amd64", "linux/arm64"], true, false).await;
+    let image = reg.image("app/web:1");
+    let host = reg.host.clone();
+    let archer = Archer::start(&insecure(&[&host], FAIL_CLOSED), &["--log-format", "json", "--log", "info"]).await;
+    let (resp, _) = archer.admit(&pod("admitted-quietly", &[&image])).await;
+    assert_eq!(resp["allowed"], true, "{resp}");
+    reg.stop();
+    let denied_review = review("CREATE", &pod("refused", &[&reg.image("app/web:2")]));
+    let uid = denied_review["request"]["uid"].as_str().expect("uid").to_string();
+    let (resp, _) = archer.admit_review(denied_review).await;
+    assert_eq!(resp["allowed"], false, "{resp}");
+    let log = archer.log_text();
+    let lines: Vec<serde_json::Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let denied: Vec<&serde_json::Value> = lines.iter().filter(|l| l["message"] == "pod denied").collect();
+    assert_eq!(denied.len(), 1, "one denial line:\n{log}");
+    let span = &denied[0]["span"];
+    assert_eq!(span["name"], "admission", "{log}");
+    assert_eq!(span["uid"], uid.as_str(), "{log}");
+    assert_eq!(span["namespace"], "shop", "{log}");
+    assert_eq!(span["pod"], "refused", "{log}");
+    assert_eq!(span["operation"], "CREATE", "{log}");
+    // The denial's text has a key of its own: a field named `message` wrote a second "message"
+    // key beside the line's own, which JSON readers take as one or the other.
+    assert!(denied[0]["denial"].as_str().is_some_and(|d| d.contains("app/web:2")), "{log}");
+    assert_eq!(log.lines().filter(|l| l.contains("\"pod denied\"")).map(|l| l.matches("\"message\":").count()).sum::<usize>(), 1, "{log}");
+    assert!(!log.contains("admitted-quietly"), "the admitted pod wrote no line at info:\n{log}");
+    assert!(!log.contains("admission review answered"), "the per-review line is at debug:\n{log}");
+    assert_eq!(archer.metric("archer_admission_reviews_total{outcome=\"denied\"}").await, 1.0);
+}
+
 #[tokio::test]
 async fn slow_registry_times_out_within_the_lookup_bound() {
     let reg = Registry::start().await;

@@ -318,7 +318,7 @@ fn reason(why: String) -> String {
 
 fn filter_error(metrics: &ExtenderMetrics, reason: &str, message: String) -> Response {
     metrics.requests.get_or_create(&labels2("verb", "filter", "result", reason)).inc();
-    tracing::warn!(verb = "filter", reason, %message, "extender call with bad input");
+    tracing::warn!(verb = "filter", reason, detail = %message, "extender call with bad input");
     let r = FilterResult { error: message, ..Default::default() };
     json_response(StatusCode::OK, r.to_json())
 }

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
-use tracing::{field::Empty, Instrument};
+use tracing::Instrument;
 
 use crate::cluster::ClusterView;
 use archer_core::placement::PlacementSettings;
@@ -62,7 +62,7 @@ fn bad_request(metrics: &WebhookMetrics, reason: &'static str, message: String) 
 
 fn refuse(metrics: &WebhookMetrics, status: StatusCode, reason: &'static str, message: String) -> Response {
     metrics.bad_requests.get_or_create(&label("reason", reason)).inc();
-    tracing::warn!(reason, %message, "request refused");
+    tracing::warn!(reason, detail = %message, "request refused");
     (status, Json(crate::server::ErrorBody { error: &message, reason })).into_response()
 }
 
@@ -87,75 +87,74 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
         Ok(r) => r,
         Err(e) => return bad_request(&w.metrics, e.reason(), e.to_string()),
     };
-    let span = tracing::info_span!(
-        "admission",
-        uid = %request.uid,
-        namespace = request.namespace.as_deref().unwrap_or(""),
-        pod = Empty,
-        operation = %request.operation,
-        dry_run = request.dry_run.unwrap_or(false),
-        outcome = Empty,
-        allowed = Empty,
-    );
-    let response = async {
-        let response = review_pod(&w, &request, deadline).await;
-        tracing::Span::current().record("allowed", response.answer().allowed);
-        response
-    }
-    .instrument(span.clone())
-    .await;
+    let (response, outcome) = review_pod(&w, &request, deadline).await;
     w.metrics.admission_seconds.observe(started.elapsed().as_secs_f64());
     // One line per review at debug: at the shipped level (info) a line for every pod made the
     // log the webhook's largest cost (a JSON line formatted and written to stderr per request,
     // issue #45); the outcome is counted in archer_admission_reviews_total and written to the
     // API server's audit log as the `decision` annotation, and denials and gates log at info.
-    span.in_scope(|| tracing::debug!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "admission review answered"));
+    tracing::debug!(
+        uid = %request.uid,
+        namespace = request.namespace.as_deref().unwrap_or(""),
+        outcome,
+        allowed = response.answer().allowed,
+        elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+        "admission review answered"
+    );
     ([(axum::http::header::CONTENT_TYPE, "application/json")], response.answer().to_json_for(&request.uid)).into_response()
 }
 
-fn count(w: &Webhook, outcome: &'static str) {
+/// Count the review under `outcome`, which it returns.
+fn count(w: &Webhook, outcome: &'static str) -> &'static str {
     w.metrics.admission(outcome);
-    tracing::Span::current().record("outcome", outcome);
+    outcome
 }
 
-async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::time::Instant) -> Reply {
+/// The answer to one review and the outcome it is counted under.
+async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::time::Instant) -> (Reply, &'static str) {
     let allow = Answer::allow(&req.uid);
     let is_pod = req.kind.group.is_empty() && req.kind.version == "v1" && req.kind.kind == "Pod";
     if !is_pod || req.operation != "CREATE" || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
-        count(w, "skipped");
-        return allow.into();
+        return (allow.into(), count(w, "skipped"));
     }
     let namespace = req.namespace.as_deref().unwrap_or_default();
     if w.excluded_namespaces.contains(namespace) {
-        count(w, "excluded");
-        return allow.into();
+        return (allow.into(), count(w, "excluded"));
     }
     let view = match req.object.map(|o| review::pod_view(o.get())) {
         Some(Ok(v)) => v,
-        Some(Err(e)) => {
-            count(w, "undecodable");
-            return with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]).into();
-        }
-        None => {
-            count(w, "undecodable");
-            return with_warnings(allow, vec!["archer got no pod object and left it unchanged".into()]).into();
-        }
+        Some(Err(e)) => return (with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]).into(), count(w, "undecodable")),
+        None => return (with_warnings(allow, vec!["archer got no pod object and left it unchanged".into()]).into(), count(w, "undecodable")),
     };
+    // The pod's span has every field when it is made: a field recorded later costs the JSON log
+    // format a parse and a rewrite of the span's fields each time, per review (issue #45). The
+    // outcome is in the debug line, the metric and the audit annotation instead.
+    let span = tracing::info_span!(
+        "admission",
+        uid = %req.uid,
+        namespace,
+        pod = view.name(),
+        operation = %req.operation,
+        dry_run = req.dry_run.unwrap_or(false),
+    );
+    review_view(w, view, namespace, allow, deadline).instrument(span).await
+}
+
+/// A pod the webhook decides on: its policy, a remembered answer or a decision.
+async fn review_view(w: &Webhook, view: review::PodView<'_>, namespace: &str, allow: Answer, deadline: tokio::time::Instant) -> (Reply, &'static str) {
     if let Some(why) = view.too_large() {
-        return undecided(w, namespace, allow, "too_large", why).into();
+        let (answer, outcome) = undecided(w, namespace, allow, "too_large", why);
+        return (answer.into(), outcome);
     }
-    tracing::Span::current().record("pod", view.name());
     if view.ignored() {
-        count(w, "excluded");
-        return allow.into();
+        return (allow.into(), count(w, "excluded"));
     }
     let (policy, policy_warnings) = crate::cluster::namespace_policy(w.cluster.as_ref(), &w.defaults, namespace);
     if !policy_warnings.is_empty() {
         w.metrics.policy_warnings.inc_by(policy_warnings.len() as u64);
     }
     if policy.mode == Mode::Off {
-        count(w, "off");
-        return allow.into();
+        return (allow.into(), count(w, "off"));
     }
     // The replicas of one workload are decided once: the same inputs get the same answer.
     let key = if w.memo.enabled() && policy_warnings.is_empty() { view.memo_key(namespace, &policy) } else { None };
@@ -170,14 +169,14 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
     // The decoded pod's memory is reserved before it is built.
     let _decoded = match w.body.budget.reserve("webhook_pod", view.decoded_cost(), deadline).await {
         Ok(p) => p,
-        Err(e) => return undecided(w, namespace, allow, "busy", format!("archer is at its memory budget: {e}")).into(),
+        Err(e) => {
+            let (answer, outcome) = undecided(w, namespace, allow, "busy", format!("archer is at its memory budget: {e}"));
+            return (answer.into(), outcome);
+        }
     };
     let pod: Pod = match view.into_pod() {
         Ok(p) => p,
-        Err(e) => {
-            count(w, "undecodable");
-            return with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]).into();
-        }
+        Err(e) => return (with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]).into(), count(w, "undecodable")),
     };
     let (answer, outcome, inspected) = decide_pod(w, &pod, namespace, &policy, policy_warnings, allow, deadline).await;
     count(w, outcome);
@@ -185,7 +184,7 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
         // Kept without the uid: each pod that reuses it gets its own.
         w.memo.insert(key, Answer { uid: String::new(), ..answer.clone() }, outcome);
     }
-    answer.into()
+    (answer.into(), outcome)
 }
 
 /// Inspect the pod's images and decide: the answer, the outcome it is counted under, and
@@ -209,7 +208,7 @@ async fn decide_pod(
     let decision = decided.decision;
     warnings.extend(decision.warnings.iter().cloned());
     if let Some(message) = decision.denied {
-        tracing::info!(reason = decision.outcome.as_str(), %message, "pod denied");
+        tracing::info!(reason = decision.outcome.as_str(), denial = %message, "pod denied");
         return (with_warnings(allow.deny(&message), warnings), "denied", decided.inspected);
     }
     let mut resp = with_warnings(allow, warnings).with_patch(&decision.patch);
@@ -235,13 +234,13 @@ fn gated(w: &Webhook, pod: &Pod, allow: Answer, mut warnings: Vec<String>) -> An
 
 /// A remembered answer given to another pod with the same inputs: counted and logged as the
 /// first one was.
-fn reused(w: &Webhook, found: Arc<memo::Remembered>) -> Reply {
+fn reused(w: &Webhook, found: Arc<memo::Remembered>) -> (Reply, &'static str) {
     w.metrics.admission_decisions_reused.inc();
-    count(w, found.outcome);
+    let outcome = count(w, found.outcome);
     if let Some((_, _, message)) = found.answer.status.as_ref().filter(|_| !found.answer.allowed) {
-        tracing::info!(%message, "pod denied (decision reused)");
+        tracing::info!(denial = %message, "pod denied (decision reused)");
     }
-    Reply::Reused(found)
+    (Reply::Reused(found), outcome)
 }
 
 /// The answer to one review: decided for it, or one remembered for a pod with the same inputs.
@@ -268,19 +267,16 @@ impl From<Answer> for Reply {
 /// A pod Archer could not decide on (too large, or no memory to decode it): admitted unchanged
 /// with a warning, or denied where the namespace's policy is `fail-closed`, so neither is a way
 /// around a fail-closed namespace.
-fn undecided(w: &Webhook, namespace: &str, allow: Answer, outcome: &'static str, why: String) -> Answer {
+fn undecided(w: &Webhook, namespace: &str, allow: Answer, outcome: &'static str, why: String) -> (Answer, &'static str) {
     let (policy, _) = crate::cluster::namespace_policy(w.cluster.as_ref(), &w.defaults, namespace);
     if policy.mode == Mode::Off {
-        count(w, "off");
-        return allow;
+        return (allow, count(w, "off"));
     }
     if policy.on_inspection_failure == policy::FailurePolicy::FailClosed {
-        count(w, "denied");
         tracing::info!(reason = outcome, %why, "pod denied");
-        return allow.deny(&format!("archer could not decide on the pod: {why}"));
+        return (allow.deny(&format!("archer could not decide on the pod: {why}")), count(w, "denied"));
     }
-    count(w, outcome);
-    with_warnings(allow, vec![format!("archer left the pod unchanged: {why}")])
+    (with_warnings(allow, vec![format!("archer left the pod unchanged: {why}")]), count(w, outcome))
 }
 
 /// Warnings go back to the client (kubectl prints them); keep each within the API's 256 chars.
