@@ -42,7 +42,7 @@ pub async fn decide(d: &Deciding<'_>, pod: &Pod, namespace: &str, policy: &Polic
     let results = d.inspector.inspect_all(&images, &keyring, deadline).await;
     let record = d.cluster.map(|c| c.safety_record().get()).unwrap_or_default();
     let now = crate::cluster::unix_now();
-    let timed_out = results.iter().any(|r| matches!(r, Err(RegistryError::Timeout(_))));
+    let timed_out = results.iter().any(|r| r.as_ref().is_err_and(RegistryError::is_timeout));
     let mut digests = BTreeMap::new();
     let mut learned = Vec::new();
     let findings: Vec<ImageFinding> = images

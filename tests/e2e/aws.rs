@@ -562,7 +562,15 @@ async fn aws_in_eu_west_1_live_prices_and_a_nodeoverlay_move_provisioning_and_co
     ];
     restart_with_hosts(&mut c, &files, std::slice::from_ref(&private.host), &["ecr:".to_string(), format!("  endpoint: {}", moto.endpoint)]).await;
     namespace(&client, "private", json!({})).await;
-    let (platforms, arch, error) = admitted(&c, "private", "ecr", &format!("{ecr}/team/app:1")).await;
+    let (mut platforms, mut arch, mut error) = admitted(&c, "private", "ecr", &format!("{ecr}/team/app:1")).await;
+    // moto answers one request at a time (Python's GIL): behind the restarted Archer's first
+    // DescribeInstanceTypes, its GetAuthorizationToken can take longer than the pod's 4 s. Then
+    // the first pod says the sign-in had not ended, the sign-in goes on, and the next pod is read
+    // with its credential (issue #45's CI failure); any other answer is judged as it is.
+    if error.as_deref().is_some_and(|e| e.contains("[timeout] no ecr credential for") && e.contains("the sign-in had not ended")) {
+        eprintln!("eu-west-1: the first ECR pod waited on the sign-in ({error:?}); the next is read with its credential");
+        (platforms, arch, error) = admitted(&c, "private", "ecr-again", &format!("{ecr}/team/app:1")).await;
+    }
     assert_eq!((platforms.as_deref(), arch, error), (Some("linux/arm64"), vec!["arm64".to_string()], None), "a private ECR image decided as a public one");
     let (platforms, _, error) = admitted(&c, "private", "mirrored", "registry.example.invalid/team/mirrored:1").await;
     assert_eq!((platforms.as_deref(), error), (Some("linux/amd64,linux/arm64"), None), "read through its mirror, the registry itself unreachable");

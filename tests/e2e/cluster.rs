@@ -486,7 +486,8 @@ impl Cluster {
             .arg(self.kubeconfig_as(ARCHER_USER))
             .args(["--insecure-registry", &self.insecure.join(",")])
             .env("POD_NAME", pod_name)
-            .env("ARCHER_LOG", "info,archer=debug");
+            // ARCHER_E2E_LOG widens it for one run (e.g. `,aws_smithy_runtime=debug`).
+            .env("ARCHER_LOG", std::env::var("ARCHER_E2E_LOG").unwrap_or_else(|_| "info,archer=debug".into()));
         cmd
     }
 

@@ -7,8 +7,8 @@
 //! before its `expiresAt` (12 hours after it was issued), with one refresh at a time.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use base64::Engine;
 
@@ -48,38 +48,53 @@ const CLIENTS: usize = 32;
 
 /// Archer's ECR sign-in: one `GetAuthorizationToken` client per region, tokens kept by region.
 pub struct Ecr {
+    clients: Arc<Clients>,
+    tokens: TokenCache,
+}
+
+/// What a sign-in needs, shared with the sign-ins running on their own tasks.
+struct Clients {
     /// The SDK's configuration: given, or read from the standard chain on first use.
     sdk: tokio::sync::OnceCell<aws_config::SdkConfig>,
     endpoint: Option<String>,
-    clients: Mutex<HashMap<String, aws_sdk_ecr::Client>>,
-    tokens: TokenCache,
+    by_region: Mutex<HashMap<String, aws_sdk_ecr::Client>>,
 }
+
+/// One `GetAuthorizationToken` call's bound, its retries included (the SDK sets none).
+const SIGN_IN_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Ecr {
     /// Sign in with `sdk`'s credentials; `endpoint` replaces ECR's API endpoint (a VPC endpoint,
     /// or moto in tests).
     pub fn new(sdk: &aws_config::SdkConfig, endpoint: Option<String>) -> Ecr {
-        Ecr { sdk: tokio::sync::OnceCell::new_with(Some(sdk.clone())), endpoint, clients: Mutex::new(HashMap::new()), tokens: TokenCache::default() }
+        Ecr::with(tokio::sync::OnceCell::new_with(Some(sdk.clone())), endpoint)
     }
 
     /// Sign in with the standard chain's credentials (IRSA, EKS Pod Identity, the instance
     /// role), read when the first ECR image is; `AWS_ENDPOINT_URL_ECR` is honoured.
     pub fn from_chain(endpoint: Option<String>) -> Ecr {
-        Ecr { sdk: tokio::sync::OnceCell::new(), endpoint, clients: Mutex::new(HashMap::new()), tokens: TokenCache::default() }
+        Ecr::with(tokio::sync::OnceCell::new(), endpoint)
     }
 
+    fn with(sdk: tokio::sync::OnceCell<aws_config::SdkConfig>, endpoint: Option<String>) -> Ecr {
+        Ecr { clients: Arc::new(Clients { sdk, endpoint, by_region: Mutex::new(HashMap::new()) }), tokens: TokenCache::default() }
+    }
+}
+
+impl Clients {
     /// The region's client: kept for at most [`CLIENTS`] regions (image names, and so regions,
     /// are the tenants' to choose), built afresh past that.
     async fn client(&self, region: &str) -> aws_sdk_ecr::Client {
         let sdk = self.sdk.get_or_init(|| async { crate::sdk_config(&archer_cloud::settings::AwsConfig::default()).await }).await;
         let build = || {
-            let mut conf = aws_sdk_ecr::config::Builder::from(sdk).region(aws_config::Region::new(region.to_string()));
+            let timeouts = aws_sdk_ecr::config::timeout::TimeoutConfig::builder().operation_timeout(SIGN_IN_TIMEOUT).build();
+            let mut conf = aws_sdk_ecr::config::Builder::from(sdk).region(aws_config::Region::new(region.to_string())).timeout_config(timeouts);
             if let Some(e) = &self.endpoint {
                 conf = conf.endpoint_url(e);
             }
             aws_sdk_ecr::Client::from_conf(conf.build())
         };
-        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let mut clients = self.by_region.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = clients.get(region) {
             return c.clone();
         }
@@ -117,7 +132,9 @@ impl RegistryIdentity for Ecr {
 
     async fn credential(&self, registry: &str, _origin: &Origin<'_>) -> Result<Credential, String> {
         let (_, region) = registry_of(registry).ok_or_else(|| format!("{registry} is not an ECR registry"))?;
-        self.tokens.get(&region, || self.fetch(&region)).await
+        let clients = self.clients.clone();
+        let asked = region.clone();
+        self.tokens.get(&region, move || async move { clients.fetch(&asked).await }).await
     }
 }
 

@@ -10,9 +10,11 @@
 //! token does. Refresh tokens are kept until five minutes before their `exp`, one exchange at a
 //! time per registry.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine;
+use reqwest::Url;
 use serde::Deserialize;
 
 use archer_cloud::settings::AzureConfig;
@@ -41,7 +43,7 @@ pub fn is_acr(registry: &str) -> bool {
 /// Archer's ACR sign-in.
 pub struct Acr {
     /// The workload identity exchange, or why there is none (missing settings).
-    entra: Result<auth::Credential, String>,
+    entra: Result<Arc<auth::Credential>, String>,
     tenant: Option<String>,
     tokens: TokenCache,
 }
@@ -54,40 +56,43 @@ impl Acr {
     pub fn from_workload_identity(settings: &AzureConfig) -> Acr {
         let tenant = settings.tenant_id.clone().or_else(|| std::env::var("AZURE_TENANT_ID").ok()).filter(|t| !t.trim().is_empty());
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap_or_default();
-        let entra = auth::Credential::workload_identity(http, settings).map(|c| c.for_scope(auth::ACR_SCOPE)).map_err(|e| e.to_string());
+        let entra = auth::Credential::workload_identity(http, settings).map(|c| Arc::new(c.for_scope(auth::ACR_SCOPE))).map_err(|e| e.to_string());
         Acr { entra, tenant, tokens: TokenCache::default() }
     }
+}
 
-    async fn exchange(&self, registry: &str, origin: &Origin<'_>) -> Result<(Credential, SystemTime), String> {
-        let entra = self.entra.as_ref().map_err(Clone::clone)?;
-        let aad = entra.token().await.map_err(|e| e.to_string())?;
-        let mut url = origin.url.join("oauth2/exchange").map_err(|e| format!("{}: {e}", origin.url))?;
-        url.query_pairs_mut().append_pair("api-version", API_VERSION);
-        let mut form = vec![("grant_type", "access_token"), ("service", registry), ("access_token", aad.as_str())];
-        if let Some(t) = &self.tenant {
-            form.push(("tenant", t));
-        }
-        let mut resp = origin.http.post(url.clone()).form(&form).timeout(EXCHANGE_TIMEOUT).send().await.map_err(|e| format!("POST {url}: {e}"))?;
-        let status = resp.status();
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| format!("POST {url}: {e}"))? {
-            if body.len() + chunk.len() > MAX_ANSWER {
-                return Err(format!("POST {url}: an answer over {MAX_ANSWER} bytes"));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        if !status.is_success() {
-            let said: String = String::from_utf8_lossy(&body).chars().take(300).collect();
-            return Err(format!("ACR refused the token exchange (HTTP {status}): {}", said.trim()));
-        }
-        #[derive(Deserialize)]
-        struct Answer {
-            refresh_token: String,
-        }
-        let answer: Answer = serde_json::from_slice(&body).map_err(|e| format!("the exchange's answer: {e}"))?;
-        let expires = expiry(&answer.refresh_token).unwrap_or_else(|| SystemTime::now() + DEFAULT_LIFETIME);
-        Ok((Credential { username: TOKEN_USER.to_string(), password: answer.refresh_token }, expires))
+/// Exchange the identity's Entra token for `registry`'s refresh token at `url` (the registry's
+/// own, or that of the host standing for it): owned arguments, so the exchange can run on a task
+/// of its own ([`TokenCache`]).
+async fn exchange(entra: Result<Arc<auth::Credential>, String>, tenant: Option<String>, registry: String, url: Url, http: reqwest::Client) -> Result<(Credential, SystemTime), String> {
+    let entra = entra?;
+    let aad = entra.token().await.map_err(|e| e.to_string())?;
+    let mut url = url.join("oauth2/exchange").map_err(|e| format!("{url}: {e}"))?;
+    url.query_pairs_mut().append_pair("api-version", API_VERSION);
+    let mut form = vec![("grant_type", "access_token"), ("service", registry.as_str()), ("access_token", aad.as_str())];
+    if let Some(t) = &tenant {
+        form.push(("tenant", t));
     }
+    let mut resp = http.post(url.clone()).form(&form).timeout(EXCHANGE_TIMEOUT).send().await.map_err(|e| format!("POST {url}: {e}"))?;
+    let status = resp.status();
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| format!("POST {url}: {e}"))? {
+        if body.len() + chunk.len() > MAX_ANSWER {
+            return Err(format!("POST {url}: an answer over {MAX_ANSWER} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    if !status.is_success() {
+        let said: String = String::from_utf8_lossy(&body).chars().take(300).collect();
+        return Err(format!("ACR refused the token exchange (HTTP {status}): {}", said.trim()));
+    }
+    #[derive(Deserialize)]
+    struct Answer {
+        refresh_token: String,
+    }
+    let answer: Answer = serde_json::from_slice(&body).map_err(|e| format!("the exchange's answer: {e}"))?;
+    let expires = expiry(&answer.refresh_token).unwrap_or_else(|| SystemTime::now() + DEFAULT_LIFETIME);
+    Ok((Credential { username: TOKEN_USER.to_string(), password: answer.refresh_token }, expires))
 }
 
 /// A JWT's `exp`, unverified (only to know when to exchange again).
@@ -109,7 +114,8 @@ impl RegistryIdentity for Acr {
     }
 
     async fn credential(&self, registry: &str, origin: &Origin<'_>) -> Result<Credential, String> {
-        self.tokens.get(registry, || self.exchange(registry, origin)).await
+        let (entra, tenant, asked, url, http) = (self.entra.clone(), self.tenant.clone(), registry.to_string(), origin.url.clone(), origin.http.clone());
+        self.tokens.get(registry, move || exchange(entra, tenant, asked, url, http)).await
     }
 }
 

@@ -33,6 +33,10 @@ pub enum RegistryError {
     /// Archer's own identity could not sign in to the registry (its cloud's token exchange).
     #[error("no {identity} credential for {registry}: {why}")]
     Identity { identity: &'static str, registry: String, why: String },
+    /// Archer's own identity was still signing in at the pod's deadline: a timeout, of the
+    /// sign-in rather than the registry (which was not asked yet).
+    #[error("no {identity} credential for {registry} yet: the sign-in had not ended by the pod's deadline (waited {waited:?}); it goes on, and the pods after this one are read with its credential")]
+    SigningIn { identity: &'static str, registry: String, waited: Duration },
 }
 
 impl RegistryError {
@@ -61,7 +65,7 @@ impl RegistryError {
             RegistryError::NotAllowed(_) => "not_allowed",
             RegistryError::Unauthorized { .. } => "unauthorized",
             RegistryError::NotFound(_) => "not_found",
-            RegistryError::Timeout(_) => "timeout",
+            RegistryError::Timeout(_) | RegistryError::SigningIn { .. } => "timeout",
             RegistryError::TooLarge(_) => "too_large",
             RegistryError::DigestMismatch { .. } => "digest_mismatch",
             RegistryError::Malformed(_) => "malformed",
@@ -71,6 +75,12 @@ impl RegistryError {
             RegistryError::Busy(_) => "memory_budget",
             RegistryError::Identity { .. } => "identity",
         }
+    }
+
+    /// The deadline ended it: the registry's answer, or Archer's identity's sign-in, had not come
+    /// (a gate-mode pod is held for the gate controller to finish).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, RegistryError::Timeout(_) | RegistryError::SigningIn { .. })
     }
 
     /// Worth trying the next endpoint (a mirror failing falls back to the origin).
@@ -102,6 +112,7 @@ mod tests {
             RegistryError::PodBytesExceeded,
             RegistryError::Busy(String::new()),
             RegistryError::Identity { identity: "ecr", registry: "r".into(), why: "w".into() },
+            RegistryError::SigningIn { identity: "ecr", registry: "r".into(), waited: std::time::Duration::from_millis(4000) },
         ];
         for e in &all {
             assert!(RegistryError::REASONS.contains(&e.reason()), "{}", e.reason());

@@ -127,7 +127,7 @@ impl Inspector {
             return Ok(Some(own.clone()));
         }
         let fallback = keyring.fallback(registry).cloned();
-        match self.identity_credential(registry).await {
+        match self.identity_credential(registry, None).await {
             None => Ok(fallback),
             Some(Ok(c)) => Ok(Some(c)),
             Some(Err(e)) if fallback.is_none() => Err(e),
@@ -139,14 +139,25 @@ impl Inspector {
     }
 
     /// The credential of Archer's identity for `registry`, if one covers it (signed in where the
-    /// registry itself is reached).
-    async fn identity_credential(&self, registry: &str) -> Option<Result<Credential, RegistryError>> {
+    /// registry itself is reached), waited for until just before `deadline` (a pod's, so that
+    /// this, not the pod's own timeout, says what was waited on): a sign-in that has not ended
+    /// by then is a [`RegistryError::SigningIn`], and goes on for the pods after it.
+    async fn identity_credential(&self, registry: &str, deadline: Option<Instant>) -> Option<Result<Credential, RegistryError>> {
         let identity = self.identities.iter().find(|i| i.covers(registry))?;
         let origin = match self.client.origin(registry) {
             Ok(o) => o,
             Err(e) => return Some(Err(e)),
         };
-        Some(identity.credential(registry, &origin).await.map_err(|why| RegistryError::Identity { identity: identity.name(), registry: registry.to_string(), why }))
+        let started = Instant::now();
+        let signing_in = identity.credential(registry, &origin);
+        let answer = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline.checked_sub(DEADLINE_MARGIN).unwrap_or(deadline), signing_in).await {
+                Ok(answer) => answer,
+                Err(_) => return Some(Err(RegistryError::SigningIn { identity: identity.name(), registry: registry.to_string(), waited: whole_ms(started.elapsed()) })),
+            },
+            None => signing_in.await,
+        };
+        Some(answer.map_err(|why| RegistryError::Identity { identity: identity.name(), registry: registry.to_string(), why }))
     }
 
     /// Count a failure to sign in: the registry denied the credential Archer had (`denied`), or
@@ -240,12 +251,13 @@ impl Inspector {
     /// for the failure TTL.
     #[tracing::instrument(skip_all, fields(image = %image))]
     pub async fn inspect(&self, image: &str, keyring: &Keyring) -> Result<Arc<Inspection>, RegistryError> {
-        self.inspect_within(image, keyring, &ReadAllowance::new(self.per_pod_bytes)).await
+        self.inspect_within(image, keyring, &ReadAllowance::new(self.per_pod_bytes), None).await
     }
 
-    async fn inspect_within(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance) -> Result<Arc<Inspection>, RegistryError> {
+    /// Inspect `image`; Archer's identity's sign-in is waited for until `deadline` (the pod's).
+    async fn inspect_within(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance, deadline: Option<Instant>) -> Result<Arc<Inspection>, RegistryError> {
         let mut had_credential = false;
-        let result = self.inspect_inner(image, keyring, allowance, &mut had_credential).await;
+        let result = self.inspect_inner(image, keyring, allowance, deadline, &mut had_credential).await;
         if let Err(e) = &result {
             self.metrics.image_lookups.get_or_create(&label("result", "error")).inc();
             self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
@@ -261,7 +273,7 @@ impl Inspector {
     /// tried while the registry refuses the one before (an expired pull secret, a role that
     /// cannot read another account's repository): the pod's own pull secrets, Archer's identity,
     /// the mounted docker config; with none, anonymously.
-    async fn inspect_inner(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance, had_credential: &mut bool) -> Result<Arc<Inspection>, RegistryError> {
+    async fn inspect_inner(&self, image: &str, keyring: &Keyring, allowance: &ReadAllowance, deadline: Option<Instant>, had_credential: &mut bool) -> Result<Arc<Inspection>, RegistryError> {
         let parsed = ImageRef::parse(image)?;
         let registry = parsed.registry.clone();
         let fallback = keyring.fallback(&registry).cloned();
@@ -275,7 +287,7 @@ impl Inspector {
             }
             last = Some(r);
         }
-        if let Some(signed_in) = self.identity_credential(&registry).await {
+        if let Some(signed_in) = self.identity_credential(&registry, deadline).await {
             match signed_in {
                 Ok(c) => {
                     let r = self.inspect_as(&parsed, Some(c), allowance, had_credential).await;
@@ -374,16 +386,19 @@ impl Inspector {
 
     /// Inspect one pod's images, one result per image, in order: at most `per_pod_concurrency`
     /// at a time, reading at most `per_pod_bytes` from registries together, and all answered by
-    /// `deadline` (an image not inspected by then is a timeout).
+    /// `deadline` (an image not inspected by then is a timeout, after the time the pod waited;
+    /// one whose registry's sign-in had not ended is an identity failure saying so).
     pub async fn inspect_all(&self, images: &[String], keyring: &Keyring, deadline: Instant) -> Vec<Result<Arc<Inspection>, RegistryError>> {
         let allowance = ReadAllowance::new(self.per_pod_bytes);
         let allowance = &allowance;
+        let started = Instant::now();
         futures::stream::iter(images.iter().cloned())
             .map(|image: String| async move {
-                match tokio::time::timeout_at(deadline, self.inspect_within(&image, keyring, allowance)).await {
+                match tokio::time::timeout_at(deadline, self.inspect_within(&image, keyring, allowance, Some(deadline))).await {
                     Ok(r) => r,
                     Err(_) => {
-                        let e = RegistryError::Timeout(self.lookup_timeout.min(deadline.saturating_duration_since(Instant::now())));
+                        // The time waited, not what was left of it (none, at the deadline).
+                        let e = RegistryError::Timeout(whole_ms(started.elapsed()));
                         self.metrics.inspection_failures.get_or_create(&label("reason", e.reason())).inc();
                         tracing::warn!(image = %image, "image not inspected before the pod's deadline");
                         Err(e)
@@ -408,6 +423,15 @@ impl Inspector {
     pub fn lookup_timeout(&self) -> Duration {
         self.lookup_timeout
     }
+}
+
+/// How long before a pod's deadline a sign-in still running is given up on (so its error, not
+/// the pod's timeout, is what the pod is told).
+const DEADLINE_MARGIN: Duration = Duration::from_millis(5);
+
+/// `d` to the millisecond, as errors say it (`4.001s`, not `4.000987512s`).
+fn whole_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// What each cache holds besides its entries, at most: its hash table's spare buckets (the
@@ -470,9 +494,10 @@ mod tests {
     use crate::identity::Origin;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// An identity for `*.example.test` that answers `answer` and counts its calls.
+    /// An identity for `*.example.test` that answers `answer` after `delay` and counts its calls.
     struct Fake {
         answer: Result<Credential, String>,
+        delay: Duration,
         calls: AtomicUsize,
     }
 
@@ -486,6 +511,7 @@ mod tests {
         }
         async fn credential(&self, _: &str, _: &Origin<'_>) -> Result<Credential, String> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
             self.answer.clone()
         }
     }
@@ -500,7 +526,11 @@ mod tests {
     }
 
     fn inspector(answer: Result<Credential, String>) -> (Inspector, Arc<Fake>) {
-        let fake = Arc::new(Fake { answer, calls: AtomicUsize::new(0) });
+        slow_inspector(answer, Duration::ZERO)
+    }
+
+    fn slow_inspector(answer: Result<Credential, String>, delay: Duration) -> (Inspector, Arc<Fake>) {
+        let fake = Arc::new(Fake { answer, delay, calls: AtomicUsize::new(0) });
         let client = RegistryClient::new(crate::ClientSettings::default()).expect("client");
         let i = Inspector::new(client, &CacheSettings::default(), Arc::new(RegistryMetrics::default())).with_identity(fake.clone());
         (i, fake)
@@ -526,6 +556,42 @@ mod tests {
         assert_eq!(failing.credential_for(r, &none_own).await.expect("fallback"), Some(cred("mounted")), "a failing identity falls back");
         match failing.credential_for(r, &Keyring::default()).await {
             Err(e @ RegistryError::Identity { .. }) => assert_eq!(e.to_string(), format!("no fake credential for {r}: no token")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// At a pod's deadline the error says what the pod waited on, and for how long: a sign-in
+    /// of Archer's identity that had not ended, or a registry that had not answered (before,
+    /// both were `registry lookup timed out after 0ns`: what was left of the deadline).
+    #[tokio::test]
+    async fn at_the_pods_deadline_the_error_says_what_it_waited_on() {
+        let (signing_in, _) = slow_inspector(Ok(cred("identity")), Duration::from_secs(5));
+        let r = signing_in.inspect_all(&["acme.example.test/app:1".to_string()], &Keyring::default(), Instant::now() + Duration::from_millis(200)).await;
+        match &r[..] {
+            [Err(e @ RegistryError::SigningIn { identity: "fake", waited, .. })] => {
+                assert!(*waited >= Duration::from_millis(150), "{waited:?}");
+                assert!(e.is_timeout(), "a timeout: a gate-mode pod is held, not admitted undecided");
+                let said = e.with_reason();
+                assert!(said.starts_with("[timeout] no fake credential for acme.example.test yet: the sign-in had not ended by the pod's deadline (waited "), "{said}");
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // A registry that takes the connection and never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let host = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let guard = crate::AddressGuard::new(&[], &[], std::slice::from_ref(&host)).expect("guard");
+        let client = RegistryClient::new(crate::ClientSettings { guard: Arc::new(guard), ..Default::default() }).expect("client");
+        let silent = Inspector::new(client, &CacheSettings::default(), Arc::new(RegistryMetrics::default()));
+        let r = silent.inspect_all(&[format!("{host}/app:1")], &Keyring::default(), Instant::now() + Duration::from_millis(300)).await;
+        match &r[..] {
+            [Err(RegistryError::Timeout(waited))] => assert!(*waited >= Duration::from_millis(250), "after the time waited: {waited:?}"),
             other => panic!("{other:?}"),
         }
     }
