@@ -387,7 +387,7 @@ impl Inspector {
     /// Inspect one pod's images, one result per image, in order: at most `per_pod_concurrency`
     /// at a time, reading at most `per_pod_bytes` from registries together, and all answered by
     /// `deadline` (an image not inspected by then is a timeout, after the time the pod waited;
-    /// one whose registry's sign-in had not ended is an identity failure saying so).
+    /// one whose registry's sign-in had not ended is a [`RegistryError::SigningIn`] saying so).
     pub async fn inspect_all(&self, images: &[String], keyring: &Keyring, deadline: Instant) -> Vec<Result<Arc<Inspection>, RegistryError>> {
         let allowance = ReadAllowance::new(self.per_pod_bytes);
         let allowance = &allowance;
