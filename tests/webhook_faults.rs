@@ -68,6 +68,18 @@ async fn a_denial_logs_its_review_span_and_a_plain_admission_logs_nothing_at_inf
     let archer = Archer::start(&insecure(&[&host], FAIL_CLOSED), &["--log-format", "json", "--log", "info"]).await;
     let (resp, _) = archer.admit(&pod("admitted-quietly", &[&image])).await;
     assert_eq!(resp["allowed"], true, "{resp}");
+    // A denial made from inspected images is remembered: the replica after it is answered
+    // without the span, and its line names the pod itself.
+    reg.push_index("app/amd", "1", &["linux/amd64"], true, false).await;
+    reg.push_index("app/arm", "1", &["linux/arm64"], true, false).await;
+    let (amd, arm) = (reg.image("app/amd:1"), reg.image("app/arm:1"));
+    let (first, _) = archer.admit(&pod("split-a", &[&amd, &arm])).await;
+    assert_eq!(first["allowed"], false, "{first}");
+    let replica = review("CREATE", &pod("split-b", &[&amd, &arm]));
+    let replica_uid = replica["request"]["uid"].as_str().expect("uid").to_string();
+    let (second, _) = archer.admit_review(replica).await;
+    assert_eq!(second["allowed"], false, "{second}");
+    assert_eq!(second["uid"], replica_uid.as_str(), "the remembered answer carries the replica's uid: {second}");
     reg.stop();
     let denied_review = review("CREATE", &pod("refused", &[&reg.image("app/web:2")]));
     let uid = denied_review["request"]["uid"].as_str().expect("uid").to_string();
@@ -75,8 +87,12 @@ async fn a_denial_logs_its_review_span_and_a_plain_admission_logs_nothing_at_inf
     assert_eq!(resp["allowed"], false, "{resp}");
     let log = archer.log_text();
     let lines: Vec<serde_json::Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let denied: Vec<&serde_json::Value> = lines.iter().filter(|l| l["message"] == "pod denied").collect();
+    let denied: Vec<&serde_json::Value> = lines.iter().filter(|l| l["message"] == "pod denied" && l["span"]["pod"] == "refused").collect();
     assert_eq!(denied.len(), 1, "one denial line:\n{log}");
+    let reused: Vec<&serde_json::Value> = lines.iter().filter(|l| l["message"] == "pod denied (decision reused)").collect();
+    assert_eq!(reused.len(), 1, "one line for the replica:\n{log}");
+    assert_eq!((reused[0]["uid"].as_str(), reused[0]["namespace"].as_str(), reused[0]["pod"].as_str()), (Some(replica_uid.as_str()), Some("shop"), Some("split-b")), "{log}");
+    assert!(reused[0]["denial"].as_str().is_some_and(|d| d.contains("share no platform")), "{log}");
     let span = &denied[0]["span"];
     assert_eq!(span["name"], "admission", "{log}");
     assert_eq!(span["uid"], uid.as_str(), "{log}");
@@ -86,10 +102,13 @@ async fn a_denial_logs_its_review_span_and_a_plain_admission_logs_nothing_at_inf
     // The denial's text has a key of its own: a field named `message` wrote a second "message"
     // key beside the line's own, which JSON readers take as one or the other.
     assert!(denied[0]["denial"].as_str().is_some_and(|d| d.contains("app/web:2")), "{log}");
-    assert_eq!(log.lines().filter(|l| l.contains("\"pod denied\"")).map(|l| l.matches("\"message\":").count()).sum::<usize>(), 1, "{log}");
+    let denial_lines = log.lines().filter(|l| l.contains("\"pod denied")).count();
+    assert_eq!(denial_lines, 3, "{log}");
+    assert_eq!(log.lines().filter(|l| l.contains("\"pod denied")).map(|l| l.matches("\"message\":").count()).sum::<usize>(), denial_lines, "{log}");
     assert!(!log.contains("admitted-quietly"), "the admitted pod wrote no line at info:\n{log}");
     assert!(!log.contains("admission review answered"), "the per-review line is at debug:\n{log}");
-    assert_eq!(archer.metric("archer_admission_reviews_total{outcome=\"denied\"}").await, 1.0);
+    assert_eq!(archer.metric("archer_admission_reviews_total{outcome=\"denied\"}").await, 3.0);
+    assert_eq!(archer.metric("archer_admission_decisions_reused_total").await, 1.0);
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ mod prices;
 mod report;
 mod serve;
 mod simulate;
+mod span_fields;
 mod ungate;
 
 use std::path::PathBuf;
@@ -128,7 +129,7 @@ fn init_tracing(format: LogFormat, filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour(std::io::IsTerminal::is_terminal(&std::io::stderr()), std::env::var_os("NO_COLOR")));
     let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).fmt_fields(span_fields::SpanFields).try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }

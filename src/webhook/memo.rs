@@ -24,7 +24,7 @@ use quick_cache::sync::Cache;
 
 pub use super::key::MAX_KEY_BYTES;
 
-use super::review::Answer;
+use super::review::{Answer, Wire};
 
 /// What one entry holds besides its key and answer strings: the cache's slot, the `Arc`, the
 /// answer's own struct and its maps' nodes (over-counted).
@@ -38,6 +38,9 @@ const TYPICAL_ENTRY: u64 = 2048;
 #[derive(Debug)]
 pub struct Remembered {
     pub answer: Answer,
+    /// The answer's JSON, written once ([`Answer::wire`]): each review that reuses it gets it
+    /// with its own uid.
+    pub wire: Wire,
     pub outcome: &'static str,
     at: Instant,
 }
@@ -75,10 +78,14 @@ impl DecisionMemo {
         self.cache.as_ref()?.get(key).filter(|r| r.at.elapsed() < self.ttl)
     }
 
-    pub fn insert(&self, key: Vec<u8>, answer: Answer, outcome: &'static str) {
+    /// Keep `answer` (written once, [`Answer::wire`]) under `key`; what is kept, which also
+    /// answers the review it was decided for.
+    pub fn insert(&self, key: Vec<u8>, answer: Answer, outcome: &'static str) -> Arc<Remembered> {
+        let kept = Arc::new(Remembered { wire: answer.wire(), answer, outcome, at: Instant::now() });
         if let Some(c) = &self.cache {
-            c.insert(key, Arc::new(Remembered { answer, outcome, at: Instant::now() }));
+            c.insert(key, Arc::clone(&kept));
         }
+        kept
     }
 
     /// Answers held now.
@@ -101,7 +108,8 @@ impl quick_cache::Weighter<Vec<u8>, Arc<Remembered>> for Weigh {
         let strings = a.patch.as_ref().map_or(0, String::len)
             + a.warnings.iter().map(String::len).sum::<usize>()
             + a.audit_annotations.iter().map(|(k, v)| k.len() + v.len() + 64).sum::<usize>()
-            + a.status.as_ref().map_or(0, |(_, reason, message)| reason.len() + message.len());
+            + a.status.as_ref().map_or(0, |(_, reason, message)| reason.len() + message.len())
+            + r.wire.bytes();
         u64::try_from(ENTRY_OVERHEAD + key.len() + strings).unwrap_or(u64::MAX)
     }
 }

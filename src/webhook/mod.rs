@@ -101,7 +101,7 @@ async fn mutate(State(w): State<Arc<Webhook>>, req: Request<Body>) -> Response {
         elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
         "admission review answered"
     );
-    ([(axum::http::header::CONTENT_TYPE, "application/json")], response.answer().to_json_for(&request.uid)).into_response()
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], response.to_json_for(&request.uid)).into_response()
 }
 
 /// Count the review under `outcome`, which it returns.
@@ -126,23 +126,22 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
         Some(Err(e)) => return (with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]).into(), count(w, "undecodable")),
         None => return (with_warnings(allow, vec!["archer got no pod object and left it unchanged".into()]).into(), count(w, "undecodable")),
     };
-    // The pod's span has every field when it is made: a field recorded later costs the JSON log
-    // format a parse and a rewrite of the span's fields each time, per review (issue #45). The
-    // outcome is in the debug line, the metric and the audit annotation instead.
-    let span = tracing::info_span!(
-        "admission",
-        uid = %req.uid,
-        namespace,
-        pod = view.name(),
-        operation = %req.operation,
-        dry_run = req.dry_run.unwrap_or(false),
-    );
-    review_view(w, view, namespace, allow, deadline).instrument(span).await
+    review_view(w, view, req, namespace, allow, deadline).await
 }
 
-/// A pod the webhook decides on: its policy, a remembered answer or a decision.
-async fn review_view(w: &Webhook, view: review::PodView<'_>, namespace: &str, allow: Answer, deadline: tokio::time::Instant) -> (Reply, &'static str) {
+/// The pod's span, with every field when it is made: a field recorded later costs the JSON log
+/// format a parse and a rewrite of the span's fields each time, per review (issue #45). The
+/// outcome is in the debug line, the metric and the audit annotation instead.
+fn admission_span(req: &review::Request<'_>, namespace: &str, pod: &str) -> tracing::Span {
+    tracing::info_span!("admission", uid = %req.uid, namespace, pod, operation = %req.operation, dry_run = req.dry_run.unwrap_or(false))
+}
+
+/// A pod the webhook decides on: its policy, a remembered answer or a decision. A remembered
+/// answer is given without the pod's span (making one was the largest part of what a reused
+/// answer cost, issue #45): what it logs names the pod itself. Everything else runs in it.
+async fn review_view(w: &Webhook, view: review::PodView<'_>, req: &review::Request<'_>, namespace: &str, allow: Answer, deadline: tokio::time::Instant) -> (Reply, &'static str) {
     if let Some(why) = view.too_large() {
+        let _in = admission_span(req, namespace, view.name()).entered();
         let (answer, outcome) = undecided(w, namespace, allow, "too_large", why);
         return (answer.into(), outcome);
     }
@@ -164,8 +163,25 @@ async fn review_view(w: &Webhook, view: review::PodView<'_>, namespace: &str, al
         k
     });
     if let Some(found) = key.as_deref().and_then(|k| w.memo.get(k)) {
-        return reused(w, found);
+        return reused(w, found, req, namespace, view.name());
     }
+    let span = admission_span(req, namespace, view.name());
+    decide_view(w, view, namespace, &policy, policy_warnings, key, allow, deadline).instrument(span).await
+}
+
+/// A pod with no remembered answer: decoded within the memory budget, decided, and its answer
+/// remembered when every image was inspected.
+#[allow(clippy::too_many_arguments, reason = "the review's parts, passed on from review_view")]
+async fn decide_view(
+    w: &Webhook,
+    view: review::PodView<'_>,
+    namespace: &str,
+    policy: &policy::Policy,
+    policy_warnings: Vec<policy::PolicyWarning>,
+    key: Option<Vec<u8>>,
+    allow: Answer,
+    deadline: tokio::time::Instant,
+) -> (Reply, &'static str) {
     // The decoded pod's memory is reserved before it is built.
     let _decoded = match w.body.budget.reserve("webhook_pod", view.decoded_cost(), deadline).await {
         Ok(p) => p,
@@ -178,11 +194,12 @@ async fn review_view(w: &Webhook, view: review::PodView<'_>, namespace: &str, al
         Ok(p) => p,
         Err(e) => return (with_warnings(allow, vec![format!("archer could not decode the pod and left it unchanged: {e}")]).into(), count(w, "undecodable")),
     };
-    let (answer, outcome, inspected) = decide_pod(w, &pod, namespace, &policy, policy_warnings, allow, deadline).await;
+    let (answer, outcome, inspected) = decide_pod(w, &pod, namespace, policy, policy_warnings, allow, deadline).await;
     count(w, outcome);
     if let (Some(key), true) = (key, inspected) {
-        // Kept without the uid: each pod that reuses it gets its own.
-        w.memo.insert(key, Answer { uid: String::new(), ..answer.clone() }, outcome);
+        // Kept without the uid: each pod that reuses it gets its own. This pod is answered from
+        // the kept JSON too, so its answer is written once, not twice (issue #45).
+        return (Reply::Kept(w.memo.insert(key, Answer { uid: String::new(), ..answer }, outcome)), outcome);
     }
     (answer.into(), outcome)
 }
@@ -233,19 +250,21 @@ fn gated(w: &Webhook, pod: &Pod, allow: Answer, mut warnings: Vec<String>) -> An
 }
 
 /// A remembered answer given to another pod with the same inputs: counted and logged as the
-/// first one was.
-fn reused(w: &Webhook, found: Arc<memo::Remembered>) -> (Reply, &'static str) {
+/// first one was, the log line naming the pod (it has no span).
+fn reused(w: &Webhook, found: Arc<memo::Remembered>, req: &review::Request<'_>, namespace: &str, pod: &str) -> (Reply, &'static str) {
     w.metrics.admission_decisions_reused.inc();
     let outcome = count(w, found.outcome);
     if let Some((_, _, message)) = found.answer.status.as_ref().filter(|_| !found.answer.allowed) {
-        tracing::info!(denial = %message, "pod denied (decision reused)");
+        tracing::info!(uid = %req.uid, namespace, pod, denial = %message, "pod denied (decision reused)");
     }
     (Reply::Reused(found), outcome)
 }
 
-/// The answer to one review: decided for it, or one remembered for a pod with the same inputs.
+/// The answer to one review: decided for it and not kept, decided for it and kept, or one
+/// remembered for a pod with the same inputs.
 enum Reply {
     Own(Answer),
+    Kept(Arc<memo::Remembered>),
     Reused(Arc<memo::Remembered>),
 }
 
@@ -253,7 +272,15 @@ impl Reply {
     fn answer(&self) -> &Answer {
         match self {
             Reply::Own(a) => a,
-            Reply::Reused(r) => &r.answer,
+            Reply::Kept(r) | Reply::Reused(r) => &r.answer,
+        }
+    }
+
+    /// The answer's JSON for the review `uid` (a kept one was written when it was kept).
+    fn to_json_for(&self, uid: &str) -> Vec<u8> {
+        match self {
+            Reply::Own(a) => a.to_json_for(uid),
+            Reply::Kept(r) | Reply::Reused(r) => r.wire.for_uid(uid).unwrap_or_else(|| r.answer.to_json_for(uid)),
         }
     }
 }

@@ -207,6 +207,44 @@ impl Answer {
         // Strings, numbers and string maps: serialising them cannot fail.
         serde_json::to_vec(&review).unwrap_or_default()
     }
+
+    /// This answer written once for the many reviews that reuse it (a workload's replicas): its
+    /// JSON before the uid's value and after it. Writing the whole answer again for each
+    /// replica (the base64 patch escaped and copied) was the largest part of what a reused
+    /// decision cost after its span (issue #45).
+    pub fn wire(&self) -> Wire {
+        const UID: &[u8] = b"\"uid\":\"\"";
+        let json = self.to_json_for("");
+        // The response's uid is the first one: apiVersion and kind come before it and are fixed.
+        let split = json.windows(UID.len()).position(|w| w == UID).and_then(|at| Some((json.get(..at + UID.len() - 2)?, json.get(at + UID.len()..)?)));
+        Wire { split: split.map(|(before, after)| (before.to_vec(), after.to_vec())) }
+    }
+}
+
+/// An answer's JSON around its uid ([`Answer::wire`]); `None` if the uid was not found, which
+/// [`Answer::to_json_for`] never writes.
+#[derive(Debug)]
+pub struct Wire {
+    split: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Wire {
+    /// The answer to the review `uid`: the same bytes [`Answer::to_json_for`] writes (`None`
+    /// when the uid had no place found: the caller writes the answer itself).
+    pub fn for_uid(&self, uid: &str) -> Option<Vec<u8>> {
+        let (before, after) = self.split.as_ref()?;
+        let mut out = Vec::with_capacity(before.len() + uid.len() + 2 + after.len());
+        out.extend_from_slice(before);
+        // A string always serialises (escaped); writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, uid);
+        out.extend_from_slice(after);
+        Some(out)
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.split.as_ref().map_or(0, |(b, a)| b.len() + a.len())
+    }
 }
 
 /// Scheduling constraints (nodeSelector, affinity, tolerations, pull secrets) larger than this
@@ -544,5 +582,26 @@ mod view_tests {
         let patch: json_patch::Patch = serde_json::from_slice(&archer_core::patch::to_json(&ops)).expect("patch");
         json_patch::patch(&mut stored, &patch).expect("applies");
         assert_eq!(stored["spec"]["schedulingGates"], serde_json::json!([{"name": "example.com/quota"}, {"name": "archer.dev/inspecting"}]), "both gates, the other controller's first");
+    }
+}
+
+#[cfg(test)]
+mod wire_tests {
+    use super::Answer;
+
+    #[test]
+    fn a_remembered_answer_written_for_a_uid_is_the_answer_written_for_it() {
+        let mut patched = Answer::allow("first").with_patch(&[]);
+        patched.patch = Some("W3sib3AiOiJhZGQifV0=".into());
+        patched.warnings = vec!["a \"quoted\" warning\n".into()];
+        patched.audit_annotations.insert("decision".into(), "enforced".into());
+        let denied = Answer::allow("first").deny("images share no platform: \"uid\":\"\"");
+        let plain = Answer::allow("");
+        for answer in [patched, denied, plain] {
+            let wire = answer.wire();
+            for uid in ["705ab4f5-6393-11e8-b7cc-42010a800002", "", "odd \"uid\" \\ \u{1} é", "\"uid\":\"\""] {
+                assert_eq!(wire.for_uid(uid).map(String::from_utf8), Some(String::from_utf8(answer.to_json_for(uid))), "uid {uid:?}");
+            }
+        }
     }
 }
