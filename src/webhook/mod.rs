@@ -257,22 +257,21 @@ fn reused(w: &Webhook, found: Arc<memo::Remembered>, req: &review::Request<'_>, 
     if let Some((_, _, message)) = found.answer.status.as_ref().filter(|_| !found.answer.allowed) {
         tracing::info!(uid = %req.uid, namespace, pod, denial = %message, "pod denied (decision reused)");
     }
-    (Reply::Reused(found), outcome)
+    (Reply::Kept(found), outcome)
 }
 
-/// The answer to one review: decided for it and not kept, decided for it and kept, or one
-/// remembered for a pod with the same inputs.
+/// The answer to one review: decided for it and not kept, or kept in the memo (decided for it,
+/// or remembered from a pod with the same inputs), whose JSON was written when it was kept.
 enum Reply {
     Own(Answer),
     Kept(Arc<memo::Remembered>),
-    Reused(Arc<memo::Remembered>),
 }
 
 impl Reply {
     fn answer(&self) -> &Answer {
         match self {
             Reply::Own(a) => a,
-            Reply::Kept(r) | Reply::Reused(r) => &r.answer,
+            Reply::Kept(r) => &r.answer,
         }
     }
 
@@ -280,7 +279,7 @@ impl Reply {
     fn to_json_for(&self, uid: &str) -> Vec<u8> {
         match self {
             Reply::Own(a) => a.to_json_for(uid),
-            Reply::Kept(r) | Reply::Reused(r) => r.wire.for_uid(uid).unwrap_or_else(|| r.answer.to_json_for(uid)),
+            Reply::Kept(r) => r.wire.for_uid(uid).unwrap_or_else(|| r.answer.to_json_for(uid)),
         }
     }
 }
