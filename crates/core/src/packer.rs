@@ -801,6 +801,41 @@ fn fill_existing<'a>(pods: &'a [PendingPod], existing: &[ExistingNode], plan: &m
     remaining
 }
 
+/// Which offerings a pool plans with: its own ([`Offering::pool`]) instead of the shared ones of
+/// the same type, zone and capacity type, and no other pool's. The one rule for every planner
+/// path that buys a node (the packer's slots, consolidation's single replacement).
+pub(crate) struct Visibility<'a> {
+    own: std::collections::HashSet<(&'a str, &'a str, &'a str, CapacityType)>,
+}
+
+impl<'a> Visibility<'a> {
+    pub(crate) fn of(offerings: &'a [Offering]) -> Self {
+        Visibility { own: offerings.iter().filter_map(|o| Some((o.pool.as_deref()?, o.instance.name.as_str(), o.zone.as_str(), o.capacity))).collect() }
+    }
+
+    pub(crate) fn sees(&self, pool: &Pool, o: &Offering) -> bool {
+        match o.pool.as_deref() {
+            Some(p) => p == pool.name,
+            None => self.own.is_empty() || !self.own.contains(&(pool.name.as_str(), o.instance.name.as_str(), o.zone.as_str(), o.capacity)),
+        }
+    }
+}
+
+/// The offerings a new node of some pool of `pools` may be bought as, or more: an offering a pool
+/// sees ([`Offering::pool`]) whose labels that pool's requirements admit on every key an offering
+/// sets (arch, zone, instance type, capacity type, the cloud's keys). Requirements on custom keys
+/// are not read, so the copies the planner makes of a pool for them (which narrow only those
+/// keys) buy nothing outside this set: what a new node costs is never below the cheapest of it.
+pub fn launchable<'a>(pools: &'a [Pool], offerings: &'a [Offering]) -> impl Iterator<Item = &'a Offering> + 'a {
+    let visible = Visibility::of(offerings);
+    offerings.iter().filter(move |o| {
+        pools.iter().filter(|pool| visible.sees(pool, o)).any(|pool| {
+            let labels = o.labels(pool);
+            pool.requirements.keys().filter(|k| Offering::sets_label(k)).all(|k| pool.requirements.get(k).is_some_and(|c| c.admits(labels.get(k).map(String::as_str))))
+        })
+    })
+}
+
 /// Every (pool, offering) a new node can be: pools by weight, the labels each offering gets in
 /// each pool, and the room for workload pods after the pool's DaemonSets.
 struct Slots {
@@ -813,13 +848,8 @@ impl Slots {
     fn new(pools: &[Pool], offerings: &[Offering]) -> Slots {
         let mut pool_order: Vec<usize> = (0..pools.len()).collect();
         pool_order.sort_by(|&a, &b| pools[b].weight.cmp(&pools[a].weight).then_with(|| pools[a].name.cmp(&pools[b].name)));
-        // A pool plans with its own offerings ([`Offering::pool`]) instead of the shared ones of
-        // the same type, zone and capacity type; no other pool sees them.
-        let own: std::collections::HashSet<(&str, &str, &str, CapacityType)> = offerings.iter().filter_map(|o| Some((o.pool.as_deref()?, o.instance.name.as_str(), o.zone.as_str(), o.capacity))).collect();
-        let visible = |pool: &Pool, o: &Offering| match o.pool.as_deref() {
-            Some(p) => p == pool.name,
-            None => own.is_empty() || !own.contains(&(pool.name.as_str(), o.instance.name.as_str(), o.zone.as_str(), o.capacity)),
-        };
+        let visible = Visibility::of(offerings);
+        let visible = |pool: &Pool, o: &Offering| visible.sees(pool, o);
         let labels: Vec<Vec<(usize, BTreeMap<String, String>)>> = pools
             .iter()
             .map(|pool| {

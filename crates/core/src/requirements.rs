@@ -55,7 +55,7 @@ pub struct KeyConstraint {
 }
 
 impl KeyConstraint {
-    fn admits(&self, value: Option<&str>) -> bool {
+    pub(crate) fn admits(&self, value: Option<&str>) -> bool {
         match value {
             None => self.exists != Some(true) && self.allowed.is_none() && self.greater_than.is_none() && self.less_than.is_none(),
             Some(v) => {

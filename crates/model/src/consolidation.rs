@@ -17,6 +17,9 @@ use archer_core::packer::batch_budget;
 use archer_core::planner::{onto_one_new_node, plan_batch_within, Pending};
 use archer_core::sched::Volumes;
 
+mod floor;
+use floor::Floor;
+
 /// A node that may be disrupted, with the live pods bound to it and its hourly price.
 #[derive(Debug, Clone)]
 pub struct Candidate<'a> {
@@ -196,6 +199,8 @@ pub(crate) fn empty(pool: &str, candidates: &[&Candidate<'_>], budget: usize) ->
 /// nodes, by the provisioner's own planner, on one new node when one holds all the pods that need
 /// one. `None` when some pod would have nowhere to go.
 pub fn evaluate(world: &World<'_>, set: &[&Candidate<'_>]) -> Option<Plan> {
+    #[cfg(test)]
+    tests::PLANNING_RUNS.with(|n| n.set(n.get() + 1));
     let leaving: Vec<&str> = set.iter().map(|c| c.name()).collect();
     // The moving pods as kube-scheduler will see them once evicted: unbound replicas.
     let batch: Vec<Pending> = set
@@ -253,12 +258,15 @@ pub(crate) fn underutilized(world: &World<'_>, pool: &str, eligible: &[&Candidat
     let moving = |c: &Candidate| objects::evictable(&c.pods).len();
     order.sort_by(|a, b| moving(a).cmp(&moving(b)).then_with(|| b.price.total_cmp(&a.price)).then_with(|| a.name().cmp(b.name())));
     let mut left = search.max_evaluations;
+    // A set refused by its floor counts as evaluated: the search visits the same sets in the
+    // same passes as without it, and decides the same.
+    let floor = Floor::new(world);
     let mut try_set = |set: &[&Candidate]| {
         if left == 0 {
             return None;
         }
         left -= 1;
-        decide(world, pool, set, "underutilized", search.min_saving_fraction, search.balance).ok()
+        decide(world, pool, set, "underutilized", search.min_saving_fraction, search.balance, Some(&floor)).ok()
     };
     let (mut lo, mut hi) = (2, budget.min(order.len()).min(MAX_SET));
     let mut best = None;
@@ -299,12 +307,18 @@ pub const EVALUATIONS_PER_PASS: usize = 16;
 const MAX_SET: usize = 100;
 
 /// The decision to take `set` away for `reason`, or why not: some pod would have no place, or
-/// the saving is not above the margin.
-fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'static str, min_saving_fraction: f64, balance: Option<Balance>) -> Result<Decision, String> {
+/// the saving is not above the margin. With a `floor`, a set whose replacement could not cost
+/// little enough ([`Floor::replacement`]) is refused before its pods are planned.
+fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'static str, min_saving_fraction: f64, balance: Option<Balance>, floor: Option<&Floor<'_, '_>>) -> Result<Decision, String> {
     if set.iter().all(|c| objects::evictable(&c.pods).is_empty()) {
         // Nothing moves: removing the nodes saves what they cost.
         let saving = set.iter().map(|c| c.price).filter(|p| p.is_finite()).sum();
         return Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: Vec::new(), moves: Default::default(), saving_per_hour: saving, balance });
+    }
+    let old: f64 = set.iter().map(|c| c.price).sum();
+    if let Some(floor) = floor {
+        let least = floor.replacement(set).ok_or_else(|| "some pod would have no place: no new node holds what the other nodes cannot".to_string())?;
+        worth(set, old, old - least, min_saving_fraction, balance).map_err(|e| format!("at most: {e} (a replacement costs at least ${least:.4}/h)"))?;
     }
     let plan = evaluate(world, set).ok_or_else(|| "some pod would have no place".to_string())?;
     // As Karpenter: nodes are replaced by at most one node, so consolidation never raises the
@@ -312,8 +326,15 @@ fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'stati
     if plan.nodes.len() > 1 {
         return Err(format!("would need {} replacements; at most one replaces a set", plan.nodes.len()));
     }
-    let old: f64 = set.iter().map(|c| c.price).sum();
     let saving = old - plan.total_price_per_hour;
+    worth(set, old, saving, min_saving_fraction, balance)?;
+    Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: plan.nodes, moves: plan.existing, saving_per_hour: saving, balance })
+}
+
+/// Whether saving `saving` of the set's `old` price per hour is worth the disruption: more than
+/// the margin, and in a Balanced pool a passing score. Both only grow with the saving, so a bound
+/// on it that fails means the saving fails.
+fn worth(set: &[&Candidate<'_>], old: f64, saving: f64, min_saving_fraction: f64, balance: Option<Balance>) -> Result<(), String> {
     if saving.partial_cmp(&(old * min_saving_fraction)) != Some(std::cmp::Ordering::Greater) {
         return Err(format!("saves ${saving:.4}/h of ${old:.4}/h, not more than {:.1}%", min_saving_fraction * 100.0));
     }
@@ -323,7 +344,7 @@ fn decide(world: &World<'_>, pool: &str, set: &[&Candidate<'_>], reason: &'stati
             return Err(format!("Balanced: score {:.3} below {:.3} (saves {:.1}% of the pool's cost for {:.1}% of its disruption)", b.score(saving, disruption), 1.0 / BALANCED_K, saving / b.total_cost * 100.0, disruption / b.total_disruption * 100.0));
         }
     }
-    Ok(Decision { pool: pool.to_string(), nodes: set.iter().map(|c| c.name().to_string()).collect(), reason, replacements: plan.nodes, moves: plan.existing, saving_per_hour: saving, balance })
+    Ok(())
 }
 
 /// The pods that would move off each node (DaemonSet pods stay with their node): what a decision
@@ -351,7 +372,7 @@ pub fn revalidate(world: &World<'_>, decision: &Decision, before: &BTreeMap<Stri
         }
         set.push(c);
     }
-    decide(world, &decision.pool, &set, decision.reason, min_saving_fraction, decision.balance)
+    decide(world, &decision.pool, &set, decision.reason, min_saving_fraction, decision.balance, None)
 }
 
 #[cfg(test)]

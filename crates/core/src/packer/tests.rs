@@ -763,3 +763,40 @@ fn overlay_capacity_bounds_every_node() {
     let fuse_nodes = plan.nodes.iter().filter(|n| n.pods.iter().any(|p| p.contains("fuse") || p.contains("both"))).count();
     assert!(fuse_nodes >= 4, "32 fuse pods need at least four nodes of eight devices: {:?}", plan.nodes);
 }
+
+#[test]
+fn launchable_offerings_are_those_a_pool_admits_on_the_keys_an_offering_sets_and_every_one_a_plan_buys() {
+    let offerings = on_demand();
+    let names = |pools: &[Pool]| launchable(pools, &offerings).map(|o| (o.instance.name.clone(), o.zone.clone())).collect::<std::collections::BTreeSet<_>>();
+    let mut gs = pool("getting-started");
+    gs.requirements = Requirements::from_expressions(&[
+        k8s_openapi::api::core::v1::NodeSelectorRequirement { key: "karpenter.k8s.aws/instance-category".into(), operator: "In".into(), values: Some(vec!["c".into(), "m".into(), "r".into()]) },
+        k8s_openapi::api::core::v1::NodeSelectorRequirement { key: "topology.kubernetes.io/zone".into(), operator: "In".into(), values: Some(vec!["us-east-1b".into()]) },
+    ])
+    .expect("requirements");
+    let kept = names(std::slice::from_ref(&gs));
+    assert!(!kept.is_empty());
+    for o in &offerings {
+        let admitted = gs.requirements.matches_map(&o.labels(&gs));
+        assert_eq!(kept.contains(&(o.instance.name.clone(), o.zone.clone())), admitted, "{} in {}", o.instance.name, o.zone);
+    }
+    // A custom key is not read: the planner's copies of the pool for its values buy from the
+    // same offerings.
+    let mut team = gs.clone();
+    team.requirements = gs.requirements.intersect(&Requirements::from_expressions(&[k8s_openapi::api::core::v1::NodeSelectorRequirement { key: "example.com/tier".into(), operator: "In".into(), values: Some(vec!["1".into(), "2".into()]) }]).expect("requirements"));
+    assert_eq!(names(std::slice::from_ref(&team)), kept);
+    // Two pools: either's offerings.
+    assert_eq!(names(&[gs, pool("any")]).len(), offerings.len());
+    // A pool's own offering is another pool's only if it is that pool's.
+    let mut own = offerings[0].clone();
+    own.pool = Some("other".into());
+    let only_own = [own];
+    assert_eq!(launchable(&[pool("any")], &only_own).count(), 0);
+    assert_eq!(launchable(&[pool("other")], &only_own).count(), 1);
+    // Whatever a plan buys is launchable.
+    let plan = pack(&pods("a", 30, 1500, 6000, "linux/amd64,linux/arm64"), &[team.clone()], &offerings, &[]);
+    assert!(!plan.nodes.is_empty());
+    for n in &plan.nodes {
+        assert!(kept.contains(&(n.instance_type.clone(), n.zone.clone())), "{n:?}");
+    }
+}

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use super::domains::DomainCache;
 use super::{runs_on, variants, verify, Pending};
-use crate::packer::{could_host_with, within_limits, Offering, Plan, PlannedNode, Pool};
+use crate::packer::{could_host_with, within_limits, Offering, Plan, PlannedNode, Pool, Visibility};
 use crate::resources::Resources;
 use crate::sched::Snapshot;
 
@@ -38,12 +38,13 @@ pub fn onto_one_new_node(snapshot: &Snapshot, pending: &[Pending], pools: &[Pool
     moving.sort_by(|a, b| b.packer.requests.cmp(&a.packer.requests).then_with(|| a.packer.id.cmp(&b.packer.id)));
     let total = moving.iter().fold(Resources::default(), |sum, p| sum + p.packer.requests);
     let mut order: Vec<&Pool> = pools.iter().filter(|p| p.closed.is_none()).collect();
+    let visible = Visibility::of(offerings);
     order.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.name.cmp(&b.name)));
     let mut domains = DomainCache::default();
     for pool in order {
         let mut fitting: Vec<&Offering> = offerings
             .iter()
-            .filter(|o| within_limits(pool, (0, 0, 0), o, 1))
+            .filter(|o| visible.sees(pool, o) && within_limits(pool, (0, 0, 0), o, 1))
             .filter(|o| {
                 let labels = o.labels(pool);
                 total.fits(pool.room(&labels, o.instance.allocatable)) && moving.iter().all(|p| could_host_with(&p.packer, pool, o, &labels))

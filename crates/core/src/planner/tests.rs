@@ -2,6 +2,7 @@ use super::*;
 use crate::platform::PlatformSet;
 use crate::requirements::Requirements;
 use crate::resources::{pod_requests, Resources};
+use crate::packer::PlannedNode;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
@@ -273,4 +274,42 @@ fn a_closed_pool_names_itself_whatever_packer_path_gives_up_on_the_pod() {
         .collect();
     let plan = plan_batch(&snapshot, &pods, &[full], &zones);
     assert!(plan.unschedulable.len() == 3 && plan.unschedulable.iter().all(|u| u.reason == "pool limits reached (heavy)"), "{:?}", plan.unschedulable);
+}
+
+#[test]
+fn a_single_replacement_is_bought_at_its_own_pools_price_never_at_another_pools_own_offering() {
+    // Pool b's own (overlay-priced) offering of a type is b's alone, as the packer's slots have
+    // it: consolidation's one replacement in pool a is priced as a's offering of that type.
+    let all = offerings();
+    let of = |name: &str| all.iter().find(|o| o.instance.name == name).cloned().unwrap_or_else(|| panic!("{name} in the embedded catalog"));
+    let (small, large) = (of("m7i.xlarge"), of("m7i.2xlarge"));
+    let b_own = Offering { price: large.price / 2.0, pool: Some("b".into()), ..large.clone() };
+    let offerings = vec![small.clone(), large.clone(), b_own];
+    let a = Pool { name: "a".into(), weight: 10, ..pool() };
+    let b = Pool {
+        name: "b".into(),
+        requirements: Requirements::from_expressions(&serde_json::from_value::<Vec<_>>(json!([{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m7i.xlarge"]}])).expect("terms")).expect("requirements"),
+        ..pool()
+    };
+    let pods: Vec<Pod> = (0..10).map(|i| pod(&format!("p{i}"), json!({}), json!({}), None)).collect();
+    let batch: Vec<Pending> = pods.iter().map(|p| pending(p, "linux/amd64")).collect();
+    // Two new nodes for the ten pods (5 CPUs): one node must hold them all.
+    let node = |name: &str, ids: &[Pending]| PlannedNode {
+        name: name.into(),
+        pool: "a".into(),
+        instance_type: small.instance.name.clone(),
+        arch: "amd64".into(),
+        zone: small.zone.clone(),
+        capacity_type: "on-demand".into(),
+        price_per_hour: small.price,
+        pods: ids.iter().map(|p| p.packer.id.clone()).collect(),
+        labels: Default::default(),
+    };
+    let (left, right) = batch.split_at(5);
+    let plan = Plan { nodes: vec![node("a-1", left), node("a-2", right)], total_price_per_hour: 2.0 * small.price, ..Plan::default() };
+    let one = onto_one_new_node(&Snapshot::default(), &batch, &[a, b], &offerings, &plan).expect("one node holds them");
+    assert_eq!(one.nodes.len(), 1);
+    let n = &one.nodes[0];
+    assert_eq!((n.pool.as_str(), n.instance_type.as_str()), ("a", "m7i.2xlarge"));
+    assert_eq!(n.price_per_hour, large.price, "a's price for the type, not b's own");
 }

@@ -112,7 +112,7 @@ fn a_set_is_replaced_by_at_most_one_node() {
     let pods = [pod("p1", "a", "100m", anti.clone()), pod("p2", "b", "100m", anti)];
     let d = consolidate(&nodes, &pods, &[pool(None)], 2, MARGIN).expect("one node at a time");
     assert_eq!((d.nodes.len(), d.replacements.len()), (1, 1), "{d:?}");
-    let two = with_world(&nodes, &pods, &[pool(None)], |w, c| decide(w, "default", c, "underutilized", MARGIN, None));
+    let two = with_world(&nodes, &pods, &[pool(None)], |w, c| decide(w, "default", c, "underutilized", MARGIN, None, None));
     assert_eq!(two, Err("would need 2 replacements; at most one replaces a set".to_string()));
 }
 
@@ -330,7 +330,7 @@ fn a_balanced_pool_weighs_the_saving_against_the_pods_it_moves() {
     let refused = with_world(&nodes, &costly, &pools, |w, c| {
         let all: Vec<Candidate> = c.iter().map(|x| (*x).clone()).collect();
         let only_c: Vec<&Candidate> = c.iter().copied().filter(|x| x.name() == "c").collect();
-        decide(w, "default", &only_c, "underutilized", MARGIN, Some(Balance::of(&all)))
+        decide(w, "default", &only_c, "underutilized", MARGIN, Some(Balance::of(&all)), None)
     });
     assert!(refused.is_err_and(|why| why.contains("Balanced: score")), "c alone is refused with its score");
 }
@@ -399,7 +399,7 @@ fn a_node_alone_goes_instead_of_the_set_when_it_saves_more() {
             .map(|(n, (name, price))| Candidate { node: n, pods: pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name)).collect(), price })
             .collect();
         let refs: Vec<&Candidate> = candidates.iter().collect();
-        let set = decide(&world, "default", &refs, "underutilized", MARGIN, None).expect("the set can go");
+        let set = decide(&world, "default", &refs, "underutilized", MARGIN, None, None).expect("the set can go");
         (set, underutilized(&world, "default", &refs, 2, search))
     };
     let (set, d) = decide_on(Search::exhaustive(MARGIN));
@@ -409,4 +409,146 @@ fn a_node_alone_goes_instead_of_the_set_when_it_saves_more() {
     // With evaluations for the set search only, the set goes.
     let (_, d) = decide_on(Search { max_evaluations: 1, ..Search::exhaustive(MARGIN) });
     assert_eq!(d.expect("the set").nodes, ["large", "small"]);
+}
+
+thread_local! {
+    /// Planning runs ([`evaluate`]) made on this thread: what a search spent.
+    pub(super) static PLANNING_RUNS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn planning_runs() -> usize {
+    PLANNING_RUNS.with(std::cell::Cell::get)
+}
+
+/// The cheapest offering a pool of `pools` may launch with room for `need` (read straight off
+/// the catalog: allocatable against need, no DaemonSets).
+fn cheapest_holding(pools: &[Pool], need: archer_core::resources::Resources) -> f64 {
+    offerings()
+        .iter()
+        .filter(|o| pools.iter().any(|p| p.requirements.matches_map(&o.labels(p))) && need.fits(o.instance.allocatable))
+        .map(|o| o.price)
+        .fold(f64::INFINITY, f64::min)
+}
+
+#[test]
+fn a_still_pool_is_searched_without_planning_a_set_no_replacement_makes_worth_it() {
+    // Three nodes, each with a 3-CPU pod no other node has room for: whichever node goes, its pod
+    // needs a new node with 3 CPUs free. Priced as the cheapest such node, none can save.
+    let nodes = [node("a", "4"), node("b", "4"), node("c", "4")];
+    let pods = [pod("p1", "a", "3", json!({})), pod("p2", "b", "3", json!({})), pod("p3", "c", "3", json!({}))];
+    let pools = [pool(None)];
+    let need = archer_core::resources::Resources::new(3000, 256 << 20, 1);
+    let least = cheapest_holding(&pools, need);
+    assert!(least.is_finite() && least < 0.20 * (1.0 - MARGIN), "the fixture needs a node cheaper than $0.20/h: {least}");
+    let search = |price: f64| {
+        let state = state_of(&nodes, &pods);
+        let volumes = Volumes::default();
+        let world = World { state: &state, pools: &pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
+        let candidates: Vec<Candidate> = nodes.iter().zip(&pods).map(|(n, p)| Candidate { node: n, pods: vec![p], price }).collect();
+        let refs: Vec<&Candidate> = candidates.iter().collect();
+        let before = planning_runs();
+        let d = underutilized(&world, "default", &refs, 3, Search::exhaustive(MARGIN));
+        let unbounded = (0..refs.len()).find_map(|i| decide(&world, "default", &refs[i..=i], "underutilized", MARGIN, None, None).ok());
+        (d, unbounded, planning_runs() - before)
+    };
+    // Before the floor, every set (two prefixes and three nodes alone) was planned to find nothing.
+    let (d, unbounded, runs) = search(least);
+    assert_eq!((d, unbounded.is_none()), (None, true));
+    assert_eq!(runs, 3, "only the three unbounded decisions planned");
+    // Priced at $0.20/h, a smaller node saves: each set is planned and one goes.
+    let (d, _, runs) = search(0.20);
+    let d = d.expect("a cheaper node");
+    assert_eq!(d.replacements.len(), 1, "{d:?}");
+    assert!(runs > 3, "the sets were planned: {runs}");
+}
+
+/// A node of `cpu` CPUs and `memory`, in the test pool.
+fn node_sized(name: &str, cpu: u32, memory_gib: u32) -> Node {
+    let mut n = node(name, &cpu.to_string());
+    if let Some(a) = n.status.as_mut().and_then(|s| s.allocatable.as_mut()) {
+        a.insert("memory".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(format!("{memory_gib}Gi")));
+    }
+    n
+}
+
+fn pod_sized(name: &str, on: &str, cpu: &str, memory: &str, spec: serde_json::Value) -> Pod {
+    let mut p = pod(name, on, cpu, spec);
+    if let Some(c) = p.spec.as_mut().map(|s| &mut s.containers[0]) {
+        c.resources = serde_json::from_value(json!({"requests": {"cpu": cpu, "memory": memory}})).ok();
+    }
+    p
+}
+
+#[test]
+fn the_floor_never_refuses_a_set_the_planner_would_take() {
+    // Random clusters (a fixed seed): every single node and every prefix of the nodes, decided
+    // with the floor and without; the answers are the same, and the floor spares some plans.
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: usize| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        ((seed >> 33) as usize) % n
+    };
+    let (mut spared, mut taken, mut compared) = (0, 0, 0);
+    for cluster in 0..40 {
+        let count = 2 + next(4);
+        let nodes: Vec<Node> = (0..count).map(|i| node_sized(&format!("n{i}"), [2, 4, 8, 16][next(4)], [4, 8, 16, 32, 64][next(5)])).collect();
+        let mut pods = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            for j in 0..next(5) {
+                let spec = match next(6) {
+                    0 => json!({"nodeSelector": {"kubernetes.io/hostname": n.metadata.name.clone()}}),
+                    1 => apart(),
+                    _ => json!({}),
+                };
+                let cpu = ["100m", "500m", "900m", "1500m", "3", "6"][next(6)];
+                let memory = ["256Mi", "1Gi", "3Gi", "8Gi", "28Gi"][next(5)];
+                pods.push(pod_sized(&format!("p{i}-{j}"), n.metadata.name.as_deref().unwrap_or(""), cpu, memory, spec));
+            }
+        }
+        let mut p = pool([None, Some(0), Some(1)][next(3)]);
+        if next(3) == 0 {
+            p.requirements = Requirements::from_expressions(&serde_json::from_value::<Vec<_>>(json!([{"key": "karpenter.k8s.aws/instance-cpu", "operator": "Lt", "values": ["9"]}])).expect("terms")).expect("requirements");
+        }
+        let mut state = state_of(&nodes, &pods);
+        // A second pool, in some clusters, with offerings of its own at half price (a NodeOverlay
+        // for that pool alone): no other pool buys at its prices.
+        let pools: Vec<Pool> = if next(3) == 0 {
+            let mut b = pool(None);
+            b.name = "b".into();
+            b.weight = [0, 20][next(2)];
+            b.requirements = Requirements::from_expressions(&serde_json::from_value::<Vec<_>>(json!([{"key": "karpenter.k8s.aws/instance-cpu", "operator": "Lt", "values": ["5"]}])).expect("terms")).expect("requirements");
+            let mut offered = offerings();
+            offered.extend(offerings().into_iter().map(|o| Offering { price: o.price / 2.0, pool: Some("b".into()), ..o }));
+            state.offerings = std::sync::Arc::new(offered);
+            vec![p, b]
+        } else {
+            vec![p]
+        };
+        let prices: Vec<f64> = (0..count).map(|_| [0.05, 0.1, 0.17, 0.3, 0.5, 0.9, 1.6][next(7)]).collect();
+        let balanced = next(2) == 0;
+        let volumes = Volumes::default();
+        let world = World { state: &state, pools: &pools, volumes: &volumes, budget: archer_core::packer::DEFAULT_BUDGET, preferences: Default::default() };
+        let candidates: Vec<Candidate> = nodes
+            .iter()
+            .zip(&prices)
+            .map(|(n, &price)| Candidate { node: n, pods: pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == n.metadata.name.as_deref()).collect(), price })
+            .collect();
+        let refs: Vec<&Candidate> = candidates.iter().filter(|c| !c.pods.is_empty()).collect();
+        let balance = balanced.then(|| Balance::of(&candidates));
+        let floor = Floor::new(&world);
+        let sets = (0..refs.len()).map(|i| i..i + 1).chain((2..=refs.len()).map(|n| 0..n));
+        for range in sets {
+            let set = &refs[range];
+            let plain = decide(&world, "default", set, "underutilized", MARGIN, balance, None);
+            let before = planning_runs();
+            let bounded = decide(&world, "default", set, "underutilized", MARGIN, balance, Some(&floor));
+            if planning_runs() == before {
+                spared += 1;
+            }
+            assert_eq!(plain.as_ref().ok(), bounded.as_ref().ok(), "cluster {cluster}, set {:?}: {plain:?} against {bounded:?}", set.iter().map(|c| c.name()).collect::<Vec<_>>());
+            taken += usize::from(plain.is_ok());
+            compared += 1;
+        }
+    }
+    assert!(taken > 10 && spared > 10 && compared > taken + spared, "a test of both answers: {taken} taken, {spared} spared of {compared}");
 }
