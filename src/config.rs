@@ -303,6 +303,9 @@ pub struct WebhookConfig {
     /// Bytes at most of answers kept for pods with the same inputs (a workload's replicas are
     /// decided once); 0 turns the memo off.
     pub decision_cache_max_bytes: u64,
+    /// Bytes at most of those any one namespace's answers hold (at most all of them): one
+    /// tenant's stream of distinct pods displaces its own kept answers, not other tenants'.
+    pub decision_cache_max_bytes_per_namespace: u64,
     /// How long such an answer is reused, in seconds (at most the tag cache's TTL); 0 turns the
     /// memo off.
     pub decision_cache_ttl_seconds: f64,
@@ -310,7 +313,7 @@ pub struct WebhookConfig {
 
 impl Default for WebhookConfig {
     fn default() -> Self {
-        Self { max_body_bytes: 16 * 1024 * 1024, decision_timeout_seconds: 4.0, decision_cache_max_bytes: 1024 * 1024, decision_cache_ttl_seconds: 10.0 }
+        Self { max_body_bytes: 16 * 1024 * 1024, decision_timeout_seconds: 4.0, decision_cache_max_bytes: 1024 * 1024, decision_cache_max_bytes_per_namespace: 256 * 1024, decision_cache_ttl_seconds: 10.0 }
     }
 }
 
@@ -594,6 +597,12 @@ impl Config {
         if self.webhook.decision_cache_max_bytes > 1024 * 1024 * 1024 {
             return Err(ConfigError::Invalid("webhook.decisionCacheMaxBytes must be at most 1 GiB".into()));
         }
+        // A namespace at its share looks through the whole memo to make room: at least 1/64 of
+        // it keeps that to one look per 1/128 of the memo inserted.
+        let memo = self.webhook.decision_cache_max_bytes;
+        if memo > 0 && self.webhook.decision_cache_max_bytes_per_namespace < (8 * 1024).max(memo / 64) {
+            return Err(ConfigError::Invalid("webhook.decisionCacheMaxBytesPerNamespace must be at least 8 KiB and 1/64 of decisionCacheMaxBytes while the memo is on".into()));
+        }
         if !(self.extender.max_price_per_hour.is_finite() && self.extender.max_price_per_hour > 0.0) {
             return Err(ConfigError::Invalid("extender.maxPricePerHour must be a positive number".into()));
         }
@@ -678,7 +687,7 @@ impl Config {
     /// cache's, so a reused decision is no older than the platforms it came from could be.
     pub fn memo_settings(&self) -> MemoSettings {
         let ttl = self.webhook.decision_cache_ttl_seconds.min(self.registry.tag_cache_ttl_seconds as f64);
-        MemoSettings { max_bytes: self.webhook.decision_cache_max_bytes, ttl: Duration::from_secs_f64(ttl.max(0.0)) }
+        MemoSettings { max_bytes: self.webhook.decision_cache_max_bytes, per_namespace: self.webhook.decision_cache_max_bytes_per_namespace.min(self.webhook.decision_cache_max_bytes), ttl: Duration::from_secs_f64(ttl.max(0.0)) }
     }
 
     /// The shared memory budget of a server built from this config.
@@ -711,10 +720,12 @@ pub struct ConnectionSettings {
     pub grace: Duration,
 }
 
-/// The webhook's decision memo: at most `max_bytes`, entries kept for `ttl`.
+/// The webhook's decision memo: at most `max_bytes`, `per_namespace` of them any one
+/// namespace's, entries kept for `ttl`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MemoSettings {
     pub max_bytes: u64,
+    pub per_namespace: u64,
     pub ttl: Duration,
 }
 
@@ -804,5 +815,22 @@ webhook:
         assert!(net(SafetyNetConfig { max_broken_per_namespace: 2000, ..Default::default() }).is_err_and(|e| e.contains("maxBrokenPerNamespace")), "a share is at most the whole");
         let parsed: Config = archer_core::yaml::from_str("safetyNet: {gateMaxSeconds: 30, replacementTtlSeconds: 600}").expect("config");
         assert_eq!((parsed.safety_net.gate_max_seconds, parsed.safety_net.limits().replacement_ttl_seconds), (30.0, 600));
+    }
+
+    #[test]
+    fn the_decision_memos_namespace_share_is_validated_and_never_more_than_the_memo() {
+        let memo = |w: WebhookConfig| Config { webhook: w, ..Default::default() };
+        let d = WebhookConfig::default();
+        assert_eq!(memo(d.clone()).memo_settings().per_namespace, 256 * 1024);
+        assert!(memo(WebhookConfig { decision_cache_max_bytes_per_namespace: 4096, ..d.clone() }).validate().is_err_and(|e| e.to_string().contains("decisionCacheMaxBytesPerNamespace")));
+        // At least 1/64 of the memo: 1 GiB needs 16 MiB.
+        let big = WebhookConfig { decision_cache_max_bytes: 1 << 30, decision_cache_max_bytes_per_namespace: 8 << 20, ..d.clone() };
+        assert!(memo(big.clone()).validate().is_err());
+        assert!(memo(WebhookConfig { decision_cache_max_bytes_per_namespace: 16 << 20, ..big }).validate().is_ok());
+        // A memo smaller than the share is all one namespace's at most; a memo turned off needs none.
+        assert_eq!(memo(WebhookConfig { decision_cache_max_bytes: 64 * 1024, ..d.clone() }).memo_settings().per_namespace, 64 * 1024);
+        assert!(memo(WebhookConfig { decision_cache_max_bytes: 0, decision_cache_max_bytes_per_namespace: 0, ..d }).validate().is_ok());
+        let parsed: Config = archer_core::yaml::from_str("webhook: {decisionCacheMaxBytesPerNamespace: 65536}").expect("config");
+        assert_eq!(parsed.memo_settings().per_namespace, 65536);
     }
 }

@@ -77,6 +77,7 @@ mod tests {
         let expected = [
         "archer_admission_decisions_reused",
         "archer_admission_duration_seconds",
+        "archer_admission_memo_displaced",
         "archer_admission_reviews",
         "archer_bad_requests",
         "archer_baseline_cost_per_hour_dollars",

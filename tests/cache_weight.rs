@@ -131,11 +131,15 @@ async fn the_caches_hold_no_more_than_their_weights_and_the_memory_bound_counts_
     // per-entry overhead weighs most) and with the heaviest keys and answers it keeps.
     let structure = archer::webhook::memo::STRUCTURE_BYTES;
     for (key_len, patch_len, warnings) in [(64, 0, 0), (archer::webhook::memo::MAX_KEY_BYTES, 4000, 3)] {
-        let memo = archer::webhook::DecisionMemo::new(cfg.webhook.decision_cache_max_bytes, std::time::Duration::from_secs(60));
+        let memo = archer::webhook::DecisionMemo::new(cfg.webhook.decision_cache_max_bytes, cfg.webhook.decision_cache_max_bytes_per_namespace, std::time::Duration::from_secs(60), Default::default());
         let before = NET.load(Ordering::SeqCst);
         for i in 0..20_000u32 {
-            let mut key = vec![b'k'; key_len];
-            key[..4].copy_from_slice(&i.to_le_bytes());
+            // Each answer in a namespace of its own, with the longest name a namespace has (63):
+            // the memo's per-namespace accounting holds the most then.
+            let namespace = format!("{i:0>63}");
+            let mut key = (namespace.len() as u32).to_le_bytes().to_vec();
+            key.extend_from_slice(namespace.as_bytes());
+            key.resize(key_len.max(key.len()), b'k');
             let mut answer = archer::webhook::Answer::allow("");
             answer.patch = (patch_len > 0).then(|| "p".repeat(patch_len));
             answer.warnings = (0..warnings).map(|w| format!("warning {w}: {}", "w".repeat(240))).collect();

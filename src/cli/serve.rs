@@ -227,7 +227,7 @@ impl Parts<'_> {
             decision_timeout: Duration::from_secs_f64(cfg.webhook.decision_timeout_seconds),
             memo: {
                 let memo = cfg.memo_settings();
-                webhook::DecisionMemo::new(memo.max_bytes, memo.ttl)
+                webhook::DecisionMemo::new(memo.max_bytes, memo.per_namespace, memo.ttl, self.metrics.webhook.admission_memo_displaced.clone())
             },
             gate: (cfg.safety_net.enabled && self.cluster.is_some()).then(|| Duration::from_secs_f64(cfg.safety_net.gate_max_seconds)),
         })

@@ -10,17 +10,26 @@
 //! does not hold.
 //!
 //! Bounded in bytes and in time: entries are weighed (the key and the answer counted) against
-//! `decisionCacheMaxBytes`, and an entry older than the TTL is never reused. The TTL is at most
+//! `decisionCacheMaxBytes`, and an entry older than the TTL is never reused. Every namespace has
+//! a share of those bytes (`decisionCacheMaxBytesPerNamespace`, a quarter by default): a
+//! namespace at its share makes room among its own answers (expired ones first, then its oldest,
+//! until it holds half its share), counted in `archer_admission_memo_displaced_total`. So no
+//! namespace holds more than its share, and one tenant's stream of distinct pods cannot fill the
+//! memo; the cache's own eviction, once it (or one of its shards) is full, is still shared by
+//! every namespace's answers. The TTL is at most
 //! the tag cache's, so a reused decision is never older than the platforms it came from could
 //! be. A key longer than [`MAX_KEY_BYTES`](super::key::MAX_KEY_BYTES) (pods with very large constraints) is not kept. The
 //! cache is quick_cache's: an evicted answer is freed at once (moka defers freeing removed
 //! entries to an epoch collector, which held twice this budget again in `tests/cache_weight.rs`).
 
 use std::collections::hash_map::RandomState;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
 use quick_cache::sync::Cache;
+use quick_cache::{Lifecycle, Weighter};
 
 pub use super::key::MAX_KEY_BYTES;
 
@@ -29,6 +38,9 @@ use super::review::{Answer, Wire};
 /// What one entry holds besides its key and answer strings: the cache's slot, the `Arc`, the
 /// answer's own struct and its maps' nodes (over-counted).
 const ENTRY_OVERHEAD: usize = 768;
+/// A namespace's slot in the per-namespace accounting besides its name: the boxed name's
+/// allocation and the map's bucket (at its load factor), over-counted.
+const NAMESPACE_SLOT: usize = 96;
 /// The cache's structure besides its entries (shards, their tables and ghost lists).
 pub const STRUCTURE_BYTES: u64 = 256 * 1024;
 /// A typical entry's weight, for sizing the cache's tables.
@@ -45,27 +57,42 @@ pub struct Remembered {
     at: Instant,
 }
 
-type Entries = Cache<Vec<u8>, Arc<Remembered>, Weigh, RandomState>;
+type Entries = Cache<Vec<u8>, Arc<Remembered>, Weigh, RandomState, Evictions>;
 
 #[derive(Clone)]
 pub struct DecisionMemo {
     cache: Option<Arc<Entries>>,
     ttl: Duration,
+    /// Bytes each namespace's answers hold now (the memo's own weighing).
+    held: Arc<Mutex<HashMap<Box<[u8]>, u64>>>,
+    /// A namespace's share of the bytes.
+    per_namespace: u64,
+    /// Answers a namespace's newer ones displaced at its share.
+    displaced: Counter,
+    /// The heaviest answer the cache admits (its shards' hot target) and the share allows.
+    heaviest: u64,
+    /// One namespace makes room at a time; the others waiting see whether they still need to.
+    making_room: Arc<Mutex<()>>,
 }
 
 impl DecisionMemo {
-    /// A memo of at most `max_bytes`, entries kept `ttl`; either zero turns it off.
-    pub fn new(max_bytes: u64, ttl: Duration) -> Self {
-        if max_bytes == 0 || ttl.is_zero() {
+    /// A memo of at most `max_bytes`, at most `per_namespace` of them (or all, if more) any one
+    /// namespace's, entries kept `ttl`; a zero bound or TTL turns it off. Answers displaced at a
+    /// namespace's share are counted in `displaced`.
+    pub fn new(max_bytes: u64, per_namespace: u64, ttl: Duration, displaced: Counter) -> Self {
+        if max_bytes == 0 || per_namespace == 0 || ttl.is_zero() {
             return Self::off();
         }
         let items = usize::try_from(max_bytes / TYPICAL_ENTRY).unwrap_or(usize::MAX).max(16);
-        let cache = Cache::with(items, max_bytes, Weigh, RandomState::new(), Default::default());
-        Self { cache: Some(Arc::new(cache)), ttl }
+        let cache = Cache::with(items, max_bytes, Weigh, RandomState::new(), Evictions);
+        let per_namespace = per_namespace.min(max_bytes);
+        // quick_cache refuses an item heavier than a shard's hot target (97% of the shard).
+        let heaviest = (cache.shard_capacity() / 100 * 97).min(per_namespace);
+        Self { cache: Some(Arc::new(cache)), ttl, held: Default::default(), per_namespace, displaced, heaviest, making_room: Default::default() }
     }
 
     pub fn off() -> Self {
-        Self { cache: None, ttl: Duration::ZERO }
+        Self { cache: None, ttl: Duration::ZERO, held: Default::default(), per_namespace: 0, displaced: Counter::default(), heaviest: 0, making_room: Default::default() }
     }
 
     /// Whether answers are kept at all (a key is only worth building then).
@@ -82,10 +109,92 @@ impl DecisionMemo {
     /// answers the review it was decided for.
     pub fn insert(&self, key: Vec<u8>, answer: Answer, outcome: &'static str) -> Arc<Remembered> {
         let kept = Arc::new(Remembered { wire: answer.wire(), answer, outcome, at: Instant::now() });
-        if let Some(c) = &self.cache {
-            c.insert(key, Arc::clone(&kept));
+        let Some(c) = &self.cache else { return kept };
+        let weight = Weigh.weight(&key, &kept);
+        if weight > self.heaviest {
+            return kept;
+        }
+        let namespace = namespace_of(&key);
+        let over = {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let mine = match held.get_mut(namespace) {
+                Some(mine) => mine,
+                None => held.entry(namespace.into()).or_insert(0),
+            };
+            *mine += weight;
+            *mine > self.per_namespace
+        };
+        if over {
+            let _one = self.making_room.lock().unwrap_or_else(|e| e.into_inner());
+            if self.held_by(namespace) > self.per_namespace {
+                self.make_room(c, namespace, &key);
+            }
+        }
+        // Every insert goes through `insert_with_lifecycle` with an `Evicted` of its own: the
+        // plain `insert` would drop what the cache lets go of unaccounted.
+        let mut evicted = Evicted::default();
+        c.insert_with_lifecycle(key, Arc::clone(&kept), &mut evicted);
+        // Answers the cache let go of (evicted, replaced, or this one refused), released outside
+        // its lock.
+        for (k, r) in evicted.0 {
+            self.release(namespace_of(&k), Weigh.weight(&k, &r));
         }
         kept
+    }
+
+    /// `namespace` is past its share with an answer under `adding` on its way in: its expired
+    /// answers go, then its oldest, until it holds at most half its share with the new one.
+    fn make_room(&self, c: &Entries, namespace: &[u8], adding: &[u8]) {
+        let mut ages: Vec<(Instant, u64)> = Vec::new();
+        for (k, r) in c.iter() {
+            if namespace_of(&k) == namespace && k != adding {
+                ages.push((r.at, Weigh.weight(&k, &r)));
+            }
+        }
+        ages.sort_by_key(|(at, _)| *at);
+        let mut held = self.held_by(namespace);
+        let target = self.per_namespace / 2;
+        let mut cutoff = None;
+        for (at, w) in &ages {
+            if held <= target && at.elapsed() < self.ttl {
+                break;
+            }
+            held = held.saturating_sub(*w);
+            cutoff = Some(*at);
+        }
+        let Some(cutoff) = cutoff else { return };
+        let freed = std::cell::Cell::new((0u64, 0u64));
+        c.retain(|k, r| {
+            let goes = r.at <= cutoff && namespace_of(k) == namespace && k.as_slice() != adding;
+            if goes {
+                let (n, bytes) = freed.get();
+                freed.set((n + 1, bytes + Weigh.weight(k, r)));
+            }
+            !goes
+        });
+        let (n, bytes) = freed.get();
+        self.displaced.inc_by(n);
+        self.release(namespace, bytes);
+    }
+
+    fn held_by(&self, namespace: &[u8]) -> u64 {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).get(namespace).copied().unwrap_or(0)
+    }
+
+    fn release(&self, namespace: &[u8], bytes: u64) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mine) = held.get_mut(namespace) {
+            *mine = mine.saturating_sub(bytes);
+            if *mine == 0 {
+                held.remove(namespace);
+            }
+        }
+    }
+
+    /// Bytes the answers of `namespace` hold now.
+    #[cfg(test)]
+    fn namespace_bytes(&self, namespace: &str) -> u64 {
+        self.held_by(&namespace_of_name(namespace))
     }
 
     /// Answers held now.
@@ -99,10 +208,41 @@ impl DecisionMemo {
     }
 }
 
+/// The namespace a key is for: its first part ([`super::key`]; the review writes the namespace
+/// first), length prefix included.
+fn namespace_of(key: &[u8]) -> &[u8] {
+    let len = key.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok()).map_or(0, |b| u32::from_le_bytes(b) as usize);
+    len.checked_add(4).and_then(|end| key.get(..end)).unwrap_or(key)
+}
+
+/// How `namespace` begins a key.
+#[cfg(test)]
+fn namespace_of_name(namespace: &str) -> Vec<u8> {
+    let mut k = super::key::KeyWriter::default();
+    k.part(namespace.as_bytes());
+    k.finish().unwrap_or_default()
+}
+
+/// What the cache let go of during one insert.
+#[derive(Default)]
+struct Evicted(Vec<(Vec<u8>, Arc<Remembered>)>);
+
+/// Hands what the cache lets go of to the insert that caused it ([`DecisionMemo::insert`]).
+#[derive(Clone)]
+struct Evictions;
+
+impl Lifecycle<Vec<u8>, Arc<Remembered>> for Evictions {
+    type RequestState = Evicted;
+
+    fn on_evict(&self, state: &mut Evicted, key: Vec<u8>, val: Arc<Remembered>) {
+        state.0.push((key, val));
+    }
+}
+
 #[derive(Clone)]
 struct Weigh;
 
-impl quick_cache::Weighter<Vec<u8>, Arc<Remembered>> for Weigh {
+impl Weighter<Vec<u8>, Arc<Remembered>> for Weigh {
     fn weight(&self, key: &Vec<u8>, r: &Arc<Remembered>) -> u64 {
         let a = &r.answer;
         let strings = a.patch.as_ref().map_or(0, String::len)
@@ -110,7 +250,10 @@ impl quick_cache::Weighter<Vec<u8>, Arc<Remembered>> for Weigh {
             + a.audit_annotations.iter().map(|(k, v)| k.len() + v.len() + 64).sum::<usize>()
             + a.status.as_ref().map_or(0, |(_, reason, message)| reason.len() + message.len())
             + r.wire.bytes();
-        u64::try_from(ENTRY_OVERHEAD + key.len() + strings).unwrap_or(u64::MAX)
+        // The namespace's slot in the memo's per-namespace accounting, counted with each of its
+        // answers (at most one slot per answer held).
+        let accounting = NAMESPACE_SLOT + namespace_of(key).len();
+        u64::try_from(ENTRY_OVERHEAD + accounting + key.len() + strings).unwrap_or(u64::MAX)
     }
 }
 
@@ -124,7 +267,7 @@ mod tests {
 
     #[test]
     fn remembers_within_its_byte_budget_and_forgets_after_its_ttl() {
-        let memo = DecisionMemo::new(64 * 1024, Duration::from_millis(200));
+        let memo = DecisionMemo::new(64 * 1024, 64 * 1024, Duration::from_millis(200), Counter::default());
         memo.insert(b"k".to_vec(), answer("cGF0Y2g="), "enforced");
         let got = memo.get(b"k").expect("remembered");
         assert_eq!((got.answer.patch.as_deref(), got.outcome), (Some("cGF0Y2g="), "enforced"));
@@ -134,7 +277,7 @@ mod tests {
         assert!(memo.get(b"k").is_none(), "but never reused past its TTL");
 
         // Far more than the budget holds: the weights stay within it.
-        let memo = DecisionMemo::new(64 * 1024, Duration::from_secs(60));
+        let memo = DecisionMemo::new(64 * 1024, 64 * 1024, Duration::from_secs(60), Counter::default());
         for i in 0..1000u32 {
             memo.insert(i.to_le_bytes().to_vec(), answer(&"p".repeat(1000)), "enforced");
         }
@@ -144,11 +287,82 @@ mod tests {
 
     #[test]
     fn zero_bytes_or_ttl_turn_it_off() {
-        for memo in [DecisionMemo::new(0, Duration::from_secs(10)), DecisionMemo::new(1 << 20, Duration::ZERO), DecisionMemo::off()] {
+        for memo in [DecisionMemo::new(0, 1 << 20, Duration::from_secs(10), Counter::default()), DecisionMemo::new(1 << 20, 0, Duration::from_secs(10), Counter::default()), DecisionMemo::new(1 << 20, 1 << 20, Duration::ZERO, Counter::default()), DecisionMemo::off()] {
             assert!(!memo.enabled());
             memo.insert(b"k".to_vec(), answer("x"), "enforced");
             assert!(memo.get(b"k").is_none());
         }
-        assert!(DecisionMemo::new(1 << 20, Duration::from_secs(10)).enabled());
+        assert!(DecisionMemo::new(1 << 20, 1 << 18, Duration::from_secs(10), Counter::default()).enabled());
+    }
+
+    /// A key for `namespace`, as the review writes one (the namespace first).
+    fn key(namespace: &str, i: u32) -> Vec<u8> {
+        let mut k = super::super::key::KeyWriter::default();
+        k.part(namespace.as_bytes()).part(&i.to_le_bytes());
+        k.finish().expect("a short key")
+    }
+
+    #[test]
+    fn a_namespace_past_its_share_displaces_its_own_answers_never_another_namespaces() {
+        let displaced = Counter::default();
+        let share = 16 * 1024;
+        let memo = DecisionMemo::new(256 * 1024, share, Duration::from_secs(60), displaced.clone());
+        for i in 0..8 {
+            memo.insert(key("quiet", i), answer("cXVpZXQ="), "enforced");
+        }
+        let quiet = memo.namespace_bytes("quiet");
+        assert!(quiet > 0 && quiet <= share, "{quiet}");
+        // Another namespace's stream of distinct pods, many times the whole memo.
+        for i in 0..2000 {
+            memo.insert(key("noisy", i), answer(&"n".repeat(600)), "enforced");
+            assert!(memo.namespace_bytes("noisy") <= share, "at {i}: {}", memo.namespace_bytes("noisy"));
+        }
+        for i in 0..8 {
+            assert!(memo.get(&key("quiet", i)).is_some(), "quiet's answer {i} is still kept");
+        }
+        assert_eq!(memo.namespace_bytes("quiet"), quiet);
+        // The noisy namespace keeps its newest answers, and what it let go of is counted.
+        assert!(memo.get(&key("noisy", 1999)).is_some());
+        assert!(memo.get(&key("noisy", 0)).is_none());
+        assert!(displaced.get() > 1000, "{}", displaced.get());
+        // The accounting matches what the cache holds.
+        let held: u64 = memo.cache.as_ref().map_or(0, |c| c.iter().map(|(k, r)| Weigh.weight(&k, &r)).sum());
+        assert_eq!(held, memo.namespace_bytes("quiet") + memo.namespace_bytes("noisy"));
+        assert_eq!(held, memo.weighted_bytes());
+    }
+
+    #[test]
+    fn expired_answers_go_first_when_a_namespace_needs_room() {
+        let memo = DecisionMemo::new(1 << 20, 16 * 1024, Duration::from_millis(100), Counter::default());
+        let weight = |i| Weigh.weight(&key("ns", i), &Arc::new(Remembered { wire: answer("eA==").wire(), answer: answer("eA=="), outcome: "enforced", at: Instant::now() }));
+        let fits = (16 * 1024 / weight(0)) as u32;
+        for i in 0..fits {
+            memo.insert(key("ns", i), answer("eA=="), "enforced");
+        }
+        std::thread::sleep(Duration::from_millis(150));
+        // One fresh answer past the share: every expired one goes, the fresh ones stay.
+        memo.insert(key("ns", 1000), answer("eA=="), "enforced");
+        memo.insert(key("ns", 1001), answer("eA=="), "enforced");
+        assert_eq!(memo.entries(), 2);
+        assert!(memo.get(&key("ns", 1000)).is_some() && memo.get(&key("ns", 1001)).is_some());
+        assert_eq!(memo.namespace_bytes("ns"), 2 * weight(1000));
+    }
+
+    #[test]
+    fn the_accounting_follows_evictions_and_replacements_by_the_cache_itself() {
+        // A memo smaller than the share: the cache's own bound evicts, and the counts follow.
+        let memo = DecisionMemo::new(32 * 1024, 1 << 20, Duration::from_secs(60), Counter::default());
+        for i in 0..500 {
+            memo.insert(key(if i % 2 == 0 { "a" } else { "b" }, i), answer(&"p".repeat(300)), "enforced");
+        }
+        // The same key again replaces its answer.
+        memo.insert(key("a", 0), answer("c2hvcnQ="), "enforced");
+        memo.insert(key("a", 0), answer("c2hvcnQ="), "enforced");
+        let held: u64 = memo.cache.as_ref().map_or(0, |c| c.iter().map(|(k, r)| Weigh.weight(&k, &r)).sum());
+        assert_eq!(held, memo.namespace_bytes("a") + memo.namespace_bytes("b"));
+        assert!(held <= 32 * 1024);
+        // An answer too heavy for the whole memo is refused, and not counted.
+        memo.insert(key("c", 0), answer(&"p".repeat(64 * 1024)), "enforced");
+        assert_eq!(memo.namespace_bytes("c"), 0);
     }
 }

@@ -15,6 +15,8 @@ pub struct WebhookMetrics {
     pub admission_seconds: Histogram,
     /// Admission reviews answered with a decision remembered for a pod with the same inputs.
     pub admission_decisions_reused: Counter,
+    /// Remembered answers a namespace's newer ones displaced at its share of the memo.
+    pub admission_memo_displaced: Counter,
     /// `admissions`' counters by outcome, once used: the admission path counts without building
     /// a label set each time.
     admission_outcomes: std::sync::RwLock<std::collections::HashMap<&'static str, Counter>>,
@@ -30,6 +32,7 @@ impl Default for WebhookMetrics {
             admissions: Family::default(),
             admission_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             admission_decisions_reused: Counter::default(),
+            admission_memo_displaced: Counter::default(),
             admission_outcomes: Default::default(),
             bad_requests: Family::default(),
             policy_warnings: Counter::default(),
@@ -47,6 +50,7 @@ impl WebhookMetrics {
 
     fn register(&self, r: &mut Registry) {
         r.register("admission_decisions_reused", "Admission reviews answered with the decision made for an earlier pod with the same inputs (a workload's replicas)", self.admission_decisions_reused.clone());
+        r.register("admission_memo_displaced", "Remembered decisions a namespace's newer ones displaced at its share of the memo (webhook.decisionCacheMaxBytesPerNamespace)", self.admission_memo_displaced.clone());
         r.register("admission_reviews", "Admission reviews answered, by outcome", self.admissions.clone());
         r.register("admission_duration_seconds", "Time to answer an admission review", self.admission_seconds.clone());
         r.register("bad_requests", "Requests refused before a decision, by reason", self.bad_requests.clone());
