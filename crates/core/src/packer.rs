@@ -849,14 +849,13 @@ impl Slots {
         let mut pool_order: Vec<usize> = (0..pools.len()).collect();
         pool_order.sort_by(|&a, &b| pools[b].weight.cmp(&pools[a].weight).then_with(|| pools[a].name.cmp(&pools[b].name)));
         let visible = Visibility::of(offerings);
-        let visible = |pool: &Pool, o: &Offering| visible.sees(pool, o);
         let labels: Vec<Vec<(usize, BTreeMap<String, String>)>> = pools
             .iter()
             .map(|pool| {
                 offerings
                     .iter()
                     .enumerate()
-                    .filter(|(_, o)| visible(pool, o))
+                    .filter(|(_, o)| visible.sees(pool, o))
                     .filter_map(|(i, o)| {
                         let labels = o.labels(pool);
                         (pool.requirements.matches_map(&labels) && Offering::keeps_template_labels(&labels, pool)).then_some((i, labels))
