@@ -8,7 +8,7 @@
 //! Both are release builds; the floor runs in this process on a runtime of its own with as many
 //! workers as `archer serve` gets. Archer runs as shipped: the chart's `--log-format json` at
 //! the default level (info), its log written to a file, and its default config, where the
-//! replicas of a workload reuse the decision made for the first. Two loads: the same review
+//! replicas of a workload reuse the decision kept for the second. Two loads: the same review
 //! repeated (the same pod each time, as a Deployment's replicas are), and each review a pod not
 //! seen before (its own name, uid and node selector, so no decision is reused: view, typed
 //! decode, cached image lookup, decision, patch, every time); the floor gets the same bodies.

@@ -75,7 +75,10 @@ async fn a_denial_logs_its_review_span_and_a_plain_admission_logs_nothing_at_inf
     let (amd, arm) = (reg.image("app/amd:1"), reg.image("app/arm:1"));
     let (first, _) = archer.admit(&pod("split-a", &[&amd, &arm])).await;
     assert_eq!(first["allowed"], false, "{first}");
-    let replica = review("CREATE", &pod("split-b", &[&amd, &arm]));
+    // The second is decided too (the first only marks the inputs as seen) and kept.
+    let (kept, _) = archer.admit(&pod("split-b", &[&amd, &arm])).await;
+    assert_eq!(kept["allowed"], false, "{kept}");
+    let replica = review("CREATE", &pod("split-c", &[&amd, &arm]));
     let replica_uid = replica["request"]["uid"].as_str().expect("uid").to_string();
     let (second, _) = archer.admit_review(replica).await;
     assert_eq!(second["allowed"], false, "{second}");
@@ -91,7 +94,7 @@ async fn a_denial_logs_its_review_span_and_a_plain_admission_logs_nothing_at_inf
     assert_eq!(denied.len(), 1, "one denial line:\n{log}");
     let reused: Vec<&serde_json::Value> = lines.iter().filter(|l| l["message"] == "pod denied (decision reused)").collect();
     assert_eq!(reused.len(), 1, "one line for the replica:\n{log}");
-    assert_eq!((reused[0]["uid"].as_str(), reused[0]["namespace"].as_str(), reused[0]["pod"].as_str()), (Some(replica_uid.as_str()), Some("shop"), Some("split-b")), "{log}");
+    assert_eq!((reused[0]["uid"].as_str(), reused[0]["namespace"].as_str(), reused[0]["pod"].as_str()), (Some(replica_uid.as_str()), Some("shop"), Some("split-c")), "{log}");
     assert!(reused[0]["denial"].as_str().is_some_and(|d| d.contains("share no platform")), "{log}");
     let span = &denied[0]["span"];
     assert_eq!(span["name"], "admission", "{log}");
@@ -103,11 +106,11 @@ async fn a_denial_logs_its_review_span_and_a_plain_admission_logs_nothing_at_inf
     // key beside the line's own, which JSON readers take as one or the other.
     assert!(denied[0]["denial"].as_str().is_some_and(|d| d.contains("app/web:2")), "{log}");
     let denial_lines = log.lines().filter(|l| l.contains("\"pod denied")).count();
-    assert_eq!(denial_lines, 3, "{log}");
+    assert_eq!(denial_lines, 4, "{log}");
     assert_eq!(log.lines().filter(|l| l.contains("\"pod denied")).map(|l| l.matches("\"message\":").count()).sum::<usize>(), denial_lines, "{log}");
     assert!(!log.contains("admitted-quietly"), "the admitted pod wrote no line at info:\n{log}");
     assert!(!log.contains("admission review answered"), "the per-review line is at debug:\n{log}");
-    assert_eq!(archer.metric("archer_admission_reviews_total{outcome=\"denied\"}").await, 3.0);
+    assert_eq!(archer.metric("archer_admission_reviews_total{outcome=\"denied\"}").await, 4.0);
     assert_eq!(archer.metric("archer_admission_decisions_reused_total").await, 1.0);
 }
 

@@ -153,11 +153,17 @@ async fn replicas_reuse_the_decision_and_pods_with_other_inputs_do_not() {
     let (first, patched) = archer.admit(&pod("web-1", &[&image])).await;
     assert_eq!(arch_values(&patched), vec![vec!["amd64", "arm64"]]);
     assert_eq!(archer.metric(reused).await, 0.0);
+
+    // The second replica is decided too (the first only marked its inputs as seen), and its
+    // answer is kept: the same answer.
+    let (decided, _) = archer.admit(&pod("web-2", &[&image])).await;
+    assert_eq!(archer.metric(reused).await, 0.0, "a workload's second pod is decided, not reused");
+    assert_eq!((&decided["patch"], &decided["auditAnnotations"]), (&first["patch"], &first["auditAnnotations"]));
     let enforced = archer.metric("archer_admission_reviews_total{outcome=\"enforced\"}").await;
     let looked_up = image_lookups(archer).await;
 
-    // A replica: same inputs, another name and uid (admit checks the uid is its own).
-    let (second, twin) = archer.admit(&pod("web-2", &[&image])).await;
+    // A replica after it: same inputs, another name and uid (admit checks the uid is its own).
+    let (second, twin) = archer.admit(&pod("web-2b", &[&image])).await;
     assert_eq!(archer.metric(reused).await, 1.0);
     assert_eq!(image_lookups(archer).await, looked_up, "a reused decision looks nothing up");
     assert_eq!((&second["patch"], &second["auditAnnotations"], &second["allowed"]), (&first["patch"], &first["auditAnnotations"], &first["allowed"]));

@@ -2,10 +2,11 @@
 //!
 //! The pods of a ReplicaSet, StatefulSet or Job reach the webhook identical in everything the
 //! decision reads: namespace and policy, Archer's own labels and annotations, the scheduling
-//! constraints, the service account and pull secrets, and the images in order. The first one is
-//! decided in full (view, typed decode, image inspection, decision, patch); the answer is kept,
-//! keyed by exactly those inputs, and the next ones with the same inputs get it with their own
-//! uid. Only answers built from successful inspections and without policy warnings are kept: a
+//! constraints, the service account and pull secrets, and the images in order. The first two
+//! are decided in full (view, typed decode, image inspection, decision, patch): the first only
+//! marks its inputs as seen ([`DecisionMemo::seen_before`]), so a pod whose inputs no other pod
+//! shares costs the memo nothing; the second's answer is kept, keyed by exactly those inputs, and
+//! the next ones with the same inputs get it with their own uid. Only answers built from successful inspections and without policy warnings are kept: a
 //! failure says nothing lasting about the image, and a warning names annotation values the key
 //! does not hold.
 //!
@@ -24,6 +25,8 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,8 +44,11 @@ const ENTRY_OVERHEAD: usize = 768;
 /// A namespace's slot in the per-namespace accounting besides its name: the boxed name's
 /// allocation and the map's bucket (at its load factor), over-counted.
 const NAMESPACE_SLOT: usize = 96;
-/// The cache's structure besides its entries (shards, their tables and ghost lists).
-pub const STRUCTURE_BYTES: u64 = 256 * 1024;
+/// Slots of the seen-once filter ([`DecisionMemo::seen_before`]): one key's hash each.
+const SEEN_SLOTS: usize = 4096;
+/// The cache's structure besides its entries (shards, their tables and ghost lists), and the
+/// seen-once filter's slots.
+pub const STRUCTURE_BYTES: u64 = 256 * 1024 + (SEEN_SLOTS * std::mem::size_of::<u64>()) as u64;
 /// A typical entry's weight, for sizing the cache's tables.
 const TYPICAL_ENTRY: u64 = 2048;
 
@@ -73,6 +79,9 @@ pub struct DecisionMemo {
     heaviest: u64,
     /// One namespace makes room at a time; the others waiting see whether they still need to.
     making_room: Arc<Mutex<()>>,
+    /// The keys decided once, by hash: an answer is kept the second time its inputs are decided.
+    seen: Arc<[AtomicU64]>,
+    hasher: RandomState,
 }
 
 impl DecisionMemo {
@@ -88,11 +97,40 @@ impl DecisionMemo {
         let per_namespace = per_namespace.min(max_bytes);
         // quick_cache refuses an item heavier than a shard's hot target (97% of the shard).
         let heaviest = (cache.shard_capacity() / 100 * 97).min(per_namespace);
-        Self { cache: Some(Arc::new(cache)), ttl, held: Default::default(), per_namespace, displaced, heaviest, making_room: Default::default() }
+        let seen = (0..SEEN_SLOTS).map(|_| AtomicU64::new(0)).collect();
+        Self { cache: Some(Arc::new(cache)), ttl, held: Default::default(), per_namespace, displaced, heaviest, making_room: Default::default(), seen, hasher: RandomState::new() }
     }
 
     pub fn off() -> Self {
-        Self { cache: None, ttl: Duration::ZERO, held: Default::default(), per_namespace: 0, displaced: Counter::default(), heaviest: 0, making_room: Default::default() }
+        Self {
+            cache: None,
+            ttl: Duration::ZERO,
+            held: Default::default(),
+            per_namespace: 0,
+            displaced: Counter::default(),
+            heaviest: 0,
+            making_room: Default::default(),
+            seen: Arc::new([]),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// Whether a decision under `key` was made before (and its answer is worth keeping): the
+    /// first decision of a workload's pods only marks its key, the second keeps its answer for
+    /// the replicas after it. A pod whose inputs are its own (a one-off pod, a stream of
+    /// distinct ones) so costs no entry, no weighing and no room made for it (issue #45: keeping
+    /// such answers was an eighth of what deciding a new pod cost), and cannot push a
+    /// workload's answers out. The filter is a fixed table of hashes: a key another overwrote
+    /// before its second decision costs that workload one more decision, never a wrong answer
+    /// (the answer is always the memo's, under the full key).
+    pub fn seen_before(&self, key: &[u8]) -> bool {
+        if self.seen.is_empty() {
+            return false;
+        }
+        // Never 0, the empty slot's value.
+        let hash = self.hasher.hash_one(key) | 1;
+        let slot = usize::try_from(hash >> 32).unwrap_or(0) % self.seen.len();
+        self.seen.get(slot).is_some_and(|s| s.swap(hash, Ordering::Relaxed) == hash)
     }
 
     /// Whether answers are kept at all (a key is only worth building then).
@@ -283,6 +321,24 @@ mod tests {
         }
         assert!(memo.weighted_bytes() <= 64 * 1024, "{}", memo.weighted_bytes());
         assert!(memo.entries() < 64, "{}", memo.entries());
+    }
+
+    #[test]
+    fn an_answer_is_worth_keeping_the_second_time_its_inputs_are_decided() {
+        let memo = DecisionMemo::new(1 << 20, 1 << 18, Duration::from_secs(60), Counter::default());
+        assert!(!memo.seen_before(b"web"), "a workload's first pod only marks its key");
+        assert!(memo.seen_before(b"web"), "its second is kept for the replicas after it");
+        // A stream of one-off pods marks keys and keeps nothing.
+        let one_offs = (0..10_000u32).filter(|i| memo.seen_before(&i.to_le_bytes())).count();
+        assert_eq!(one_offs, 0);
+        // A key overwritten in the table before its second decision is only decided again.
+        let workloads: Vec<[u8; 4]> = (0..64u32).map(|i| (1_000_000 + i).to_le_bytes()).collect();
+        for w in &workloads {
+            assert!(!memo.seen_before(w));
+        }
+        let kept = workloads.iter().filter(|w| memo.seen_before(&w[..])).count();
+        assert!(kept >= 60, "{kept} of 64 workloads' second pods are kept");
+        assert!(!DecisionMemo::off().seen_before(b"web") && !DecisionMemo::off().seen_before(b"web"), "an off memo keeps nothing");
     }
 
     #[test]

@@ -133,7 +133,7 @@ async fn review_pod(w: &Webhook, req: &review::Request<'_>, deadline: tokio::tim
 /// format a parse and a rewrite of the span's fields each time, per review (issue #45). The
 /// outcome is in the debug line, the metric and the audit annotation instead.
 fn admission_span(req: &review::Request<'_>, namespace: &str, pod: &str) -> tracing::Span {
-    tracing::info_span!("admission", uid = %req.uid, namespace, pod, operation = %req.operation, dry_run = req.dry_run.unwrap_or(false))
+    tracing::info_span!("admission", uid = req.uid.as_str(), namespace, pod, operation = req.operation.as_str(), dry_run = req.dry_run.unwrap_or(false))
 }
 
 /// A pod the webhook decides on: its policy, a remembered answer or a decision. A remembered
@@ -197,9 +197,12 @@ async fn decide_view(
     let (answer, outcome, inspected) = decide_pod(w, &pod, namespace, policy, policy_warnings, allow, deadline).await;
     count(w, outcome);
     if let (Some(key), true) = (key, inspected) {
-        // Kept without the uid: each pod that reuses it gets its own. This pod is answered from
-        // the kept JSON too, so its answer is written once, not twice (issue #45).
-        return (Reply::Kept(w.memo.insert(key, Answer { uid: String::new(), ..answer }, outcome)), outcome);
+        // Kept the second time these inputs are decided (a workload's second pod), without the
+        // uid: each pod that reuses it gets its own. This pod is answered from the kept JSON
+        // too, so its answer is written once, not twice (issue #45).
+        if w.memo.seen_before(&key) {
+            return (Reply::Kept(w.memo.insert(key, Answer { uid: String::new(), ..answer }, outcome)), outcome);
+        }
     }
     (answer.into(), outcome)
 }

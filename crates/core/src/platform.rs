@@ -154,7 +154,13 @@ impl PlatformSet {
 
     /// The annotation form: `linux/amd64,linux/arm64`, sorted.
     pub fn to_annotation(&self) -> String {
-        self.0.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+        use std::fmt::Write;
+        let mut out = String::with_capacity(self.0.len() * 16);
+        for (i, p) in self.0.iter().enumerate() {
+            // Writing into a String cannot fail.
+            let _ = write!(out, "{}{p}", if i == 0 { "" } else { "," });
+        }
+        out
     }
 
     pub fn parse_annotation(value: &str) -> Result<PlatformSet, PlatformParseError> {
