@@ -154,13 +154,7 @@ impl PlatformSet {
 
     /// The annotation form: `linux/amd64,linux/arm64`, sorted.
     pub fn to_annotation(&self) -> String {
-        use std::fmt::Write;
-        let mut out = String::with_capacity(self.0.len() * 16);
-        for (i, p) in self.0.iter().enumerate() {
-            // Writing into a String cannot fail.
-            let _ = write!(out, "{}{p}", if i == 0 { "" } else { "," });
-        }
-        out
+        self.to_string()
     }
 
     pub fn parse_annotation(value: &str) -> Result<PlatformSet, PlatformParseError> {
@@ -172,9 +166,16 @@ impl PlatformSet {
     }
 }
 
+/// The annotation form ([`PlatformSet::to_annotation`]), each platform written in place.
 impl fmt::Display for PlatformSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_annotation())
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
     }
 }
 
